@@ -1,0 +1,28 @@
+// Every schema of the cudnn_rnn namespace, and nothing else. Implementations register per
+// dispatch key in cpu/ and cuda/; autograd and fake (meta) kernels are registered from Python
+// (cudnn_rnn/ops.py).
+//
+// rnn_forward runs a whole stack (num_layers x 1 or 2 directions) in one call.
+//   x        [B, T, I]  batch-major, as in Keras
+//   weights  per (layer, direction), layer-major: kernel [I_l, G*u], recurrent_kernel [u, G*u],
+//            bias (if use_bias) [G*u], or [2, G*u] for GRU reset_after (row 0 input, row 1 recurrent)
+//   mask     [B, T] bool, True = real step (any pattern)
+//   h0, c0   [L*D, B, u]
+//   dropout_masks / recurrent_dropout_masks: empty, or one [1 or G, B, width] per (layer, direction)
+// returns y [B, T, D*u], h_n [L*D, B, u], c_n [L*D, B, u] (LSTM) or [0], and the reserve that
+// rnn_backward reads (its size is RnnConfig::reserve_size()).
+#include <torch/library.h>
+
+TORCH_LIBRARY(cudnn_rnn, m) {
+  m.def(
+      "rnn_forward(Tensor x, Tensor[] weights, Tensor? mask, Tensor? h0, Tensor? c0, Tensor[] dropout_masks, "
+      "Tensor[] recurrent_dropout_masks, str cell, str activation, str recurrent_activation, bool use_bias, "
+      "bool reset_after, int num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask) "
+      "-> (Tensor y, Tensor h_n, Tensor c_n, Tensor reserve)");
+  m.def(
+      "rnn_backward(Tensor grad_y, Tensor grad_h_n, Tensor grad_c_n, Tensor x, Tensor[] weights, Tensor? mask, "
+      "Tensor[] dropout_masks, Tensor[] recurrent_dropout_masks, Tensor reserve, str cell, str activation, "
+      "str recurrent_activation, bool use_bias, bool reset_after, int num_layers, bool bidirectional, "
+      "bool go_backwards, bool zero_output_for_mask) "
+      "-> (Tensor grad_x, Tensor[] grad_weights, Tensor grad_h0, Tensor grad_c0)");
+}

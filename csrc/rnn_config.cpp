@@ -1,0 +1,157 @@
+#include "rnn_config.h"
+
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+namespace cudnn_rnn {
+
+const std::vector<std::string>& activation_names() {
+  // Index = Activation enum value (cell_math.h).
+  static const std::vector<std::string> names = {
+      "tanh",     "sigmoid",     "relu",  "linear", "hard_sigmoid", "hard_sigmoid_keras2",
+      "elu",      "selu",        "softsign", "softplus", "exponential", "relu6",
+      "silu",     "gelu",        "mish",  "hard_silu", "log_sigmoid", "tanh_shrink"};
+  TORCH_INTERNAL_ASSERT(names.size() == static_cast<size_t>(Activation::NumActivations));
+  return names;
+}
+
+Activation parse_activation(const std::string& name, const char* argument) {
+  const auto& names = activation_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return static_cast<Activation>(i);
+  }
+  std::ostringstream known;
+  for (size_t i = 0; i < names.size(); ++i) known << (i ? ", " : "") << names[i];
+  TORCH_CHECK_VALUE(false, argument, " must be one of ", known.str(), "; got '", name, "'");
+}
+
+CellKind parse_cell(const std::string& name) {
+  if (name == "lstm") return CellKind::LSTM;
+  if (name == "gru") return CellKind::GRU;
+  if (name == "simple_rnn") return CellKind::SimpleRNN;
+  TORCH_CHECK_VALUE(false, "cell must be 'lstm', 'gru' or 'simple_rnn'; got '", name, "'");
+}
+
+namespace {
+
+void check_like(const at::Tensor& t, const at::Tensor& x, const std::string& what) {
+  TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), what, " must have dtype ", x.scalar_type(),
+                   " (the dtype of x); got ", t.scalar_type());
+  TORCH_CHECK(t.device() == x.device(), what, " must be on ", x.device(), " (the device of x); got ",
+              t.device());
+}
+
+void check_shape(const at::Tensor& t, at::IntArrayRef expected, const std::string& what) {
+  TORCH_CHECK_VALUE(t.sizes() == expected, what, " must have shape ", expected, "; got ", t.sizes());
+}
+
+std::string weight_name(int64_t layer, int64_t dir, const char* kind) {
+  std::ostringstream s;
+  s << "weights[layer " << layer << ", direction " << dir << "]." << kind;
+  return s.str();
+}
+
+}  // namespace
+
+RnnConfig make_config(const at::Tensor& x, at::TensorList weights, const c10::optional<at::Tensor>& mask,
+                      const c10::optional<at::Tensor>& h0, const c10::optional<at::Tensor>& c0,
+                      at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
+                      const std::string& cell, const std::string& activation,
+                      const std::string& recurrent_activation, bool use_bias, bool reset_after,
+                      int64_t num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask) {
+  RnnConfig cfg;
+  cfg.cell = parse_cell(cell);
+  cfg.activation = parse_activation(activation, "activation");
+  cfg.recurrent_activation = parse_activation(recurrent_activation, "recurrent_activation");
+  cfg.use_bias = use_bias;
+  cfg.reset_after = cfg.cell == CellKind::GRU && reset_after;
+  TORCH_CHECK_VALUE(num_layers >= 1, "num_layers must be >= 1; got ", num_layers);
+  cfg.num_layers = num_layers;
+  cfg.num_directions = bidirectional ? 2 : 1;
+  cfg.go_backwards = go_backwards;
+  cfg.zero_output_for_mask = zero_output_for_mask;
+
+  TORCH_CHECK_VALUE(x.dim() == 3, "x must have shape (batch, time, features); got ", x.sizes());
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
+                   "x must be float32 or float64; got ", x.scalar_type());
+  cfg.batch = x.size(0);
+  cfg.time = x.size(1);
+  cfg.input_size = x.size(2);
+  TORCH_CHECK_VALUE(cfg.time >= 1, "x must have at least one timestep; got shape ", x.sizes());
+
+  const int64_t per_dir = cfg.tensors_per_direction();
+  const int64_t stacks = cfg.num_layers * cfg.num_directions;
+  TORCH_CHECK_VALUE(static_cast<int64_t>(weights.size()) == stacks * per_dir, "weights must hold ",
+                    stacks * per_dir, " tensors (", cfg.num_layers, " layer(s) x ", cfg.num_directions,
+                    " direction(s) x ", per_dir, " [kernel, recurrent_kernel", use_bias ? ", bias" : "",
+                    "]); got ", weights.size());
+  TORCH_CHECK_VALUE(weights[1].dim() == 2, "weights[layer 0, direction 0].recurrent_kernel must be 2-D; got ",
+                    weights[1].sizes());
+  cfg.units = weights[1].size(0);
+  TORCH_CHECK_VALUE(cfg.units >= 1, "units must be >= 1; got recurrent_kernel of shape ", weights[1].sizes());
+  const int64_t gu = cfg.gates() * cfg.units;
+
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    for (int64_t d = 0; d < cfg.num_directions; ++d) {
+      const int64_t base = (l * cfg.num_directions + d) * per_dir;
+      const auto kname = weight_name(l, d, "kernel");
+      check_like(weights[base], x, kname);
+      check_shape(weights[base], {cfg.layer_input_size(l), gu}, kname);
+      const auto rname = weight_name(l, d, "recurrent_kernel");
+      check_like(weights[base + 1], x, rname);
+      check_shape(weights[base + 1], {cfg.units, gu}, rname);
+      if (use_bias) {
+        const auto bname = weight_name(l, d, "bias");
+        check_like(weights[base + 2], x, bname);
+        if (cfg.reset_after) {
+          check_shape(weights[base + 2], {2, gu}, bname);
+        } else {
+          check_shape(weights[base + 2], {gu}, bname);
+        }
+      }
+    }
+  }
+
+  if (mask.has_value()) {
+    TORCH_CHECK_TYPE(mask->scalar_type() == at::kBool, "mask must be a bool tensor; got ", mask->scalar_type());
+    TORCH_CHECK(mask->device() == x.device(), "mask must be on ", x.device(), "; got ", mask->device());
+    check_shape(*mask, {cfg.batch, cfg.time}, "mask");
+  }
+  if (h0.has_value()) {
+    check_like(*h0, x, "h0");
+    check_shape(*h0, {stacks, cfg.batch, cfg.units}, "h0");
+  }
+  if (c0.has_value()) {
+    TORCH_CHECK_VALUE(cfg.has_cell_state(), "c0 is only accepted by the LSTM cell; got cell '", cell, "'");
+    check_like(*c0, x, "c0");
+    check_shape(*c0, {stacks, cfg.batch, cfg.units}, "c0");
+  }
+  struct DropoutList {
+    at::TensorList masks;
+    const char* name;
+    bool recurrent;
+  };
+  for (const DropoutList& list : {DropoutList{dropout_masks, "dropout_masks", false},
+                                  DropoutList{recurrent_dropout_masks, "recurrent_dropout_masks", true}}) {
+    if (list.masks.empty()) continue;
+    TORCH_CHECK_VALUE(static_cast<int64_t>(list.masks.size()) == stacks, list.name, " must be empty or hold ",
+                      stacks, " tensors (one per layer and direction); got ", list.masks.size());
+    for (int64_t l = 0; l < cfg.num_layers; ++l) {
+      for (int64_t d = 0; d < cfg.num_directions; ++d) {
+        const auto& m = list.masks[l * cfg.num_directions + d];
+        std::ostringstream what;
+        what << list.name << "[layer " << l << ", direction " << d << "]";
+        check_like(m, x, what.str());
+        const int64_t width = list.recurrent ? cfg.units : cfg.layer_input_size(l);
+        TORCH_CHECK_VALUE(m.dim() == 3 && (m.size(0) == 1 || m.size(0) == cfg.gates()) && m.size(1) == cfg.batch &&
+                              m.size(2) == width,
+                          what.str(), " must have shape (1 or ", cfg.gates(), ", ", cfg.batch, ", ", width,
+                          "); got ", m.sizes());
+      }
+    }
+  }
+  return cfg;
+}
+
+}  // namespace cudnn_rnn

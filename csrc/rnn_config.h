@@ -1,0 +1,70 @@
+// The one description of a recurrent stack (cell, activations, sizes, layers, directions) and
+// the layout of its reserve buffer. Every backend builds an RnnConfig from the op arguments and
+// validates the op's tensors against it, so error messages are the same everywhere.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <string>
+#include <vector>
+
+#include "cell_math.h"
+
+namespace cudnn_rnn {
+
+enum class CellKind : int32_t { LSTM = 0, GRU = 1, SimpleRNN = 2 };
+
+// Keras activation names, indexed by Activation. "hard_sigmoid" is the Keras 3 definition;
+// "hard_sigmoid_keras2" the Keras 2 / tf.keras one (0.2 x + 0.5).
+const std::vector<std::string>& activation_names();
+Activation parse_activation(const std::string& name, const char* argument);
+CellKind parse_cell(const std::string& name);
+
+struct RnnConfig {
+  CellKind cell;
+  Activation activation;
+  Activation recurrent_activation;
+  bool use_bias;
+  bool reset_after;  // GRU only
+  int64_t num_layers;
+  int64_t num_directions;
+  bool go_backwards;  // direction 0 runs reversed; direction 1 runs the other way
+  bool zero_output_for_mask;
+  int64_t batch;
+  int64_t time;
+  int64_t input_size;
+  int64_t units;
+
+  int64_t gates() const { return cell == CellKind::LSTM ? 4 : (cell == CellKind::GRU ? 3 : 1); }
+  int64_t tensors_per_direction() const { return use_bias ? 3 : 2; }
+  int64_t layer_input_size(int64_t layer) const { return layer == 0 ? input_size : num_directions * units; }
+  bool has_cell_state() const { return cell == CellKind::LSTM; }
+  // Does direction d of a layer walk the sequence from the end?
+  bool reversed(int64_t d) const { return d == 0 ? go_backwards : !go_backwards; }
+
+  // Reserve layout, per (layer, direction), in elements of the input dtype:
+  //   saved  [T, B, S]      what the cell's backward needs (see cell_math.h), processing order
+  //   h      [T + 1, B, u]  hidden state before step 0 .. after step T-1
+  //   c      [T + 1, B, u]  LSTM only
+  // then, for layers 0 .. L-2, that layer's output [T, B, D*u] (the next layer's input).
+  int64_t saved_width() const { return cell == CellKind::SimpleRNN ? units : 4 * units; }
+  int64_t reserve_per_direction() const {
+    return time * batch * saved_width() + (time + 1) * batch * units * (has_cell_state() ? 2 : 1);
+  }
+  int64_t reserve_size() const {
+    return num_layers * num_directions * reserve_per_direction() +
+           (num_layers - 1) * time * batch * num_directions * units;
+  }
+};
+
+// Builds the config from the op's arguments and checks every tensor against it. Errors name the
+// argument and give the expected and the actual shape / dtype / device.
+RnnConfig make_config(const at::Tensor& x, at::TensorList weights, const c10::optional<at::Tensor>& mask,
+                      const c10::optional<at::Tensor>& h0, const c10::optional<at::Tensor>& c0,
+                      at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
+                      const std::string& cell, const std::string& activation,
+                      const std::string& recurrent_activation, bool use_bias, bool reset_after,
+                      int64_t num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask);
+
+}  // namespace cudnn_rnn

@@ -1,0 +1,142 @@
+"""Builds cudnn_rnn._C.
+
+A CUDAExtension linked to cuDNN when torch was built with CUDA and nvcc is present (FORCE_CUDA=1
+forces it, e.g. on a GPU-less builder; FORCE_CUDA=0 forbids it), a CppExtension otherwise. The
+resolved configuration is printed.
+
+cuDNN headers: $CUDNN_INCLUDE_DIR, else $CUDNN_HOME/include, else the nvidia-cudnn wheel that
+torch brings, else the CUDA toolkit's include directory.
+"""
+import glob
+import os
+import sys
+
+from setuptools import find_packages, setup
+
+import shutil
+
+
+def _find_cuda_home():
+    """torch guesses CUDA_HOME as ../.. of the first nvcc on PATH, which is wrong when that nvcc
+    is a symlink or a wrapper script (e.g. /usr/local/bin/nvcc); take the first candidate that
+    has the runtime headers."""
+    nvcc = shutil.which("nvcc")
+    candidates = [os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))] if nvcc else []
+    candidates += ["/usr/local/cuda"]
+    for home in candidates:
+        if os.path.isfile(os.path.join(home, "include", "cuda_runtime_api.h")) and os.path.isfile(
+            os.path.join(home, "bin", "nvcc")
+        ):
+            return home
+    return None
+
+
+if not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")) and _find_cuda_home():
+    os.environ["CUDA_HOME"] = _find_cuda_home()
+
+import torch
+from torch.utils import cpp_extension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join("csrc")
+
+
+def _cudnn_dirs():
+    """(include_dir, lib_dir, where) for cuDNN, or raises with what was looked at."""
+    looked = []
+    env_inc = os.environ.get("CUDNN_INCLUDE_DIR")
+    home = os.environ.get("CUDNN_HOME")
+    candidates = []
+    if env_inc:
+        candidates.append((env_inc, os.environ.get("CUDNN_LIB_DIR"), "CUDNN_INCLUDE_DIR"))
+    if home:
+        candidates.append((os.path.join(home, "include"), os.path.join(home, "lib"), "CUDNN_HOME"))
+    try:
+        import nvidia.cudnn  # the wheel torch depends on
+
+        base = list(nvidia.cudnn.__path__)[0]
+        candidates.append((os.path.join(base, "include"), os.path.join(base, "lib"), "nvidia-cudnn wheel"))
+    except ImportError:
+        pass
+    if cpp_extension.CUDA_HOME:
+        candidates.append(
+            (os.path.join(cpp_extension.CUDA_HOME, "include"), os.path.join(cpp_extension.CUDA_HOME, "lib64"), "CUDA toolkit")
+        )
+    for inc, lib, where in candidates:
+        looked.append(f"{where}: {inc}")
+        if os.path.isfile(os.path.join(inc, "cudnn.h")):
+            return inc, lib, where
+    raise RuntimeError("cuDNN headers (cudnn.h) not found; looked in:\n  " + "\n  ".join(looked))
+
+
+def _cudnn_link_args(lib_dir):
+    if lib_dir and os.path.isfile(os.path.join(lib_dir, "libcudnn.so")):
+        return [f"-L{lib_dir}", "-lcudnn", f"-Wl,-rpath,{lib_dir}"]
+    if lib_dir and glob.glob(os.path.join(lib_dir, "libcudnn.so.*")):
+        # The wheel ships only the versioned name; torch loads the same soname at import.
+        so = sorted(glob.glob(os.path.join(lib_dir, "libcudnn.so.[0-9]*")))[0]
+        return [f"-L{lib_dir}", f"-l:{os.path.basename(so)}", f"-Wl,-rpath,{lib_dir}"]
+    return ["-lcudnn"]
+
+
+def extension():
+    force = os.environ.get("FORCE_CUDA")
+    torch_cuda = torch.version.cuda is not None
+    nvcc = cpp_extension.CUDA_HOME is not None
+    if force == "1":
+        if not (torch_cuda and nvcc):
+            sys.exit(f"FORCE_CUDA=1 but torch.version.cuda={torch.version.cuda} and CUDA_HOME={cpp_extension.CUDA_HOME}")
+        with_cuda = True
+    elif force == "0":
+        with_cuda = False
+    else:
+        with_cuda = torch_cuda and nvcc
+
+    sources = [os.path.join(CSRC, f) for f in ("ops.cpp", "rnn_config.cpp", "module.cpp")]
+    sources += sorted(glob.glob(os.path.join(CSRC, "cpu", "*.cpp")))
+    warn = ["-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"]
+    cxx = ["-O3", "-fvisibility=hidden"] + warn
+    config = {
+        "torch": torch.__version__,
+        "torch.version.cuda": torch.version.cuda,
+        "CUDA_HOME": cpp_extension.CUDA_HOME,
+        "FORCE_CUDA": force,
+    }
+    if with_cuda:
+        inc, lib, where = _cudnn_dirs()
+        if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+            os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0"
+        sources += sorted(glob.glob(os.path.join(CSRC, "cuda", "*.cpp")) + glob.glob(os.path.join(CSRC, "cuda", "*.cu")))
+        config.update(
+            backend="CUDAExtension (cuDNN + CPU)",
+            cudnn_include=f"{inc} ({where})",
+            cudnn_link=" ".join(_cudnn_link_args(lib)),
+            TORCH_CUDA_ARCH_LIST=os.environ["TORCH_CUDA_ARCH_LIST"],
+        )
+        ext = cpp_extension.CUDAExtension(
+            "cudnn_rnn._C",
+            sources,
+            include_dirs=[inc],
+            extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-Werror=all-warnings", "-Xcompiler", ",".join(warn)]},
+            extra_link_args=_cudnn_link_args(lib),
+        )
+    else:
+        sources.append(os.path.join(CSRC, "build_info_cpu.cpp"))
+        config["backend"] = "CppExtension (CPU only)"
+        ext = cpp_extension.CppExtension("cudnn_rnn._C", sources, extra_compile_args={"cxx": cxx})
+    print("cudnn_rnn build configuration:")
+    for k, v in config.items():
+        print(f"  {k}: {v}")
+    return ext
+
+
+setup(
+    name="cudnn_rnn",
+    version="0.1.0",
+    description="Keras-exact LSTM/GRU/SimpleRNN/Bidirectional layers for PyTorch, in C++ (cuDNN, CPU)",
+    packages=find_packages(include=["cudnn_rnn", "cudnn_rnn.*"]),
+    ext_modules=[extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    python_requires=">=3.9",
+    install_requires=["torch>=2.4", "numpy"],
+)
