@@ -1,1 +1,16 @@
-from . import _C  # noqa
+"""Keras-exact recurrent layers (LSTM, GRU, SimpleRNN, Bidirectional) for PyTorch, run in C++."""
+from . import _C, ops
+from .explain import Explanation, explain
+from .layers import GRU, LSTM, Bidirectional, SimpleRNN
+from .torch_conversion import from_torch, to_torch
+
+__version__ = "0.1.0"
+
+
+def build_info() -> dict:
+    """What the native extension was compiled with (CUDA / cuDNN versions, or 'no')."""
+    return dict(_C.build_info())
+
+
+__all__ = ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "explain", "Explanation", "from_torch", "to_torch",
+           "build_info", "ops"]

@@ -1,0 +1,541 @@
+"""Keras 3 recurrent layers as torch.nn.Modules: LSTM, GRU, SimpleRNN, Bidirectional.
+
+Parameters are the Keras tensors (``kernel`` [I, G*u], ``recurrent_kernel`` [u, G*u], ``bias``);
+the work is one call of the ``cudnn_rnn::rnn_forward`` op per stack. Input is batch-major
+(B, T, F) as in Keras; outputs follow Keras (``return_sequences``, ``return_state``).
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from . import ops
+from ._C import activation_names
+
+# Keras names that are spelled differently in Keras's own registry.
+_ACTIVATION_ALIASES = {None: "linear", "swish": "silu", "hard_swish": "hard_silu"}
+_KNOWN_ACTIVATIONS = frozenset(activation_names())
+
+_INITIALIZERS = ("glorot_uniform", "glorot_normal", "orthogonal", "zeros", "ones", "he_uniform", "he_normal",
+                 "lecun_uniform", "lecun_normal", "random_uniform", "random_normal")
+
+
+def canonical_activation(name, argument: str = "activation") -> str:
+    """The kernel name of a Keras activation name (None means linear); ValueError if unknown."""
+    name = _ACTIVATION_ALIASES.get(name, name)
+    if not isinstance(name, str) or name not in _KNOWN_ACTIVATIONS:
+        raise ValueError(f"{argument} must be one of {sorted(_KNOWN_ACTIVATIONS)} or None; got {name!r}")
+    return name
+
+
+def _init_(tensor: Tensor, name: str, argument: str) -> None:
+    """Keras initializers by name, for a Keras-layout 2-D [fan_in, fan_out] or 1-D tensor."""
+    if name not in _INITIALIZERS:
+        raise ValueError(f"{argument} must be one of {list(_INITIALIZERS)}; got {name!r}")
+    with torch.no_grad():
+        if name == "zeros":
+            tensor.zero_()
+        elif name == "ones":
+            tensor.fill_(1.0)
+        elif name == "orthogonal":
+            nn.init.orthogonal_(tensor)
+        elif name == "random_uniform":
+            tensor.uniform_(-0.05, 0.05)
+        elif name == "random_normal":
+            tensor.normal_(0.0, 0.05)
+        else:
+            fan_in, fan_out = (tensor.shape[0], tensor.shape[1]) if tensor.dim() == 2 else (tensor.numel(),) * 2
+            scale = {"glorot": 2.0 / (fan_in + fan_out), "he": 2.0 / fan_in, "lecun": 1.0 / fan_in}[name.split("_")[0]]
+            if name.endswith("uniform"):
+                limit = math.sqrt(3.0 * scale)
+                tensor.uniform_(-limit, limit)
+            else:  # Keras uses a truncated normal with stddev sqrt(scale) / .87962566103423978
+                std = math.sqrt(scale) / 0.87962566103423978
+                nn.init.trunc_normal_(tensor, 0.0, std, -2 * std, 2 * std)
+
+
+def _check_rate(value, argument: str) -> float:
+    if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{argument} must be a float in [0, 1]; got {value!r}")
+    return float(value)
+
+
+def _check_positive_int(value, argument: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{argument} must be a positive integer; got {value!r}")
+    return value
+
+
+class _RNNBase(nn.Module):
+    """Shared machinery of the three Keras recurrent layers (one stack of num_layers)."""
+
+    cell: str = ""
+
+    def __init__(self, input_size, units, *, activation, recurrent_activation, use_bias, kernel_initializer,
+                 recurrent_initializer, bias_initializer, dropout, recurrent_dropout, seed, return_sequences,
+                 return_state, go_backwards, stateful, unroll, zero_output_for_mask, reset_after, unit_forget_bias,
+                 num_layers, device, dtype):
+        super().__init__()
+        self.input_size = _check_positive_int(input_size, "input_size")
+        self.units = _check_positive_int(units, "units")
+        self.num_layers = _check_positive_int(num_layers, "num_layers")
+        self.activation = canonical_activation(activation, "activation")
+        self.recurrent_activation = canonical_activation(recurrent_activation, "recurrent_activation")
+        self.use_bias = bool(use_bias)
+        self.reset_after = bool(reset_after)
+        self.unit_forget_bias = bool(unit_forget_bias)
+        self.dropout = _check_rate(dropout, "dropout")
+        self.recurrent_dropout = _check_rate(recurrent_dropout, "recurrent_dropout")
+        self.seed = seed
+        self.return_sequences = bool(return_sequences)
+        self.return_state = bool(return_state)
+        self.go_backwards = bool(go_backwards)
+        self.stateful = bool(stateful)
+        self.unroll = bool(unroll)  # accepted for Keras compatibility; the numerics are the same
+        self.zero_output_for_mask = bool(zero_output_for_mask)
+        self.kernel_initializer = kernel_initializer
+        self.recurrent_initializer = recurrent_initializer
+        self.bias_initializer = bias_initializer
+        self._generator = None
+        self._states: Optional[List[Tensor]] = None
+        # Input width of layers 1.. of the stack: units, or 2 * units inside a Bidirectional.
+        self.inner_input_size = self.units
+
+        gu = self.gates * self.units
+        factory = {"device": device, "dtype": dtype}
+        for layer in range(self.num_layers):
+            in_size = self.input_size if layer == 0 else self.inner_input_size
+            self.register_parameter(self._name("kernel", layer), nn.Parameter(torch.empty(in_size, gu, **factory)))
+            self.register_parameter(self._name("recurrent_kernel", layer),
+                                    nn.Parameter(torch.empty(self.units, gu, **factory)))
+            if self.use_bias:
+                shape = (2, gu) if self.cell == "gru" and self.reset_after else (gu,)
+                self.register_parameter(self._name("bias", layer), nn.Parameter(torch.empty(shape, **factory)))
+        self.reset_parameters()
+
+    # -- parameters ---------------------------------------------------------------------------
+    @property
+    def gates(self) -> int:
+        return ops.CELL_GATES[self.cell]
+
+    @property
+    def state_count(self) -> int:
+        return 2 if self.cell == "lstm" else 1
+
+    @staticmethod
+    def _name(kind: str, layer: int) -> str:
+        return kind if layer == 0 else f"{kind}_l{layer}"
+
+    def reset_parameters(self) -> None:
+        for layer in range(self.num_layers):
+            _init_(getattr(self, self._name("kernel", layer)), self.kernel_initializer, "kernel_initializer")
+            _init_(getattr(self, self._name("recurrent_kernel", layer)), self.recurrent_initializer,
+                   "recurrent_initializer")
+            if self.use_bias:
+                bias = getattr(self, self._name("bias", layer))
+                _init_(bias, self.bias_initializer, "bias_initializer")
+                if self.cell == "lstm" and self.unit_forget_bias:
+                    with torch.no_grad():  # Keras: [init(u), ones(u), init(2u)]
+                        bias[self.units : 2 * self.units] = 1.0
+
+    def _widen_for_bidirectional(self) -> None:
+        """Inside a Bidirectional, layers 1.. of the stack read both directions: [2u, G*u] kernels."""
+        if self.num_layers == 1 or self.inner_input_size == 2 * self.units:
+            return
+        self.inner_input_size = 2 * self.units
+        ref = self.kernel
+        for layer in range(1, self.num_layers):
+            name = self._name("kernel", layer)
+            kernel = nn.Parameter(torch.empty(2 * self.units, self.gates * self.units, dtype=ref.dtype, device=ref.device))
+            _init_(kernel, self.kernel_initializer, "kernel_initializer")
+            setattr(self, name, kernel)
+
+    def layer_weights(self, layer: int = 0) -> List[Tensor]:
+        """[kernel, recurrent_kernel(, bias)] of one layer of the stack, in op order."""
+        names = ("kernel", "recurrent_kernel", "bias") if self.use_bias else ("kernel", "recurrent_kernel")
+        return [getattr(self, self._name(n, layer)) for n in names]
+
+    def op_config(self) -> dict:
+        """The op's keyword arguments that describe this layer's cell."""
+        return {
+            "cell": self.cell,
+            "activation": self.activation,
+            "recurrent_activation": self.recurrent_activation,
+            "use_bias": self.use_bias,
+            "reset_after": self.reset_after,
+        }
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.units}"
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        for key, default in (("activation", "tanh"), ("recurrent_activation", "sigmoid"), ("use_bias", True),
+                             ("return_sequences", False), ("return_state", False), ("go_backwards", False),
+                             ("stateful", False), ("dropout", 0.0), ("recurrent_dropout", 0.0)):
+            if getattr(self, key) != default:
+                s += f", {key}={getattr(self, key)!r}"
+        return s
+
+    # -- dropout ------------------------------------------------------------------------------
+    def _rng(self, device) -> Optional[torch.Generator]:
+        if self.seed is None:
+            return None
+        if self._generator is None or self._generator.device != torch.device(device):
+            self._generator = torch.Generator(device=device)
+            self._generator.manual_seed(int(self.seed))
+        return self._generator
+
+    def _dropout_mask(self, shape, rate: float, like: Tensor) -> Tensor:
+        keep = 1.0 - rate
+        bits = torch.rand(shape, device=like.device, dtype=like.dtype, generator=self._rng(like.device)) < keep
+        return bits.to(like.dtype) / keep
+
+    def dropout_masks(self, x: Tensor, training: bool):
+        """Keras's masks: one per sequence, shared by every step. With recurrent_dropout Keras
+        switches to implementation=1, where each gate draws its own mask.
+
+        Returns (input masks, recurrent masks), one [1 or G, B, width] tensor per layer, or []."""
+        batch = x.shape[0]
+        per_gate = self.gates if self.recurrent_dropout > 0 else 1
+        drop_in = training and 0.0 < self.dropout < 1.0
+        drop_rec = training and 0.0 < self.recurrent_dropout < 1.0
+        inputs, recurrent = [], []
+        for layer in range(self.num_layers):
+            width = self.input_size if layer == 0 else self.inner_input_size
+            if drop_in:
+                inputs.append(self._dropout_mask((per_gate, batch, width), self.dropout, x))
+            if drop_rec:
+                recurrent.append(self._dropout_mask((per_gate, batch, self.units), self.recurrent_dropout, x))
+        return inputs, recurrent
+
+    # -- input checks -------------------------------------------------------------------------
+    def _check_input(self, x: Tensor, argument: str = "x") -> None:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{argument} must be a torch.Tensor of shape (batch, time, {self.input_size}); got {type(x).__name__}")
+        ref = self.kernel
+        if x.dim() != 3 or x.shape[2] != self.input_size:
+            raise ValueError(f"{argument} must have shape (batch, time, {self.input_size}); got {tuple(x.shape)}")
+        if x.shape[1] < 1:
+            raise ValueError(f"{argument} must have at least one timestep; got shape {tuple(x.shape)}")
+        if x.dtype != ref.dtype:
+            raise TypeError(f"{argument} must have dtype {ref.dtype} (the layer's parameters); got {x.dtype}")
+        if x.device != ref.device:
+            raise ValueError(f"{argument} must be on {ref.device} (the layer's parameters); got {x.device}")
+
+    def _check_mask(self, mask: Optional[Tensor], x: Tensor) -> Optional[Tensor]:
+        if mask is None:
+            return None
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"mask must be a torch.Tensor of shape {tuple(x.shape[:2])}; got {type(mask).__name__}")
+        if tuple(mask.shape) != tuple(x.shape[:2]):
+            raise ValueError(f"mask must have shape (batch, time) = {tuple(x.shape[:2])}; got {tuple(mask.shape)}")
+        if mask.device != x.device:
+            raise ValueError(f"mask must be on {x.device} (the device of x); got {mask.device}")
+        return mask if mask.dtype == torch.bool else mask != 0
+
+    def _initial_states(self, initial_state, x: Tensor, directions: int):
+        """Keras's list of per-state [B, u] tensors -> (h0, c0) as [L*D, B, u] (or None)."""
+        if initial_state is None:
+            if self.stateful and self._states is not None:
+                if self._states[0].shape[1] != x.shape[0]:
+                    raise ValueError(
+                        f"stateful layer: x has batch size {x.shape[0]} but the kept states have batch size "
+                        f"{self._states[0].shape[1]}; call reset_states() to start over"
+                    )
+                return self._states[0], self._states[1] if self.cell == "lstm" else None
+            return None, None
+        if isinstance(initial_state, Tensor):
+            initial_state = [initial_state]
+        expected = self.num_layers * directions * self.state_count
+        if not isinstance(initial_state, (list, tuple)) or len(initial_state) != expected:
+            got = len(initial_state) if isinstance(initial_state, (list, tuple)) else type(initial_state).__name__
+            raise ValueError(f"initial_state must be a list of {expected} tensors of shape (batch, {self.units}); got {got}")
+        want = (x.shape[0], self.units)
+        for i, s in enumerate(initial_state):
+            if not isinstance(s, Tensor) or tuple(s.shape) != want:
+                got = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
+                raise ValueError(f"initial_state[{i}] must have shape {want}; got {got}")
+            if s.dtype != x.dtype or s.device != x.device:
+                raise TypeError(f"initial_state[{i}] must be {x.dtype} on {x.device}; got {s.dtype} on {s.device}")
+        n = self.state_count
+        h0 = torch.stack(list(initial_state[0::n]))
+        c0 = torch.stack(list(initial_state[1::n])) if n == 2 else None
+        return h0, c0
+
+    def reset_states(self, states: Optional[Sequence[Tensor]] = None) -> None:
+        """Forget (or set) the states a stateful layer carries between calls."""
+        if states is None:
+            self._states = None
+        else:
+            self._states = [s.detach().unsqueeze(0) if s.dim() == 2 else s.detach() for s in states]
+
+    # -- forward ------------------------------------------------------------------------------
+    def run(self, x: Tensor, mask=None, initial_state=None, training: Optional[bool] = None):
+        """Checks the inputs and runs the stack: (y [B, T, u] in processing order, h_n, c_n)."""
+        self._check_input(x)
+        mask = self._check_mask(mask, x)
+        training = self.training if training is None else training
+        h0, c0 = self._initial_states(initial_state, x, 1)
+        dropout_masks, recurrent_masks = self.dropout_masks(x, training)
+        weights = [w for layer in range(self.num_layers) for w in self.layer_weights(layer)]
+        y, h_n, c_n, _ = ops.rnn_forward(
+            x, weights, mask, h0, c0, dropout_masks, recurrent_masks, **self.op_config(),
+            num_layers=self.num_layers, bidirectional=False, go_backwards=self.go_backwards,
+            zero_output_for_mask=self.zero_output_for_mask,
+        )
+        if self.stateful:
+            self._states = [h_n.detach()] + ([c_n.detach()] if self.cell == "lstm" else [])
+        return y, h_n, c_n
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, initial_state=None, training: Optional[bool] = None):
+        y, h_n, c_n = self.run(x, mask, initial_state, training)
+        output = y if self.return_sequences else y[:, -1]
+        if not self.return_state:
+            return output
+        states = [h_n[-1]] + ([c_n[-1]] if self.cell == "lstm" else [])
+        return [output] + states
+
+    # -- torch.nn conversion ------------------------------------------------------------------
+    def to_torch(self) -> nn.Module:
+        """An equivalent torch.nn.LSTM / GRU / RNN (batch_first=True) with copied weights."""
+        from .torch_conversion import to_torch
+
+        return to_torch(self)
+
+    @classmethod
+    def from_torch(cls, module: nn.Module, **kwargs) -> "nn.Module":
+        """A layer (or a Bidirectional for a bidirectional module) with the module's weights.
+        Defaults to return_sequences=True, like torch's output; kwargs override."""
+        from .torch_conversion import from_torch
+
+        layer = from_torch(module, **kwargs)
+        converted = layer.forward_layer if isinstance(layer, Bidirectional) else layer
+        if not isinstance(converted, cls):
+            raise TypeError(f"{cls.__name__}.from_torch needs a matching torch module; got {type(module).__name__}, "
+                            f"which converts to {type(converted).__name__}")
+        return layer
+
+
+class LSTM(_RNNBase):
+    """keras.layers.LSTM. Parameters: kernel [I, 4u], recurrent_kernel [u, 4u], bias [4u]; gates i, f, c, o."""
+
+    cell = "lstm"
+
+    def __init__(self, input_size: int, units: int, activation="tanh", recurrent_activation="sigmoid",
+                 use_bias: bool = True, kernel_initializer="glorot_uniform", recurrent_initializer="orthogonal",
+                 bias_initializer="zeros", unit_forget_bias: bool = True, dropout: float = 0.0,
+                 recurrent_dropout: float = 0.0, seed: Optional[int] = None, return_sequences: bool = False,
+                 return_state: bool = False, go_backwards: bool = False, stateful: bool = False,
+                 unroll: bool = False, zero_output_for_mask: bool = False, num_layers: int = 1,
+                 device=None, dtype=None):
+        super().__init__(input_size, units, activation=activation, recurrent_activation=recurrent_activation,
+                         use_bias=use_bias, kernel_initializer=kernel_initializer,
+                         recurrent_initializer=recurrent_initializer, bias_initializer=bias_initializer,
+                         dropout=dropout, recurrent_dropout=recurrent_dropout, seed=seed,
+                         return_sequences=return_sequences, return_state=return_state, go_backwards=go_backwards,
+                         stateful=stateful, unroll=unroll, zero_output_for_mask=zero_output_for_mask,
+                         reset_after=False, unit_forget_bias=unit_forget_bias, num_layers=num_layers,
+                         device=device, dtype=dtype)
+
+
+class GRU(_RNNBase):
+    """keras.layers.GRU. Parameters: kernel [I, 3u], recurrent_kernel [u, 3u], bias [2, 3u]
+    (reset_after=True: row 0 input, row 1 recurrent) or [3u]; gates z, r, h."""
+
+    cell = "gru"
+
+    def __init__(self, input_size: int, units: int, activation="tanh", recurrent_activation="sigmoid",
+                 use_bias: bool = True, kernel_initializer="glorot_uniform", recurrent_initializer="orthogonal",
+                 bias_initializer="zeros", dropout: float = 0.0, recurrent_dropout: float = 0.0,
+                 seed: Optional[int] = None, return_sequences: bool = False, return_state: bool = False,
+                 go_backwards: bool = False, stateful: bool = False, unroll: bool = False,
+                 reset_after: bool = True, zero_output_for_mask: bool = False, num_layers: int = 1,
+                 device=None, dtype=None):
+        super().__init__(input_size, units, activation=activation, recurrent_activation=recurrent_activation,
+                         use_bias=use_bias, kernel_initializer=kernel_initializer,
+                         recurrent_initializer=recurrent_initializer, bias_initializer=bias_initializer,
+                         dropout=dropout, recurrent_dropout=recurrent_dropout, seed=seed,
+                         return_sequences=return_sequences, return_state=return_state, go_backwards=go_backwards,
+                         stateful=stateful, unroll=unroll, zero_output_for_mask=zero_output_for_mask,
+                         reset_after=reset_after, unit_forget_bias=False, num_layers=num_layers,
+                         device=device, dtype=dtype)
+
+
+class SimpleRNN(_RNNBase):
+    """keras.layers.SimpleRNN. Parameters: kernel [I, u], recurrent_kernel [u, u], bias [u]."""
+
+    cell = "simple_rnn"
+
+    def __init__(self, input_size: int, units: int, activation="tanh", use_bias: bool = True,
+                 kernel_initializer="glorot_uniform", recurrent_initializer="orthogonal", bias_initializer="zeros",
+                 dropout: float = 0.0, recurrent_dropout: float = 0.0, seed: Optional[int] = None,
+                 return_sequences: bool = False, return_state: bool = False, go_backwards: bool = False,
+                 stateful: bool = False, unroll: bool = False, zero_output_for_mask: bool = False,
+                 num_layers: int = 1, device=None, dtype=None):
+        super().__init__(input_size, units, activation=activation, recurrent_activation="sigmoid",
+                         use_bias=use_bias, kernel_initializer=kernel_initializer,
+                         recurrent_initializer=recurrent_initializer, bias_initializer=bias_initializer,
+                         dropout=dropout, recurrent_dropout=recurrent_dropout, seed=seed,
+                         return_sequences=return_sequences, return_state=return_state, go_backwards=go_backwards,
+                         stateful=stateful, unroll=unroll, zero_output_for_mask=zero_output_for_mask,
+                         reset_after=False, unit_forget_bias=False, num_layers=num_layers,
+                         device=device, dtype=dtype)
+
+
+_MERGE_MODES = ("concat", "sum", "mul", "ave", None)
+
+
+class Bidirectional(nn.Module):
+    """keras.layers.Bidirectional.
+
+    ``forward_layer`` is ``layer`` itself; ``backward_layer`` defaults to a freshly initialised
+    copy of its configuration with ``go_backwards`` flipped, as in Keras. When both sides share a
+    cell configuration they run as one two-direction op call. With ``num_layers=N`` the wrapped
+    layer stands for N stacked Bidirectional layers (concatenated between layers), which is also
+    torch.nn's bidirectional stacking.
+    """
+
+    def __init__(self, layer: _RNNBase, merge_mode: Optional[str] = "concat", backward_layer: Optional[_RNNBase] = None):
+        super().__init__()
+        if not isinstance(layer, _RNNBase):
+            raise ValueError(f"layer must be a cudnn_rnn LSTM, GRU or SimpleRNN; got {type(layer).__name__}")
+        if merge_mode not in _MERGE_MODES:
+            raise ValueError(f"merge_mode must be one of {_MERGE_MODES}; got {merge_mode!r}")
+        if backward_layer is None:
+            backward_layer = _clone_config(layer, go_backwards=not layer.go_backwards)
+        elif not isinstance(backward_layer, _RNNBase):
+            raise ValueError(f"backward_layer must be a cudnn_rnn LSTM, GRU or SimpleRNN; got {type(backward_layer).__name__}")
+        for attr in ("return_sequences", "return_state"):
+            if getattr(layer, attr) != getattr(backward_layer, attr):
+                raise ValueError(f"forward layer and backward_layer must have the same {attr}; got "
+                                 f"{getattr(layer, attr)} and {getattr(backward_layer, attr)}")
+        if layer.go_backwards == backward_layer.go_backwards:
+            raise ValueError("forward layer and backward_layer must have different go_backwards; got "
+                             f"{layer.go_backwards} for both")
+        if backward_layer.input_size != layer.input_size:
+            raise ValueError(f"backward_layer.input_size must be {layer.input_size}; got {backward_layer.input_size}")
+        if type(layer) is not type(backward_layer) and (layer.num_layers > 1 or backward_layer.num_layers > 1):
+            raise ValueError("num_layers > 1 in a Bidirectional needs the same cell on both sides")
+        self.forward_layer = layer
+        self.backward_layer = backward_layer
+        self.merge_mode = merge_mode
+        self.return_sequences = layer.return_sequences
+        self.return_state = layer.return_state
+        # Keras forces this on both sides (bidirectional.py).
+        for side in (layer, backward_layer):
+            side.zero_output_for_mask = self.return_sequences
+            side._widen_for_bidirectional()
+        if max(layer.num_layers, backward_layer.num_layers) > 1 and not self.fused:
+            raise ValueError("num_layers > 1 in a Bidirectional needs both sides to share cell, units, activations, "
+                             "use_bias, reset_after and num_layers, and neither to be stateful")
+
+    @property
+    def fused(self) -> bool:
+        """Do both directions run as one op call (same cell configuration, not stateful)?"""
+        f, b = self.forward_layer, self.backward_layer
+        return (type(f) is type(b) and f.op_config() == b.op_config() and f.units == b.units
+                and f.num_layers == b.num_layers and not f.stateful and not b.stateful)
+
+    def _merge(self, y_f: Tensor, y_b: Tensor):
+        if self.merge_mode == "concat":
+            return torch.cat([y_f, y_b], dim=-1)
+        if self.merge_mode == "sum":
+            return y_f + y_b
+        if self.merge_mode == "ave":
+            return (y_f + y_b) / 2
+        if self.merge_mode == "mul":
+            return y_f * y_b
+        return [y_f, y_b]
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, initial_state=None, training: Optional[bool] = None):
+        f, b = self.forward_layer, self.backward_layer
+        training = self.training if training is None else training
+        if self.fused:
+            y_f, y_b, states_f, states_b = self._run_fused(x, mask, initial_state, training)
+        else:
+            if initial_state is not None:
+                if isinstance(initial_state, Tensor) or len(initial_state) != f.state_count + b.state_count:
+                    raise ValueError(f"initial_state must be a list of {f.state_count + b.state_count} tensors "
+                                     "(forward states then backward states)")
+                init_f, init_b = initial_state[: f.state_count], initial_state[f.state_count :]
+            else:
+                init_f = init_b = None
+            yf, hf, cf = f.run(x, mask, init_f, training)
+            yb, hb, cb = b.run(x, mask, init_b, training)
+            y_f = yf if self.return_sequences else yf[:, -1]
+            y_b = yb.flip(1) if self.return_sequences else yb[:, -1]
+            states_f = [hf[-1]] + ([cf[-1]] if f.cell == "lstm" else [])
+            states_b = [hb[-1]] + ([cb[-1]] if b.cell == "lstm" else [])
+        output = self._merge(y_f, y_b)
+        if not self.return_state:
+            return output
+        head = output if isinstance(output, list) else [output]
+        return head + states_f + states_b
+
+    def _run_fused(self, x, mask, initial_state, training):
+        f, b = self.forward_layer, self.backward_layer
+        f._check_input(x)
+        mask = f._check_mask(mask, x)
+        h0, c0 = f._initial_states(initial_state, x, 2)
+        masks_f = f.dropout_masks(x, training)
+        masks_b = b.dropout_masks(x, training)
+        input_masks = _interleave(masks_f[0], masks_b[0], f, x, recurrent=False)
+        recurrent_masks = _interleave(masks_f[1], masks_b[1], f, x, recurrent=True)
+        weights = []
+        for layer in range(f.num_layers):
+            weights += f.layer_weights(layer) + b.layer_weights(layer)
+        y, h_n, c_n, _ = ops.rnn_forward(
+            x, weights, mask, h0, c0, input_masks, recurrent_masks, **f.op_config(), num_layers=f.num_layers,
+            bidirectional=True, go_backwards=f.go_backwards, zero_output_for_mask=self.return_sequences,
+        )
+        u = f.units
+        if self.return_sequences:
+            y_f, y_b = y[..., :u], y[..., u:]
+        else:
+            # Each side's last processing step: direction 0 writes it at T-1, direction 1 at 0.
+            y_f, y_b = y[:, -1, :u], y[:, 0, u:]
+        lstm = f.cell == "lstm"
+        states_f = [h_n[-2]] + ([c_n[-2]] if lstm else [])
+        states_b = [h_n[-1]] + ([c_n[-1]] if lstm else [])
+        return y_f, y_b, states_f, states_b
+
+    def to_torch(self) -> nn.Module:
+        from .torch_conversion import to_torch
+
+        return to_torch(self)
+
+
+def _interleave(masks_f: List[Tensor], masks_b: List[Tensor], layer: _RNNBase, x: Tensor, recurrent: bool):
+    """Per-(layer, direction) dropout masks for the fused op; a side without dropout gets ones."""
+    if not masks_f and not masks_b:
+        return []
+    out = []
+    for l in range(layer.num_layers):
+        width = layer.units if recurrent else (layer.input_size if l == 0 else layer.inner_input_size)
+        ones = x.new_ones((1, x.shape[0], width))
+        out += [masks_f[l] if masks_f else ones, masks_b[l] if masks_b else ones]
+    return out
+
+
+def _clone_config(layer: _RNNBase, **overrides) -> _RNNBase:
+    """A new layer of the same class and configuration (fresh weights), as Keras's from_config."""
+    kwargs = dict(
+        input_size=layer.input_size, units=layer.units, activation=layer.activation, use_bias=layer.use_bias,
+        kernel_initializer=layer.kernel_initializer, recurrent_initializer=layer.recurrent_initializer,
+        bias_initializer=layer.bias_initializer, dropout=layer.dropout, recurrent_dropout=layer.recurrent_dropout,
+        seed=layer.seed, return_sequences=layer.return_sequences, return_state=layer.return_state,
+        go_backwards=layer.go_backwards, stateful=layer.stateful, unroll=layer.unroll,
+        zero_output_for_mask=layer.zero_output_for_mask, num_layers=layer.num_layers,
+        device=layer.kernel.device, dtype=layer.kernel.dtype,
+    )
+    if layer.cell != "simple_rnn":
+        kwargs["recurrent_activation"] = layer.recurrent_activation
+    if layer.cell == "gru":
+        kwargs["reset_after"] = layer.reset_after
+    if layer.cell == "lstm":
+        kwargs["unit_forget_bias"] = layer.unit_forget_bias
+    kwargs.update(overrides)
+    return type(layer)(**kwargs)

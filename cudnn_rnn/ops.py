@@ -1,0 +1,122 @@
+"""Typed wrappers of the dispatcher ops, their fake kernels and their autograd.
+
+The ops themselves are defined in csrc/ops.cpp (schemas) and implemented per backend in C++;
+this module only teaches PyTorch how to trace them (register_fake) and differentiate them
+(register_autograd, whose backward is the rnn_backward op).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C  # noqa: F401  (loads the library that registers the ops)
+
+# Gates per cell, in Keras column order (LSTM i, f, c, o; GRU z, r, h).
+CELL_GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
+
+_forward_op = torch.ops.cudnn_rnn.rnn_forward.default
+_backward_op = torch.ops.cudnn_rnn.rnn_backward.default
+
+
+def reserve_size(cell: str, num_layers: int, num_directions: int, batch, time, units: int):
+    """Elements of the reserve buffer; mirrors RnnConfig::reserve_size() (csrc/rnn_config.h).
+
+    Works on SymInts so the fake kernel can use it under torch.compile with dynamic shapes."""
+    saved = units if cell == "simple_rnn" else 4 * units
+    states = 2 if cell == "lstm" else 1
+    per_direction = time * batch * saved + (time + 1) * batch * units * states
+    return num_layers * num_directions * per_direction + (num_layers - 1) * time * batch * num_directions * units
+
+
+def rnn_forward(
+    x: Tensor,
+    weights: Sequence[Tensor],
+    mask: Optional[Tensor],
+    h0: Optional[Tensor],
+    c0: Optional[Tensor],
+    dropout_masks: Sequence[Tensor],
+    recurrent_dropout_masks: Sequence[Tensor],
+    *,
+    cell: str,
+    activation: str,
+    recurrent_activation: str,
+    use_bias: bool,
+    reset_after: bool,
+    num_layers: int,
+    bidirectional: bool,
+    go_backwards: bool,
+    zero_output_for_mask: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Runs a stack of num_layers x (1 or 2) recurrent layers; see csrc/ops.cpp for shapes.
+
+    Returns (y [B, T, D*u], h_n [L*D, B, u], c_n [L*D, B, u] or [0], reserve)."""
+    return _forward_op(
+        x, list(weights), mask, h0, c0, list(dropout_masks), list(recurrent_dropout_masks), cell, activation,
+        recurrent_activation, use_bias, reset_after, num_layers, bidirectional, go_backwards, zero_output_for_mask,
+    )
+
+
+@torch.library.register_fake("cudnn_rnn::rnn_forward")
+def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, cell, activation,
+                      recurrent_activation, use_bias, reset_after, num_layers, bidirectional, go_backwards,
+                      zero_output_for_mask):
+    torch._check(x.dim() == 3, lambda: f"x must have shape (batch, time, features); got {tuple(x.shape)}")
+    torch._check(cell in CELL_GATES, lambda: f"cell must be 'lstm', 'gru' or 'simple_rnn'; got '{cell}'")
+    per_dir = 3 if use_bias else 2
+    directions = 2 if bidirectional else 1
+    torch._check(
+        len(weights) == num_layers * directions * per_dir,
+        lambda: f"weights must hold {num_layers * directions * per_dir} tensors; got {len(weights)}",
+    )
+    batch, time, _ = x.shape
+    units = weights[1].shape[0]
+    y = x.new_empty((batch, time, directions * units))
+    h_n = x.new_empty((num_layers * directions, batch, units))
+    c_n = x.new_empty((num_layers * directions, batch, units)) if cell == "lstm" else x.new_empty((0,))
+    reserve = x.new_empty((reserve_size(cell, num_layers, directions, batch, time, units),))
+    return y, h_n, c_n, reserve
+
+
+@torch.library.register_fake("cudnn_rnn::rnn_backward")
+def _rnn_backward_fake(grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_masks, recurrent_dropout_masks,
+                       reserve, cell, activation, recurrent_activation, use_bias, reset_after, num_layers,
+                       bidirectional, go_backwards, zero_output_for_mask):
+    grad_weights = [torch.empty_like(w) for w in weights]
+    return torch.empty_like(x), grad_weights, torch.empty_like(grad_h_n), torch.empty_like(grad_c_n)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, *config = inputs
+    ctx.config = config
+    ctx.n_weights = len(weights)
+    ctx.n_dropout = len(dropout_masks)
+    ctx.has_h0 = h0 is not None
+    ctx.has_c0 = c0 is not None
+    ctx.has_mask = mask is not None
+    reserve = output[3]
+    ctx.save_for_backward(x, reserve, mask, *weights, *dropout_masks, *recurrent_dropout_masks)
+
+
+def _backward(ctx, grad_y, grad_h_n, grad_c_n, grad_reserve):
+    x, reserve, mask, *rest = ctx.saved_tensors
+    weights = rest[: ctx.n_weights]
+    dropout_masks = rest[ctx.n_weights : ctx.n_weights + ctx.n_dropout]
+    recurrent_dropout_masks = rest[ctx.n_weights + ctx.n_dropout :]
+    grad_x, grad_weights, grad_h0, grad_c0 = _backward_op(
+        grad_y, grad_h_n, grad_c_n, x, list(weights), mask, list(dropout_masks), list(recurrent_dropout_masks),
+        reserve, *ctx.config,
+    )
+    return (
+        grad_x,
+        list(grad_weights),
+        None,
+        grad_h0 if ctx.has_h0 else None,
+        grad_c0 if ctx.has_c0 else None,
+        [None] * len(dropout_masks),
+        [None] * len(recurrent_dropout_masks),
+    ) + (None,) * len(ctx.config)
+
+
+torch.library.register_autograd("cudnn_rnn::rnn_forward", _backward, setup_context=_setup_context)
