@@ -9,6 +9,8 @@
 //   mask     [B, T] bool, True = real step (any pattern)
 //   h0, c0   [L*D, B, u]
 //   dropout_masks / recurrent_dropout_masks: empty, or one [1 or G, B, width] per (layer, direction)
+//   zero_output_for_mask: masked steps output zeros instead of the previous output (Keras); the
+//            inner layers of a bidirectional stack always do, as Keras's Bidirectional forces it
 // returns y [B, T, D*u], h_n [L*D, B, u], c_n [L*D, B, u] (LSTM) or [0], and the reserve that
 // rnn_backward reads (its size is RnnConfig::reserve_size()).
 #include <torch/library.h>

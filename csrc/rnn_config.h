@@ -40,6 +40,12 @@ struct RnnConfig {
   int64_t tensors_per_direction() const { return use_bias ? 3 : 2; }
   int64_t layer_input_size(int64_t layer) const { return layer == 0 ? input_size : num_directions * units; }
   bool has_cell_state() const { return cell == CellKind::LSTM; }
+  // Masked steps output zeros (instead of the previous output)? Inner layers of a bidirectional
+  // stack always do: they are Keras Bidirectional layers with return_sequences=True, which
+  // forces zero_output_for_mask (and with go_backwards their masked outputs are read).
+  bool zero_output(int64_t layer) const {
+    return zero_output_for_mask || (num_directions == 2 && layer < num_layers - 1);
+  }
   // Does direction d of a layer walk the sequence from the end?
   bool reversed(int64_t d) const { return d == 0 ? go_backwards : !go_backwards; }
 

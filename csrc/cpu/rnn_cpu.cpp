@@ -196,7 +196,7 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
   const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, G = cfg.gates(), S = cfg.saved_width();
   const Activation act = cfg.activation, ract = cfg.recurrent_activation;
   const bool reversed = cfg.reversed(a.dir);
-  const bool zero_out = cfg.zero_output_for_mask;
+  const bool zero_out = cfg.zero_output(a.layer);
   const int64_t col0 = a.dir * u;
 
   Tensor xw = input_projection(cfg, a.x3, a.in_batch_major, a.w, a.dmask);
@@ -304,7 +304,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, G = cfg.gates(), S = cfg.saved_width();
   const Activation act = cfg.activation, ract = cfg.recurrent_activation;
   const bool reversed = cfg.reversed(a.dir);
-  const bool zero_out = cfg.zero_output_for_mask;
+  const bool zero_out = cfg.zero_output(a.layer);
   const int64_t col0 = a.dir * u;
   const bool gru_before = cfg.cell == CellKind::GRU && !cfg.reset_after;
   const bool gru_after = cfg.cell == CellKind::GRU && cfg.reset_after;
