@@ -1,0 +1,159 @@
+"""torch.autograd.gradcheck (float64) of the op for every cell, with masks, dropout, stacks and
+both directions; torch.library.opcheck of the op; torch.compile(fullgraph=True) of a model."""
+import itertools
+
+import pytest
+import torch
+
+import cudnn_rnn
+from cudnn_rnn import ops
+
+CELLS = {"lstm": 4, "gru": 3, "simple_rnn": 1}
+
+
+def _weights(cell, reset_after, use_bias, num_layers, dirs, in_size, units, gen):
+    g = CELLS[cell]
+    ws = []
+    for l in range(num_layers):
+        width = in_size if l == 0 else dirs * units
+        for _ in range(dirs):
+            ws.append(torch.randn(width, g * units, dtype=torch.float64, generator=gen) * 0.5)
+            ws.append(torch.randn(units, g * units, dtype=torch.float64, generator=gen) * 0.5)
+            if use_bias:
+                shape = (2, g * units) if cell == "gru" and reset_after else (g * units,)
+                ws.append(torch.randn(shape, dtype=torch.float64, generator=gen) * 0.5)
+    return [w.requires_grad_(True) for w in ws]
+
+
+def _case(cell, *, reset_after=True, use_bias=True, num_layers=1, bidirectional=False, go_backwards=False,
+          zero_output=False, mask_kind=None, dropout=False, activation="tanh", recurrent_activation="sigmoid",
+          with_state=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    B, T, I, u = 3, 5, 4, 3
+    dirs = 2 if bidirectional else 1
+    x = torch.randn(B, T, I, dtype=torch.float64, generator=gen).requires_grad_(True)
+    ws = _weights(cell, reset_after, use_bias, num_layers, dirs, I, u, gen)
+    mask = None
+    if mask_kind == "right":
+        mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    elif mask_kind == "holes":
+        mask = torch.tensor([[0, 1, 0, 1, 1], [1, 1, 0, 0, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    h0 = torch.randn(num_layers * dirs, B, u, dtype=torch.float64, generator=gen).requires_grad_(True) if with_state else None
+    c0 = (torch.randn(num_layers * dirs, B, u, dtype=torch.float64, generator=gen).requires_grad_(True)
+          if with_state and cell == "lstm" else None)
+    dm, rdm = [], []
+    if dropout:
+        g = CELLS[cell]
+        for l in range(num_layers):
+            width = I if l == 0 else dirs * u
+            for _ in range(dirs):
+                dm.append((torch.rand(g, B, width, generator=gen) > 0.3).double() / 0.7)
+                rdm.append((torch.rand(g, B, u, generator=gen) > 0.3).double() / 0.7)
+    config = dict(cell=cell, activation=activation, recurrent_activation=recurrent_activation, use_bias=use_bias,
+                  reset_after=reset_after, num_layers=num_layers, bidirectional=bidirectional,
+                  go_backwards=go_backwards, zero_output_for_mask=zero_output)
+    return x, ws, mask, h0, c0, dm, rdm, config
+
+
+def _gradcheck(x, ws, mask, h0, c0, dm, rdm, config):
+    n = len(ws)
+    has_h0, has_c0 = h0 is not None, c0 is not None
+
+    def f(x, *rest):
+        weights = list(rest[:n])
+        h = rest[n] if has_h0 else None
+        c = rest[n + has_h0] if has_c0 else None
+        y, h_n, c_n, _ = ops.rnn_forward(x, weights, mask, h, c, dm, rdm, **config)
+        return (y, h_n, c_n) if config["cell"] == "lstm" else (y, h_n)
+
+    inputs = [x, *ws] + ([h0] if has_h0 else []) + ([c0] if has_c0 else [])
+    assert torch.autograd.gradcheck(f, inputs, atol=1e-6, rtol=1e-5)
+
+
+GRID = [
+    dict(cell=c, reset_after=ra, mask_kind=m)
+    for c, ra, m in itertools.product(["lstm", "gru", "simple_rnn"], [True, False], [None, "right", "holes"])
+    if not (c != "gru" and not ra)
+]
+
+
+@pytest.mark.parametrize("case", GRID, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_gradcheck_cells_and_masks(case):
+    _gradcheck(*_case(**case))
+
+
+@pytest.mark.parametrize("cell,reset_after", [("lstm", True), ("gru", True), ("gru", False), ("simple_rnn", True)])
+@pytest.mark.parametrize("variant", [
+    dict(bidirectional=True, num_layers=2, mask_kind="holes"),
+    dict(go_backwards=True, num_layers=2, mask_kind="holes", zero_output=True),
+    dict(go_backwards=True, bidirectional=True, mask_kind="right"),
+    dict(dropout=True, num_layers=2, mask_kind="holes"),
+    dict(use_bias=False, with_state=False, activation="softsign", recurrent_activation="hard_sigmoid"),
+    dict(activation="elu", recurrent_activation="hard_sigmoid_keras2", mask_kind="holes", zero_output=True),
+], ids=["bi-stack", "backwards-stack", "backwards-bi", "dropout", "nobias", "activations"])
+def test_gradcheck_variants(cell, reset_after, variant):
+    _gradcheck(*_case(cell, reset_after=reset_after, **variant))
+
+
+@pytest.mark.parametrize("cell,reset_after", [("lstm", True), ("gru", True), ("gru", False), ("simple_rnn", True)])
+def test_opcheck(cell, reset_after):
+    for kwargs in (dict(mask_kind="holes"), dict(bidirectional=True, num_layers=2, dropout=True, with_state=False)):
+        x, ws, mask, h0, c0, dm, rdm, config = _case(cell, reset_after=reset_after, **kwargs)
+        args = (x, ws, mask, h0, c0, dm, rdm, *config.values())
+        torch.library.opcheck(torch.ops.cudnn_rnn.rnn_forward.default, args)
+        no_grad = tuple(a.detach() if isinstance(a, torch.Tensor) else
+                        ([t.detach() for t in a] if isinstance(a, list) else a) for a in args)
+        torch.library.opcheck(torch.ops.cudnn_rnn.rnn_forward.default, no_grad)
+
+
+def test_opcheck_backward_op():
+    x, ws, mask, h0, c0, dm, rdm, config = _case("gru", reset_after=False, mask_kind="holes", dropout=True)
+    y, h_n, c_n, reserve = ops.rnn_forward(x, ws, mask, h0, c0, dm, rdm, **config)
+    args = (torch.randn_like(y), torch.randn_like(h_n), c_n.new_zeros(c_n.shape), x.detach(), [w.detach() for w in ws],
+            mask, dm, rdm, reserve.detach(), *config.values())
+    torch.library.opcheck(torch.ops.cudnn_rnn.rnn_backward.default, args)
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(6, 8)
+        self.lstm = cudnn_rnn.Bidirectional(cudnn_rnn.LSTM(8, 5, return_sequences=True), merge_mode="sum")
+        self.gru = cudnn_rnn.GRU(5, 4, reset_after=False, recurrent_activation="hard_sigmoid", return_state=True)
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x, mask):
+        h = self.lstm(torch.relu(self.embed(x)), mask=mask)
+        out, state = self.gru(h, mask=mask)
+        return self.head(torch.cat([out, state], -1))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_torch_compile_fullgraph(dynamic):
+    torch.manual_seed(0)
+    model = _Model().eval()
+    x = torch.randn(3, 7, 6)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    mask[2, :2] = False
+    compiled = torch.compile(model, fullgraph=True, dynamic=dynamic)
+    torch.testing.assert_close(compiled(x, mask), model(x, mask))
+    # training step through the compiled graph (AOT autograd uses the registered backward)
+    model.train()
+    x.requires_grad_(True)
+    compiled(x, mask).sum().backward()
+    g_compiled = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x, mask).sum().backward()
+    for a, b in zip(g_compiled, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(a, b)
+
+
+def test_layers_gradcheck_through_module():
+    """The module path (initial_state list, Bidirectional merge, last-step slicing) is differentiable."""
+    torch.manual_seed(0)
+    layer = cudnn_rnn.Bidirectional(cudnn_rnn.GRU(3, 2, return_state=True, dtype=torch.float64), merge_mode="mul").eval()
+    x = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+    s = [torch.randn(2, 2, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    mask = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 1]], dtype=torch.bool)
+    assert torch.autograd.gradcheck(lambda x, a, b: tuple(layer(x, mask=mask, initial_state=[a, b])), (x, *s))
