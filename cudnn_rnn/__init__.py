@@ -1,4 +1,6 @@
 """Keras-exact recurrent layers (LSTM, GRU, SimpleRNN, Bidirectional) for PyTorch, run in C++."""
+import torch  # noqa: F401  (loads libtorch, which _C links against)
+
 from . import _C, ops
 from .explain import Explanation, explain
 from .layers import GRU, LSTM, Bidirectional, SimpleRNN

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Usage: bash scripts/env.sh COMMAND...
+#
+# Does all the set-up a fresh machine needs, then runs COMMAND inside it:
+#   1. a virtual environment with requirements-dev.txt, cached outside the clone (by default in
+#      ~/.cache/cudnn_rnn/venv-<hash of requirements-dev.txt>; set CUDNN_RNN_VENV to choose),
+#   2. the native extension built in place (cudnn_rnn/_C*.so; incremental with ninja),
+# and runs COMMAND from the repository root with that environment's python first on PATH.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+PYTHON="${PYTHON:-python3}"
+req_hash="$(sha256sum requirements-dev.txt | cut -c1-12)"
+VENV="${CUDNN_RNN_VENV:-$HOME/.cache/cudnn_rnn/venv-$req_hash}"
+
+if [ ! -f "$VENV/.installed-$req_hash" ]; then
+  echo "[env] creating $VENV (first run: installs torch, a few GB)" >&2
+  mkdir -p "$(dirname "$VENV")"
+  "$PYTHON" -m venv "$VENV"
+  # (pip's "Location ... is ignored" lines are noise from this machine's local wheel index)
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  "$VENV/bin/python" -m pip install --quiet -r requirements-dev.txt 2>&1 | grep -v "^WARNING: Location" >&2
+  "$VENV/bin/python" -c "import torch, keras, h5py, pytest" >&2
+  touch "$VENV/.installed-$req_hash"
+fi
+
+export PATH="$VENV/bin:$PATH"
+export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+echo "[env] building the extension (python setup.py build_ext --inplace)" >&2
+if ! build_log="$(python setup.py build_ext --inplace 2>&1)"; then
+  echo "$build_log" >&2
+  echo "[env] build failed" >&2
+  exit 1
+fi
+echo "$build_log" | sed -n '/cudnn_rnn build configuration:/,/TORCH_CUDA_ARCH_LIST\|backend: CppExtension/p' >&2
+
+exec "$@"

@@ -1,0 +1,15 @@
+"""The README's main job runs and says what it checked."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_demo_runs():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "demo.py")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "encoder  ran on: cpu on cpu" in out.stdout
+    assert "recurrent_activation='hard_sigmoid' is not supported by cuDNN" in out.stdout
+    assert "logits (4, 3)" in out.stdout
