@@ -26,6 +26,8 @@ if [ ! -f "$VENV/.installed-$req_hash" ]; then
 fi
 
 export PATH="$VENV/bin:$PATH"
+# the in-place build is the package: make it importable from any script
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 echo "[env] building the extension (python setup.py build_ext --inplace)" >&2
 if ! build_log="$(python setup.py build_ext --inplace 2>&1)"; then

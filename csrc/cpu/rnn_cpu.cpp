@@ -15,6 +15,7 @@
 
 #include "../cell_math.h"
 #include "../rnn_config.h"
+#include "cell_rows.h"
 
 namespace cudnn_rnn {
 namespace {
@@ -198,6 +199,7 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
   const bool reversed = cfg.reversed(a.dir);
   const bool zero_out = cfg.zero_output(a.layer);
   const int64_t col0 = a.dir * u;
+  const bool gru_before = cfg.cell == CellKind::GRU && !cfg.reset_after;
 
   Tensor xw = input_projection(cfg, a.x3, a.in_batch_major, a.w, a.dmask);
   SeqView<T> xwv(xw, a.in_batch_major);
@@ -207,7 +209,6 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
 
   Tensor rec = at::empty({B, G * u}, xw.options());
   Tensor hd_buf = at::empty({B, u}, xw.options());
-  const bool gru_before = cfg.cell == CellKind::GRU && !cfg.reset_after;
   Tensor rh = gru_before ? at::empty({B, u}, xw.options()) : Tensor();
   Tensor rec_h = gru_before ? at::empty({B, u}, xw.options()) : Tensor();
   const T* mask_h = nullptr;  // the recurrent dropout mask the GRU candidate sees
@@ -227,15 +228,16 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
     const T* recp = rec.data_ptr<T>();
 
     if (gru_before) {
-      // Phase 1: gates z, r and the candidate matmul's input r * (h * m_h).
+      // Phase 1: gates z, r and the candidate matmul's input r * (h * m_h), for every row.
       T* rhp = rh.data_ptr<T>();
       at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+        std::vector<T> scratch(cpu::row_scratch_size(u));
+        std::vector<T> hd(u);
         for (int64_t b = b0; b < b1; ++b) {
-          const T* xwr = xwv.row(t, b);
-          for (int64_t j = 0; j < u; ++j) {
-            const T hdh = mask_h ? h_prev[b * u + j] * mask_h[b * u + j] : h_prev[b * u + j];
-            rhp[b * u + j] = gru_before_cell_gates<T>(ract, u, j, xwr, recp + b * G * u, hdh, saved + b * S);
-          }
+          const T* hp = h_prev + b * u;
+          for (int64_t j = 0; j < u; ++j) hd[j] = mask_h ? hp[j] * mask_h[b * u + j] : hp[j];
+          cpu::gru_before_row_gates<T>(ract, u, xwv.row(t, b), recp + b * G * u, hd.data(), saved + b * S,
+                                       rhp + b * u, scratch.data());
         }
       });
       at::mm_out(rec_h, rh, a.w.recurrent.narrow(1, 2 * u, u));
@@ -243,6 +245,7 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
     const T* rec_hp = gru_before ? rec_h.data_ptr<T>() : nullptr;
 
     at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+      std::vector<T> scratch(cpu::row_scratch_size(u));
       for (int64_t b = b0; b < b1; ++b) {
         const bool real = mask ? mask[b * Tn + t] : true;
         if (real) seen[b] = 1;
@@ -267,23 +270,17 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
         }
         switch (cfg.cell) {
           case CellKind::LSTM:
-            for (int64_t j = 0; j < u; ++j) {
-              T hv, cv;
-              lstm_cell_forward<T>(act, ract, u, j, xwr, recr, hp[j], c_prev[b * u + j], sv, hv, cv);
-              hn[j] = hv;
-              c_next[b * u + j] = cv;
-            }
+            cpu::lstm_row_forward<T>(act, ract, u, xwr, recr, c_prev + b * u, sv, hn, c_next + b * u, scratch.data());
             break;
           case CellKind::GRU:
             if (cfg.reset_after) {
-              for (int64_t j = 0; j < u; ++j) hn[j] = gru_after_cell_forward<T>(act, ract, u, j, xwr, recr, hp[j], sv);
+              cpu::gru_after_row_forward<T>(act, ract, u, xwr, recr, hp, sv, hn, scratch.data());
             } else {
-              for (int64_t j = 0; j < u; ++j)
-                hn[j] = gru_before_cell_update<T>(act, ract, u, j, xwr, rec_hp[b * u + j], hp[j], sv);
+              cpu::gru_before_row_update<T>(act, ract, u, xwr, rec_hp + b * u, hp, sv, hn, scratch.data());
             }
             break;
           case CellKind::SimpleRNN:
-            for (int64_t j = 0; j < u; ++j) hn[j] = simple_cell_forward<T>(act, j, xwr, recr, sv);
+            cpu::simple_row_forward<T>(act, u, xwr, recr, sv, hn);
             break;
         }
         for (int64_t j = 0; j < u; ++j) outr[j] = hn[j];
@@ -338,10 +335,12 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
     const T* h_prev = a.rs.h[s].data_ptr<T>();
     const T* c_prev = cfg.has_cell_state() ? a.rs.c[s].data_ptr<T>() : nullptr;
     const T* c_new = cfg.has_cell_state() ? a.rs.c[s + 1].data_ptr<T>() : nullptr;
+    const T* h_new = a.rs.h[s + 1].data_ptr<T>();
     const T* saved = a.rs.saved[s].data_ptr<T>();
     T* sdrec = step_drec.data_ptr<T>();
 
     at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+      std::vector<T> scratch(cpu::row_scratch_size(u));
       for (int64_t b = b0; b < b1; ++b) {
         const bool real = mask ? mask[b * Tn + t] : true;
         // Which output positions read this step's state: the step itself when real, and with
@@ -364,21 +363,16 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
         const T* hp = h_prev + b * u;
         switch (cfg.cell) {
           case CellKind::LSTM:
-            for (int64_t j = 0; j < u; ++j) {
-              T dcprev;
-              lstm_cell_backward<T>(act, ract, u, j, sv, c_prev[b * u + j], c_new[b * u + j], dhr[j],
-                                    dcp[b * u + j], dxr, dcprev);
-              dcp[b * u + j] = dcprev;
-              dnr[j] = T(0);
-            }
+            cpu::lstm_row_backward<T>(act, ract, u, sv, c_prev + b * u, c_new + b * u, dhr, dcp + b * u, dxr,
+                                      scratch.data());
+            for (int64_t j = 0; j < u; ++j) dnr[j] = T(0);
             for (int64_t k = 0; k < G * u; ++k) drr[k] = dxr[k];
             break;
           case CellKind::GRU:
             if (cfg.reset_after) {
-              for (int64_t j = 0; j < u; ++j)
-                dnr[j] = gru_after_cell_backward<T>(act, ract, u, j, sv, hp[j], dhr[j], dxr, drr);
+              cpu::gru_after_row_backward<T>(act, ract, u, sv, hp, dhr, dxr, drr, dnr, scratch.data());
             } else {
-              for (int64_t j = 0; j < u; ++j) dnr[j] = gru_before_cell_backward_a<T>(act, ract, u, j, sv, hp[j], dhr[j], dxr);
+              cpu::gru_before_row_backward_a<T>(act, ract, u, sv, hp, dhr, dxr, dnr, scratch.data());
               for (int64_t j = 0; j < u; ++j) {
                 drr[j] = dxr[j];
                 drr[2 * u + j] = dxr[2 * u + j];
@@ -386,8 +380,9 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
             }
             break;
           case CellKind::SimpleRNN:
+            cpu::simple_row_backward<T>(act, u, sv, h_new + b * u, dhr, dxr);
             for (int64_t j = 0; j < u; ++j) {
-              drr[j] = dxr[j] = simple_cell_backward<T>(act, j, sv, dhr[j]);
+              drr[j] = dxr[j];
               dnr[j] = T(0);
             }
             break;
@@ -400,18 +395,15 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       at::mm_out(d_rh, step_drec.narrow(1, 2 * u, u), a.w.recurrent.narrow(1, 2 * u, u).t());
       const T* drh = d_rh.data_ptr<T>();
       at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+        std::vector<T> scratch(cpu::row_scratch_size(u));
         for (int64_t b = b0; b < b1; ++b) {
           const bool real = mask ? mask[b * Tn + t] : true;
           if (!real) continue;
           T* dxr = dxwv.row(t, b);
+          cpu::gru_before_row_backward_b<T>(ract, u, saved + b * S, h_prev + b * u, mask_h ? mask_h + b * u : nullptr,
+                                            drh + b * u, dxr, dhn_p + b * u, scratch.data());
           T* drr = sdrec + b * G * u;
-          for (int64_t j = 0; j < u; ++j) {
-            const T m = mask_h ? mask_h[b * u + j] : T(1);
-            const T hdh = h_prev[b * u + j] * m;
-            const T dhd = gru_before_cell_backward_b<T>(ract, u, j, saved + b * S, hdh, drh[b * u + j], dxr);
-            drr[u + j] = dxr[u + j];
-            dhn_p[b * u + j] += dhd * m;
-          }
+          for (int64_t j = 0; j < u; ++j) drr[u + j] = dxr[u + j];
         }
       });
       recurrent_projection_backward(cfg, step_drec.narrow(1, 0, 2 * u), a.w.recurrent, a.rmask, 0, 2, tmp, dh_next);

@@ -1,0 +1,175 @@
+// One batch row of each cell's update, in array form: the gate pre-activations of the row are
+// activated as whole arrays (activation_arrays.h, vectorised) and then combined elementwise.
+// Gate columns follow Keras: LSTM i, f, c, o; GRU z, r, h. u = units.
+//
+// Forward writes `saved` (the reserve's per-step slot, see RnnConfig::saved_width):
+//   LSTM   [zi, zf, zc, zo]             pre-activations
+//   GRU    [zz, zr, zn, hh]             reset_after: hh = recurrent candidate (h·R_h + b)
+//          [zz, zr, zn, r * hd_h]       reset_after=False: the candidate matmul's input
+//   Simple [z]
+// Backward gets dh (and dc) w.r.t. the step's new state and writes the input-side gate
+// gradients (dx), the recurrent-side ones (drec, where they differ) and the direct part of
+// the gradient w.r.t. h_prev (dh_prev; the recurrent matmul's part is added by the caller).
+#pragma once
+
+#include <cstdint>
+
+#include "../cell_math.h"
+#include "activation_arrays.h"
+
+namespace cudnn_rnn {
+namespace cpu {
+
+// Scratch floats a row kernel needs, per row.
+inline int64_t row_scratch_size(int64_t units) { return 10 * units; }
+
+template <typename T>
+void lstm_row_forward(Activation act, Activation ract, int64_t u, const T* xw, const T* rec, const T* c_prev,
+                      T* saved, T* h_new, T* c_new, T* scratch) {
+  T* g = scratch;       // i, f, c~, o
+  T* tc = scratch + 4 * u;
+  for (int64_t k = 0; k < 4 * u; ++k) saved[k] = xw[k] + rec[k];
+  activate_array(ract, saved, g, 2 * u);
+  activate_array(act, saved + 2 * u, g + 2 * u, u);
+  activate_array(ract, saved + 3 * u, g + 3 * u, u);
+  for (int64_t j = 0; j < u; ++j) c_new[j] = g[u + j] * c_prev[j] + g[j] * g[2 * u + j];
+  activate_array(act, c_new, tc, u);
+  for (int64_t j = 0; j < u; ++j) h_new[j] = g[3 * u + j] * tc[j];
+}
+
+// dc is read as the gradient w.r.t. c_new and overwritten with the one w.r.t. c_prev.
+template <typename T>
+void lstm_row_backward(Activation act, Activation ract, int64_t u, const T* saved, const T* c_prev, const T* c_new,
+                       const T* dh, T* dc, T* dx, T* scratch) {
+  T* g = scratch;            // 4u activated gates
+  T* ga = scratch + 4 * u;   // 4u their derivatives
+  T* tc = scratch + 8 * u;   // act(c_new)
+  T* tca = scratch + 9 * u;  // act'(c_new)
+  activate_array(ract, saved, g, 2 * u);
+  activate_array(act, saved + 2 * u, g + 2 * u, u);
+  activate_array(ract, saved + 3 * u, g + 3 * u, u);
+  activate_grad_array(ract, saved, g, ga, 2 * u);
+  activate_grad_array(act, saved + 2 * u, g + 2 * u, ga + 2 * u, u);
+  activate_grad_array(ract, saved + 3 * u, g + 3 * u, ga + 3 * u, u);
+  activate_array(act, c_new, tc, u);
+  activate_grad_array(act, c_new, tc, tca, u);
+  for (int64_t j = 0; j < u; ++j) {
+    const T dcc = dc[j] + dh[j] * g[3 * u + j] * tca[j];
+    dx[j] = dcc * g[2 * u + j] * ga[j];
+    dx[u + j] = dcc * c_prev[j] * ga[u + j];
+    dx[2 * u + j] = dcc * g[j] * ga[2 * u + j];
+    dx[3 * u + j] = dh[j] * tc[j] * ga[3 * u + j];
+    dc[j] = dcc * g[u + j];
+  }
+}
+
+// GRU reset_after=True: rec = h·R + b_rec for z, r, h.
+template <typename T>
+void gru_after_row_forward(Activation act, Activation ract, int64_t u, const T* xw, const T* rec, const T* h_prev,
+                           T* saved, T* h_new, T* scratch) {
+  T* zr = scratch;
+  T* n = scratch + 2 * u;
+  for (int64_t k = 0; k < 2 * u; ++k) saved[k] = xw[k] + rec[k];
+  for (int64_t j = 0; j < u; ++j) saved[3 * u + j] = rec[2 * u + j];
+  activate_array(ract, saved, zr, 2 * u);
+  for (int64_t j = 0; j < u; ++j) saved[2 * u + j] = xw[2 * u + j] + zr[u + j] * saved[3 * u + j];
+  activate_array(act, saved + 2 * u, n, u);
+  for (int64_t j = 0; j < u; ++j) h_new[j] = zr[j] * h_prev[j] + (T(1) - zr[j]) * n[j];
+}
+
+template <typename T>
+void gru_after_row_backward(Activation act, Activation ract, int64_t u, const T* saved, const T* h_prev, const T* dh,
+                            T* dx, T* drec, T* dh_prev, T* scratch) {
+  T* zr = scratch;
+  T* zra = scratch + 2 * u;
+  T* n = scratch + 4 * u;
+  T* na = scratch + 5 * u;
+  activate_array(ract, saved, zr, 2 * u);
+  activate_grad_array(ract, saved, zr, zra, 2 * u);
+  activate_array(act, saved + 2 * u, n, u);
+  activate_grad_array(act, saved + 2 * u, n, na, u);
+  for (int64_t j = 0; j < u; ++j) {
+    const T z = zr[j], r = zr[u + j];
+    const T dn = dh[j] * (T(1) - z) * na[j];
+    const T dz = dh[j] * (h_prev[j] - n[j]) * zra[j];
+    const T dr = dn * saved[3 * u + j] * zra[u + j];
+    dx[j] = drec[j] = dz;
+    dx[u + j] = drec[u + j] = dr;
+    dx[2 * u + j] = dn;
+    drec[2 * u + j] = dn * r;
+    dh_prev[j] = dh[j] * z;
+  }
+}
+
+// GRU reset_after=False, phase 1: rec = hd·R for z and r; writes rh = r * hd_h (the
+// candidate matmul's input) into saved and into rh.
+template <typename T>
+void gru_before_row_gates(Activation ract, int64_t u, const T* xw, const T* rec, const T* hd_h, T* saved, T* rh,
+                          T* scratch) {
+  for (int64_t k = 0; k < 2 * u; ++k) saved[k] = xw[k] + rec[k];
+  activate_array(ract, saved + u, scratch, u);
+  for (int64_t j = 0; j < u; ++j) rh[j] = saved[3 * u + j] = scratch[j] * hd_h[j];
+}
+
+// Phase 2: rec_h = rh·R_h.
+template <typename T>
+void gru_before_row_update(Activation act, Activation ract, int64_t u, const T* xw, const T* rec_h, const T* h_prev,
+                           T* saved, T* h_new, T* scratch) {
+  T* z = scratch;
+  T* n = scratch + u;
+  for (int64_t j = 0; j < u; ++j) saved[2 * u + j] = xw[2 * u + j] + rec_h[j];
+  activate_array(ract, saved, z, u);
+  activate_array(act, saved + 2 * u, n, u);
+  for (int64_t j = 0; j < u; ++j) h_new[j] = z[j] * h_prev[j] + (T(1) - z[j]) * n[j];
+}
+
+// Backward phase A: the z and candidate gradients (dx[0:u], dx[2u:3u]) and dh_prev's direct part.
+template <typename T>
+void gru_before_row_backward_a(Activation act, Activation ract, int64_t u, const T* saved, const T* h_prev,
+                               const T* dh, T* dx, T* dh_prev, T* scratch) {
+  T* z = scratch;
+  T* za = scratch + u;
+  T* n = scratch + 2 * u;
+  T* na = scratch + 3 * u;
+  activate_array(ract, saved, z, u);
+  activate_grad_array(ract, saved, z, za, u);
+  activate_array(act, saved + 2 * u, n, u);
+  activate_grad_array(act, saved + 2 * u, n, na, u);
+  for (int64_t j = 0; j < u; ++j) {
+    dx[j] = dh[j] * (h_prev[j] - n[j]) * za[j];
+    dx[2 * u + j] = dh[j] * (T(1) - z[j]) * na[j];
+    dh_prev[j] = dh[j] * z[j];
+  }
+}
+
+// Backward phase B: d_rh = d(r * hd_h) from the candidate matmul. Writes dx[u:2u] (the r gate)
+// and adds the candidate's share to dh_prev (through the recurrent dropout mask m_h, or 1).
+template <typename T>
+void gru_before_row_backward_b(Activation ract, int64_t u, const T* saved, const T* h_prev, const T* mask_h,
+                               const T* d_rh, T* dx, T* dh_prev, T* scratch) {
+  T* r = scratch;
+  T* ra = scratch + u;
+  activate_array(ract, saved + u, r, u);
+  activate_grad_array(ract, saved + u, r, ra, u);
+  for (int64_t j = 0; j < u; ++j) {
+    const T m = mask_h ? mask_h[j] : T(1);
+    dx[u + j] = d_rh[j] * h_prev[j] * m * ra[j];
+    dh_prev[j] += d_rh[j] * r[j] * m;
+  }
+}
+
+template <typename T>
+void simple_row_forward(Activation act, int64_t u, const T* xw, const T* rec, T* saved, T* h_new) {
+  for (int64_t j = 0; j < u; ++j) saved[j] = xw[j] + rec[j];
+  activate_array(act, saved, h_new, u);
+}
+
+// h_new = act(saved): the state the forward wrote for this (real) step.
+template <typename T>
+void simple_row_backward(Activation act, int64_t u, const T* saved, const T* h_new, const T* dh, T* dx) {
+  activate_grad_array(act, saved, h_new, dx, u);
+  for (int64_t j = 0; j < u; ++j) dx[j] *= dh[j];
+}
+
+}  // namespace cpu
+}  // namespace cudnn_rnn
