@@ -28,17 +28,7 @@ class Explanation:
 
 def cudnn_incompatibilities(layer: _RNNBase, dtype: torch.dtype, training: bool) -> List[str]:
     """Everything about `layer` that cuDNN's RNN API cannot express, as readable reasons."""
-    reasons = []
-    if layer.cell == "simple_rnn":
-        if layer.activation not in ("tanh", "relu"):
-            reasons.append(f"activation={layer.activation!r} is not supported by cuDNN (RNN_TANH / RNN_RELU only)")
-    else:
-        if layer.activation != "tanh":
-            reasons.append(f"activation={layer.activation!r} is not supported by cuDNN (tanh only)")
-        if layer.recurrent_activation != "sigmoid":
-            reasons.append(f"recurrent_activation={layer.recurrent_activation!r} is not supported by cuDNN (sigmoid only)")
-    if layer.cell == "gru" and not layer.reset_after:
-        reasons.append("GRU reset_after=False is not supported by cuDNN (it applies the reset gate after the matmul)")
+    reasons = [f"{setting} is not supported by cuDNN ({standard})" for setting, standard in layer.nonstandard_settings()]
     if training and 0.0 < layer.recurrent_dropout < 1.0:
         reasons.append(f"recurrent_dropout={layer.recurrent_dropout} masks h inside the step, which cuDNN cannot")
     if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):

@@ -168,6 +168,23 @@ class _RNNBase(nn.Module):
             "reset_after": self.reset_after,
         }
 
+    def nonstandard_settings(self) -> List[tuple]:
+        """(setting, what the standard cell has) for each way this cell departs from the one
+        cuDNN and torch.nn implement (tanh/sigmoid LSTM and GRU with the reset gate after the
+        matmul, tanh/relu SimpleRNN)."""
+        out = []
+        if self.cell == "simple_rnn":
+            if self.activation not in ("tanh", "relu"):
+                out.append((f"activation={self.activation!r}", "tanh or relu only"))
+            return out
+        if self.activation != "tanh":
+            out.append((f"activation={self.activation!r}", "tanh only"))
+        if self.recurrent_activation != "sigmoid":
+            out.append((f"recurrent_activation={self.recurrent_activation!r}", "sigmoid only"))
+        if self.cell == "gru" and not self.reset_after:
+            out.append(("GRU reset_after=False", "the reset gate applies after the recurrent matmul"))
+        return out
+
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.units}"
         if self.num_layers != 1:
@@ -319,6 +336,11 @@ class _RNNBase(nn.Module):
         return layer
 
 
+def _layer_args(frame_locals: dict) -> dict:
+    """A subclass constructor's arguments, to pass on to _RNNBase.__init__."""
+    return {k: v for k, v in frame_locals.items() if k not in ("self", "__class__")}
+
+
 class LSTM(_RNNBase):
     """keras.layers.LSTM. Parameters: kernel [I, 4u], recurrent_kernel [u, 4u], bias [4u]; gates i, f, c, o."""
 
@@ -331,14 +353,7 @@ class LSTM(_RNNBase):
                  return_state: bool = False, go_backwards: bool = False, stateful: bool = False,
                  unroll: bool = False, zero_output_for_mask: bool = False, num_layers: int = 1,
                  device=None, dtype=None):
-        super().__init__(input_size, units, activation=activation, recurrent_activation=recurrent_activation,
-                         use_bias=use_bias, kernel_initializer=kernel_initializer,
-                         recurrent_initializer=recurrent_initializer, bias_initializer=bias_initializer,
-                         dropout=dropout, recurrent_dropout=recurrent_dropout, seed=seed,
-                         return_sequences=return_sequences, return_state=return_state, go_backwards=go_backwards,
-                         stateful=stateful, unroll=unroll, zero_output_for_mask=zero_output_for_mask,
-                         reset_after=False, unit_forget_bias=unit_forget_bias, num_layers=num_layers,
-                         device=device, dtype=dtype)
+        super().__init__(**_layer_args(locals()), reset_after=False)
 
 
 class GRU(_RNNBase):
@@ -354,14 +369,7 @@ class GRU(_RNNBase):
                  go_backwards: bool = False, stateful: bool = False, unroll: bool = False,
                  reset_after: bool = True, zero_output_for_mask: bool = False, num_layers: int = 1,
                  device=None, dtype=None):
-        super().__init__(input_size, units, activation=activation, recurrent_activation=recurrent_activation,
-                         use_bias=use_bias, kernel_initializer=kernel_initializer,
-                         recurrent_initializer=recurrent_initializer, bias_initializer=bias_initializer,
-                         dropout=dropout, recurrent_dropout=recurrent_dropout, seed=seed,
-                         return_sequences=return_sequences, return_state=return_state, go_backwards=go_backwards,
-                         stateful=stateful, unroll=unroll, zero_output_for_mask=zero_output_for_mask,
-                         reset_after=reset_after, unit_forget_bias=False, num_layers=num_layers,
-                         device=device, dtype=dtype)
+        super().__init__(**_layer_args(locals()), unit_forget_bias=False)
 
 
 class SimpleRNN(_RNNBase):
@@ -375,14 +383,8 @@ class SimpleRNN(_RNNBase):
                  return_sequences: bool = False, return_state: bool = False, go_backwards: bool = False,
                  stateful: bool = False, unroll: bool = False, zero_output_for_mask: bool = False,
                  num_layers: int = 1, device=None, dtype=None):
-        super().__init__(input_size, units, activation=activation, recurrent_activation="sigmoid",
-                         use_bias=use_bias, kernel_initializer=kernel_initializer,
-                         recurrent_initializer=recurrent_initializer, bias_initializer=bias_initializer,
-                         dropout=dropout, recurrent_dropout=recurrent_dropout, seed=seed,
-                         return_sequences=return_sequences, return_state=return_state, go_backwards=go_backwards,
-                         stateful=stateful, unroll=unroll, zero_output_for_mask=zero_output_for_mask,
-                         reset_after=False, unit_forget_bias=False, num_layers=num_layers,
-                         device=device, dtype=dtype)
+        super().__init__(**_layer_args(locals()), recurrent_activation="sigmoid", reset_after=False,
+                         unit_forget_bias=False)
 
 
 _MERGE_MODES = ("concat", "sum", "mul", "ave", None)

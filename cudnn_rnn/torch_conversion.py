@@ -26,17 +26,7 @@ def torch_incompatibilities(layer: nn.Module) -> List[str]:
         if layer.merge_mode != "concat":
             reasons.append(f"merge_mode={layer.merge_mode!r} (torch.nn concatenates the directions)")
         return reasons + torch_incompatibilities(layer.forward_layer)
-    reasons = []
-    if layer.cell == "simple_rnn":
-        if layer.activation not in ("tanh", "relu"):
-            reasons.append(f"activation={layer.activation!r} (torch.nn.RNN has tanh and relu)")
-    else:
-        if layer.activation != "tanh":
-            reasons.append(f"activation={layer.activation!r} (torch.nn uses tanh)")
-        if layer.recurrent_activation != "sigmoid":
-            reasons.append(f"recurrent_activation={layer.recurrent_activation!r} (torch.nn uses sigmoid)")
-    if layer.cell == "gru" and not layer.reset_after:
-        reasons.append("reset_after=False (torch.nn.GRU applies the reset gate after the matmul)")
+    reasons = [f"{setting} (torch.nn: {standard})" for setting, standard in layer.nonstandard_settings()]
     if layer.go_backwards:
         reasons.append("go_backwards=True")
     return reasons

@@ -157,3 +157,14 @@ def test_layers_gradcheck_through_module():
     s = [torch.randn(2, 2, dtype=torch.float64, requires_grad=True) for _ in range(2)]
     mask = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 1]], dtype=torch.bool)
     assert torch.autograd.gradcheck(lambda x, a, b: tuple(layer(x, mask=mask, initial_state=[a, b])), (x, *s))
+
+
+def test_torch_export_roundtrip():
+    torch.manual_seed(0)
+    model = _Model().eval()
+    x = torch.randn(3, 7, 6)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[0, 4:] = False
+    exported = torch.export.export(model, (x, mask))
+    assert any(n.target == torch.ops.cudnn_rnn.rnn_forward.default for n in exported.graph.nodes)
+    torch.testing.assert_close(exported.module()(x, mask), model(x, mask))

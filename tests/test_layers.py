@@ -1,0 +1,38 @@
+"""Module structure: parameter names and shapes (the Keras tensors), Keras initialisers."""
+import torch
+
+import cudnn_rnn
+
+
+def test_parameters_are_the_keras_tensors():
+    shapes = {n: tuple(p.shape) for n, p in cudnn_rnn.LSTM(5, 3, num_layers=2).named_parameters()}
+    assert shapes == {"kernel": (5, 12), "recurrent_kernel": (3, 12), "bias": (12,),
+                      "kernel_l1": (3, 12), "recurrent_kernel_l1": (3, 12), "bias_l1": (12,)}
+    assert {n: tuple(p.shape) for n, p in cudnn_rnn.GRU(5, 3).named_parameters()}["bias"] == (2, 9)
+    assert {n: tuple(p.shape) for n, p in cudnn_rnn.GRU(5, 3, reset_after=False).named_parameters()}["bias"] == (9,)
+    assert [n for n, _ in cudnn_rnn.SimpleRNN(5, 3, use_bias=False).named_parameters()] == ["kernel", "recurrent_kernel"]
+    bi = cudnn_rnn.Bidirectional(cudnn_rnn.GRU(5, 3, num_layers=2))
+    assert tuple(bi.forward_layer.kernel_l1.shape) == (6, 9)  # inner layers read both directions
+    assert tuple(bi.backward_layer.kernel_l1.shape) == (6, 9) and bi.backward_layer.go_backwards
+    assert cudnn_rnn.LSTM(5, 3).state_dict().keys() == {"kernel", "recurrent_kernel", "bias"}
+
+
+def test_keras_initialisers():
+    torch.manual_seed(0)
+    layer = cudnn_rnn.LSTM(40, 30)
+    limit = (6 / (40 + 120)) ** 0.5  # glorot_uniform over (fan_in, fan_out) = (40, 4u)
+    assert layer.kernel.abs().max() <= limit and layer.kernel.abs().max() > 0.9 * limit
+    r = layer.recurrent_kernel.detach()  # orthogonal: (u, 4u) has orthonormal rows
+    torch.testing.assert_close(r @ r.T, torch.eye(30), atol=1e-5, rtol=0)
+    expected_bias = torch.zeros(120)
+    expected_bias[30:60] = 1.0  # unit_forget_bias
+    torch.testing.assert_close(layer.bias.detach(), expected_bias)
+    assert layer.bias.detach().abs().sum() == 30
+    assert cudnn_rnn.LSTM(4, 3, unit_forget_bias=False).bias.detach().abs().sum() == 0
+    ones = cudnn_rnn.GRU(4, 3, kernel_initializer="ones", bias_initializer="ones")
+    assert bool((ones.kernel == 1).all()) and bool((ones.bias == 1).all())
+
+
+def test_float64_layers():
+    layer = cudnn_rnn.GRU(3, 4, dtype=torch.float64, return_sequences=True)
+    assert layer(torch.randn(2, 5, 3, dtype=torch.float64)).dtype == torch.float64
