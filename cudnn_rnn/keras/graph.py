@@ -1,0 +1,194 @@
+"""Keras model configs (Keras 3, tf.keras 2.x, Keras 2 / 1 multi-backend) as one graph form.
+
+A model is a list of layers, each called one or more times; a call's inputs are references
+(layer name, call index, output index) to earlier calls' outputs. Sequential models become a
+chain; nested models are layers whose spec is itself a ModelSpec.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from .errors import ConversionError
+
+MODEL_CLASSES = ("Sequential", "Functional", "Model")
+
+
+@dataclass(frozen=True)
+class Ref:
+    layer: str
+    call: int = 0
+    output: int = 0
+
+
+@dataclass
+class Call:
+    inputs: List[Ref]
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # tensors in kwargs are Refs (or lists of Refs)
+    constants: List[Any] = field(default_factory=list)    # non-tensor positional args (Keras 3 ops)
+
+
+@dataclass
+class LayerSpec:
+    name: str
+    class_name: str
+    config: Dict[str, Any]
+    calls: List[Call]
+    model: Optional["ModelSpec"] = None  # for nested models
+    module: str = ""                     # Keras 3: "keras.layers", or "keras.src.ops.numpy" for ops
+
+    @property
+    def is_op(self) -> bool:
+        """A Keras 3 operation recorded in a functional graph (e.g. the mask computations).
+        Legacy .h5 configs drop `module`; there an op is told by its config, which (unlike a
+        layer's) has neither `trainable` nor `dtype`."""
+        if self.module:
+            return self.module.startswith("keras.src.ops")
+        return (bool(self.calls) and isinstance(self.calls[0].inputs, list) and "trainable" not in self.config
+                and "dtype" not in self.config and self.class_name not in MODEL_CLASSES)
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    class_name: str
+    layers: List[LayerSpec]
+    inputs: List[Ref]
+    outputs: List[Ref]
+    single_output: bool = True
+
+
+def snake_case(name: str) -> str:
+    """keras.src.utils.naming.to_snake_case: how .keras files name a layer's weight group."""
+    name = re.sub(r"\W+", "", name)
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+def _layer_name(entry: dict) -> str:
+    cfg = entry.get("config", {})
+    return entry.get("name") or (cfg.get("name") if isinstance(cfg, dict) else None) or entry.get("class_name", "?")
+
+
+def _refs_in(value, path) -> List[Ref]:
+    """Every Keras-tensor reference in a Keras 3 call-argument structure, in order."""
+    out = []
+    if isinstance(value, dict):
+        if value.get("class_name") == "__keras_tensor__":
+            history = value["config"]["keras_history"]
+            return [Ref(history[0], int(history[1]), int(history[2]))]
+        for v in value.values():
+            out += _refs_in(v, path)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            out += _refs_in(v, path)
+    return out
+
+
+def _is_tensor_ref(value) -> bool:
+    return isinstance(value, dict) and value.get("class_name") == "__keras_tensor__"
+
+
+def _parse_calls(entry: dict, path) -> List[Call]:
+    calls = []
+    for node in entry.get("inbound_nodes", []) or []:
+        if isinstance(node, dict):  # Keras 3: {"args": [...], "kwargs": {...}}
+            inputs = _refs_in(node.get("args", []), path)
+            constants = [a for a in node.get("args", []) if not _refs_in(a, path)]
+            kwargs = {}
+            for k, v in (node.get("kwargs") or {}).items():
+                refs = _refs_in(v, path)
+                kwargs[k] = refs if refs else v
+            calls.append(Call(inputs, kwargs, constants))
+        elif isinstance(node, list):  # Keras 2: [[name, call, output, kwargs], ...]
+            inputs, kwargs = [], {}
+            for item in node:
+                if not isinstance(item, list) or len(item) < 3:
+                    raise ConversionError(path, f"malformed inbound node {item!r}", _layer_name(entry))
+                inputs.append(Ref(item[0], int(item[1]), int(item[2])))
+                if len(item) > 3 and isinstance(item[3], dict):
+                    for k, v in item[3].items():
+                        if isinstance(v, list) and v and isinstance(v[0], list):  # initial_state refs
+                            kwargs[k] = [Ref(r[0], int(r[1]), int(r[2])) for r in v]
+                        elif isinstance(v, list) and len(v) >= 3 and isinstance(v[0], str):
+                            kwargs[k] = [Ref(v[0], int(v[1]), int(v[2]))]
+                        else:
+                            kwargs[k] = v
+            calls.append(Call(inputs, kwargs))
+        else:
+            raise ConversionError(path, f"malformed inbound node {node!r}", _layer_name(entry))
+    return calls
+
+
+def _endpoint_refs(value, path, what) -> List[Ref]:
+    if not value:
+        raise ConversionError(path, f"the model config has no {what}")
+    if isinstance(value, list) and len(value) >= 3 and isinstance(value[0], str):
+        return [Ref(value[0], int(value[1]), int(value[2]))]
+    refs = []
+    for item in value:
+        if isinstance(item, dict):
+            refs += _refs_in(item, path)
+        else:
+            refs += _endpoint_refs(item, path, what)
+    return refs
+
+
+def parse_model(config: dict, path) -> ModelSpec:
+    """A ModelSpec from a serialized model ({"class_name": ..., "config": ...})."""
+    if not isinstance(config, dict) or "class_name" not in config:
+        raise ConversionError(path, "the model config has no class_name")
+    cls = config["class_name"]
+    body = config.get("config")
+    if cls == "Sequential":
+        return _parse_sequential(body, path)
+    if cls in ("Functional", "Model"):
+        return _parse_functional(body, path)
+    raise ConversionError(path, f"the file holds a {cls}, not a Sequential or Functional model "
+                                "(subclassed models have no config to rebuild from)")
+
+
+def _layer_spec(entry: dict, path, calls: List[Call]) -> LayerSpec:
+    if not isinstance(entry, dict) or "class_name" not in entry:
+        raise ConversionError(path, f"malformed layer entry {str(entry)[:200]}")
+    spec = LayerSpec(_layer_name(entry), entry["class_name"], entry.get("config") or {}, calls,
+                     module=str(entry.get("module") or ""))
+    if spec.class_name in MODEL_CLASSES:
+        spec.model = parse_model({"class_name": spec.class_name, "config": spec.config}, path)
+    return spec
+
+
+def _parse_sequential(body, path) -> ModelSpec:
+    if isinstance(body, list):  # Keras <= 2.1: the config is the layer list
+        body = {"name": "sequential", "layers": body}
+    if not isinstance(body, dict) or not isinstance(body.get("layers"), list):
+        raise ConversionError(path, "the Sequential config has no layer list")
+    entries = list(body["layers"])
+    if not entries:
+        raise ConversionError(path, "the Sequential model has no layers")
+    if entries[0].get("class_name") != "InputLayer":
+        first = entries[0].get("config", {})
+        shape = first.get("batch_input_shape") or first.get("batch_shape") or body.get("build_input_shape")
+        entries.insert(0, {"class_name": "InputLayer", "config": {"name": "input", "batch_shape": shape,
+                                                                  "dtype": first.get("dtype", "float32")}})
+    layers, prev = [], None
+    for entry in entries:
+        calls = [] if entry.get("class_name") == "InputLayer" else [Call([prev])]
+        spec = _layer_spec(entry, path, calls)
+        layers.append(spec)
+        prev = Ref(spec.name)
+    return ModelSpec(body.get("name", "sequential"), "Sequential", layers, [Ref(layers[0].name)], [prev])
+
+
+def _parse_functional(body, path) -> ModelSpec:
+    if not isinstance(body, dict) or not isinstance(body.get("layers"), list):
+        raise ConversionError(path, "the Functional config has no layer list")
+    layers = [_layer_spec(e, path, [] if e.get("class_name") == "InputLayer" else _parse_calls(e, path))
+              for e in body["layers"]]
+    outputs_cfg = body.get("output_layers")
+    single = isinstance(outputs_cfg, list) and len(outputs_cfg) >= 3 and isinstance(outputs_cfg[0], str)
+    return ModelSpec(body.get("name", "model"), "Functional", layers,
+                     _endpoint_refs(body.get("input_layers"), path, "input_layers"),
+                     _endpoint_refs(outputs_cfg, path, "output_layers"), single_output=single or
+                     len(_endpoint_refs(outputs_cfg, path, "output_layers")) == 1)

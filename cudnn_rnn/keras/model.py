@@ -1,0 +1,100 @@
+"""A rebuilt Keras model as one torch.nn.Module: the layer modules plus a static call schedule
+over the graph, with Keras's mask propagation."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .errors import ConversionError
+from .graph import ModelSpec, Ref
+
+
+def _module_key(name: str) -> str:
+    # ModuleDict keys may not contain "." (Keras names may)
+    return name.replace(".", "_")
+
+
+class KerasModel(nn.Module):
+    """Runs the rebuilt graph. forward(*inputs) returns the output tensor, or a list when the
+    Keras model has several outputs; forward_with_masks also returns the output masks."""
+
+    def __init__(self, spec: ModelSpec, modules: Dict[str, nn.Module], path: str, input_dtypes: List[str]):
+        super().__init__()
+        self.name = spec.name
+        self.layers = nn.ModuleDict({_module_key(n): m for n, m in modules.items()})
+        self.input_refs = [(r.layer, r.call, r.output) for r in spec.inputs]
+        self.output_refs = [(r.layer, r.call, r.output) for r in spec.outputs]
+        self.single_output = spec.single_output and len(spec.outputs) == 1
+        self.input_dtypes = input_dtypes
+        self.schedule = self._schedule(spec, path)
+
+    @staticmethod
+    def _schedule(spec: ModelSpec, path) -> List[Tuple[str, str, int, list, Optional[list]]]:
+        """(layer name, module key, call index, input refs, explicit mask refs) in an order where every input
+        is computed before it is read."""
+        ready = {(r.layer, r.call, 0) for r in spec.inputs}
+        input_layers = {r.layer for r in spec.inputs}
+        pending = [(layer, i, call) for layer in spec.layers if layer.name not in input_layers
+                   for i, call in enumerate(layer.calls)]
+        known = {layer.name for layer in spec.layers}
+        schedule = []
+        while pending:
+            progressed = False
+            for item in list(pending):
+                layer, i, call = item
+                refs = list(call.inputs) + list(call.kwargs.get("initial_state") or [])
+                mask_refs = call.kwargs.get("mask") if isinstance(call.kwargs.get("mask"), list) else None
+                needed = refs + (mask_refs or [])
+                for r in needed:
+                    if isinstance(r, Ref) and r.layer not in known:
+                        raise ConversionError(path, f"call {i} reads layer '{r.layer}', which the model does not have", layer.name)
+                if all(isinstance(r, Ref) and (r.layer, r.call, r.output) in ready
+                       or (isinstance(r, Ref) and (r.layer, r.call, -1) in ready) for r in needed):
+                    schedule.append((layer.name, _module_key(layer.name), i, [(r.layer, r.call, r.output) for r in refs],
+                                     [(r.layer, r.call, r.output) for r in mask_refs] if mask_refs else None))
+                    ready.add((layer.name, i, -1))  # all outputs of this call
+                    pending.remove(item)
+                    progressed = True
+            if not progressed:
+                names = sorted({layer.name for layer, _, _ in pending})
+                raise ConversionError(path, f"the graph cannot be ordered: layers {names} wait on inputs that never come")
+        return schedule
+
+    def forward_with_masks(self, *inputs: Tensor, masks: Optional[List[Optional[Tensor]]] = None):
+        if len(inputs) != len(self.input_refs):
+            raise ValueError(f"{self.name} takes {len(self.input_refs)} input(s); got {len(inputs)}")
+        env: Dict[Tuple[str, int], Tuple[List[Tensor], List[Optional[Tensor]]]] = {}
+        for k, (ref, x) in enumerate(zip(self.input_refs, inputs)):
+            env[(ref[0], ref[1])] = ([x], [masks[k] if masks else None])
+
+        def fetch(ref):
+            outs, ms = env[(ref[0], ref[1])]
+            return outs[ref[2]], ms[ref[2]]
+
+        for name, key, call, refs, mask_refs in self.schedule:
+            got = [fetch(r) for r in refs]
+            xs = [t for t, _ in got]
+            ms = [m for _, m in got]
+            if mask_refs is not None:
+                ms[0] = fetch(mask_refs[0])[0]
+            outs, out_masks = self.layers[key](xs, ms)
+            env[(name, call)] = (outs, out_masks)
+        results = [fetch(r) for r in self.output_refs]
+        return [t for t, _ in results], [m for _, m in results]
+
+    def forward(self, *inputs: Tensor):
+        outputs, _ = self.forward_with_masks(*inputs)
+        return outputs[0] if self.single_output else outputs
+
+
+class NestedModel(nn.Module):
+    """A Keras model used as a layer inside another: the graph call protocol around KerasModel."""
+
+    def __init__(self, model: KerasModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs, masks):
+        return self.model.forward_with_masks(*inputs, masks=masks)

@@ -1,0 +1,175 @@
+"""Finding each layer's weights in a Keras file.
+
+Two layouts:
+- "keras3" (.keras, .weights.h5): `layers/<snake_case class>[_N]/<sub-object>/vars/<i>`, keyed by
+  class occurrence order in the model's layer list, never by layer name (tf.keras 2.13-2.15
+  wrote `_layer_checkpoint_dependencies` for `layers`);
+- "legacy" (.h5): a group per layer named by the layer, its datasets listed in order by the
+  `weight_names` attribute (names vary by producer: `lstm_1/kernel:0`,
+  `lstm/lstm_cell_1/kernel:0`, no `:0` in Keras 3), so weights are taken by that order only.
+
+A builder asks for its weights as groups [(sub-path, count), ...] in Keras's own variable order,
+e.g. Bidirectional [("forward_layer/cell", 3), ("backward_layer/cell", 3)]; the legacy layout
+splits the layer's flat list by the same counts.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .containers import KerasFile, attr_strings, read_dataset
+from .errors import ConversionError
+from .graph import LayerSpec, ModelSpec, snake_case
+
+Groups = Sequence[Tuple[str, int]]
+
+
+class LayerWeights:
+    """The weights of one layer, served by groups."""
+
+    def take(self, groups: Groups, shapes: Optional[Sequence[Sequence[tuple]]] = None) -> List[List[np.ndarray]]:
+        raise NotImplementedError
+
+    def child_source(self, spec: ModelSpec) -> "WeightSource":
+        raise NotImplementedError
+
+
+class WeightSource:
+    def for_layer(self, layer: LayerSpec) -> LayerWeights:
+        raise NotImplementedError
+
+
+def _check_count(kf: KerasFile, layer: str, found: int, expected: int, where: str) -> None:
+    if found != expected:
+        raise ConversionError(kf.path, f"{where} holds {found} weight(s); the config implies {expected}", layer)
+
+
+class _Keras3Layer(LayerWeights):
+    def __init__(self, kf: KerasFile, layer: str, path: str):
+        self.kf, self.layer, self.path = kf, layer, path
+
+    def _group(self, sub: str):
+        full = "/".join(p for p in (self.path, sub) if p)
+        root = self.kf.weights_root
+        for candidate in (full, full.replace("layers", "_layer_checkpoint_dependencies")):
+            if candidate in root:
+                return root[candidate], candidate
+        return None, full
+
+    def take(self, groups, shapes=None):
+        out = []
+        for k, (sub, count) in enumerate(groups):
+            group, where = self._group(sub)
+            if count == 0:
+                out.append([])
+                continue
+            if group is None or "vars" not in group:
+                raise ConversionError(self.kf.path, f"missing weights: no group {where}/vars in the weights file", self.layer)
+            vars_ = group["vars"]
+            keys = sorted(vars_.keys(), key=lambda s: int(s) if s.isdigit() else -1)
+            _check_count(self.kf, self.layer, len(keys), count, f"{where}/vars")
+            expected = shapes[k] if shapes is not None else [None] * count
+            out.append([read_dataset(self.kf.path, vars_[key], self.layer, exp) for key, exp in zip(keys, expected)])
+        return out
+
+    def child_source(self, spec: ModelSpec) -> "WeightSource":
+        return Keras3Source(self.kf, spec, prefix=self.path)
+
+
+class Keras3Source(WeightSource):
+    def __init__(self, kf: KerasFile, spec: ModelSpec, prefix: str = ""):
+        self.kf = kf
+        self.paths: Dict[str, str] = {}
+        used: Dict[str, int] = {}
+        layers = spec.layers[1:] if spec.class_name == "Sequential" else spec.layers
+        for layer in layers:
+            if layer.is_op:  # operations hold no weights and are not in model.layers
+                continue
+            base = snake_case(layer.class_name)
+            n = used.get(base, 0)
+            used[base] = n + 1
+            name = base if n == 0 else f"{base}_{n}"
+            self.paths[layer.name] = "/".join(p for p in (prefix, "layers", name) if p)
+
+    def for_layer(self, layer: LayerSpec) -> LayerWeights:
+        return _Keras3Layer(self.kf, layer.name, self.paths.get(layer.name, ""))
+
+
+class _FlatLayer(LayerWeights):
+    """A layer's weights as one ordered list of datasets (legacy layout)."""
+
+    def __init__(self, kf: KerasFile, layer: str, datasets: list, where: str):
+        self.kf, self.layer, self.datasets, self.where = kf, layer, datasets, where
+
+    def take(self, groups, shapes=None):
+        _check_count(self.kf, self.layer, len(self.datasets), sum(c for _, c in groups), self.where)
+        out, i = [], 0
+        for k, (_, count) in enumerate(groups):
+            expected = shapes[k] if shapes is not None else [None] * count
+            out.append([read_dataset(self.kf.path, self.datasets[i + j], self.layer, expected[j]) for j in range(count)])
+            i += count
+        return out
+
+    def child_source(self, spec: ModelSpec) -> "WeightSource":
+        return _PoolSource(self.kf, self.datasets, self.where)
+
+
+class _PoolSource(WeightSource):
+    """A nested model's weights in a legacy file: one flat list, taken layer by layer in order."""
+
+    def __init__(self, kf, datasets, where):
+        self.kf, self.datasets, self.where, self.pos = kf, datasets, where, 0
+
+    def for_layer(self, layer: LayerSpec) -> LayerWeights:
+        source = self
+
+        class _Slice(LayerWeights):
+            def take(self, groups, shapes=None):
+                n = sum(c for _, c in groups)
+                chunk = source.datasets[source.pos : source.pos + n]
+                if len(chunk) < n:
+                    raise ConversionError(source.kf.path, f"{source.where} runs out of weights at layer '{layer.name}'", layer.name)
+                source.pos += n
+                return _FlatLayer(source.kf, layer.name, chunk, source.where).take(groups, shapes)
+
+            def child_source(self, spec):
+                return source
+
+        return _Slice()
+
+
+class LegacySource(WeightSource):
+    def __init__(self, kf: KerasFile, spec: Optional[ModelSpec]):
+        self.kf = kf
+        root = kf.weights_root
+        self.names = attr_strings(root, "layer_names")
+        self.groups = {}
+        for name in self.names:
+            if name not in root:
+                raise ConversionError(kf.path, f"layer_names lists '{name}' but the file has no such group", name)
+            group = root[name]
+            weight_names = attr_strings(group, "weight_names")
+            datasets = []
+            for w in weight_names:
+                if w not in group:
+                    raise ConversionError(kf.path, f"weight_names lists '{w}' but {group.name} has no such dataset", name)
+                datasets.append(group[w])
+            self.groups[name] = datasets
+        self.by_order: Dict[str, str] = {}
+
+    def match_by_order(self, weighted_layers: List[str]) -> None:
+        """Weights-only Keras 2 files are loaded by order of the layers that have weights."""
+        with_weights = [n for n in self.names if self.groups[n]]
+        if len(with_weights) != len(weighted_layers):
+            raise ConversionError(self.kf.path, f"the file has weights for {len(with_weights)} layers "
+                                                f"({with_weights}); the model has {len(weighted_layers)} ({weighted_layers})")
+        self.by_order = dict(zip(weighted_layers, with_weights))
+
+    def for_layer(self, layer: LayerSpec) -> LayerWeights:
+        name = self.by_order.get(layer.name, layer.name)
+        return _FlatLayer(self.kf, layer.name, self.groups.get(name, []), f"group '{name}'")
+
+
+def weight_source(kf: KerasFile, spec: ModelSpec) -> WeightSource:
+    return Keras3Source(kf, spec) if kf.layout == "keras3" else LegacySource(kf, spec)

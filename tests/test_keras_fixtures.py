@@ -1,0 +1,50 @@
+"""Checkpoints written by real Keras 3, tf.keras 2.21 and tf_keras's CuDNN layers (made by
+tests/fixtures/make_fixtures.py) load without TensorFlow or Keras and reproduce the outputs those
+frameworks computed, within 1e-5."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from cudnn_rnn.keras import load_keras
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "data")
+
+CASES = [
+    ("k3_sequential", "k3_sequential.keras", None),
+    ("k3_sequential", "k3_sequential.h5", None),
+    ("k3_sequential", "k3_sequential.weights.h5", "k3_sequential.keras"),
+    ("k3_functional", "k3_functional.keras", None),
+    ("k3_functional", "k3_functional.h5", None),
+    ("tfk_sequential", "tfk_sequential.h5", None),
+    ("tfk_sequential", "tfk_sequential.keras", None),
+    ("tfk_sequential", "tfk_sequential_weights.h5", "tfk_sequential.json"),
+    ("tfk_functional", "tfk_functional.h5", None),
+    ("tfk_cudnn", "tfk_cudnn.h5", None),
+]
+
+
+def _architecture(name):
+    if name is None:
+        return None
+    path = os.path.join(DATA, name)
+    if name.endswith(".json"):
+        with open(path) as f:
+            return f.read()
+    return path
+
+
+@pytest.mark.parametrize("fixture,filename,architecture", CASES, ids=[c[1] for c in CASES])
+def test_fixture_matches_keras(fixture, filename, architecture):
+    data = np.load(os.path.join(DATA, f"{fixture}.npz"))
+    inputs = [torch.as_tensor(data[k]) for k in sorted(k for k in data.files if k.startswith("input_"))]
+    expected = [data[k] for k in sorted((k for k in data.files if k.startswith("output_")), key=lambda s: int(s.split("_")[1]))]
+    model = load_keras(os.path.join(DATA, filename), architecture=_architecture(architecture))
+    with torch.no_grad():
+        out = model(*inputs)
+    out = out if isinstance(out, list) else [out]
+    assert len(out) == len(expected)
+    for i, (a, b) in enumerate(zip(out, expected)):
+        assert tuple(a.shape) == b.shape, f"output {i}"
+        np.testing.assert_allclose(a.numpy(), b, atol=1e-5, rtol=1e-5, err_msg=f"output {i} of {filename}")
