@@ -139,5 +139,6 @@ setup(
     ext_modules=[extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension},
     python_requires=">=3.9",
-    install_requires=["torch>=2.4", "numpy"],
+    install_requires=["torch>=2.4", "numpy", "h5py"],
+    entry_points={"console_scripts": ["cudnn-rnn = cudnn_rnn.cli:main"]},
 )

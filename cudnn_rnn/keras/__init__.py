@@ -11,48 +11,60 @@ from .containers import KerasFile, open_keras_file
 from .errors import ConversionError
 from .graph import ModelSpec, parse_model
 from .model import KerasModel, NestedModel
-from .weights import LegacySource, WeightSource, weight_source
+from .weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
 
-__all__ = ["load_keras", "ConversionError", "KerasModel", "BUILDERS"]
+from .convert import load_converted, save_converted  # noqa: E402
+
+__all__ = ["load_keras", "rebuild", "load_converted", "save_converted", "ConversionError", "KerasModel", "BUILDERS"]
 
 
-def _build(spec: ModelSpec, kf: KerasFile, source: WeightSource, dtype, where: str) -> KerasModel:
+def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, where: str, progress) -> KerasModel:
     modules = {}
-    for layer in spec.layers:
+    for i, layer in enumerate(spec.layers):
+        if progress is not None:
+            progress(i, len(spec.layers), f"{where}/{layer.name}")
         if layer.model is not None:
             child = source.for_layer(layer).child_source(layer.model)
-            modules[layer.name] = NestedModel(_build(layer.model, kf, child, dtype, f"{where}/{layer.name}"))
+            modules[layer.name] = NestedModel(_build(layer.model, path, version, child, dtype, f"{where}/{layer.name}", progress))
             continue
+        ctx = BuildContext(path, version, layer, source.for_layer(layer), dtype)
         if layer.is_op:
-            ctx = BuildContext(kf.path, kf.keras_version, layer, source.for_layer(layer), dtype)
             modules[layer.name] = build_op(layer, ctx)
             continue
         build = BUILDERS.get(layer.class_name)
         if build is None:
-            raise ConversionError(kf.path, f"layer class {layer.class_name} is not supported (at {where}/{layer.name}; "
-                                           f"supported: {', '.join(sorted(BUILDERS))})", layer.name)
-        ctx = BuildContext(kf.path, kf.keras_version, layer, source.for_layer(layer), dtype)
+            raise ConversionError(path, f"layer class {layer.class_name} is not supported (at {where}/{layer.name}; "
+                                        f"supported: {', '.join(sorted(BUILDERS))})", layer.name)
         try:
             modules[layer.name] = build(layer.config, ctx)
         except ConversionError:
             raise
         except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise ConversionError(kf.path, f"{layer.class_name} config cannot be converted ({type(e).__name__}: {e})",
+            raise ConversionError(path, f"{layer.class_name} config cannot be converted ({type(e).__name__}: {e})",
                                   layer.name) from None
-    input_dtypes = []
+    input_specs = []
     for ref in spec.inputs:
-        layer = next((l for l in spec.layers if l.name == ref.layer), None)
-        input_dtypes.append(str((layer.config if layer else {}).get("dtype") or "float32"))
-    return KerasModel(spec, modules, kf.path, input_dtypes)
+        cfg = next((l.config for l in spec.layers if l.name == ref.layer), {})
+        dtype_cfg = cfg.get("dtype") or "float32"
+        if isinstance(dtype_cfg, dict):  # a DTypePolicy
+            dtype_cfg = (dtype_cfg.get("config") or {}).get("name", "float32")
+        shape = cfg.get("batch_shape") or cfg.get("batch_input_shape") or [None]
+        input_specs.append((str(dtype_cfg), tuple(shape)))
+    return KerasModel(spec, modules, path, input_specs)
 
 
-def load_keras(path, architecture: Optional[Union[str, dict]] = None, dtype: torch.dtype = torch.float32) -> KerasModel:
+def load_keras(path, architecture: Optional[Union[str, dict]] = None, dtype: torch.dtype = torch.float32,
+               progress: Optional[callable] = None) -> KerasModel:
     """A torch module computing what the Keras model in `path` computes.
 
     `path`: a `.keras` archive, a full-model legacy `.h5`, or a weights-only file
     (`.weights.h5`, legacy weights `.h5`) together with `architecture`: a `.keras` / full `.h5`
     file or a model config dict (`model.get_config()` wrapped as {"class_name", "config"}, or a
-    JSON string of it). Nothing from TensorFlow or Keras is needed, and nothing is unpickled."""
+    JSON string of it). Nothing from TensorFlow or Keras is needed, and nothing is unpickled.
+    `progress(i, n, layer_name)` is called as layers are converted.
+
+    The returned model keeps `keras_config` and `keras_version` (what save_keras and the CLI
+    use) and `keras_weights` (the arrays as read, by layer, in Keras order)."""
     kf = open_keras_file(path)
     try:
         config = kf.config
@@ -67,10 +79,21 @@ def load_keras(path, architecture: Optional[Union[str, dict]] = None, dtype: tor
         source = weight_source(kf, spec)
         if isinstance(source, LegacySource) and kf.config is None:
             source.match_by_order(_weighted_layers(spec, source))
-        model = _build(spec, kf, source, dtype, spec.name)
+        records: dict = {}
+        model = _build(spec, kf.path, kf.keras_version, RecordingSource(source, records), dtype, spec.name, progress)
+        model.keras_config, model.keras_version, model.keras_weights = config, kf.keras_version, records
         return model.eval()
     finally:
         kf.close()
+
+
+def rebuild(config: dict, keras_version: Optional[str], keras_weights: dict, dtype=torch.float32,
+            where: str = "<converted>") -> KerasModel:
+    """The model load_keras built, from what it recorded (config, version, weights)."""
+    spec = parse_model(config, where)
+    model = _build(spec, where, keras_version, ReplaySource(keras_weights, where), dtype, spec.name, None)
+    model.keras_config, model.keras_version, model.keras_weights = config, keras_version, keras_weights
+    return model.eval()
 
 
 def _architecture_config(architecture, path):

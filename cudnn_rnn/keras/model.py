@@ -20,14 +20,14 @@ class KerasModel(nn.Module):
     """Runs the rebuilt graph. forward(*inputs) returns the output tensor, or a list when the
     Keras model has several outputs; forward_with_masks also returns the output masks."""
 
-    def __init__(self, spec: ModelSpec, modules: Dict[str, nn.Module], path: str, input_dtypes: List[str]):
+    def __init__(self, spec: ModelSpec, modules: Dict[str, nn.Module], path: str, input_specs: List[tuple]):
         super().__init__()
         self.name = spec.name
         self.layers = nn.ModuleDict({_module_key(n): m for n, m in modules.items()})
         self.input_refs = [(r.layer, r.call, r.output) for r in spec.inputs]
         self.output_refs = [(r.layer, r.call, r.output) for r in spec.outputs]
         self.single_output = spec.single_output and len(spec.outputs) == 1
-        self.input_dtypes = input_dtypes
+        self.input_specs = input_specs  # (Keras dtype name, batch shape with None for free dims) per input
         self.schedule = self._schedule(spec, path)
 
     @staticmethod
@@ -83,6 +83,18 @@ class KerasModel(nn.Module):
             env[(name, call)] = (outs, out_masks)
         results = [fetch(r) for r in self.output_refs]
         return [t for t, _ in results], [m for _, m in results]
+
+    def example_inputs(self, batch: int = 2, time: int = 5) -> List[Tensor]:
+        """Inputs of the declared dtypes and shapes (free dimensions: batch, then time) for
+        tracing, exporting and checking."""
+        out = []
+        for dtype, shape in self.input_specs:
+            dims = [batch] + [time if d is None else int(d) for d in shape[1:]]
+            if "int" in dtype:
+                out.append(torch.ones(dims, dtype=torch.int64))
+            else:
+                out.append(torch.zeros(dims, dtype=next(self.parameters()).dtype if any(True for _ in self.parameters()) else torch.float32))
+        return out
 
     def forward(self, *inputs: Tensor):
         outputs, _ = self.forward_with_masks(*inputs)

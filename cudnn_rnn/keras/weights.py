@@ -173,3 +173,57 @@ class LegacySource(WeightSource):
 
 def weight_source(kf: KerasFile, spec: ModelSpec) -> WeightSource:
     return Keras3Source(kf, spec) if kf.layout == "keras3" else LegacySource(kf, spec)
+
+
+class RecordingSource(WeightSource):
+    """Wraps a source and keeps every array a builder took, by layer path, so a conversion can
+    be saved and rebuilt later without the Keras file (ReplaySource)."""
+
+    def __init__(self, inner: WeightSource, records: Dict[str, list], prefix: str = ""):
+        self.inner, self.records, self.prefix = inner, records, prefix
+
+    def for_layer(self, layer: LayerSpec) -> LayerWeights:
+        inner = self.inner.for_layer(layer)
+        key = f"{self.prefix}{layer.name}"
+        records = self.records
+
+        class _Recorded(LayerWeights):
+            def take(self, groups, shapes=None):
+                got = inner.take(groups, shapes)
+                records.setdefault(key, []).append([[np.asarray(a) for a in g] for g in got])
+                return got
+
+            def child_source(self, spec):
+                return RecordingSource(inner.child_source(spec), records, f"{key}/")
+
+        return _Recorded()
+
+
+class ReplaySource(WeightSource):
+    """Serves the arrays a RecordingSource kept, in the order they were taken."""
+
+    def __init__(self, records: Dict[str, list], path: str, prefix: str = ""):
+        self.records, self.path, self.prefix = records, path, prefix
+        self.used: Dict[str, int] = {}
+
+    def for_layer(self, layer: LayerSpec) -> LayerWeights:
+        key = f"{self.prefix}{layer.name}"
+        source = self
+
+        class _Replayed(LayerWeights):
+            def take(self, groups, shapes=None):
+                takes = source.records.get(key, [])
+                i = source.used.get(key, 0)
+                if i >= len(takes):
+                    raise ConversionError(source.path, "the converted file has no weights for this layer", layer.name)
+                source.used[key] = i + 1
+                got = takes[i]
+                if [len(g) for g in got] != [n for _, n in groups]:
+                    raise ConversionError(source.path, f"the converted file holds {[len(g) for g in got]} weights; "
+                                                       f"the config implies {[n for _, n in groups]}", layer.name)
+                return [[np.asarray(a) for a in g] for g in got]
+
+            def child_source(self, spec):
+                return ReplaySource(source.records, source.path, f"{key}/")
+
+        return _Replayed()

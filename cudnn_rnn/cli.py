@@ -1,0 +1,178 @@
+"""cudnn-rnn: convert, inspect and verify Keras recurrent models.
+
+    cudnn-rnn convert MODEL OUT [--architecture ARCH]   OUT.pt: config + weights + state_dict
+                                                        (reload with cudnn_rnn.keras.load_converted);
+                                                        OUT.pt2: a torch.export program
+    cudnn-rnn inspect MODEL [--architecture ARCH]       layers, weights, parameters, CUDA backend
+    cudnn-rnn verify MODEL [--architecture ARCH]        run Keras (if installed) and ours on random
+                                                        inputs, report the max abs error
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+
+def _progress(stream):
+    def report(i, n, name):
+        print(f"\r[{i + 1}/{n}] {name[:60]:60s}", end="", file=stream, flush=True)
+        if i + 1 == n:
+            print(file=stream)
+
+    return report
+
+
+def _load(args):
+    from .keras import load_keras
+
+    return load_keras(args.model, architecture=args.architecture, progress=_progress(sys.stderr) if args.progress else None)
+
+
+def cmd_convert(args) -> int:
+    from .keras.convert import save_converted
+
+    model = _load(args)
+    if args.out.endswith(".pt2"):
+        inputs = tuple(model.example_inputs())
+        batch = torch.export.Dim("batch", min=1)
+        dynamic = []
+        for (dtype, shape), x in zip(model.input_specs, inputs):
+            dims = {0: batch}
+            if len(shape) > 1 and shape[1] is None:
+                dims[1] = torch.export.Dim("time", min=2)
+            dynamic.append(dims)
+        # forward(*inputs): the varargs are one packed argument for export
+        program = torch.export.export(model, inputs, dynamic_shapes=(tuple(dynamic),))
+        torch.export.save(program, args.out)
+    else:
+        save_converted(model, args.out)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"wrote {args.out}: {len(model.layers)} layers, {params} parameters (Keras {model.keras_version or '?'})")
+    return 0
+
+
+def _describe(module) -> str:
+    from .explain import explain
+    from .keras.builders import Recurrent
+
+    if isinstance(module, Recurrent):
+        return str(explain(module.layer, "cuda"))
+    return "-"
+
+
+def cmd_inspect(args) -> int:
+    model = _load(args)
+    rows = [("layer", "class", "weights", "params", "on CUDA")]
+    cfg_layers = {}
+    _collect_classes(model.keras_config, cfg_layers)
+    for key, module in model.layers.items():
+        name = key
+        shapes = [tuple(np.shape(a)) for take in model.keras_weights.get(name, []) for g in take for a in g]
+        params = sum(int(np.prod(s)) for s in shapes)
+        rows.append((name, cfg_layers.get(name, type(module).__name__), " ".join(str(s) for s in shapes) or "-",
+                     str(params), _describe(module)))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
+    print(f"Keras version {model.keras_version or 'unknown'}; inputs {model.input_specs}")
+    return 0
+
+
+def _collect_classes(config, out):
+    if isinstance(config, dict):
+        cfg = config.get("config")
+        if "class_name" in config and isinstance(cfg, dict) and "name" in cfg:
+            out.setdefault(cfg["name"], config["class_name"])
+        for v in config.values():
+            _collect_classes(v, out)
+    elif isinstance(config, list):
+        for v in config:
+            _collect_classes(v, out)
+
+
+def cmd_verify(args) -> int:
+    import os
+
+    os.environ.setdefault("KERAS_BACKEND", "torch")
+    try:
+        import keras
+    except ImportError:
+        print("verify needs Keras 3 installed (pip install keras)", file=sys.stderr)
+        return 2
+    model = _load(args)
+    if args.architecture:
+        reference = keras.saving.deserialize_keras_object(model.keras_config) if False else keras.models.model_from_json(
+            __import__("json").dumps(model.keras_config))
+        reference.load_weights(args.model)
+    else:
+        reference = keras.saving.load_model(args.model, compile=False)
+    rng = np.random.RandomState(args.seed)
+    vocab = _min_vocab(model.keras_config)
+    inputs = []
+    for dtype, shape in model.input_specs:
+        dims = [args.batch] + [args.time if d is None else int(d) for d in shape[1:]]
+        if "int" in dtype:
+            x = rng.randint(0, vocab, size=dims)
+            if len(dims) > 1 and dims[1] > 2:
+                x[0, -2:] = 0  # some padding, for masks
+            inputs.append(x.astype(np.int64))
+        else:
+            inputs.append(rng.standard_normal(dims).astype(np.float32))
+    expected = reference(inputs if len(inputs) > 1 else inputs[0], training=False)
+    expected = expected if isinstance(expected, (list, tuple)) else [expected]
+    with torch.no_grad():
+        ours = model(*[torch.as_tensor(x) for x in inputs])
+    ours = ours if isinstance(ours, list) else [ours]
+    worst = max(float(np.max(np.abs(o.numpy() - keras.ops.convert_to_numpy(e)))) for o, e in zip(ours, expected))
+    print(f"max abs error against Keras {keras.__version__}: {worst:.3e} over {len(ours)} output(s)")
+    return 0 if worst <= args.tolerance else 1
+
+
+def _min_vocab(config) -> int:
+    found = []
+
+    def walk(c):
+        if isinstance(c, dict):
+            if c.get("class_name") == "Embedding" and isinstance(c.get("config"), dict):
+                found.append(int(c["config"]["input_dim"]))
+            for v in c.values():
+                walk(v)
+        elif isinstance(c, list):
+            for v in c:
+                walk(v)
+
+    walk(config)
+    return min(found) if found else 2
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="cudnn-rnn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("convert", "inspect", "verify"):
+        p = sub.add_parser(name)
+        p.add_argument("model", help=".keras, .h5 or .weights.h5 file")
+        if name == "convert":
+            p.add_argument("out", help="OUT.pt (config + weights) or OUT.pt2 (torch.export program)")
+        p.add_argument("--architecture", help="model file or JSON config, for weights-only files")
+        p.add_argument("--progress", action="store_true", help="report each layer as it is converted")
+        if name == "verify":
+            p.add_argument("--batch", type=int, default=4)
+            p.add_argument("--time", type=int, default=7)
+            p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--tolerance", type=float, default=1e-5)
+    args = parser.parse_args(argv)
+    from .keras.errors import ConversionError
+
+    try:
+        return {"convert": cmd_convert, "inspect": cmd_inspect, "verify": cmd_verify}[args.command](args)
+    except ConversionError as e:
+        print(f"cudnn-rnn: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

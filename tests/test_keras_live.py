@@ -1,0 +1,120 @@
+"""Random models built with Keras 3 itself (torch backend), saved in each Keras 3 format
+(.keras, .weights.h5 + architecture, legacy .h5), loaded with load_keras: outputs within 1e-5.
+Also the converted-file round trip and the CLI."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from keras_oracle import keras  # noqa: F401  (sets KERAS_BACKEND=torch before importing keras)
+from keras import layers
+
+import cudnn_rnn
+from cudnn_rnn.keras import load_converted, load_keras, save_converted
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+B, T = 3, 7
+
+
+def _rnn(rng, units, last):
+    kind = rng.choice(["LSTM", "GRU", "SimpleRNN"])
+    kw = dict(units=units, return_sequences=not last or bool(rng.rand() < 0.5), go_backwards=bool(rng.rand() < 0.3),
+              use_bias=bool(rng.rand() < 0.85))
+    if kind != "SimpleRNN":
+        kw["recurrent_activation"] = str(rng.choice(["sigmoid", "hard_sigmoid", "sigmoid"]))
+    if kind == "GRU":
+        kw["reset_after"] = bool(rng.rand() < 0.6)
+    if kind == "SimpleRNN":
+        kw["activation"] = str(rng.choice(["tanh", "relu"]))
+    if rng.rand() < 0.4:
+        # (Keras 3.15 cannot reload a Bidirectional whose layer has go_backwards=True)
+        kw["go_backwards"] = False
+        layer = getattr(layers, kind)(**kw)
+        return layers.Bidirectional(layer, merge_mode=str(rng.choice(["concat", "sum", "ave", "mul"])))
+    return getattr(layers, kind)(**kw)
+
+
+def random_model(seed):
+    rng = np.random.RandomState(seed)
+    token_input = rng.rand() < 0.5
+    if token_input:
+        inp = keras.Input((T,), dtype="int32")
+        h = layers.Embedding(12, 5, mask_zero=True)(inp)
+    else:
+        inp = keras.Input((T, 4))
+        h = layers.Masking(0.0)(inp)
+    n = rng.randint(1, 4)
+    for i in range(n):
+        h = _rnn(rng, int(rng.randint(2, 6)), last=i == n - 1)(h)
+        if h.ndim == 3 and rng.rand() < 0.3:
+            h = layers.TimeDistributed(layers.Dense(4, activation="tanh"))(h)
+        if h.ndim == 3 and rng.rand() < 0.2:
+            h = layers.LayerNormalization()(h)
+    if h.ndim == 3:
+        h = layers.GlobalAveragePooling1D()(h) if rng.rand() < 0.5 else layers.Flatten()(h)
+    out = layers.Dense(3, activation=str(rng.choice(["softmax", "linear", "sigmoid"])))(h)
+    model = keras.Model(inp, out) if rng.rand() < 0.5 else keras.Sequential(
+        [keras.Input(inp.shape[1:], dtype=inp.dtype)] + [l for l in keras.Model(inp, out).layers[1:]])
+    weights = [rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()]
+    model.set_weights(weights)
+    if token_input:
+        x = rng.randint(1, 12, size=(B, T)).astype("int32")
+        x[1, 5:] = 0
+        x[2, :2] = 0
+    else:
+        x = rng.uniform(-1, 1, size=(B, T, 4)).astype("float32")
+        x[1, 4:] = 0
+        x[0, 2] = 0
+    return model, x
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("seed", range(16))
+def test_random_keras3_models(seed, tmp_path):
+    model, x = random_model(seed)
+    expected = keras.ops.convert_to_numpy(model(x, training=False))
+    model.save(tmp_path / "m.keras")
+    model.save_weights(tmp_path / "m.weights.h5")
+    model.save(tmp_path / "m.h5")
+    for path, arch in ((tmp_path / "m.keras", None), (tmp_path / "m.weights.h5", tmp_path / "m.keras"),
+                       (tmp_path / "m.h5", None), (tmp_path / "m.weights.h5", json.loads(model.to_json()))):
+        ours = load_keras(path, architecture=str(arch) if isinstance(arch, os.PathLike) else arch)
+        with torch.no_grad():
+            y = ours(torch.as_tensor(x)).numpy()
+        np.testing.assert_allclose(y, expected, atol=1e-5, rtol=1e-5, err_msg=f"{path.name} (architecture {arch})")
+
+
+def test_converted_file_round_trip(tmp_path):
+    fixture = os.path.join(ROOT, "tests", "fixtures", "data", "k3_functional.keras")
+    model = load_keras(fixture)
+    save_converted(model, tmp_path / "m.pt")
+    again = load_converted(tmp_path / "m.pt")
+    xs = [torch.randn(3, 6, 4), torch.randn(3, 6, 4)]
+    for a, b in zip(model(*xs), again(*xs)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "cudnn_rnn", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "KERAS_BACKEND": "torch"})
+
+
+def test_cli_inspect_convert_verify(tmp_path):
+    fixture = os.path.join(ROOT, "tests", "fixtures", "data", "k3_functional.keras")
+    out = _cli("inspect", fixture)
+    assert out.returncode == 0, out.stderr
+    assert "GRU reset_after=False is not supported by cuDNN" in out.stdout and "bidirectional_1" in out.stdout
+    out = _cli("convert", fixture, str(tmp_path / "m.pt2"), "--progress")
+    assert out.returncode == 0, out.stderr
+    program = torch.export.load(str(tmp_path / "m.pt2"))
+    xs = [torch.randn(5, 6, 4), torch.randn(5, 6, 4)]
+    for a, b in zip(program.module()(*xs), load_keras(fixture)(*xs)):
+        torch.testing.assert_close(a, b)
+    out = _cli("verify", fixture)
+    assert out.returncode == 0 and "max abs error against Keras" in out.stdout, out.stdout + out.stderr
+    out = _cli("inspect", str(tmp_path / "missing.keras"))
+    assert out.returncode == 2 and "missing.keras: cannot be opened" in out.stderr
