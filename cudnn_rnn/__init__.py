@@ -3,6 +3,7 @@ import torch  # noqa: F401  (loads libtorch, which _C links against)
 
 from . import _C, ops
 from .explain import Explanation, explain
+from .keras import ConversionError, load_keras, save_keras
 from .layers import GRU, LSTM, Bidirectional, SimpleRNN
 from .torch_conversion import from_torch, to_torch
 
@@ -15,4 +16,4 @@ def build_info() -> dict:
 
 
 __all__ = ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "explain", "Explanation", "from_torch", "to_torch",
-           "build_info", "ops"]
+           "build_info", "ops", "load_keras", "save_keras", "ConversionError"]

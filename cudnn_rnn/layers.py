@@ -207,6 +207,8 @@ class _RNNBase(nn.Module):
 
     def _dropout_mask(self, shape, rate: float, like: Tensor) -> Tensor:
         keep = 1.0 - rate
+        if keep <= 0.0:
+            return like.new_zeros(shape)
         bits = torch.rand(shape, device=like.device, dtype=like.dtype, generator=self._rng(like.device)) < keep
         return bits.to(like.dtype) / keep
 
@@ -217,8 +219,11 @@ class _RNNBase(nn.Module):
         Returns (input masks, recurrent masks), one [1 or G, B, width] tensor per layer, or []."""
         batch = x.shape[0]
         per_gate = self.gates if self.recurrent_dropout > 0 else 1
-        drop_in = training and 0.0 < self.dropout < 1.0
-        drop_rec = training and 0.0 < self.recurrent_dropout < 1.0
+        def applies(rate: float) -> bool:
+            # Keras's LSTM/GRU cells skip a rate of 1; its SimpleRNN cell applies it (all zeros).
+            return training and (0.0 < rate <= 1.0 if self.cell == "simple_rnn" else 0.0 < rate < 1.0)
+
+        drop_in, drop_rec = applies(self.dropout), applies(self.recurrent_dropout)
         inputs, recurrent = [], []
         for layer in range(self.num_layers):
             width = self.input_size if layer == 0 else self.inner_input_size
@@ -393,8 +398,11 @@ _MERGE_MODES = ("concat", "sum", "mul", "ave", None)
 class Bidirectional(nn.Module):
     """keras.layers.Bidirectional.
 
-    ``forward_layer`` is ``layer`` itself; ``backward_layer`` defaults to a freshly initialised
-    copy of its configuration with ``go_backwards`` flipped, as in Keras. When both sides share a
+    ``forward_layer`` is ``layer`` itself (its zero_output_for_mask is set as Keras sets it, and
+    inside a num_layers stack its inner kernels are re-created to read both directions);
+    ``backward_layer`` defaults to a freshly initialised copy of its configuration with
+    ``go_backwards`` flipped, as tf.keras does (Keras 3 refuses a wrapped layer that already has
+    go_backwards=True; here it is accepted and computes what tf.keras computed). When both sides share a
     cell configuration they run as one two-direction op call. With ``num_layers=N`` the wrapped
     layer stands for N stacked Bidirectional layers (concatenated between layers), which is also
     torch.nn's bidirectional stacking.

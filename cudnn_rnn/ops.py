@@ -83,8 +83,9 @@ def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout
 def _rnn_backward_fake(grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_masks, recurrent_dropout_masks,
                        reserve, cell, activation, recurrent_activation, use_bias, reset_after, num_layers,
                        bidirectional, go_backwards, zero_output_for_mask):
-    grad_weights = [torch.empty_like(w) for w in weights]
-    return torch.empty_like(x), grad_weights, torch.empty_like(grad_h_n), torch.empty_like(grad_c_n)
+    # The kernels return contiguous gradients whatever the inputs' strides: new_empty, not empty_like.
+    grad_weights = [w.new_empty(w.shape) for w in weights]
+    return x.new_empty(x.shape), grad_weights, grad_h_n.new_empty(grad_h_n.shape), grad_c_n.new_empty(grad_c_n.shape)
 
 
 def _setup_context(ctx, inputs, output):
@@ -95,12 +96,20 @@ def _setup_context(ctx, inputs, output):
     ctx.has_h0 = h0 is not None
     ctx.has_c0 = c0 is not None
     ctx.has_mask = mask is not None
+    ctx.output_shapes = (output[0].shape, output[1].shape, output[2].shape)
     reserve = output[3]
     ctx.save_for_backward(x, reserve, mask, *weights, *dropout_masks, *recurrent_dropout_masks)
+    # Unused outputs (the reserve above all) get no zero-filled gradient; _backward fills in the
+    # ones the kernel needs.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_y, grad_h_n, grad_c_n, grad_reserve):
     x, reserve, mask, *rest = ctx.saved_tensors
+    y_shape, state_shape, c_shape = ctx.output_shapes
+    grad_y = grad_y if grad_y is not None else x.new_zeros(y_shape)
+    grad_h_n = grad_h_n if grad_h_n is not None else x.new_zeros(state_shape)
+    grad_c_n = grad_c_n if grad_c_n is not None else x.new_zeros(c_shape)
     weights = rest[: ctx.n_weights]
     dropout_masks = rest[ctx.n_weights : ctx.n_weights + ctx.n_dropout]
     recurrent_dropout_masks = rest[ctx.n_weights + ctx.n_dropout :]
@@ -119,4 +128,14 @@ def _backward(ctx, grad_y, grad_h_n, grad_c_n, grad_reserve):
     ) + (None,) * len(ctx.config)
 
 
+def _no_double_backward(ctx, *grads):
+    raise NotImplementedError(
+        "cudnn_rnn: second derivatives (create_graph=True through an RNN, e.g. gradient penalties or "
+        "hessians) are not implemented; the first derivative is exact")
+
+
 torch.library.register_autograd("cudnn_rnn::rnn_forward", _backward, setup_context=_setup_context)
+# Without this, autograd would record the C++ backward's internal matmuls under create_graph=True
+# and return silently wrong second derivatives.
+torch.library.register_autograd("cudnn_rnn::rnn_backward", _no_double_backward,
+                                setup_context=lambda ctx, inputs, output: None)

@@ -168,3 +168,40 @@ def test_torch_export_roundtrip():
     exported = torch.export.export(model, (x, mask))
     assert any(n.target == torch.ops.cudnn_rnn.rnn_forward.default for n in exported.graph.nodes)
     torch.testing.assert_close(exported.module()(x, mask), model(x, mask))
+
+
+def test_non_contiguous_inputs_compile_and_opcheck():
+    """Time-major data passed transposed: the fake kernels must report the kernels' (contiguous)
+    gradient layout, or compiled backward fails on strides."""
+    torch.manual_seed(0)
+    layer = cudnn_rnn.GRU(3, 4, return_sequences=True)
+    xt = torch.randn(6, 2, 3, requires_grad=True)  # (time, batch, features)
+
+    def loss(xt):
+        return layer(xt.transpose(0, 1)).square().sum()
+
+    compiled = torch.compile(loss, fullgraph=True)
+    g_compiled, = torch.autograd.grad(compiled(xt), xt)
+    g_eager, = torch.autograd.grad(loss(xt), xt)
+    torch.testing.assert_close(g_compiled, g_eager)
+    x, ws, mask, h0, c0, dm, rdm, config = _case("lstm", mask_kind="holes")
+    y, h_n, c_n, reserve = ops.rnn_forward(x, ws, mask, h0, c0, dm, rdm, **config)
+    xt_nc = x.detach().transpose(0, 1).contiguous().transpose(0, 1)  # dense, not contiguous
+    args = (torch.randn_like(y), torch.randn_like(h_n), torch.randn_like(c_n), xt_nc, [w.detach() for w in ws],
+            mask, dm, rdm, reserve.detach(), *config.values())
+    torch.library.opcheck(torch.ops.cudnn_rnn.rnn_backward.default, args)
+
+
+def test_second_derivatives_refuse_loudly():
+    layer = cudnn_rnn.LSTM(3, 4)
+    x = torch.randn(2, 5, 3, requires_grad=True)
+    g, = torch.autograd.grad(layer(x).sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="second derivatives"):
+        g.square().sum().backward()
+
+
+def test_unused_outputs_need_no_gradient():
+    """Only h_n used: backward still runs (zero gradient for the sequence output)."""
+    layer = cudnn_rnn.GRU(3, 4, return_state=True, dtype=torch.float64)
+    x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: layer(x)[1], (x,))

@@ -118,3 +118,50 @@ def test_cli_inspect_convert_verify(tmp_path):
     assert out.returncode == 0 and "max abs error against Keras" in out.stdout, out.stdout + out.stderr
     out = _cli("inspect", str(tmp_path / "missing.keras"))
     assert out.returncode == 2 and "missing.keras: cannot be opened" in out.stderr
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("fixture", ["k3_sequential", "k3_functional"])
+@pytest.mark.parametrize("suffix", [".keras", ".weights.h5"])
+def test_round_trip_keras_ours_keras_is_exact(fixture, suffix, tmp_path):
+    source = os.path.join(ROOT, "tests", "fixtures", "data", f"{fixture}.keras")
+    original = keras.saving.load_model(source, compile=False)
+    ours = load_keras(source)
+    cudnn_rnn.save_keras(ours, tmp_path / f"back{suffix}")
+    if suffix == ".keras":
+        back = keras.saving.load_model(tmp_path / "back.keras", compile=False)
+    else:
+        back = keras.saving.load_model(source, compile=False)
+        back.load_weights(tmp_path / "back.weights.h5")
+    for a, b in zip(original.weights, back.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), err_msg=a.path)
+    data = np.load(os.path.join(ROOT, "tests", "fixtures", "data", f"{fixture}.npz"))
+    xs = [data[k] for k in sorted(k for k in data.files if k.startswith("input_"))]
+    y0 = original(xs if len(xs) > 1 else xs[0])
+    y1 = back(xs if len(xs) > 1 else xs[0])
+    for a, b in zip(y0 if isinstance(y0, list) else [y0], y1 if isinstance(y1, list) else [y1]):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("make", [
+    lambda: cudnn_rnn.LSTM(4, 5, return_sequences=True, recurrent_activation="hard_sigmoid", num_layers=2),
+    lambda: cudnn_rnn.GRU(4, 3, reset_after=False, go_backwards=True, return_state=True),
+    lambda: cudnn_rnn.Bidirectional(cudnn_rnn.SimpleRNN(4, 3, activation="relu", return_sequences=True), merge_mode="ave"),
+    lambda: cudnn_rnn.Bidirectional(cudnn_rnn.GRU(4, 3), backward_layer=cudnn_rnn.LSTM(4, 2, go_backwards=True)),
+], ids=["lstm-stack", "gru-before", "bi-simple", "bi-mixed"])
+def test_our_layers_export_to_keras(make, tmp_path):
+    torch.manual_seed(0)
+    layer = make().eval()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.uniform_(-0.6, 0.6)
+    cudnn_rnn.save_keras(layer, tmp_path / "l.keras")
+    back = keras.saving.load_model(tmp_path / "l.keras", compile=False)
+    x = np.random.RandomState(0).uniform(-1, 1, (3, 6, 4)).astype("float32")
+    mask = np.ones((3, 6), bool)
+    mask[1, 4:] = False
+    expected = back(x, mask=mask)
+    ours = layer(torch.as_tensor(x), mask=torch.as_tensor(mask))
+    for a, b in zip(ours if isinstance(ours, list) else [ours], expected if isinstance(expected, (list, tuple)) else [expected]):
+        np.testing.assert_allclose(a.detach().numpy(), keras.ops.convert_to_numpy(b), atol=1e-5, rtol=1e-5)

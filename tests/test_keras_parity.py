@@ -250,3 +250,16 @@ def test_random_cases_cover_the_semantics():
               "masked_steps", "recurrent_dropout", "own_backward=True"} | {
               f"merge={m}" for m in ["concat", "sum", "mul", "ave", None]}
     assert wanted <= seen, f"never drawn: {sorted(wanted - seen)}"
+
+
+@pytest.mark.keras
+def test_simple_rnn_dropout_rate_one_matches_keras():
+    """Keras's SimpleRNN cell applies a rate of 1 (all inputs dropped); LSTM/GRU skip it."""
+    rng = np.random.RandomState(4)
+    layer = cudnn_rnn.SimpleRNN(3, 4, dropout=1.0, return_sequences=True)
+    randomize_(layer, rng)
+    x = torch.from_numpy(rng.uniform(-1, 1, size=(2, 5, 3)).astype(np.float32))
+    inputs, _ = layer.dropout_masks(x, training=True)
+    assert bool((inputs[0] == 0).all())
+    assert_matches(*run_both(layer, x, None, None, True))
+    assert cudnn_rnn.LSTM(3, 4, dropout=1.0).dropout_masks(x, training=True) == ([], [])

@@ -10,9 +10,10 @@ namespace {
 
 // exp(x) for float: x = n ln2 + r (n rounded to nearest, |r| <= ln2 / 2) with a two-part ln2
 // (Cody-Waite), exp(r) by the Cephes degree-6 polynomial, 2^n by building the exponent bits.
-// Inputs are clamped to the range where the result is a normal float.
+// Inputs are clamped to [-87.3, 88], where the result is a normal float (NaN passes through
+// the clamp and out of the polynomial as NaN).
 inline float exp_f32(float x) {
-  x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+  x = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
   // Round to nearest by adding and removing 1.5 * 2^23 (no floor call, so the loop vectorises).
   const float fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = (x - fx * 0.693359375f) - fx * -2.12194440e-4f;

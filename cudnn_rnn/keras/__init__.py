@@ -14,8 +14,9 @@ from .model import KerasModel, NestedModel
 from .weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
 
 from .convert import load_converted, save_converted  # noqa: E402
+from .export import save_keras  # noqa: E402
 
-__all__ = ["load_keras", "rebuild", "load_converted", "save_converted", "ConversionError", "KerasModel", "BUILDERS"]
+__all__ = ["load_keras", "save_keras", "rebuild", "load_converted", "save_converted", "ConversionError", "KerasModel", "BUILDERS"]
 
 
 def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, where: str, progress) -> KerasModel:

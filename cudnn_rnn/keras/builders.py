@@ -167,6 +167,9 @@ class Dense(_Single):
         self.bias = bias
         self.activation = activation
 
+    def keras_groups(self):
+        return [("", [self.kernel] + ([self.bias] if self.bias is not None else []))]
+
     def apply(self, x):
         y = torch.matmul(x, self.kernel)
         if self.bias is not None:
@@ -188,6 +191,9 @@ class Embedding(nn.Module):
         super().__init__()
         self.embeddings = weight
         self.mask_zero = mask_zero
+
+    def keras_groups(self):
+        return [("", [self.embeddings])]
 
     def forward(self, inputs, masks):
         ids = inputs[0].long()
@@ -282,6 +288,9 @@ class Conv1D(_Single):
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.activation = activation
 
+    def keras_groups(self):
+        return [("", [self.weight.permute(2, 1, 0)] + ([self.bias] if self.bias is not None else []))]
+
     def apply(self, x):
         h = x.transpose(1, 2)
         k = self.weight.shape[-1]
@@ -323,6 +332,12 @@ class Normalization(_Single):
         self.gamma, self.beta = gamma, beta
         self.register_buffer("moving_mean", mean)
         self.register_buffer("moving_variance", var)
+
+    def keras_groups(self):
+        own = [t for t in (self.gamma, self.beta) if t is not None]
+        if self.kind == "batch":
+            own += [self.moving_mean, self.moving_variance]
+        return [("", own)]
 
     def apply(self, x):
         if self.kind == "batch":
@@ -401,6 +416,9 @@ class TimeDistributed(nn.Module):
         super().__init__()
         self.layer = inner
 
+    def keras_groups(self):
+        return [("/".join(p for p in ("layer", sub) if p), ws) for sub, ws in keras_groups(self.layer)]
+
     def forward(self, inputs, masks):
         x = inputs[0]
         b, t = x.shape[0], x.shape[1]
@@ -417,6 +435,12 @@ class Recurrent(nn.Module):
         super().__init__()
         self.layer = layer
 
+    def keras_groups(self):
+        if isinstance(self.layer, rnn_layers.Bidirectional):
+            return [("forward_layer/cell", self.layer.forward_layer.layer_weights(0)),
+                    ("backward_layer/cell", self.layer.backward_layer.layer_weights(0))]
+        return [("cell", self.layer.layer_weights(0))]
+
     def forward(self, inputs, masks):
         initial = list(inputs[1:]) or None
         out = self.layer(inputs[0], mask=masks[0], initial_state=initial)
@@ -424,6 +448,13 @@ class Recurrent(nn.Module):
         seq_mask = masks[0] if self.layer.return_sequences else None
         n_outputs = 2 if isinstance(self.layer, rnn_layers.Bidirectional) and self.layer.merge_mode is None else 1
         return outs, [seq_mask] * n_outputs + [None] * (len(outs) - n_outputs)
+
+
+def keras_groups(module: nn.Module):
+    """The module's weights as Keras stores them: [(sub-path, [tensors in Keras order])]; the
+    inverse of what its builder took."""
+    fn = getattr(module, "keras_groups", None)
+    return fn() if fn is not None else []
 
 
 # ---------------------------------------------------------------------------------------------

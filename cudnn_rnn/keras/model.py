@@ -23,6 +23,7 @@ class KerasModel(nn.Module):
     def __init__(self, spec: ModelSpec, modules: Dict[str, nn.Module], path: str, input_specs: List[tuple]):
         super().__init__()
         self.name = spec.name
+        self.spec = spec  # the parsed graph (plain data): what save_keras walks
         self.layers = nn.ModuleDict({_module_key(n): m for n, m in modules.items()})
         self.input_refs = [(r.layer, r.call, r.output) for r in spec.inputs]
         self.output_refs = [(r.layer, r.call, r.output) for r in spec.outputs]

@@ -1,0 +1,132 @@
+"""Writing modules back as Keras 3 files (.keras, .weights.h5) that keras.saving.load_model
+reads: a model loaded with load_keras (from a Keras 3 file), or cudnn_rnn layers (LSTM, GRU,
+SimpleRNN, Bidirectional; a num_layers stack becomes that many Keras layers)."""
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import zipfile
+from typing import List, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import layers as rnn_layers
+from .builders import keras_groups
+from .errors import ConversionError
+from .graph import ModelSpec, parse_model, snake_case
+from .model import KerasModel, NestedModel
+
+KERAS_VERSION = "3.15.1"  # the format written (Keras 3 saving_lib layout)
+
+
+def _layer_entry(class_name: str, config: dict) -> dict:
+    return {"module": "keras.layers", "class_name": class_name, "config": config, "registered_name": None}
+
+
+def _rnn_config(layer: rnn_layers._RNNBase, name: str, return_sequences: bool, return_state: bool,
+                go_backwards: bool, path) -> dict:
+    for act in (layer.activation, layer.recurrent_activation):
+        if act == "hard_sigmoid_keras2":
+            raise ConversionError(path, "activation 'hard_sigmoid_keras2' (Keras 2's hard_sigmoid) has no Keras 3 name", name)
+    cfg = dict(name=name, units=layer.units, activation=layer.activation, use_bias=layer.use_bias,
+               dropout=layer.dropout, recurrent_dropout=layer.recurrent_dropout, seed=layer.seed,
+               return_sequences=return_sequences, return_state=return_state, go_backwards=go_backwards,
+               stateful=layer.stateful, unroll=False, zero_output_for_mask=layer.zero_output_for_mask)
+    if layer.cell != "simple_rnn":
+        cfg["recurrent_activation"] = layer.recurrent_activation
+    if layer.cell == "gru":
+        cfg["reset_after"] = layer.reset_after
+    return cfg
+
+
+_CLASS = {"lstm": "LSTM", "gru": "GRU", "simple_rnn": "SimpleRNN"}
+
+
+def _layers_model(module: nn.Module, path) -> Tuple[dict, List[Tuple[str, list]]]:
+    """(Sequential config, [(weights group path, tensors)]) for a cudnn_rnn layer."""
+    bidirectional = isinstance(module, rnn_layers.Bidirectional)
+    sides = [module.forward_layer, module.backward_layer] if bidirectional else [module]
+    first = sides[0]
+    entries = [_layer_entry("InputLayer", {"name": "input_layer", "batch_shape": [None, None, first.input_size],
+                                           "dtype": str(first.kernel.dtype).replace("torch.", "")})]
+    groups, used = [], {}
+    for l in range(first.num_layers):
+        final = l == first.num_layers - 1
+        cfgs = [_rnn_config(s, f"{_CLASS[s.cell].lower()}_{l}_{d}", s.return_sequences if final else True,
+                            s.return_state if final else False, s.go_backwards, path) for d, s in enumerate(sides)]
+        if bidirectional:
+            entry = _layer_entry("Bidirectional", {
+                "name": f"bidirectional_{l}", "merge_mode": module.merge_mode if final else "concat",
+                "layer": _layer_entry(_CLASS[sides[0].cell], cfgs[0]),
+                "backward_layer": _layer_entry(_CLASS[sides[1].cell], cfgs[1])})
+            subs = [("forward_layer/cell", sides[0].layer_weights(l)), ("backward_layer/cell", sides[1].layer_weights(l))]
+        else:
+            entry = _layer_entry(_CLASS[first.cell], cfgs[0])
+            subs = [("cell", first.layer_weights(l))]
+        base = snake_case(entry["class_name"])
+        n = used.get(base, 0)
+        used[base] = n + 1
+        prefix = f"layers/{base if n == 0 else f'{base}_{n}'}"
+        groups += [(f"{prefix}/{sub}", ws) for sub, ws in subs]
+        entries.append(entry)
+    config = {"module": "keras", "class_name": "Sequential", "registered_name": None,
+              "config": {"name": "sequential", "trainable": True, "layers": entries}}
+    return config, groups
+
+
+def _model_groups(model: KerasModel, spec: ModelSpec, prefix: str = "") -> List[Tuple[str, list]]:
+    groups, used = [], {}
+    layers = spec.layers[1:] if spec.class_name == "Sequential" else spec.layers
+    for layer in layers:
+        if layer.is_op:
+            continue
+        base = snake_case(layer.class_name)
+        n = used.get(base, 0)
+        used[base] = n + 1
+        path = "/".join(p for p in (prefix, "layers", base if n == 0 else f"{base}_{n}") if p)
+        module = model.layers[layer.name.replace(".", "_")]
+        if isinstance(module, NestedModel):
+            groups += _model_groups(module.model, layer.model, path)
+        else:
+            groups += [("/".join(p for p in (path, sub) if p), ws) for sub, ws in keras_groups(module)]
+    return groups
+
+
+def _write_weights(groups, target) -> None:
+    import h5py
+
+    with h5py.File(target, "w") as f:
+        for path, tensors in groups:
+            vars_ = f.require_group(f"{path}/vars")
+            for i, t in enumerate(tensors):
+                vars_.create_dataset(str(i), data=np.asarray(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t))
+
+
+def save_keras(module: nn.Module, path) -> None:
+    """Writes `module` as a Keras 3 `.keras` archive or `.weights.h5` file, with its current
+    weights (fine-tuned ones included)."""
+    path = str(path)
+    if isinstance(module, KerasModel):
+        if not module.keras_version or not str(module.keras_version).startswith("3"):
+            raise ConversionError(path, f"the model came from Keras {module.keras_version or '?'}; only models loaded "
+                                        "from Keras 3 files (or cudnn_rnn layers) can be written back")
+        config, groups = module.keras_config, _model_groups(module, module.spec)
+    elif isinstance(module, (rnn_layers._RNNBase, rnn_layers.Bidirectional)):
+        config, groups = _layers_model(module, path)
+    else:
+        raise TypeError(f"save_keras takes a model from load_keras or a cudnn_rnn layer; got {type(module).__name__}")
+    if path.endswith(".weights.h5"):
+        _write_weights(groups, path)
+        return
+    if not path.endswith(".keras"):
+        raise ValueError(f"path must end in .keras or .weights.h5; got {path}")
+    buffer = io.BytesIO()
+    _write_weights(groups, buffer)
+    metadata = {"keras_version": KERAS_VERSION, "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S")}
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr("metadata.json", json.dumps(metadata))
+        z.writestr("config.json", json.dumps(config))
+        z.writestr("model.weights.h5", buffer.getvalue())
