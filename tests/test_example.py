@@ -13,3 +13,11 @@ def test_demo_runs():
     assert "encoder  ran on: cpu on cpu" in out.stdout
     assert "recurrent_activation='hard_sigmoid' is not supported by cuDNN" in out.stdout
     assert "logits (4, 3)" in out.stdout
+
+
+def test_convert_keras_example_runs():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "convert_keras.py")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "max |ours - Keras| = " in out.stdout and "identical = True" in out.stdout
+    assert "gru            runs on cpu on cpu; on a GPU: cuda-generic" in out.stdout
