@@ -165,3 +165,53 @@ def test_our_layers_export_to_keras(make, tmp_path):
     ours = layer(torch.as_tensor(x), mask=torch.as_tensor(mask))
     for a, b in zip(ours if isinstance(ours, list) else [ours], expected if isinstance(expected, (list, tuple)) else [expected]):
         np.testing.assert_allclose(a.detach().numpy(), keras.ops.convert_to_numpy(b), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.keras
+def test_nested_models_and_shared_layers(tmp_path):
+    rng = np.random.RandomState(9)
+    encoder = keras.Sequential([keras.Input((T, 4)), layers.Masking(0.0), layers.GRU(5, return_sequences=True),
+                                layers.LSTM(3)], name="encoder")
+    a, b = keras.Input((T, 4)), keras.Input((T, 4))
+    shared_head = layers.Dense(2)
+    out = layers.Subtract()([shared_head(encoder(a)), shared_head(encoder(b))])
+    model = keras.Model([a, b], out)
+    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
+    xs = [rng.uniform(-1, 1, (B, T, 4)).astype("float32") for _ in range(2)]
+    xs[0][1, 5:] = 0
+    expected = keras.ops.convert_to_numpy(model(xs))
+    for suffix in (".keras", ".h5"):
+        model.save(tmp_path / f"n{suffix}")
+        ours = load_keras(tmp_path / f"n{suffix}")
+        with torch.no_grad():
+            y = ours(*[torch.as_tensor(x) for x in xs]).numpy()
+        np.testing.assert_allclose(y, expected, atol=1e-5, rtol=1e-5, err_msg=suffix)
+
+
+def test_keras_2_2_4_defaults_to_hard_sigmoid_gates(tmp_path):
+    """Keras <= 2.2.4 configs may omit recurrent_activation, whose default then was hard_sigmoid
+    (Keras 2's 0.2x + 0.5): such a file loads as the same file with the key written out."""
+    import h5py
+    import shutil
+
+    source = os.path.join(ROOT, "tests", "fixtures", "data", "tfk_sequential.h5")
+    explicit, implicit = tmp_path / "explicit.h5", tmp_path / "implicit.h5"
+    for path, drop in ((explicit, False), (implicit, True)):
+        shutil.copy(source, path)
+        with h5py.File(path, "r+") as f:
+            config = json.loads(f.attrs["model_config"])
+            for layer in config["config"]["layers"]:
+                inner = layer["config"].get("layer", layer)["config"] if layer["class_name"] == "Bidirectional" else layer["config"]
+                if layer["class_name"] in ("LSTM", "GRU", "Bidirectional"):
+                    if drop:
+                        inner.pop("recurrent_activation", None)
+                    else:
+                        inner["recurrent_activation"] = "hard_sigmoid"
+            f.attrs["model_config"] = json.dumps(config)
+            f.attrs["keras_version"] = "2.2.4"
+    x = torch.randn(3, 6, 4)
+    with torch.no_grad():
+        a, b = load_keras(explicit)(x), load_keras(implicit)(x)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    layer = load_keras(implicit).layers["lstm"].layer
+    assert layer.recurrent_activation == "hard_sigmoid_keras2"
