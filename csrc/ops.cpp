@@ -12,7 +12,8 @@
 //   zero_output_for_mask: masked steps output zeros instead of the previous output (Keras); the
 //            inner layers of a bidirectional stack always do, as Keras's Bidirectional forces it
 // returns y [B, T, D*u], h_n [L*D, B, u], c_n [L*D, B, u] (LSTM) or [0], and the reserve that
-// rnn_backward reads (its size is RnnConfig::reserve_size()).
+// rnn_backward reads: uint8 bytes whose size and layout belong to the backend that ran (the CPU's
+// saved activations, cuDNN's reserve space), so the fake kernel gives it a data-dependent size.
 #include <torch/library.h>
 
 TORCH_LIBRARY(cudnn_rnn, m) {

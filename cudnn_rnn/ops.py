@@ -20,16 +20,6 @@ _forward_op = torch.ops.cudnn_rnn.rnn_forward.default
 _backward_op = torch.ops.cudnn_rnn.rnn_backward.default
 
 
-def reserve_size(cell: str, num_layers: int, num_directions: int, batch, time, units: int):
-    """Elements of the reserve buffer; mirrors RnnConfig::reserve_size() (csrc/rnn_config.h).
-
-    Works on SymInts so the fake kernel can use it under torch.compile with dynamic shapes."""
-    saved = units if cell == "simple_rnn" else 4 * units
-    states = 2 if cell == "lstm" else 1
-    per_direction = time * batch * saved + (time + 1) * batch * units * states
-    return num_layers * num_directions * per_direction + (num_layers - 1) * time * batch * num_directions * units
-
-
 def rnn_forward(
     x: Tensor,
     weights: Sequence[Tensor],
@@ -75,7 +65,8 @@ def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout
     y = x.new_empty((batch, time, directions * units))
     h_n = x.new_empty((num_layers * directions, batch, units))
     c_n = x.new_empty((num_layers * directions, batch, units)) if cell == "lstm" else x.new_empty((0,))
-    reserve = x.new_empty((reserve_size(cell, num_layers, directions, batch, time, units),))
+    # The reserve's size depends on the backend (CPU saved activations, cuDNN's reserve space).
+    reserve = x.new_empty((torch.library.get_ctx().new_dynamic_size(),), dtype=torch.uint8)
     return y, h_n, c_n, reserve
 
 

@@ -483,7 +483,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_forward_cpu(
   Tensor y = at::empty({B, Tn, D * u}, x.options());
   Tensor h_n = at::empty({L * D, B, u}, x.options());
   Tensor c_n = cfg.has_cell_state() ? at::empty({L * D, B, u}, x.options()) : at::empty({0}, x.options());
-  Tensor reserve = at::empty({cfg.reserve_size()}, x.options());
+  // The reserve travels as bytes (its layout is each backend's own business; see ops.cpp).
+  Tensor reserve_bytes = at::empty({cfg.reserve_size() * static_cast<int64_t>(x.element_size())}, x.options().dtype(at::kByte));
+  Tensor reserve = reserve_bytes.view(x.scalar_type());
   Tensor mask_c = mask.has_value() ? mask->contiguous() : Tensor();
 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cudnn_rnn::rnn_forward", [&] {
@@ -507,7 +509,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_forward_cpu(
       }
     }
   });
-  return {y, h_n, c_n, reserve};
+  return {y, h_n, c_n, reserve_bytes};
 }
 
 std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> rnn_backward_cpu(
@@ -527,11 +529,13 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> rnn_backward_cpu(
                     at::IntArrayRef({L * D, B, u}), "; got ", grad_h_n.sizes());
   TORCH_CHECK_VALUE(!cfg.has_cell_state() || grad_c_n.sizes() == at::IntArrayRef({L * D, B, u}),
                     "grad_c_n must have shape ", at::IntArrayRef({L * D, B, u}), "; got ", grad_c_n.sizes());
-  TORCH_CHECK_VALUE(reserve.dim() == 1 && reserve.size(0) == cfg.reserve_size(), "reserve must have shape (",
-                    cfg.reserve_size(), ",) for this configuration; got ", reserve.sizes());
+  const int64_t reserve_bytes = cfg.reserve_size() * static_cast<int64_t>(x.element_size());
+  TORCH_CHECK_VALUE(reserve.dim() == 1 && reserve.scalar_type() == at::kByte && reserve.size(0) == reserve_bytes,
+                    "reserve must be the uint8 tensor of ", reserve_bytes, " bytes rnn_forward returned for this "
+                    "configuration; got ", reserve.scalar_type(), " of shape ", reserve.sizes());
 
   Tensor xc = x.contiguous();
-  Tensor rc = reserve.contiguous();
+  Tensor rc = reserve.contiguous().view(x.scalar_type());
   Tensor mask_c = mask.has_value() ? mask->contiguous() : Tensor();
   std::vector<Tensor> grad_weights(weights.size());
   Tensor grad_h0 = at::empty({L * D, B, u}, x.options());
