@@ -4,6 +4,7 @@
 
 #include "build_info.h"
 #include "cpu/activation_arrays.h"
+#include "keras_layout.h"
 #include "rnn_config.h"
 
 namespace {
@@ -24,6 +25,30 @@ std::pair<at::Tensor, at::Tensor> apply_activation(const std::string& name, cons
   return {y, g};
 }
 
+// The cuDNN weight-space plan on the CPU, for tests: offsets is an [n, 2] int64 tensor of
+// (matrix, bias) element offsets, one row per (pseudo-layer, linLayerID).
+cudnn_rnn::RnnConfig layout_config(const std::string& cell, bool reset_after, bool use_bias, int64_t num_layers,
+                                   bool bidirectional, int64_t input_size, int64_t units) {
+  cudnn_rnn::RnnConfig cfg{};
+  cfg.cell = cudnn_rnn::parse_cell(cell);
+  cfg.use_bias = use_bias;
+  cfg.reset_after = cfg.cell == cudnn_rnn::CellKind::GRU && reset_after;
+  cfg.num_layers = num_layers;
+  cfg.num_directions = bidirectional ? 2 : 1;
+  cfg.input_size = input_size;
+  cfg.units = units;
+  return cfg;
+}
+
+cudnn_rnn::WeightOffsetTable offset_table(const at::Tensor& offsets) {
+  TORCH_CHECK(offsets.dim() == 2 && offsets.size(1) == 2 && offsets.scalar_type() == at::kLong,
+              "offsets must be an int64 tensor of shape (n, 2)");
+  cudnn_rnn::WeightOffsetTable table;
+  auto acc = offsets.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < offsets.size(0); ++i) table.push_back({acc[i][0], acc[i][1]});
+  return table;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -32,5 +57,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "What the extension was compiled with: {'cuda': version or 'no', 'cudnn': version or 'no', ...}");
   m.def("activation_names", &cudnn_rnn::activation_names,
         "Keras activation names the kernels implement, in the order of the C++ Activation enum");
+  m.def("cudnn_lin_layer", [](const std::string& cell, int64_t id) {
+        auto lin = cudnn_rnn::cudnn_lin_layer(cudnn_rnn::parse_cell(cell), id);
+        return std::make_pair(lin.keras_gate, lin.recurrent);
+      }, "(Keras gate block, is recurrent) of a cuDNN linLayerID");
+  m.def("pack_keras_weights", [](const std::string& cell, bool reset_after, bool use_bias, int64_t num_layers,
+                                 bool bidirectional, int64_t input_size, int64_t units,
+                                 const std::vector<at::Tensor>& weights, const at::Tensor& offsets, int64_t space_size) {
+        auto cfg = layout_config(cell, reset_after, use_bias, num_layers, bidirectional, input_size, units);
+        at::Tensor space = at::full({space_size}, std::nan(""), weights[0].options());
+        cudnn_rnn::pack_keras_weights(cfg, weights, offset_table(offsets), space);
+        return space;
+      }, "cuDNN weight-space packing on any device (for tests)");
+  m.def("unpack_keras_gradients", [](const std::string& cell, bool reset_after, bool use_bias, int64_t num_layers,
+                                     bool bidirectional, int64_t input_size, int64_t units,
+                                     const std::vector<at::Tensor>& weights, const at::Tensor& offsets,
+                                     const at::Tensor& grad_space) {
+        auto cfg = layout_config(cell, reset_after, use_bias, num_layers, bidirectional, input_size, units);
+        return cudnn_rnn::unpack_keras_gradients(cfg, weights, offset_table(offsets), grad_space);
+      }, "the inverse of pack_keras_weights for gradients (for tests)");
   m.def("apply_activation", &apply_activation, "(f(x), f'(x)) of a Keras activation by the CPU kernels (for tests)");
 }

@@ -1,0 +1,79 @@
+"""The cuDNN weight-space plan, tested on the CPU against torch.nn's own flat weights: torch.nn
+lays its cuDNN parameters out as (per pseudo-layer) W_ih, W_hh, b_ih, b_hh with gates in cuDNN
+order, so packing our Keras tensors with that layout's offsets must reproduce torch.nn's flat
+buffer element for element."""
+import pytest
+import torch
+from torch import nn
+
+import cudnn_rnn
+from cudnn_rnn import _C
+
+GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
+
+
+def torch_like_offsets(cell, num_layers, dirs, input_size, units, bias=True):
+    """(offsets [n, 2], space size) of torch.nn's flat weight order, per (pseudo-layer, linLayerID)."""
+    g = GATES[cell]
+    rows, pos = [], 0
+    for l in range(num_layers):
+        width = input_size if l == 0 else dirs * units
+        for d in range(dirs):
+            w_ih, pos = pos, pos + g * units * width
+            w_hh, pos = pos, pos + g * units * units
+            b_ih, pos = pos, pos + g * units
+            b_hh, pos = pos, pos + g * units
+            for k in range(g):
+                rows.append((w_ih + k * units * width, b_ih + k * units))
+            for k in range(g):
+                rows.append((w_hh + k * units * units, b_hh + k * units))
+    return torch.tensor(rows, dtype=torch.int64), pos
+
+
+CASES = [("lstm", 1, False), ("lstm", 2, True), ("gru", 1, False), ("gru", 3, True), ("simple_rnn", 2, False)]
+
+
+@pytest.mark.parametrize("cell,num_layers,bidirectional", CASES)
+def test_packing_reproduces_torch_flat_weights(cell, num_layers, bidirectional):
+    torch.manual_seed(0)
+    cls = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU, "simple_rnn": cudnn_rnn.SimpleRNN}[cell]
+    layer = cls(5, 3, num_layers=num_layers)
+    if bidirectional:
+        layer = cudnn_rnn.Bidirectional(layer)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.uniform_(-1, 1)
+    reference = layer.to_torch()  # LSTM / SimpleRNN: bias_hh = 0, exactly DOUBLE_BIAS's plan
+    flat = torch.cat([w.detach().reshape(-1) for w in reference._flat_weights])
+    sides = [layer.forward_layer, layer.backward_layer] if bidirectional else [layer]
+    weights = [w.detach() for l in range(num_layers) for s in sides for w in s.layer_weights(l)]
+    dirs = 2 if bidirectional else 1
+    offsets, size = torch_like_offsets(cell, num_layers, dirs, 5, 3)
+    space = _C.pack_keras_weights(cell, True, True, num_layers, bidirectional, 5, 3, weights, offsets, size)
+    torch.testing.assert_close(space, flat, rtol=0, atol=0)
+
+    # Gradients come back the same way: unpacking the packed buffer returns the Keras tensors.
+    back = _C.unpack_keras_gradients(cell, True, True, num_layers, bidirectional, 5, 3, weights, offsets, space)
+    for a, b in zip(back, weights):
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
+
+
+def test_gate_tables():
+    assert [_C.cudnn_lin_layer("lstm", i) for i in range(8)] == [(0, False), (1, False), (2, False), (3, False),
+                                                                  (0, True), (1, True), (2, True), (3, True)]
+    # cuDNN GRU is r, z, h; Keras is z, r, h
+    assert [_C.cudnn_lin_layer("gru", i) for i in range(6)] == [(1, False), (0, False), (2, False),
+                                                                 (1, True), (0, True), (2, True)]
+    assert [_C.cudnn_lin_layer("simple_rnn", i) for i in range(2)] == [(0, False), (0, True)]
+    with pytest.raises(RuntimeError, match="out of range"):
+        _C.cudnn_lin_layer("gru", 6)
+
+
+def test_no_bias_packs_zeros_and_bad_offsets_are_refused():
+    weights = [torch.randn(5, 12), torch.randn(3, 12)]
+    offsets, size = torch_like_offsets("lstm", 1, 1, 5, 3)
+    space = _C.pack_keras_weights("lstm", False, False, 1, False, 5, 3, weights, offsets, size)
+    bias_part = space[4 * 3 * 5 + 4 * 3 * 3:]
+    assert bool((bias_part == 0).all()) and bias_part.numel() == 24
+    with pytest.raises(RuntimeError, match="fall outside the weight space"):
+        _C.pack_keras_weights("lstm", False, False, 1, False, 5, 3, weights, offsets, size - 1)
