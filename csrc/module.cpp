@@ -2,6 +2,7 @@
 // also loads the library that registers the ops (csrc/ops.cpp and the per-backend files).
 #include <torch/extension.h>
 
+#include "backend_choice.h"
 #include "build_info.h"
 #include "cpu/activation_arrays.h"
 #include "keras_layout.h"
@@ -76,5 +77,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         auto cfg = layout_config(cell, reset_after, use_bias, num_layers, bidirectional, input_size, units);
         return cudnn_rnn::unpack_keras_gradients(cfg, weights, offset_table(offsets), grad_space);
       }, "the inverse of pack_keras_weights for gradients (for tests)");
+  m.def("choose_backend", [](const std::string& cell, const std::string& activation,
+                             const std::string& recurrent_activation, bool reset_after, int64_t num_layers,
+                             bool bidirectional, bool go_backwards, int64_t batch, int64_t time,
+                             const c10::optional<at::Tensor>& mask, int64_t dropout_gates, bool recurrent_dropout,
+                             const std::string& dtype, int64_t cudnn_version) {
+        cudnn_rnn::RnnConfig cfg{};
+        cfg.cell = cudnn_rnn::parse_cell(cell);
+        cfg.activation = cudnn_rnn::parse_activation(activation, "activation");
+        cfg.recurrent_activation = cudnn_rnn::parse_activation(recurrent_activation, "recurrent_activation");
+        cfg.reset_after = reset_after;
+        cfg.num_layers = num_layers;
+        cfg.num_directions = bidirectional ? 2 : 1;
+        cfg.go_backwards = go_backwards;
+        cfg.batch = batch;
+        cfg.time = time;
+        std::vector<at::Tensor> dm, rdm;
+        if (dropout_gates > 0) dm.push_back(at::ones({dropout_gates, batch, 1}));
+        if (recurrent_dropout) rdm.push_back(at::ones({1, batch, 1}));
+        const at::ScalarType st = dtype == "float16" ? at::kHalf : dtype == "bfloat16" ? at::kBFloat16
+                                : dtype == "float64" ? at::kDouble : at::kFloat;
+        auto c = cudnn_rnn::choose_backend(cfg, mask, dm, rdm, st, cudnn_version);
+        return std::make_tuple(c.cudnn, c.reason, c.lengths);
+      }, "the CUDA backend choice for a configuration (for tests and explain)");
   m.def("apply_activation", &apply_activation, "(f(x), f'(x)) of a Keras activation by the CPU kernels (for tests)");
 }

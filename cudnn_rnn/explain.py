@@ -26,14 +26,18 @@ class Explanation:
         return text
 
 
-def cudnn_incompatibilities(layer: _RNNBase, dtype: torch.dtype, training: bool) -> List[str]:
-    """Everything about `layer` that cuDNN's RNN API cannot express, as readable reasons."""
-    reasons = [f"{setting} is not supported by cuDNN ({standard})" for setting, standard in layer.nonstandard_settings()]
-    if training and 0.0 < layer.recurrent_dropout < 1.0:
-        reasons.append(f"recurrent_dropout={layer.recurrent_dropout} masks h inside the step, which cuDNN cannot")
-    if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        reasons.append(f"dtype {dtype} is not supported by cuDNN")
-    return reasons
+def _side_choice(layer: _RNNBase, dtype: torch.dtype, training: bool, bidirectional: bool, go_backwards: bool):
+    """The C++ backend choice (csrc/backend_choice.cpp) for one op call of `layer`, without a mask."""
+    from ._C import choose_backend
+
+    dropout = training and 0.0 < layer.dropout < 1.0
+    recurrent = training and 0.0 < layer.recurrent_dropout < 1.0
+    dropout_gates = (layer.gates if recurrent else 1) if dropout else 0
+    dtype_name = str(dtype).replace("torch.", "")
+    cudnn, reason, _ = choose_backend(layer.cell, layer.activation, layer.recurrent_activation, layer.reset_after,
+                                      layer.num_layers, bidirectional, go_backwards, 1, 1, None, dropout_gates,
+                                      recurrent, dtype_name, torch.backends.cudnn.version() or 0)
+    return cudnn, reason
 
 
 def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, training: Optional[bool] = None) -> Explanation:
@@ -50,11 +54,15 @@ def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, tra
     training = layer.training if training is None else training
     if device.type != "cuda":
         return Explanation("cpu", str(device))
+    if isinstance(layer, Bidirectional) and layer.fused:
+        calls = [(sides[0], True, sides[0].go_backwards)]
+    else:
+        calls = [(side, False, side.go_backwards) for side in sides]
     reasons = []
-    for side in sides:
-        for reason in cudnn_incompatibilities(side, ref.dtype, training):
-            if reason not in reasons:
-                reasons.append(reason)
+    for side, bidirectional, go_backwards in calls:
+        cudnn, reason = _side_choice(side, ref.dtype, training, bidirectional, go_backwards)
+        if not cudnn and reason not in reasons:
+            reasons.append(reason)
     notes = ["a mask runs on cuDNN only when right-padded; any other mask runs cuda-generic"]
     if ref.dtype == torch.bfloat16:
         notes.append("bfloat16 needs cuDNN >= 9.13, else cuda-generic")

@@ -77,3 +77,34 @@ def test_no_bias_packs_zeros_and_bad_offsets_are_refused():
     assert bool((bias_part == 0).all()) and bias_part.numel() == 24
     with pytest.raises(RuntimeError, match="fall outside the weight space"):
         _C.pack_keras_weights("lstm", False, False, 1, False, 5, 3, weights, offsets, size - 1)
+
+
+def _choose(mask=None, cell="lstm", activation="tanh", recurrent_activation="sigmoid", reset_after=True,
+            num_layers=1, bidirectional=False, go_backwards=False, dropout_gates=0, recurrent_dropout=False,
+            dtype="float32", cudnn_version=92400):
+    b, t = (mask.shape if mask is not None else (3, 5))
+    return _C.choose_backend(cell, activation, recurrent_activation, reset_after, num_layers, bidirectional,
+                             go_backwards, b, t, mask, dropout_gates, recurrent_dropout, dtype, cudnn_version)
+
+
+def test_mask_to_lengths_and_backend_choice():
+    m = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    assert _choose(m) == (True, "", [3, 1, 4])
+    assert _choose(None) == (True, "", [5, 5, 5])
+    left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    assert _choose(left)[:2] == (False, "the mask is not right-padded")
+    holes = torch.tensor([[1, 0, 1, 0]], dtype=torch.bool)
+    assert _choose(holes)[:2] == (False, "the mask is not right-padded")
+    empty = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
+    assert _choose(empty)[:2] == (False, "a row of the mask has no real step")
+    assert _choose(cell="gru", reset_after=False)[1] == "GRU reset_after=False is not supported by cuDNN"
+    assert "'hard_sigmoid' is not supported" in _choose(recurrent_activation="hard_sigmoid")[1]
+    assert _choose(cell="simple_rnn", activation="relu")[0]
+    assert "RNN_TANH / RNN_RELU only" in _choose(cell="simple_rnn", activation="elu")[1]
+    assert "recurrent_dropout" in _choose(recurrent_dropout=True)[1]
+    assert _choose(dropout_gates=1)[0] and "per-gate" in _choose(dropout_gates=4)[1]
+    assert "inner layers" in _choose(dropout_gates=1, num_layers=2)[1]
+    assert "go_backwards" in _choose(go_backwards=True)[1]
+    assert _choose(bidirectional=True, num_layers=3)[0]
+    assert "9.13" in _choose(dtype="bfloat16", cudnn_version=91200)[1]
+    assert _choose(dtype="bfloat16", cudnn_version=91300)[0]

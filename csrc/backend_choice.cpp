@@ -1,0 +1,66 @@
+#include "backend_choice.h"
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+namespace cudnn_rnn {
+
+std::vector<int32_t> right_padded_lengths(const at::Tensor& mask) {
+  TORCH_CHECK(mask.device().is_cpu() && mask.scalar_type() == at::kBool && mask.dim() == 2,
+              "right_padded_lengths needs a [B, T] bool CPU mask");
+  const at::Tensor m = mask.contiguous();
+  const bool* p = m.data_ptr<bool>();
+  const int64_t B = m.size(0), T = m.size(1);
+  std::vector<int32_t> lengths(B);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t n = 0;
+    while (n < T && p[b * T + n]) ++n;
+    for (int64_t t = n; t < T; ++t) {
+      if (p[b * T + t]) return {};  // a real step after padding
+    }
+    lengths[b] = static_cast<int32_t>(n);
+  }
+  return lengths;
+}
+
+BackendChoice choose_backend(const RnnConfig& cfg, const c10::optional<at::Tensor>& mask_cpu,
+                             at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
+                             at::ScalarType dtype, int64_t cudnn_version) {
+  const auto& names = activation_names();
+  auto act = [&](Activation a) { return "'" + names[static_cast<size_t>(a)] + "'"; };
+  auto no = [](std::string why) { return BackendChoice{false, std::move(why), {}}; };
+  if (cfg.cell == CellKind::SimpleRNN) {
+    if (cfg.activation != Activation::Tanh && cfg.activation != Activation::Relu)
+      return no("activation=" + act(cfg.activation) + " is not supported by cuDNN (RNN_TANH / RNN_RELU only)");
+  } else {
+    if (cfg.activation != Activation::Tanh)
+      return no("activation=" + act(cfg.activation) + " is not supported by cuDNN (tanh only)");
+    if (cfg.recurrent_activation != Activation::Sigmoid)
+      return no("recurrent_activation=" + act(cfg.recurrent_activation) + " is not supported by cuDNN (sigmoid only)");
+    if (cfg.cell == CellKind::GRU && !cfg.reset_after)
+      return no("GRU reset_after=False is not supported by cuDNN");
+  }
+  if (!recurrent_dropout_masks.empty()) return no("recurrent_dropout masks h inside the step, which cuDNN cannot");
+  if (!dropout_masks.empty()) {
+    if (cfg.num_layers > 1) return no("Keras dropout on the inputs of inner layers of a stack");
+    for (const auto& m : dropout_masks) {
+      if (m.size(0) != 1) return no("per-gate input dropout masks (Keras implementation=1)");
+    }
+  }
+  if (cfg.go_backwards) return no("go_backwards (Keras reverses each layer's whole input, padding included)");
+  if (dtype == at::kBFloat16 && cudnn_version < 91300) return no("bfloat16 RNNs need cuDNN >= 9.13");
+  if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf && dtype != at::kBFloat16)
+    return no("dtype not supported by cuDNN");
+  BackendChoice choice{true, "", std::vector<int32_t>(cfg.batch, static_cast<int32_t>(cfg.time))};
+  if (mask_cpu.has_value()) {
+    choice.lengths = right_padded_lengths(*mask_cpu);
+    if (choice.lengths.empty()) return no("the mask is not right-padded");
+    for (int32_t n : choice.lengths) {
+      if (n == 0) return no("a row of the mask has no real step");
+    }
+  }
+  return choice;
+}
+
+}  // namespace cudnn_rnn

@@ -1,0 +1,31 @@
+// Which backend runs a call on a CUDA tensor, and why not cuDNN. Pure logic on the config and
+// the mask (host copy), so it is tested on the CPU; DESIGN.md's eligibility table.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "rnn_config.h"
+
+namespace cudnn_rnn {
+
+// Per-row lengths of a right-padded mask (each row: real steps, then only padding), or, when
+// the mask is not right-padded, an empty vector. mask: [B, T] bool on the CPU.
+std::vector<int32_t> right_padded_lengths(const at::Tensor& mask);
+
+struct BackendChoice {
+  bool cudnn;
+  std::string reason;            // why not cuDNN ("" when cuDNN runs)
+  std::vector<int32_t> lengths;  // per-row lengths for cuDNN (all T without a mask)
+};
+
+// cuDNN runs the call when the cell is one cuDNN has (tanh/sigmoid LSTM, GRU reset_after,
+// tanh/relu SimpleRNN), the mask is absent or right-padded with no empty row, there is no
+// recurrent dropout and no per-gate / inner-layer input dropout, and go_backwards is not used
+// (its per-layer reversal and Keras's mask pairing are not cuDNN directions).
+// cudnn_version: the runtime's (bfloat16 needs >= 91300).
+BackendChoice choose_backend(const RnnConfig& cfg, const c10::optional<at::Tensor>& mask_cpu,
+                             at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
+                             at::ScalarType dtype, int64_t cudnn_version);
+
+}  // namespace cudnn_rnn
