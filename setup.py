@@ -69,6 +69,23 @@ def _cudnn_dirs():
     raise RuntimeError("cuDNN headers (cudnn.h) not found; looked in:\n  " + "\n  ".join(looked))
 
 
+def _cuda_library_headers():
+    """Directories with the CUDA library headers ATen's CUDA headers include (cublas_v2.h,
+    cusparse.h, ...) when the toolkit lacks them: the nvidia-* wheels torch brings. They go
+    after every -I directory (-idirafter), so a full toolkit's own headers win."""
+    dirs = []
+    try:
+        import nvidia
+
+        for base in nvidia.__path__:
+            for inc in sorted(glob.glob(os.path.join(base, "*", "include"))):
+                if os.path.isfile(os.path.join(inc, "cusparse.h")) or os.path.isfile(os.path.join(inc, "cublas_v2.h")):
+                    dirs.append(inc)
+    except ImportError:
+        pass
+    return dirs
+
+
 def _cudnn_link_args(lib_dir):
     if lib_dir and os.path.isfile(os.path.join(lib_dir, "libcudnn.so")):
         return [f"-L{lib_dir}", "-lcudnn", f"-Wl,-rpath,{lib_dir}"]
@@ -108,9 +125,12 @@ def extension():
         if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
             os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0"
         sources += sorted(glob.glob(os.path.join(CSRC, "cuda", "*.cpp")) + glob.glob(os.path.join(CSRC, "cuda", "*.cu")))
+        after = [a for d in _cuda_library_headers() for a in ("-idirafter", d)]
+        cxx = cxx + after
         config.update(
             backend="CUDAExtension (cuDNN + CPU)",
             cudnn_include=f"{inc} ({where})",
+            extra_headers=" ".join(after[1::2]) or "-",
             cudnn_link=" ".join(_cudnn_link_args(lib)),
             TORCH_CUDA_ARCH_LIST=os.environ["TORCH_CUDA_ARCH_LIST"],
         )

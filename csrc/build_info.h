@@ -1,10 +1,14 @@
-// What the extension was built with. One implementation per build flavour: build_info_cpu.cpp
-// in a CPU-only build, cuda/build_info_cuda.cpp in a CUDA build (setup.py picks the file).
+// What the extension was built with, and how often the CUDA backend left cuDNN. One
+// implementation per build flavour: build_info_cpu.cpp in a CPU-only build, cuda/rnn_cudnn.cpp
+// in a CUDA build (setup.py picks the files).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 
 namespace cudnn_rnn {
 std::map<std::string, std::string> accelerator_build_info();
+// Calls on CUDA tensors that did not run on cuDNN (a silent fallback is a bug: this makes it visible).
+int64_t cudnn_fallback_count();
 }

@@ -56,6 +56,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "cudnn_rnn native extension";
   m.def("build_info", &cudnn_rnn::accelerator_build_info,
         "What the extension was compiled with: {'cuda': version or 'no', 'cudnn': version or 'no', ...}");
+  m.def("cudnn_fallback_count", &cudnn_rnn::cudnn_fallback_count,
+        "How many calls on CUDA tensors did not run on cuDNN since the process started");
   m.def("activation_names", &cudnn_rnn::activation_names,
         "Keras activation names the kernels implement, in the order of the C++ Activation enum");
   m.def("cudnn_lin_layer", [](const std::string& cell, int64_t id) {

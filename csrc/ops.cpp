@@ -9,6 +9,7 @@
 //   mask     [B, T] bool, True = real step (any pattern)
 //   h0, c0   [L*D, B, u]
 //   dropout_masks / recurrent_dropout_masks: empty, or one [1 or G, B, width] per (layer, direction)
+//   need_grad: False when no backward will run (cuDNN then uses its INFERENCE mode and keeps no reserve)
 //   zero_output_for_mask: masked steps output zeros instead of the previous output (Keras); the
 //            inner layers of a bidirectional stack always do, as Keras's Bidirectional forces it
 // returns y [B, T, D*u], h_n [L*D, B, u], c_n [L*D, B, u] (LSTM) or [0], and the reserve that
@@ -20,8 +21,8 @@ TORCH_LIBRARY(cudnn_rnn, m) {
   m.def(
       "rnn_forward(Tensor x, Tensor[] weights, Tensor? mask, Tensor? h0, Tensor? c0, Tensor[] dropout_masks, "
       "Tensor[] recurrent_dropout_masks, str cell, str activation, str recurrent_activation, bool use_bias, "
-      "bool reset_after, int num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask) "
-      "-> (Tensor y, Tensor h_n, Tensor c_n, Tensor reserve)");
+      "bool reset_after, int num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask, "
+      "bool need_grad=True) -> (Tensor y, Tensor h_n, Tensor c_n, Tensor reserve)");
   m.def(
       "rnn_backward(Tensor grad_y, Tensor grad_h_n, Tensor grad_c_n, Tensor x, Tensor[] weights, Tensor? mask, "
       "Tensor[] dropout_masks, Tensor[] recurrent_dropout_masks, Tensor reserve, str cell, str activation, "

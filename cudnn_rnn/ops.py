@@ -17,6 +17,8 @@ from . import _C  # noqa: F401  (loads the library that registers the ops)
 CELL_GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
 
 _forward_op = torch.ops.cudnn_rnn.rnn_forward.default
+# cell .. zero_output_for_mask: the configuration arguments both ops share (csrc/ops.cpp)
+_N_CELL_CONFIG = 9
 _backward_op = torch.ops.cudnn_rnn.rnn_backward.default
 
 
@@ -42,16 +44,19 @@ def rnn_forward(
     """Runs a stack of num_layers x (1 or 2) recurrent layers; see csrc/ops.cpp for shapes.
 
     Returns (y [B, T, D*u], h_n [L*D, B, u], c_n [L*D, B, u] or [0], reserve)."""
+    need_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, h0, c0, *weights))
     return _forward_op(
         x, list(weights), mask, h0, c0, list(dropout_masks), list(recurrent_dropout_masks), cell, activation,
         recurrent_activation, use_bias, reset_after, num_layers, bidirectional, go_backwards, zero_output_for_mask,
+        need_grad,
     )
 
 
 @torch.library.register_fake("cudnn_rnn::rnn_forward")
 def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, cell, activation,
                       recurrent_activation, use_bias, reset_after, num_layers, bidirectional, go_backwards,
-                      zero_output_for_mask):
+                      zero_output_for_mask, need_grad=True):
     torch._check(x.dim() == 3, lambda: f"x must have shape (batch, time, features); got {tuple(x.shape)}")
     torch._check(cell in CELL_GATES, lambda: f"cell must be 'lstm', 'gru' or 'simple_rnn'; got '{cell}'")
     per_dir = 3 if use_bias else 2
@@ -81,7 +86,8 @@ def _rnn_backward_fake(grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_mas
 
 def _setup_context(ctx, inputs, output):
     x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, *config = inputs
-    ctx.config = config
+    ctx.n_config = len(config)
+    ctx.config = config[:_N_CELL_CONFIG]  # the backward op takes the cell configuration, not need_grad
     ctx.n_weights = len(weights)
     ctx.n_dropout = len(dropout_masks)
     ctx.has_h0 = h0 is not None
@@ -116,7 +122,7 @@ def _backward(ctx, grad_y, grad_h_n, grad_c_n, grad_reserve):
         grad_c0 if ctx.has_c0 else None,
         [None] * len(dropout_masks),
         [None] * len(recurrent_dropout_masks),
-    ) + (None,) * len(ctx.config)
+    ) + (None,) * ctx.n_config
 
 
 def _no_double_backward(ctx, *grads):

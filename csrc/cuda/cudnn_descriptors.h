@@ -1,0 +1,70 @@
+// RAII wrappers for the cuDNN descriptors the RNN path uses, and a status check that names the
+// call. Every cudnn* call in csrc/cuda goes through CUDNN_RNN_CHECK.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+#include <cudnn.h>
+
+#include <vector>
+
+#define CUDNN_RNN_CHECK(call)                                                                          \
+  do {                                                                                                 \
+    const cudnnStatus_t cudnn_rnn_status_ = (call);                                                    \
+    TORCH_CHECK(cudnn_rnn_status_ == CUDNN_STATUS_SUCCESS, "cudnn_rnn: ", #call, " failed: ",          \
+                cudnnGetErrorString(cudnn_rnn_status_));                                               \
+  } while (0)
+
+namespace cudnn_rnn {
+namespace cudnn {
+
+template <typename T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
+class Descriptor {
+ public:
+  Descriptor() { CUDNN_RNN_CHECK(Create(&desc_)); }
+  ~Descriptor() {
+    if (desc_) Destroy(desc_);  // no throw from a destructor
+  }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  T get() const { return desc_; }
+
+ private:
+  T desc_ = nullptr;
+};
+
+using RnnDescriptor = Descriptor<cudnnRNNDescriptor_t, cudnnCreateRNNDescriptor, cudnnDestroyRNNDescriptor>;
+using RnnDataDescriptor =
+    Descriptor<cudnnRNNDataDescriptor_t, cudnnCreateRNNDataDescriptor, cudnnDestroyRNNDataDescriptor>;
+using TensorDescriptor = Descriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using DropoutDescriptor =
+    Descriptor<cudnnDropoutDescriptor_t, cudnnCreateDropoutDescriptor, cudnnDestroyDropoutDescriptor>;
+
+inline cudnnDataType_t data_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return CUDNN_DATA_FLOAT;
+    case at::kDouble: return CUDNN_DATA_DOUBLE;
+    case at::kHalf: return CUDNN_DATA_HALF;
+    case at::kBFloat16: return CUDNN_DATA_BFLOAT16;
+    default: TORCH_CHECK(false, "cudnn_rnn: dtype ", t, " has no cuDNN RNN data type");
+  }
+}
+
+// A packed 3-D tensor descriptor [d0, d1, d2] (the h / c states: [L*D, B, u]).
+inline void set_tensor_3d(const TensorDescriptor& desc, cudnnDataType_t type, int d0, int d1, int d2) {
+  const int dims[3] = {d0, d1, d2};
+  const int strides[3] = {d1 * d2, d2, 1};
+  CUDNN_RNN_CHECK(cudnnSetTensorNdDescriptor(desc.get(), type, 3, dims, strides));
+}
+
+// A batch-major unpacked sequence [B, T, vector] with per-row lengths (host array); padded output
+// positions are filled with zero (all-zero bits are zero in every RNN data type).
+inline void set_rnn_data(const RnnDataDescriptor& desc, cudnnDataType_t type, int max_len, int batch, int vector,
+                         const std::vector<int32_t>& lengths) {
+  static double zero_fill = 0.0;
+  CUDNN_RNN_CHECK(cudnnSetRNNDataDescriptor(desc.get(), type, CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED, max_len,
+                                            batch, vector, lengths.data(), &zero_fill));
+}
+
+}  // namespace cudnn
+}  // namespace cudnn_rnn

@@ -1,0 +1,399 @@
+// The cuDNN path of the recurrent stack op (cuDNN 9 v8 API), and the CUDA registration.
+//
+// Call sequence (see cudnn_adv.h):
+//   plan (cached per config/dtype/device): cudnnSetRNNDescriptor_v8, cudnnGetRNNWeightSpaceSize,
+//     cudnnGetRNNWeightParams for every (pseudo-layer, linLayerID) -> element offsets
+//   forward: pack Keras weights into the weight space (keras_layout.cpp), cudnnSetRNNDataDescriptor
+//     (batch-major, unpacked, right-padded lengths, zero fill), cudnnGetRNNTempSpaceSizes,
+//     cudnnRNNForward (INFERENCE without autograd, else TRAINING)
+//   backward: cudnnRNNBackwardData_v8 (first: it rewrites the reserve), then
+//     cudnnRNNBackwardWeights_v8 (WGRAD_MODE_ADD into a zeroed buffer), unpack the gradients.
+//
+// Keras semantics around cuDNN: a right-padded mask becomes lengths (cuDNN fills padded outputs
+// with zero, Keras's zero_output_for_mask); Keras's default "carry the last output" on padded
+// steps is a gather of the forward direction's last real output; an input dropout mask (one per
+// sequence, single layer) multiplies x first. Everything cuDNN cannot express goes elsewhere
+// (backend_choice.cpp).
+//
+// The reserve (opaque bytes to autograd) holds, 256-byte aligned: the packed weight space, cuDNN's
+// raw y, hx, cx, and cuDNN's reserve space. Backward clones cuDNN's reserve before use, because
+// BackwardData rewrites it and autograd may run backward twice (retain_graph).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime_api.h>
+#include <ATen/cudnn/Handle.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <mutex>
+#include <tuple>
+
+#include "../backend_choice.h"
+#include "../build_info.h"
+#include "../keras_layout.h"
+#include "../rnn_config.h"
+#include "cudnn_descriptors.h"
+
+namespace cudnn_rnn {
+namespace {
+
+using at::Tensor;
+
+// ------------------------------------------------------------------------------------------
+// plan cache
+// ------------------------------------------------------------------------------------------
+struct PlanKey {
+  int device;
+  int cell_mode;
+  int dir_mode;
+  int data_type;
+  int math_type;
+  int64_t input_size, units, num_layers;
+  int algo;
+  bool operator<(const PlanKey& o) const {
+    return std::tie(device, cell_mode, dir_mode, data_type, math_type, input_size, units, num_layers, algo) <
+           std::tie(o.device, o.cell_mode, o.dir_mode, o.data_type, o.math_type, o.input_size, o.units, o.num_layers,
+                    o.algo);
+  }
+};
+
+struct Plan {
+  cudnn::RnnDescriptor rnn;
+  cudnn::DropoutDescriptor dropout;
+  size_t weight_bytes = 0;
+  WeightOffsetTable offsets;  // elements from the start of the weight space
+};
+
+std::mutex& plan_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::map<PlanKey, std::shared_ptr<Plan>>& plan_cache() {
+  static std::map<PlanKey, std::shared_ptr<Plan>> cache;
+  return cache;
+}
+
+cudnnRNNMode_t cell_mode(const RnnConfig& cfg) {
+  switch (cfg.cell) {
+    case CellKind::LSTM: return CUDNN_LSTM;
+    case CellKind::GRU: return CUDNN_GRU;
+    default: return cfg.activation == Activation::Relu ? CUDNN_RNN_RELU : CUDNN_RNN_TANH;
+  }
+}
+
+cudnnMathType_t math_type(at::ScalarType t) {
+  if (t == at::kHalf || t == at::kBFloat16) return CUDNN_TENSOR_OP_MATH;
+  if (t == at::kFloat && !at::globalContext().allowTF32CuDNN()) return CUDNN_FMA_MATH;
+  return CUDNN_DEFAULT_MATH;
+}
+
+std::shared_ptr<Plan> get_plan(cudnnHandle_t handle, const RnnConfig& cfg, const Tensor& x) {
+  const cudnnDataType_t type = cudnn::data_type(x.scalar_type());
+  const cudnnMathType_t math = math_type(x.scalar_type());
+  const PlanKey key{x.get_device(), static_cast<int>(cell_mode(cfg)), static_cast<int>(cfg.num_directions),
+                    static_cast<int>(type), static_cast<int>(math), cfg.input_size, cfg.units, cfg.num_layers,
+                    static_cast<int>(CUDNN_RNN_ALGO_STANDARD)};
+  std::lock_guard<std::mutex> lock(plan_mutex());
+  auto it = plan_cache().find(key);
+  if (it != plan_cache().end()) return it->second;
+
+  auto plan = std::make_shared<Plan>();
+  // No dropout between layers (Keras's dropout is per layer input; see backend_choice.cpp):
+  // probability 0 needs no RNG state.
+  CUDNN_RNN_CHECK(cudnnSetDropoutDescriptor(plan->dropout.get(), handle, 0.0f, nullptr, 0, 0));
+  const cudnnDataType_t math_prec = (type == CUDNN_DATA_HALF || type == CUDNN_DATA_BFLOAT16) ? CUDNN_DATA_FLOAT : type;
+  CUDNN_RNN_CHECK(cudnnSetRNNDescriptor_v8(
+      plan->rnn.get(), CUDNN_RNN_ALGO_STANDARD, cell_mode(cfg), CUDNN_RNN_DOUBLE_BIAS,
+      cfg.num_directions == 2 ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, type, math_prec, math,
+      static_cast<int32_t>(cfg.input_size), static_cast<int32_t>(cfg.units),
+      static_cast<int32_t>(cfg.units) /* projSize == hiddenSize: no projection */, static_cast<int32_t>(cfg.num_layers),
+      plan->dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED));
+  CUDNN_RNN_CHECK(cudnnGetRNNWeightSpaceSize(handle, plan->rnn.get(), &plan->weight_bytes));
+
+  // Offsets of every matrix and bias, measured once on a scratch weight space.
+  Tensor scratch = at::empty({static_cast<int64_t>(plan->weight_bytes)}, x.options().dtype(at::kByte));
+  const char* base = static_cast<const char*>(scratch.data_ptr());
+  cudnn::TensorDescriptor m_desc, b_desc;
+  const int64_t per_layer = cudnn_lin_layer_count(cfg.cell);
+  const int64_t elem = x.element_size();
+  for (int64_t pseudo = 0; pseudo < cfg.num_layers * cfg.num_directions; ++pseudo) {
+    for (int64_t id = 0; id < per_layer; ++id) {
+      void* m_addr = nullptr;
+      void* b_addr = nullptr;
+      CUDNN_RNN_CHECK(cudnnGetRNNWeightParams(handle, plan->rnn.get(), static_cast<int32_t>(pseudo),
+                                              plan->weight_bytes, scratch.data_ptr(), static_cast<int32_t>(id),
+                                              m_desc.get(), &m_addr, b_desc.get(), &b_addr));
+      TORCH_CHECK(m_addr && b_addr, "cudnn_rnn: cuDNN reported no matrix or bias for pseudo-layer ", pseudo,
+                  ", linLayerID ", id, " under DOUBLE_BIAS");
+      const int64_t m_off = static_cast<const char*>(m_addr) - base;
+      const int64_t b_off = static_cast<const char*>(b_addr) - base;
+      TORCH_CHECK(m_off % elem == 0 && b_off % elem == 0, "cudnn_rnn: misaligned weight offsets from cuDNN");
+      plan->offsets.push_back({m_off / elem, b_off / elem});
+    }
+  }
+  plan_cache().emplace(key, plan);
+  return plan;
+}
+
+// ------------------------------------------------------------------------------------------
+// per-call state
+// ------------------------------------------------------------------------------------------
+int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
+
+struct Call {
+  cudnnHandle_t handle;
+  std::shared_ptr<Plan> plan;
+  cudnnDataType_t type;
+  std::vector<int32_t> lengths;
+  cudnn::RnnDataDescriptor x_desc, y_desc;
+  cudnn::TensorDescriptor h_desc, c_desc;
+  Tensor dev_lengths;  // int32 on the device
+};
+
+void prepare(Call& call, const RnnConfig& cfg, const Tensor& x, std::vector<int32_t> lengths) {
+  call.handle = at::native::getCudnnHandle();
+  call.plan = get_plan(call.handle, cfg, x);
+  call.type = cudnn::data_type(x.scalar_type());
+  call.lengths = std::move(lengths);
+  const int B = static_cast<int>(cfg.batch), T = static_cast<int>(cfg.time);
+  cudnn::set_rnn_data(call.x_desc, call.type, T, B, static_cast<int>(cfg.input_size), call.lengths);
+  cudnn::set_rnn_data(call.y_desc, call.type, T, B, static_cast<int>(cfg.num_directions * cfg.units), call.lengths);
+  const int LD = static_cast<int>(cfg.num_layers * cfg.num_directions), u = static_cast<int>(cfg.units);
+  cudnn::set_tensor_3d(call.h_desc, call.type, LD, B, u);
+  cudnn::set_tensor_3d(call.c_desc, call.type, LD, B, u);
+  call.dev_lengths = at::tensor(call.lengths, at::TensorOptions().dtype(at::kInt)).to(x.device(), /*non_blocking=*/true);
+}
+
+struct ReserveLayout {
+  int64_t weights, y, hx, cx, cudnn, total;
+};
+
+ReserveLayout reserve_layout(const RnnConfig& cfg, const Tensor& x, size_t weight_bytes, size_t cudnn_bytes) {
+  const int64_t elem = x.element_size();
+  const int64_t state = cfg.num_layers * cfg.num_directions * cfg.batch * cfg.units * elem;
+  ReserveLayout r{};
+  r.weights = 0;
+  r.y = align256(static_cast<int64_t>(weight_bytes));
+  r.hx = r.y + align256(cfg.batch * cfg.time * cfg.num_directions * cfg.units * elem);
+  r.cx = r.hx + align256(state);
+  r.cudnn = r.cx + (cfg.has_cell_state() ? align256(state) : 0);
+  r.total = r.cudnn + static_cast<int64_t>(cudnn_bytes);
+  return r;
+}
+
+Tensor bytes_as(const Tensor& bytes, int64_t offset, at::IntArrayRef shape, at::ScalarType dtype) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  const int64_t elem = c10::elementSize(dtype);
+  return bytes.narrow(0, offset, n * elem).view(dtype).view(shape);
+}
+
+// Keras's "carry the previous output" on a right-padded row: position t >= length reads the
+// last real output. Index [B, T, u] into the forward direction's columns.
+Tensor carry_index(const RnnConfig& cfg, const Call& call, const Tensor& x) {
+  Tensor t = at::arange(cfg.time, x.options().dtype(at::kLong)).unsqueeze(0);
+  Tensor last = call.dev_lengths.to(at::kLong).unsqueeze(1) - 1;
+  return at::minimum(t, last).unsqueeze(2).expand({cfg.batch, cfg.time, cfg.units});
+}
+
+bool needs_carry(const RnnConfig& cfg, const c10::optional<Tensor>& mask) {
+  return mask.has_value() && !cfg.zero_output_for_mask;
+}
+
+// ------------------------------------------------------------------------------------------
+// forward / backward
+// ------------------------------------------------------------------------------------------
+std::tuple<Tensor, Tensor, Tensor, Tensor> cudnn_forward(const RnnConfig& cfg, const BackendChoice& choice,
+                                                         const Tensor& x_in, at::TensorList weights,
+                                                         const c10::optional<Tensor>& mask,
+                                                         const c10::optional<Tensor>& h0,
+                                                         const c10::optional<Tensor>& c0,
+                                                         at::TensorList dropout_masks, bool need_grad) {
+  Call call;
+  prepare(call, cfg, x_in, choice.lengths);
+  Tensor x = x_in.contiguous();
+  if (!dropout_masks.empty()) x = x * dropout_masks[0][0].unsqueeze(1);
+
+  const cudnnForwardMode_t mode = need_grad ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE;
+  size_t work_bytes = 0, cudnn_reserve_bytes = 0;
+  CUDNN_RNN_CHECK(cudnnGetRNNTempSpaceSizes(call.handle, call.plan->rnn.get(), mode, call.x_desc.get(), &work_bytes,
+                                            &cudnn_reserve_bytes));
+  const ReserveLayout layout = reserve_layout(cfg, x, call.plan->weight_bytes, need_grad ? cudnn_reserve_bytes : 0);
+  // Inference keeps nothing for backward: an empty reserve.
+  Tensor reserve = at::empty({need_grad ? layout.total : align256(call.plan->weight_bytes)},
+                             x.options().dtype(at::kByte));
+  Tensor space = reserve.narrow(0, 0, static_cast<int64_t>(call.plan->weight_bytes)).view(x.scalar_type());
+  pack_keras_weights(cfg, weights, call.plan->offsets, space);
+
+  const int64_t B = cfg.batch, T = cfg.time, u = cfg.units, LD = cfg.num_layers * cfg.num_directions;
+  Tensor y_raw = need_grad ? bytes_as(reserve, layout.y, {B, T, cfg.num_directions * u}, x.scalar_type())
+                           : at::empty({B, T, cfg.num_directions * u}, x.options());
+  // hx / cx: kept in the reserve when backward will need them; otherwise the caller's (or NULL,
+  // which cuDNN reads as zeros).
+  Tensor h0c = h0.has_value() ? h0->contiguous() : Tensor();
+  Tensor c0c = c0.has_value() ? c0->contiguous() : Tensor();
+  Tensor hx = h0c, cx = c0c;
+  if (need_grad) {
+    hx = bytes_as(reserve, layout.hx, {LD, B, u}, x.scalar_type());
+    if (h0c.defined()) hx.copy_(h0c); else hx.zero_();
+    if (cfg.has_cell_state()) {
+      cx = bytes_as(reserve, layout.cx, {LD, B, u}, x.scalar_type());
+      if (c0c.defined()) cx.copy_(c0c); else cx.zero_();
+    }
+  }
+  const void* hx_ptr = hx.defined() ? hx.data_ptr() : nullptr;
+  const void* cx_ptr = cx.defined() ? cx.data_ptr() : nullptr;
+  Tensor h_n = at::empty({LD, B, u}, x.options());
+  Tensor c_n = cfg.has_cell_state() ? at::empty({LD, B, u}, x.options()) : at::empty({0}, x.options());
+  Tensor work = at::empty({static_cast<int64_t>(work_bytes)}, x.options().dtype(at::kByte));
+  void* cudnn_reserve = need_grad ? reserve.narrow(0, layout.cudnn, static_cast<int64_t>(cudnn_reserve_bytes)).data_ptr()
+                                  : nullptr;
+  CUDNN_RNN_CHECK(cudnnRNNForward(call.handle, call.plan->rnn.get(), mode, call.dev_lengths.data_ptr<int32_t>(),
+                                  call.x_desc.get(), x.data_ptr(), call.y_desc.get(), y_raw.data_ptr(),
+                                  call.h_desc.get(), hx_ptr, h_n.data_ptr(), call.c_desc.get(), cx_ptr,
+                                  cfg.has_cell_state() ? c_n.data_ptr() : nullptr, call.plan->weight_bytes,
+                                  space.data_ptr(), work_bytes, work.data_ptr(),
+                                  need_grad ? cudnn_reserve_bytes : 0, cudnn_reserve));
+  Tensor y = y_raw;
+  if (needs_carry(cfg, mask)) {
+    y = y_raw.clone();
+    y.narrow(2, 0, u).copy_(y_raw.narrow(2, 0, u).gather(1, carry_index(cfg, call, x)));
+  } else if (need_grad) {
+    y = y_raw.clone();  // y_raw lives in the reserve, which backward needs unchanged
+  }
+  return {y, h_n, c_n, reserve};
+}
+
+std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> cudnn_backward(
+    const RnnConfig& cfg, const BackendChoice& choice, const Tensor& grad_y, const Tensor& grad_h_n,
+    const Tensor& grad_c_n, const Tensor& x_in, at::TensorList weights, const c10::optional<Tensor>& mask,
+    at::TensorList dropout_masks, const Tensor& reserve) {
+  Call call;
+  prepare(call, cfg, x_in, choice.lengths);
+  Tensor x = x_in.contiguous();
+  if (!dropout_masks.empty()) x = x * dropout_masks[0][0].unsqueeze(1);
+  size_t work_bytes = 0, cudnn_reserve_bytes = 0;
+  CUDNN_RNN_CHECK(cudnnGetRNNTempSpaceSizes(call.handle, call.plan->rnn.get(), CUDNN_FWD_MODE_TRAINING,
+                                            call.x_desc.get(), &work_bytes, &cudnn_reserve_bytes));
+  const ReserveLayout layout = reserve_layout(cfg, x, call.plan->weight_bytes, cudnn_reserve_bytes);
+  TORCH_CHECK_VALUE(reserve.scalar_type() == at::kByte && reserve.numel() == layout.total,
+                    "reserve must be the ", layout.total, "-byte uint8 tensor a training-mode rnn_forward returned on "
+                    "this configuration; got ", reserve.scalar_type(), " of ", reserve.numel(), " elements (was the "
+                    "forward run without autograd?)");
+  const int64_t B = cfg.batch, T = cfg.time, u = cfg.units, LD = cfg.num_layers * cfg.num_directions;
+  const at::ScalarType st = x.scalar_type();
+  Tensor space = reserve.narrow(0, 0, static_cast<int64_t>(call.plan->weight_bytes)).view(st);
+  Tensor y_raw = bytes_as(reserve, layout.y, {B, T, cfg.num_directions * u}, st);
+  Tensor hx = bytes_as(reserve, layout.hx, {LD, B, u}, st);
+  Tensor cx = cfg.has_cell_state() ? bytes_as(reserve, layout.cx, {LD, B, u}, st) : Tensor();
+  // BackwardData rewrites cuDNN's reserve space: work on a copy so backward can run again.
+  Tensor cudnn_reserve = reserve.narrow(0, layout.cudnn, static_cast<int64_t>(cudnn_reserve_bytes)).clone();
+
+  Tensor dy = grad_y.contiguous();
+  if (needs_carry(cfg, mask)) {
+    // The adjoint of the carry gather: padded positions' gradients go to the last real output.
+    Tensor fwd = at::zeros({B, T, u}, dy.options());
+    fwd.scatter_add_(1, carry_index(cfg, call, x), dy.narrow(2, 0, u));
+    dy = dy.clone();
+    dy.narrow(2, 0, u).copy_(fwd);
+  }
+  Tensor dhy = grad_h_n.contiguous();
+  Tensor dcy = cfg.has_cell_state() ? grad_c_n.contiguous() : Tensor();
+  Tensor dx = at::empty_like(x);
+  Tensor dhx = at::empty({LD, B, u}, x.options());
+  Tensor dcx = cfg.has_cell_state() ? at::empty({LD, B, u}, x.options()) : at::empty({0}, x.options());
+  Tensor work = at::empty({static_cast<int64_t>(work_bytes)}, x.options().dtype(at::kByte));
+
+  CUDNN_RNN_CHECK(cudnnRNNBackwardData_v8(
+      call.handle, call.plan->rnn.get(), call.dev_lengths.data_ptr<int32_t>(), call.y_desc.get(), y_raw.data_ptr(),
+      dy.data_ptr(), call.x_desc.get(), dx.data_ptr(), call.h_desc.get(), hx.data_ptr(), dhy.data_ptr(),
+      dhx.data_ptr(), call.c_desc.get(), cx.defined() ? cx.data_ptr() : nullptr,
+      dcy.defined() ? dcy.data_ptr() : nullptr, cfg.has_cell_state() ? dcx.data_ptr() : nullptr,
+      call.plan->weight_bytes, space.data_ptr(), work_bytes, work.data_ptr(), cudnn_reserve_bytes,
+      cudnn_reserve.data_ptr()));
+  Tensor dspace = at::zeros({static_cast<int64_t>(call.plan->weight_bytes) / x.element_size()}, x.options());
+  CUDNN_RNN_CHECK(cudnnRNNBackwardWeights_v8(
+      call.handle, call.plan->rnn.get(), CUDNN_WGRAD_MODE_ADD, call.dev_lengths.data_ptr<int32_t>(),
+      call.x_desc.get(), x.data_ptr(), call.h_desc.get(), hx.data_ptr(), call.y_desc.get(), y_raw.data_ptr(),
+      call.plan->weight_bytes, dspace.data_ptr(), work_bytes, work.data_ptr(), cudnn_reserve_bytes,
+      cudnn_reserve.data_ptr()));
+  std::vector<Tensor> grad_weights = unpack_keras_gradients(cfg, weights, call.plan->offsets, dspace);
+  if (!dropout_masks.empty()) dx = dx * dropout_masks[0][0].unsqueeze(1);
+  return {dx, grad_weights, dhx, dcx};
+}
+
+// ------------------------------------------------------------------------------------------
+// CUDA registration: cuDNN where backend_choice says so
+// ------------------------------------------------------------------------------------------
+std::atomic<int64_t>& fallback_counter() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+
+BackendChoice choose(const RnnConfig& cfg, const c10::optional<Tensor>& mask, at::TensorList dropout_masks,
+                     at::TensorList recurrent_dropout_masks, const Tensor& x) {
+  c10::optional<Tensor> mask_cpu;
+  if (mask.has_value()) mask_cpu = mask->to(at::kCPU);  // lengths go to cuDNN as a host array
+  return choose_backend(cfg, mask_cpu, dropout_masks, recurrent_dropout_masks, x.scalar_type(),
+                        static_cast<int64_t>(cudnnGetVersion()));
+}
+
+[[noreturn]] void no_generic_path(const BackendChoice& choice) {
+  fallback_counter()++;
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "cudnn_rnn: this call cannot run on cuDNN (", choice.reason,
+                              ") and the generic CUDA backend is not built yet; run it on the CPU");
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_forward_cuda(
+    const Tensor& x, at::TensorList weights, const c10::optional<Tensor>& mask, const c10::optional<Tensor>& h0,
+    const c10::optional<Tensor>& c0, at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
+    c10::string_view cell, c10::string_view activation, c10::string_view recurrent_activation, bool use_bias,
+    bool reset_after, int64_t num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask,
+    bool need_grad) {
+  const RnnConfig cfg = make_config(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks,
+                                    std::string(cell), std::string(activation), std::string(recurrent_activation),
+                                    use_bias, reset_after, num_layers, bidirectional, go_backwards,
+                                    zero_output_for_mask);
+  c10::cuda::CUDAGuard guard(x.device());
+  const BackendChoice choice = choose(cfg, mask, dropout_masks, recurrent_dropout_masks, x);
+  if (!choice.cudnn) no_generic_path(choice);
+  return cudnn_forward(cfg, choice, x, weights, mask, h0, c0, dropout_masks, need_grad);
+}
+
+std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> rnn_backward_cuda(
+    const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x, at::TensorList weights,
+    const c10::optional<Tensor>& mask, at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
+    const Tensor& reserve, c10::string_view cell, c10::string_view activation,
+    c10::string_view recurrent_activation, bool use_bias, bool reset_after, int64_t num_layers, bool bidirectional,
+    bool go_backwards, bool zero_output_for_mask) {
+  const RnnConfig cfg = make_config(x, weights, mask, c10::nullopt, c10::nullopt, dropout_masks,
+                                    recurrent_dropout_masks, std::string(cell), std::string(activation),
+                                    std::string(recurrent_activation), use_bias, reset_after, num_layers,
+                                    bidirectional, go_backwards, zero_output_for_mask);
+  c10::cuda::CUDAGuard guard(x.device());
+  const BackendChoice choice = choose(cfg, mask, dropout_masks, recurrent_dropout_masks, x);
+  if (!choice.cudnn) no_generic_path(choice);
+  return cudnn_backward(cfg, choice, grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_masks, reserve);
+}
+
+}  // namespace
+
+int64_t cudnn_fallback_count() { return fallback_counter().load(); }
+
+std::map<std::string, std::string> accelerator_build_info() {
+  return {{"cuda", std::to_string(CUDART_VERSION)},
+          {"cudnn", std::to_string(CUDNN_VERSION)},
+          {"cudnn_runtime", std::to_string(cudnnGetVersion())}};
+}
+
+TORCH_LIBRARY_IMPL(cudnn_rnn, CUDA, m) {
+  m.impl("rnn_forward", &rnn_forward_cuda);
+  m.impl("rnn_backward", &rnn_backward_cuda);
+}
+
+}  // namespace cudnn_rnn
