@@ -1,0 +1,153 @@
+"""The CUDA backends. Tests marked `cuda` need a GPU (conftest skips them, with that reason,
+where there is none); the build check runs everywhere."""
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import cudnn_rnn
+from cudnn_rnn import ops
+
+cuda = pytest.mark.cuda
+LAYERS = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU, "simple_rnn": cudnn_rnn.SimpleRNN}
+
+
+def test_cuda_build_links_the_cudnn_rnn_entry_points():
+    """A CPU-only build must never pass for a CUDA one: in a CUDA build the extension itself
+    references the cuDNN RNN calls."""
+    if cudnn_rnn.build_info()["cudnn"] == "no":
+        assert os.environ.get("FORCE_CUDA") != "1", "FORCE_CUDA=1 but the extension was built without cuDNN"
+        pytest.skip("CPU-only build (FORCE_CUDA unset and no CUDA toolchain)")
+    nm = shutil.which("nm")
+    assert nm, "nm (binutils) is needed to inspect the extension"
+    symbols = subprocess.run([nm, "-D", "--undefined-only", cudnn_rnn._C.__file__], capture_output=True, text=True,
+                             check=True).stdout
+    for name in ("cudnnRNNForward", "cudnnRNNBackwardData_v8", "cudnnRNNBackwardWeights_v8",
+                 "cudnnGetRNNWeightParams", "cudnnSetRNNDescriptor_v8", "cudnnSetRNNDataDescriptor"):
+        assert name in symbols, f"{name} is not referenced by {cudnn_rnn._C.__file__}"
+
+
+def _pair(cell, num_layers=1, bidirectional=False, dtype=torch.float32, **kw):
+    torch.manual_seed(0)
+    layer = LAYERS[cell](6, 5, num_layers=num_layers, return_sequences=True, return_state=True, dtype=dtype, **kw)
+    if bidirectional:
+        layer = cudnn_rnn.Bidirectional(layer)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.uniform_(-0.5, 0.5)
+    gpu = __import__("copy").deepcopy(layer).cuda()
+    return layer.eval(), gpu.eval()
+
+
+def _right_padded(batch, time, device="cpu"):
+    lengths = torch.tensor([time, max(1, time - 2), 1, max(1, time // 2)])[:batch]
+    return torch.arange(time)[None, :] < lengths[:, None]
+
+
+CASES = [(c, l, bi) for c in LAYERS for l in (1, 2) for bi in (False, True)]
+
+
+@cuda
+@pytest.mark.parametrize("cell,num_layers,bidirectional", CASES)
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cudnn_matches_cpu_forward_and_gradients(cell, num_layers, bidirectional, masked, dtype):
+    cpu, gpu = _pair(cell, num_layers, bidirectional, dtype)
+    x = torch.randn(4, 7, 6, dtype=dtype)
+    mask = _right_padded(4, 7) if masked else None
+    assert cudnn_rnn.explain(gpu).backend == "cudnn"
+    before = cudnn_rnn._C.cudnn_fallback_count()
+    xc, xg = x.clone().requires_grad_(True), x.cuda().requires_grad_(True)
+    out_c = cpu(xc, mask=mask)
+    out_g = gpu(xg, mask=None if mask is None else mask.cuda())
+    assert cudnn_rnn._C.cudnn_fallback_count() == before
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=1e-10, rtol=1e-10)
+    for a, b in zip(out_c, out_g):
+        torch.testing.assert_close(b.cpu(), a.detach(), **tol)
+    grads = [torch.randn_like(t) for t in out_c]
+    torch.autograd.backward(out_c, grads)
+    torch.autograd.backward(out_g, [g.cuda() for g in grads])
+    torch.testing.assert_close(xg.grad.cpu(), xc.grad, **tol)
+    for (name, p), q in zip(cpu.named_parameters(), gpu.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, **tol, msg=lambda m: f"{name}: {m}")
+
+
+@cuda
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_cudnn_matches_torch_nn(cell):
+    cpu, gpu = _pair(cell, 2, True)
+    reference = gpu.to_torch().cuda()
+    x = torch.randn(4, 9, 6, device="cuda")
+    torch.testing.assert_close(gpu(x)[0], reference(x)[0], atol=1e-5, rtol=1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_low_precision_error_at_most_twice_torch(cell, dtype):
+    """fp16 / bf16: error against fp32 no more than 2x that of torch.nn in the same precision."""
+    _, gpu = _pair(cell)
+    reference = gpu.to_torch().cuda()
+    x = torch.randn(8, 30, 6, device="cuda")
+    exact = gpu(x)[0]
+    exact_ref = reference(x)[0]
+    ours = gpu.to(dtype)(x.to(dtype))[0].float()
+    theirs = reference.to(dtype)(x.to(dtype))[0].float()
+    ours_err = (ours - exact).abs().max().item()
+    torch_err = (theirs - exact_ref).abs().max().item()
+    assert ours_err <= 2 * torch_err + 1e-6, f"ours {ours_err:.2e} vs torch.nn {torch_err:.2e}"
+
+
+@cuda
+def test_retain_graph_backward_twice_is_identical():
+    _, gpu = _pair("lstm", 2, True)
+    gpu.train()
+    x = torch.randn(4, 7, 6, device="cuda", requires_grad=True)
+    loss = gpu(x)[0].square().sum()
+    g1, = torch.autograd.grad(loss, x, retain_graph=True)
+    g2, = torch.autograd.grad(loss, x)
+    torch.testing.assert_close(g1, g2, rtol=0, atol=0)
+
+
+@cuda
+def test_cuda_graph_capture_and_replay():
+    _, gpu = _pair("gru", 1, True)
+    x = torch.randn(4, 7, 6, device="cuda")
+    with torch.no_grad():
+        expected = gpu(x)[0].clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            gpu(x)  # warm-up: builds the plan outside capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = gpu(x)[0]
+        graph.replay()
+    torch.testing.assert_close(out, expected)
+
+
+@cuda
+def test_opcheck_and_compile_on_cuda():
+    _, gpu = _pair("lstm", 1, True)
+    x = torch.randn(3, 5, 6, device="cuda", requires_grad=True)
+    mask = _right_padded(3, 5).cuda()
+    sides = [gpu.forward_layer, gpu.backward_layer]
+    weights = [w for s in sides for w in s.layer_weights(0)]
+    args = (x, weights, mask, None, None, [], [], "lstm", "tanh", "sigmoid", True, True, 1, True, False, True, True)
+    torch.library.opcheck(torch.ops.cudnn_rnn.rnn_forward.default, args)
+    compiled = torch.compile(lambda x: gpu(x, mask=mask)[0].sum(), fullgraph=True)
+    torch.testing.assert_close(compiled(x), gpu(x, mask=mask)[0].sum())
+
+
+@cuda
+def test_calls_cudnn_cannot_run_are_counted():
+    _, gpu = _pair("gru", reset_after=False)
+    before = cudnn_rnn._C.cudnn_fallback_count()
+    try:
+        gpu(torch.randn(2, 4, 6, device="cuda"))
+    except NotImplementedError:
+        pass
+    assert cudnn_rnn._C.cudnn_fallback_count() == before + 1
