@@ -44,11 +44,13 @@ BackendChoice choose_backend(const RnnConfig& cfg, const c10::optional<at::Tenso
   if (!recurrent_dropout_masks.empty()) return no("recurrent_dropout masks h inside the step, which cuDNN cannot");
   if (!dropout_masks.empty()) {
     if (cfg.num_layers > 1) return no("Keras dropout on the inputs of inner layers of a stack");
+    if (cfg.num_directions == 2) return no("each direction's own input dropout mask (cuDNN reads one x)");
     for (const auto& m : dropout_masks) {
       if (m.size(0) != 1) return no("per-gate input dropout masks (Keras implementation=1)");
     }
   }
   if (cfg.go_backwards) return no("go_backwards (Keras reverses each layer's whole input, padding included)");
+  if (cfg.batch == 0) return no("an empty batch");
   if (dtype == at::kBFloat16 && cudnn_version < 91300) return no("bfloat16 RNNs need cuDNN >= 9.13");
   if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf && dtype != at::kBFloat16)
     return no("dtype not supported by cuDNN");

@@ -10,6 +10,8 @@
 
 namespace cudnn_rnn {
 
+enum class CellKind : int32_t { LSTM = 0, GRU = 1, SimpleRNN = 2 };
+
 // Keras activation names map onto this enum in rnn_config.cpp (kActivationNames); the order here
 // is that table's order.
 enum class Activation : int32_t {

@@ -13,8 +13,6 @@
 
 namespace cudnn_rnn {
 
-enum class CellKind : int32_t { LSTM = 0, GRU = 1, SimpleRNN = 2 };
-
 // Keras activation names, indexed by Activation. "hard_sigmoid" is the Keras 3 definition;
 // "hard_sigmoid_keras2" the Keras 2 / tf.keras one (0.2 x + 0.5).
 const std::vector<std::string>& activation_names();

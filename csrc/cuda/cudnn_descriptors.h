@@ -58,12 +58,25 @@ inline void set_tensor_3d(const TensorDescriptor& desc, cudnnDataType_t type, in
 }
 
 // A batch-major unpacked sequence [B, T, vector] with per-row lengths (host array); padded output
-// positions are filled with zero (all-zero bits are zero in every RNN data type).
+// positions are filled with zero. cuDNN reads the fill as one value of `type` and copies it; the
+// 8 zero bytes are zero in every RNN data type (half, bfloat16, float, double).
 inline void set_rnn_data(const RnnDataDescriptor& desc, cudnnDataType_t type, int max_len, int batch, int vector,
                          const std::vector<int32_t>& lengths) {
-  static double zero_fill = 0.0;
+  double zero_fill = 0.0;
   CUDNN_RNN_CHECK(cudnnSetRNNDataDescriptor(desc.get(), type, CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED, max_len,
                                             batch, vector, lengths.data(), &zero_fill));
+}
+
+// Elements described by a tensor descriptor (cudnnGetRNNWeightParams fills mDesc / bDesc).
+inline int64_t tensor_elements(const TensorDescriptor& desc) {
+  cudnnDataType_t type;
+  int nb_dims = 0;
+  int dims[8] = {0};
+  int strides[8] = {0};
+  CUDNN_RNN_CHECK(cudnnGetTensorNdDescriptor(desc.get(), 8, &type, &nb_dims, dims, strides));
+  int64_t n = 1;
+  for (int i = 0; i < nb_dims; ++i) n *= dims[i];
+  return n;
 }
 
 }  // namespace cudnn

@@ -1,8 +1,9 @@
 // The cuDNN path of the recurrent stack op (cuDNN 9 v8 API), and the CUDA registration.
 //
 // Call sequence (see cudnn_adv.h):
-//   plan (cached per config/dtype/device): cudnnSetRNNDescriptor_v8, cudnnGetRNNWeightSpaceSize,
-//     cudnnGetRNNWeightParams for every (pseudo-layer, linLayerID) -> element offsets
+//   per call: cudnnSetDropoutDescriptor (p = 0, no state), cudnnSetRNNDescriptor_v8
+//   plan (cached per config/dtype/math/device): cudnnGetRNNWeightSpaceSize, cudnnGetRNNWeightParams
+//     for every (pseudo-layer, linLayerID) -> element offsets (checked against the slot shapes)
 //   forward: pack Keras weights into the weight space (keras_layout.cpp), cudnnSetRNNDataDescriptor
 //     (batch-major, unpacked, right-padded lengths, zero fill), cudnnGetRNNTempSpaceSizes,
 //     cudnnRNNForward (INFERENCE without autograd, else TRAINING)
@@ -61,11 +62,19 @@ struct PlanKey {
   }
 };
 
+// What depends only on the configuration: measured once, kept. The descriptors themselves are
+// built per call (cheap, host-only), because cuDNN takes them non-const and its thread-safety
+// promise covers separate handles, not shared descriptors.
 struct Plan {
-  cudnn::RnnDescriptor rnn;
-  cudnn::DropoutDescriptor dropout;
   size_t weight_bytes = 0;
   WeightOffsetTable offsets;  // elements from the start of the weight space
+  bool slots_cover_space = false;  // else the space has gaps, zeroed before packing
+};
+
+// The RNN descriptor of a configuration, with its (probability 0, stateless) dropout descriptor.
+struct RnnDescriptors {
+  cudnn::RnnDescriptor rnn;
+  cudnn::DropoutDescriptor dropout;
 };
 
 std::mutex& plan_mutex() {
@@ -88,32 +97,36 @@ cudnnRNNMode_t cell_mode(const RnnConfig& cfg) {
 
 cudnnMathType_t math_type(at::ScalarType t) {
   if (t == at::kHalf || t == at::kBFloat16) return CUDNN_TENSOR_OP_MATH;
-  if (t == at::kFloat && !at::globalContext().allowTF32CuDNN()) return CUDNN_FMA_MATH;
+  // TF32 follows torch.backends.cudnn.rnn's setting, as torch.nn's RNNs do.
+  if (t == at::kFloat && !at::globalContext().allowTF32CuDNN(at::Float32Op::RNN)) return CUDNN_FMA_MATH;
   return CUDNN_DEFAULT_MATH;
 }
 
-std::shared_ptr<Plan> get_plan(cudnnHandle_t handle, const RnnConfig& cfg, const Tensor& x) {
-  const cudnnDataType_t type = cudnn::data_type(x.scalar_type());
-  const cudnnMathType_t math = math_type(x.scalar_type());
+void set_descriptors(RnnDescriptors& d, cudnnHandle_t handle, const RnnConfig& cfg, at::ScalarType dtype) {
+  const cudnnDataType_t type = cudnn::data_type(dtype);
+  // No dropout between layers (Keras's dropout is per layer input; see backend_choice.cpp):
+  // probability 0 needs no RNG state, so this is cheap.
+  CUDNN_RNN_CHECK(cudnnSetDropoutDescriptor(d.dropout.get(), handle, 0.0f, nullptr, 0, 0));
+  const cudnnDataType_t math_prec = (type == CUDNN_DATA_HALF || type == CUDNN_DATA_BFLOAT16) ? CUDNN_DATA_FLOAT : type;
+  CUDNN_RNN_CHECK(cudnnSetRNNDescriptor_v8(
+      d.rnn.get(), CUDNN_RNN_ALGO_STANDARD, cell_mode(cfg), CUDNN_RNN_DOUBLE_BIAS,
+      cfg.num_directions == 2 ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, type, math_prec,
+      math_type(dtype), static_cast<int32_t>(cfg.input_size), static_cast<int32_t>(cfg.units),
+      static_cast<int32_t>(cfg.units) /* projSize == hiddenSize: no projection */, static_cast<int32_t>(cfg.num_layers),
+      d.dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED));
+}
+
+std::shared_ptr<Plan> get_plan(cudnnHandle_t handle, const RnnDescriptors& desc, const RnnConfig& cfg,
+                               const Tensor& x) {
   const PlanKey key{x.get_device(), static_cast<int>(cell_mode(cfg)), static_cast<int>(cfg.num_directions),
-                    static_cast<int>(type), static_cast<int>(math), cfg.input_size, cfg.units, cfg.num_layers,
-                    static_cast<int>(CUDNN_RNN_ALGO_STANDARD)};
+                    static_cast<int>(cudnn::data_type(x.scalar_type())), static_cast<int>(math_type(x.scalar_type())),
+                    cfg.input_size, cfg.units, cfg.num_layers, static_cast<int>(CUDNN_RNN_ALGO_STANDARD)};
   std::lock_guard<std::mutex> lock(plan_mutex());
   auto it = plan_cache().find(key);
   if (it != plan_cache().end()) return it->second;
 
   auto plan = std::make_shared<Plan>();
-  // No dropout between layers (Keras's dropout is per layer input; see backend_choice.cpp):
-  // probability 0 needs no RNG state.
-  CUDNN_RNN_CHECK(cudnnSetDropoutDescriptor(plan->dropout.get(), handle, 0.0f, nullptr, 0, 0));
-  const cudnnDataType_t math_prec = (type == CUDNN_DATA_HALF || type == CUDNN_DATA_BFLOAT16) ? CUDNN_DATA_FLOAT : type;
-  CUDNN_RNN_CHECK(cudnnSetRNNDescriptor_v8(
-      plan->rnn.get(), CUDNN_RNN_ALGO_STANDARD, cell_mode(cfg), CUDNN_RNN_DOUBLE_BIAS,
-      cfg.num_directions == 2 ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, type, math_prec, math,
-      static_cast<int32_t>(cfg.input_size), static_cast<int32_t>(cfg.units),
-      static_cast<int32_t>(cfg.units) /* projSize == hiddenSize: no projection */, static_cast<int32_t>(cfg.num_layers),
-      plan->dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED));
-  CUDNN_RNN_CHECK(cudnnGetRNNWeightSpaceSize(handle, plan->rnn.get(), &plan->weight_bytes));
+  CUDNN_RNN_CHECK(cudnnGetRNNWeightSpaceSize(handle, desc.rnn.get(), &plan->weight_bytes));
 
   // Offsets of every matrix and bias, measured once on a scratch weight space.
   Tensor scratch = at::empty({static_cast<int64_t>(plan->weight_bytes)}, x.options().dtype(at::kByte));
@@ -121,21 +134,31 @@ std::shared_ptr<Plan> get_plan(cudnnHandle_t handle, const RnnConfig& cfg, const
   cudnn::TensorDescriptor m_desc, b_desc;
   const int64_t per_layer = cudnn_lin_layer_count(cfg.cell);
   const int64_t elem = x.element_size();
+  int64_t covered = 0;
   for (int64_t pseudo = 0; pseudo < cfg.num_layers * cfg.num_directions; ++pseudo) {
     for (int64_t id = 0; id < per_layer; ++id) {
       void* m_addr = nullptr;
       void* b_addr = nullptr;
-      CUDNN_RNN_CHECK(cudnnGetRNNWeightParams(handle, plan->rnn.get(), static_cast<int32_t>(pseudo),
+      CUDNN_RNN_CHECK(cudnnGetRNNWeightParams(handle, desc.rnn.get(), static_cast<int32_t>(pseudo),
                                               plan->weight_bytes, scratch.data_ptr(), static_cast<int32_t>(id),
                                               m_desc.get(), &m_addr, b_desc.get(), &b_addr));
       TORCH_CHECK(m_addr && b_addr, "cudnn_rnn: cuDNN reported no matrix or bias for pseudo-layer ", pseudo,
                   ", linLayerID ", id, " under DOUBLE_BIAS");
+      // The layout this code packs: a [u, in] matrix and a [u] bias per slot.
+      const int64_t in = (pseudo / cfg.num_directions == 0) ? cfg.input_size : cfg.num_directions * cfg.units;
+      const int64_t m_elems = cudnn::tensor_elements(m_desc), b_elems = cudnn::tensor_elements(b_desc);
+      TORCH_CHECK(m_elems == cfg.units * (cudnn_lin_layer(cfg.cell, id).recurrent ? cfg.units : in) &&
+                      b_elems == cfg.units,
+                  "cudnn_rnn: cuDNN describes pseudo-layer ", pseudo, ", linLayerID ", id, " as ", m_elems,
+                  " + ", b_elems, " elements; expected a [", cfg.units, ", in] matrix and a [", cfg.units, "] bias");
+      covered += m_elems + b_elems;
       const int64_t m_off = static_cast<const char*>(m_addr) - base;
       const int64_t b_off = static_cast<const char*>(b_addr) - base;
       TORCH_CHECK(m_off % elem == 0 && b_off % elem == 0, "cudnn_rnn: misaligned weight offsets from cuDNN");
       plan->offsets.push_back({m_off / elem, b_off / elem});
     }
   }
+  plan->slots_cover_space = covered * elem == static_cast<int64_t>(plan->weight_bytes);
   plan_cache().emplace(key, plan);
   return plan;
 }
@@ -147,6 +170,7 @@ int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
 
 struct Call {
   cudnnHandle_t handle;
+  RnnDescriptors desc;
   std::shared_ptr<Plan> plan;
   cudnnDataType_t type;
   std::vector<int32_t> lengths;
@@ -155,9 +179,14 @@ struct Call {
   Tensor dev_lengths;  // int32 on the device
 };
 
-void prepare(Call& call, const RnnConfig& cfg, const Tensor& x, std::vector<int32_t> lengths) {
+void prepare(Call& call, const RnnConfig& cfg, const Tensor& x, const c10::optional<Tensor>& mask,
+             std::vector<int32_t> lengths) {
+  TORCH_CHECK(cfg.batch <= INT32_MAX && cfg.time <= INT32_MAX && cfg.input_size <= INT32_MAX &&
+                  cfg.num_directions * cfg.units <= INT32_MAX,
+              "cudnn_rnn: sizes beyond cuDNN's int32 range");
   call.handle = at::native::getCudnnHandle();
-  call.plan = get_plan(call.handle, cfg, x);
+  set_descriptors(call.desc, call.handle, cfg, x.scalar_type());
+  call.plan = get_plan(call.handle, call.desc, cfg, x);
   call.type = cudnn::data_type(x.scalar_type());
   call.lengths = std::move(lengths);
   const int B = static_cast<int>(cfg.batch), T = static_cast<int>(cfg.time);
@@ -166,7 +195,10 @@ void prepare(Call& call, const RnnConfig& cfg, const Tensor& x, std::vector<int3
   const int LD = static_cast<int>(cfg.num_layers * cfg.num_directions), u = static_cast<int>(cfg.units);
   cudnn::set_tensor_3d(call.h_desc, call.type, LD, B, u);
   cudnn::set_tensor_3d(call.c_desc, call.type, LD, B, u);
-  call.dev_lengths = at::tensor(call.lengths, at::TensorOptions().dtype(at::kInt)).to(x.device(), /*non_blocking=*/true);
+  // The device copy of the lengths is computed on the device: no host-to-device copy, so a call
+  // without a mask is CUDA-graph capturable (a mask needs its lengths on the host anyway).
+  call.dev_lengths = mask.has_value() ? mask->sum(1, /*keepdim=*/false, at::kInt)
+                                      : at::full({cfg.batch}, cfg.time, x.options().dtype(at::kInt));
 }
 
 struct ReserveLayout {
@@ -215,19 +247,21 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> cudnn_forward(const RnnConfig& cfg, c
                                                          const c10::optional<Tensor>& c0,
                                                          at::TensorList dropout_masks, bool need_grad) {
   Call call;
-  prepare(call, cfg, x_in, choice.lengths);
+  prepare(call, cfg, x_in, mask, choice.lengths);
   Tensor x = x_in.contiguous();
   if (!dropout_masks.empty()) x = x * dropout_masks[0][0].unsqueeze(1);
 
   const cudnnForwardMode_t mode = need_grad ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE;
   size_t work_bytes = 0, cudnn_reserve_bytes = 0;
-  CUDNN_RNN_CHECK(cudnnGetRNNTempSpaceSizes(call.handle, call.plan->rnn.get(), mode, call.x_desc.get(), &work_bytes,
+  CUDNN_RNN_CHECK(cudnnGetRNNTempSpaceSizes(call.handle, call.desc.rnn.get(), mode, call.x_desc.get(), &work_bytes,
                                             &cudnn_reserve_bytes));
   const ReserveLayout layout = reserve_layout(cfg, x, call.plan->weight_bytes, need_grad ? cudnn_reserve_bytes : 0);
-  // Inference keeps nothing for backward: an empty reserve.
-  Tensor reserve = at::empty({need_grad ? layout.total : align256(call.plan->weight_bytes)},
-                             x.options().dtype(at::kByte));
-  Tensor space = reserve.narrow(0, 0, static_cast<int64_t>(call.plan->weight_bytes)).view(x.scalar_type());
+  // Inference keeps nothing for backward: an empty reserve, and the weight space on its own.
+  Tensor reserve = at::empty({need_grad ? layout.total : 0}, x.options().dtype(at::kByte));
+  Tensor space_bytes = need_grad ? reserve.narrow(0, 0, static_cast<int64_t>(call.plan->weight_bytes))
+                                 : at::empty({static_cast<int64_t>(call.plan->weight_bytes)}, x.options().dtype(at::kByte));
+  Tensor space = space_bytes.view(x.scalar_type());
+  if (!call.plan->slots_cover_space) space.zero_();
   pack_keras_weights(cfg, weights, call.plan->offsets, space);
 
   const int64_t B = cfg.batch, T = cfg.time, u = cfg.units, LD = cfg.num_layers * cfg.num_directions;
@@ -253,7 +287,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> cudnn_forward(const RnnConfig& cfg, c
   Tensor work = at::empty({static_cast<int64_t>(work_bytes)}, x.options().dtype(at::kByte));
   void* cudnn_reserve = need_grad ? reserve.narrow(0, layout.cudnn, static_cast<int64_t>(cudnn_reserve_bytes)).data_ptr()
                                   : nullptr;
-  CUDNN_RNN_CHECK(cudnnRNNForward(call.handle, call.plan->rnn.get(), mode, call.dev_lengths.data_ptr<int32_t>(),
+  CUDNN_RNN_CHECK(cudnnRNNForward(call.handle, call.desc.rnn.get(), mode, call.dev_lengths.data_ptr<int32_t>(),
                                   call.x_desc.get(), x.data_ptr(), call.y_desc.get(), y_raw.data_ptr(),
                                   call.h_desc.get(), hx_ptr, h_n.data_ptr(), call.c_desc.get(), cx_ptr,
                                   cfg.has_cell_state() ? c_n.data_ptr() : nullptr, call.plan->weight_bytes,
@@ -274,11 +308,11 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> cudnn_backward(
     const Tensor& grad_c_n, const Tensor& x_in, at::TensorList weights, const c10::optional<Tensor>& mask,
     at::TensorList dropout_masks, const Tensor& reserve) {
   Call call;
-  prepare(call, cfg, x_in, choice.lengths);
+  prepare(call, cfg, x_in, mask, choice.lengths);
   Tensor x = x_in.contiguous();
   if (!dropout_masks.empty()) x = x * dropout_masks[0][0].unsqueeze(1);
   size_t work_bytes = 0, cudnn_reserve_bytes = 0;
-  CUDNN_RNN_CHECK(cudnnGetRNNTempSpaceSizes(call.handle, call.plan->rnn.get(), CUDNN_FWD_MODE_TRAINING,
+  CUDNN_RNN_CHECK(cudnnGetRNNTempSpaceSizes(call.handle, call.desc.rnn.get(), CUDNN_FWD_MODE_TRAINING,
                                             call.x_desc.get(), &work_bytes, &cudnn_reserve_bytes));
   const ReserveLayout layout = reserve_layout(cfg, x, call.plan->weight_bytes, cudnn_reserve_bytes);
   TORCH_CHECK_VALUE(reserve.scalar_type() == at::kByte && reserve.numel() == layout.total,
@@ -302,28 +336,34 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> cudnn_backward(
     dy = dy.clone();
     dy.narrow(2, 0, u).copy_(fwd);
   }
+  // Padded positions' outputs are constants (zeros, or the carried output handled above): no
+  // gradient enters cuDNN there, and none leaves for x.
+  Tensor padded = mask.has_value() ? mask->logical_not().unsqueeze(2) : Tensor();
+  if (padded.defined()) dy = dy.masked_fill(padded, 0);
   Tensor dhy = grad_h_n.contiguous();
   Tensor dcy = cfg.has_cell_state() ? grad_c_n.contiguous() : Tensor();
-  Tensor dx = at::empty_like(x);
+  Tensor dx = at::zeros_like(x);
   Tensor dhx = at::empty({LD, B, u}, x.options());
   Tensor dcx = cfg.has_cell_state() ? at::empty({LD, B, u}, x.options()) : at::empty({0}, x.options());
   Tensor work = at::empty({static_cast<int64_t>(work_bytes)}, x.options().dtype(at::kByte));
 
   CUDNN_RNN_CHECK(cudnnRNNBackwardData_v8(
-      call.handle, call.plan->rnn.get(), call.dev_lengths.data_ptr<int32_t>(), call.y_desc.get(), y_raw.data_ptr(),
+      call.handle, call.desc.rnn.get(), call.dev_lengths.data_ptr<int32_t>(), call.y_desc.get(), y_raw.data_ptr(),
       dy.data_ptr(), call.x_desc.get(), dx.data_ptr(), call.h_desc.get(), hx.data_ptr(), dhy.data_ptr(),
       dhx.data_ptr(), call.c_desc.get(), cx.defined() ? cx.data_ptr() : nullptr,
       dcy.defined() ? dcy.data_ptr() : nullptr, cfg.has_cell_state() ? dcx.data_ptr() : nullptr,
       call.plan->weight_bytes, space.data_ptr(), work_bytes, work.data_ptr(), cudnn_reserve_bytes,
       cudnn_reserve.data_ptr()));
-  Tensor dspace = at::zeros({static_cast<int64_t>(call.plan->weight_bytes) / x.element_size()}, x.options());
+  Tensor dspace = at::zeros({static_cast<int64_t>(call.plan->weight_bytes)}, x.options().dtype(at::kByte))
+                      .view(x.scalar_type());
   CUDNN_RNN_CHECK(cudnnRNNBackwardWeights_v8(
-      call.handle, call.plan->rnn.get(), CUDNN_WGRAD_MODE_ADD, call.dev_lengths.data_ptr<int32_t>(),
+      call.handle, call.desc.rnn.get(), CUDNN_WGRAD_MODE_ADD, call.dev_lengths.data_ptr<int32_t>(),
       call.x_desc.get(), x.data_ptr(), call.h_desc.get(), hx.data_ptr(), call.y_desc.get(), y_raw.data_ptr(),
       call.plan->weight_bytes, dspace.data_ptr(), work_bytes, work.data_ptr(), cudnn_reserve_bytes,
       cudnn_reserve.data_ptr()));
   std::vector<Tensor> grad_weights = unpack_keras_gradients(cfg, weights, call.plan->offsets, dspace);
   if (!dropout_masks.empty()) dx = dx * dropout_masks[0][0].unsqueeze(1);
+  if (padded.defined()) dx.masked_fill_(padded, 0);
   return {dx, grad_weights, dhx, dcx};
 }
 

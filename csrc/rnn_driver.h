@@ -1,0 +1,459 @@
+// The device-generic driver of the recurrent stack: per (layer, direction) the input GEMM, the
+// time loop (recurrent GEMMs through ATen, the pointwise step through the backend's Policy) and,
+// in backward, the weight gradients as GEMMs over all timesteps. Instantiated by the CPU backend
+// (cpu/rnn_cpu.cpp) and by the generic CUDA backend (cuda/rnn_generic.cpp).
+//
+// Policy provides, for T in {float, double}:
+//   forward_step<T>(const ForwardStep<T>&)        the cell update of every row (masks included)
+//   gru_before_gates<T>(const ForwardStep<T>&)    GRU reset_after=False phase 1 (z, r, r * hd_h)
+//   backward_step<T>(const BackwardStep<T>&)      the cell backward of every row
+//   gru_before_backward_b<T>(const BackwardStep<T>&)  GRU reset_after=False phase B (r gate)
+//
+// Layouts: x and y are batch-major [B, T, F]; the outputs of inner layers live in the reserve
+// time-major [T, B, D*u]. A "sequence" below is a 3-D tensor in either layout.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <tuple>
+#include <vector>
+
+#include "rnn_config.h"
+#include "step_args.h"
+
+namespace cudnn_rnn {
+namespace driver {
+
+using at::Tensor;
+
+template <typename T>
+Seq<T> seq_of(const Tensor& t, bool batch_major) {
+  const int64_t width = t.size(2);
+  return Seq<T>{t.data_ptr<T>(), batch_major ? width : t.size(1) * width, batch_major ? t.size(1) * width : width};
+}
+
+template <typename T>
+Seq<const T> const_seq_of(const Tensor& t, bool batch_major) {
+  Seq<T> s = seq_of<T>(t, batch_major);
+  return Seq<const T>{s.data, s.time_stride, s.row_stride};
+}
+
+struct DirWeights {
+  Tensor kernel;     // [In, G*u]
+  Tensor recurrent;  // [u, G*u]
+  Tensor bias_in;    // [G*u] or undefined
+  Tensor bias_rec;   // [G*u] (GRU reset_after only) or undefined
+};
+
+inline DirWeights dir_weights(const RnnConfig& cfg, at::TensorList w, int64_t ld) {
+  const int64_t base = ld * cfg.tensors_per_direction();
+  DirWeights out{w[base].contiguous(), w[base + 1].contiguous(), Tensor(), Tensor()};
+  if (cfg.use_bias) {
+    if (cfg.reset_after) {
+      out.bias_in = w[base + 2][0];
+      out.bias_rec = w[base + 2][1];
+    } else {
+      out.bias_in = w[base + 2];
+    }
+  }
+  return out;
+}
+
+struct DirReserve {
+  Tensor saved;  // [T, B, S]
+  Tensor h;      // [T + 1, B, u]
+  Tensor c;      // [T + 1, B, u] (LSTM)
+};
+
+inline DirReserve dir_reserve(const RnnConfig& cfg, const Tensor& reserve, int64_t ld) {
+  const int64_t B = cfg.batch, T = cfg.time, u = cfg.units;
+  int64_t off = ld * cfg.reserve_per_direction();
+  DirReserve r;
+  r.saved = reserve.narrow(0, off, T * B * cfg.saved_width()).view({T, B, cfg.saved_width()});
+  off += T * B * cfg.saved_width();
+  r.h = reserve.narrow(0, off, (T + 1) * B * u).view({T + 1, B, u});
+  off += (T + 1) * B * u;
+  if (cfg.has_cell_state()) r.c = reserve.narrow(0, off, (T + 1) * B * u).view({T + 1, B, u});
+  return r;
+}
+
+// Output of inner layer l (l < L-1), time-major [T, B, D*u].
+inline Tensor inner_layer_output(const RnnConfig& cfg, const Tensor& reserve, int64_t layer) {
+  const int64_t width = cfg.num_directions * cfg.units;
+  const int64_t off = cfg.num_layers * cfg.num_directions * cfg.reserve_per_direction() +
+                      layer * cfg.time * cfg.batch * width;
+  return reserve.narrow(0, off, cfg.time * cfg.batch * width).view({cfg.time, cfg.batch, width});
+}
+
+// Broadcasts a per-sequence dropout mask [B, W] over time in the given layout.
+inline Tensor over_time(const Tensor& mask_bw, bool batch_major) {
+  return batch_major ? mask_bw.unsqueeze(1) : mask_bw.unsqueeze(0);
+}
+
+// The input projection of every timestep: [rows, In] x [In, G*u] (+ bias), in the layout of x3.
+// With per-gate dropout masks (Keras implementation=1) each gate sees its own masked input.
+inline Tensor input_projection(const RnnConfig& cfg, const Tensor& x3, bool batch_major, const DirWeights& w,
+                        const Tensor& dmask) {
+  const int64_t u = cfg.units, G = cfg.gates();
+  const auto rows = x3.size(0) * x3.size(1);
+  Tensor xw = at::empty({x3.size(0), x3.size(1), G * u}, x3.options());
+  Tensor xw2 = xw.view({rows, G * u});
+  if (!dmask.defined() || dmask.size(0) == 1) {
+    Tensor xd = dmask.defined() ? x3 * over_time(dmask[0], batch_major) : x3;
+    Tensor x2 = xd.reshape({rows, x3.size(2)});
+    if (w.bias_in.defined()) {
+      at::addmm_out(xw2, w.bias_in, x2, w.kernel);
+    } else {
+      at::mm_out(xw2, x2, w.kernel);
+    }
+    return xw;
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    Tensor x2 = (x3 * over_time(dmask[g], batch_major)).reshape({rows, x3.size(2)});
+    Tensor out = xw2.narrow(1, g * u, u);
+    Tensor k = w.kernel.narrow(1, g * u, u);
+    out.copy_(w.bias_in.defined() ? at::addmm(w.bias_in.narrow(0, g * u, u), x2, k) : at::mm(x2, k));
+  }
+  return xw;
+}
+
+// rec[:, g0*u : g1*u] = (h * m_g) · R_g (+ bias_rec), for gates g0..g1-1. rmask: [1 or G, B, u].
+inline void recurrent_projection(const RnnConfig& cfg, const Tensor& h, const Tensor& R, const Tensor& bias_rec,
+                          const Tensor& rmask, int64_t g0, int64_t g1, Tensor& hd_buf, Tensor& rec) {
+  const int64_t u = cfg.units;
+  auto project = [&](const Tensor& hin, int64_t a, int64_t b) {
+    Tensor out = rec.narrow(1, a * u, (b - a) * u);
+    Tensor r = R.narrow(1, a * u, (b - a) * u);
+    if (bias_rec.defined()) {
+      at::addmm_out(out, bias_rec.narrow(0, a * u, (b - a) * u), hin, r);
+    } else {
+      at::mm_out(out, hin, r);
+    }
+  };
+  if (!rmask.defined()) {
+    project(h, g0, g1);
+  } else if (rmask.size(0) == 1) {
+    at::mul_out(hd_buf, h, rmask[0]);
+    project(hd_buf, g0, g1);
+  } else {
+    for (int64_t g = g0; g < g1; ++g) {
+      at::mul_out(hd_buf, h, rmask[g]);
+      project(hd_buf, g, g + 1);
+    }
+  }
+}
+
+// dh += sum_g (drec_g · R_g^T) * m_g over gates g0..g1-1; drec: [B, (g1-g0)*u].
+inline void recurrent_projection_backward(const RnnConfig& cfg, const Tensor& drec, const Tensor& R, const Tensor& rmask,
+                                   int64_t g0, int64_t g1, Tensor& tmp, Tensor& dh) {
+  const int64_t u = cfg.units;
+  if (!rmask.defined()) {
+    dh.addmm_(drec, R.narrow(1, g0 * u, (g1 - g0) * u).t());
+  } else if (rmask.size(0) == 1) {
+    at::mm_out(tmp, drec, R.narrow(1, g0 * u, (g1 - g0) * u).t());
+    dh.addcmul_(tmp, rmask[0]);
+  } else {
+    for (int64_t g = g0; g < g1; ++g) {
+      at::mm_out(tmp, drec.narrow(1, (g - g0) * u, u), R.narrow(1, g * u, u).t());
+      dh.addcmul_(tmp, rmask[g]);
+    }
+  }
+}
+
+// Index of the first real step of each row in processing order (T when there is none).
+inline Tensor first_real_step(const RnnConfig& cfg, const Tensor& mask, bool reversed, const at::TensorOptions& opts) {
+  if (!mask.defined()) return at::zeros({cfg.batch}, opts.dtype(at::kLong));
+  const Tensor m = reversed ? mask.flip(1) : mask;
+  const Tensor idx = m.to(at::kByte).argmax(1);  // the first maximum
+  return at::where(m.any(1), idx, at::full_like(idx, cfg.time)).contiguous();
+}
+
+struct DirectionArgs {
+  int64_t layer, dir;
+  Tensor x3;  // layer input
+  bool in_batch_major;
+  DirWeights w;
+  Tensor mask;   // [B, T] bool, contiguous, or undefined
+  Tensor dmask;  // [1|G, B, In] or undefined
+  Tensor rmask;  // [1|G, B, u] or undefined
+  DirReserve rs;
+};
+
+template <typename Policy, typename T>
+void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tensor& out3, bool out_batch_major) {
+  const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, G = cfg.gates();
+  const bool reversed = cfg.reversed(a.dir);
+  const bool gru_before = cfg.cell == CellKind::GRU && !cfg.reset_after;
+
+  Tensor xw = input_projection(cfg, a.x3, a.in_batch_major, a.w, a.dmask);
+  Tensor seen = a.mask.defined() ? at::zeros({B}, xw.options().dtype(at::kByte)) : at::ones({B}, xw.options().dtype(at::kByte));
+  Tensor rec = at::empty({B, G * u}, xw.options());
+  Tensor hd_buf = at::empty({B, u}, xw.options());
+  Tensor rh = gru_before ? at::empty({B, u}, xw.options()) : Tensor();
+  Tensor rec_h = gru_before ? at::empty({B, u}, xw.options()) : Tensor();
+
+  ForwardStep<T> step{};
+  step.cell = cfg.cell;
+  step.reset_after = cfg.reset_after;
+  step.act = cfg.activation;
+  step.ract = cfg.recurrent_activation;
+  step.batch = B;
+  step.time = Tn;
+  step.units = u;
+  step.gates = G;
+  step.saved_width = cfg.saved_width();
+  step.zero_out = cfg.zero_output(a.layer);
+  step.out_col = a.dir * u;
+  step.xw = const_seq_of<T>(xw, a.in_batch_major);
+  step.rec = rec.data_ptr<T>();
+  step.rec_h = gru_before ? rec_h.data_ptr<T>() : nullptr;
+  step.rh = gru_before ? rh.data_ptr<T>() : nullptr;
+  step.mask_h = (gru_before && a.rmask.defined()) ? a.rmask[a.rmask.size(0) == 1 ? 0 : 2].data_ptr<T>() : nullptr;
+  step.out = seq_of<T>(out3, out_batch_major);
+  step.mask = a.mask.defined() ? a.mask.data_ptr<bool>() : nullptr;
+  step.seen = seen.data_ptr<uint8_t>();
+
+  for (int64_t s = 0; s < Tn; ++s) {
+    step.t = reversed ? Tn - 1 - s : s;
+    step.out_index = a.dir == 1 ? Tn - 1 - s : s;
+    Tensor h_prev = a.rs.h[s];
+    recurrent_projection(cfg, h_prev, a.w.recurrent, a.w.bias_rec, a.rmask, 0, gru_before ? 2 : G, hd_buf, rec);
+    step.h_prev = h_prev.data_ptr<T>();
+    step.h_next = a.rs.h[s + 1].data_ptr<T>();
+    step.c_prev = cfg.has_cell_state() ? a.rs.c[s].data_ptr<T>() : nullptr;
+    step.c_next = cfg.has_cell_state() ? a.rs.c[s + 1].data_ptr<T>() : nullptr;
+    step.saved = a.rs.saved[s].data_ptr<T>();
+    if (gru_before) {
+      Policy::template gru_before_gates<T>(step);  // z, r and the candidate matmul's input r * hd_h
+      at::mm_out(rec_h, rh, a.w.recurrent.narrow(1, 2 * u, u));
+    }
+    Policy::template forward_step<T>(step);
+  }
+}
+
+struct DirectionGrads {
+  Tensor dx3;  // accumulated gradient of the layer input (same layout as x3)
+  Tensor dkernel, drecurrent, dbias;
+  Tensor dh0, dc0;  // [B, u]
+};
+
+template <typename Policy, typename T>
+void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tensor& dout3, bool out_batch_major,
+                        const Tensor& dhn, const Tensor& dcn, DirectionGrads& g) {
+  const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, G = cfg.gates();
+  const bool reversed = cfg.reversed(a.dir);
+  const bool gru_before = cfg.cell == CellKind::GRU && !cfg.reset_after;
+  const bool gru_after = cfg.cell == CellKind::GRU && cfg.reset_after;
+  const auto opts = a.x3.options();
+
+  // dxw: input-side pre-activation gradients, in the layer input's layout.
+  // drec: recurrent-side gradients in processing order (the weight GEMM's right operand).
+  Tensor dxw = at::empty({a.x3.size(0), a.x3.size(1), G * u}, opts);
+  Tensor drec = gru_after ? at::empty({Tn, B, G * u}, opts) : Tensor();
+  Tensor first = first_real_step(cfg, a.mask, reversed, opts);
+
+  Tensor dh = dhn.defined() ? dhn.clone() : at::zeros({B, u}, opts);
+  Tensor dc = cfg.has_cell_state() ? (dcn.defined() ? dcn.clone() : at::zeros({B, u}, opts)) : Tensor();
+  Tensor dh_next = at::empty({B, u}, opts);
+  Tensor tmp = at::empty({B, u}, opts);
+  Tensor step_drec = at::empty({B, G * u}, opts);  // this step's recurrent-side gradients
+  Tensor d_rh = gru_before ? at::empty({B, u}, opts) : Tensor();
+
+  BackwardStep<T> step{};
+  step.cell = cfg.cell;
+  step.reset_after = cfg.reset_after;
+  step.act = cfg.activation;
+  step.ract = cfg.recurrent_activation;
+  step.batch = B;
+  step.time = Tn;
+  step.units = u;
+  step.gates = G;
+  step.saved_width = cfg.saved_width();
+  step.zero_out = cfg.zero_output(a.layer);
+  step.out_col = a.dir * u;
+  step.dout = const_seq_of<T>(dout3, out_batch_major);
+  step.dxw = seq_of<T>(dxw, a.in_batch_major);
+  step.drec = step_drec.data_ptr<T>();
+  step.dc = cfg.has_cell_state() ? dc.data_ptr<T>() : nullptr;
+  step.d_rh = gru_before ? d_rh.data_ptr<T>() : nullptr;
+  step.mask_h = (gru_before && a.rmask.defined()) ? a.rmask[a.rmask.size(0) == 1 ? 0 : 2].data_ptr<T>() : nullptr;
+  step.mask = a.mask.defined() ? a.mask.data_ptr<bool>() : nullptr;
+  step.first = first.data_ptr<int64_t>();
+
+  for (int64_t s = Tn - 1; s >= 0; --s) {
+    step.s = s;
+    step.t = reversed ? Tn - 1 - s : s;
+    step.out_index = a.dir == 1 ? Tn - 1 - s : s;
+    step.dh = dh.data_ptr<T>();
+    step.dh_next = dh_next.data_ptr<T>();
+    step.h_prev = a.rs.h[s].data_ptr<T>();
+    step.h_new = a.rs.h[s + 1].data_ptr<T>();
+    step.c_prev = cfg.has_cell_state() ? a.rs.c[s].data_ptr<T>() : nullptr;
+    step.c_new = cfg.has_cell_state() ? a.rs.c[s + 1].data_ptr<T>() : nullptr;
+    step.saved = a.rs.saved[s].data_ptr<T>();
+    Policy::template backward_step<T>(step);
+    if (gru_before) {
+      // d(r * hd_h) = dn_pre . R_h^T; then the r gate and the candidate's share of dh.
+      at::mm_out(d_rh, step_drec.narrow(1, 2 * u, u), a.w.recurrent.narrow(1, 2 * u, u).t());
+      Policy::template gru_before_backward_b<T>(step);
+      recurrent_projection_backward(cfg, step_drec.narrow(1, 0, 2 * u), a.w.recurrent, a.rmask, 0, 2, tmp, dh_next);
+    } else {
+      recurrent_projection_backward(cfg, step_drec, a.w.recurrent, a.rmask, 0, G, tmp, dh_next);
+    }
+    if (gru_after) drec[s].copy_(step_drec);
+    std::swap(dh, dh_next);
+  }
+
+  // Weight gradients: GEMMs over all T*B rows at once.
+  const int64_t rows = a.x3.size(0) * a.x3.size(1);
+  const int64_t in = a.x3.size(2);
+  Tensor dxw2 = dxw.view({rows, G * u});
+  if (!a.dmask.defined() || a.dmask.size(0) == 1) {
+    Tensor xd = a.dmask.defined() ? a.x3 * over_time(a.dmask[0], a.in_batch_major) : a.x3;
+    g.dkernel = at::mm(xd.reshape({rows, in}).t(), dxw2);
+    Tensor dxin = at::mm(dxw2, a.w.kernel.t()).view(a.x3.sizes());
+    g.dx3.add_(a.dmask.defined() ? dxin * over_time(a.dmask[0], a.in_batch_major) : dxin);
+  } else {
+    g.dkernel = at::empty({in, G * u}, opts);
+    for (int64_t k = 0; k < G; ++k) {
+      Tensor mk = over_time(a.dmask[k], a.in_batch_major);
+      Tensor dk = dxw2.narrow(1, k * u, u);
+      g.dkernel.narrow(1, k * u, u).copy_(at::mm((a.x3 * mk).reshape({rows, in}).t(), dk));
+      g.dx3.add_(at::mm(dk, a.w.kernel.narrow(1, k * u, u).t()).view(a.x3.sizes()) * mk);
+    }
+  }
+
+  // Recurrent kernel: sum over steps of (h_prev * m)^T · drec.
+  Tensor hprev = a.rs.h.narrow(0, 0, Tn);  // [T, B, u], processing order
+  Tensor drec_all;                          // [T, B, G*u] processing order, recurrent side
+  if (gru_after) {
+    drec_all = drec;
+  } else {
+    // Same as the input side, re-indexed from time to processing order.
+    Tensor dxw_tm = a.in_batch_major ? dxw.transpose(0, 1) : dxw;
+    drec_all = reversed ? dxw_tm.flip(0) : dxw_tm;
+  }
+  const int64_t hr_gates = gru_before ? 2 : G;
+  g.drecurrent = at::empty({u, G * u}, opts);
+  auto rec_grad = [&](const Tensor& hin, int64_t g0, int64_t g1) {
+    g.drecurrent.narrow(1, g0 * u, (g1 - g0) * u)
+        .copy_(at::mm(hin.reshape({Tn * B, u}).t(), drec_all.narrow(2, g0 * u, (g1 - g0) * u).reshape({Tn * B, (g1 - g0) * u})));
+  };
+  if (!a.rmask.defined()) {
+    rec_grad(hprev, 0, hr_gates);
+  } else if (a.rmask.size(0) == 1) {
+    rec_grad(hprev * a.rmask[0].unsqueeze(0), 0, hr_gates);
+  } else {
+    for (int64_t k = 0; k < hr_gates; ++k) rec_grad(hprev * a.rmask[k].unsqueeze(0), k, k + 1);
+  }
+  if (gru_before) {
+    // The candidate's recurrent matmul reads r * hd_h, saved in the reserve's 4th block.
+    rec_grad(a.rs.saved.narrow(2, 3 * u, u), 2, 3);
+  }
+
+  if (cfg.use_bias) {
+    Tensor db_in = dxw2.sum(0);
+    g.dbias = gru_after ? at::stack({db_in, drec.view({Tn * B, G * u}).sum(0)}) : db_in;
+  }
+  g.dh0 = dh;
+  g.dc0 = dc;
+}
+
+// The whole stack, forward. The reserve is this driver's (saved activations, states, inner
+// layer outputs), as bytes.
+template <typename Policy>
+std::tuple<Tensor, Tensor, Tensor, Tensor> forward(const RnnConfig& cfg, const Tensor& x, at::TensorList weights,
+                                                   const c10::optional<Tensor>& mask, const c10::optional<Tensor>& h0,
+                                                   const c10::optional<Tensor>& c0, at::TensorList dropout_masks,
+                                                   at::TensorList recurrent_dropout_masks) {
+  const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, D = cfg.num_directions, L = cfg.num_layers;
+  Tensor xc = x.contiguous();
+  Tensor y = at::empty({B, Tn, D * u}, x.options());
+  Tensor h_n = at::empty({L * D, B, u}, x.options());
+  Tensor c_n = cfg.has_cell_state() ? at::empty({L * D, B, u}, x.options()) : at::empty({0}, x.options());
+  // The reserve travels as bytes (its layout is each backend's own business; see ops.cpp).
+  Tensor reserve_bytes = at::empty({cfg.reserve_size() * static_cast<int64_t>(x.element_size())}, x.options().dtype(at::kByte));
+  Tensor reserve = reserve_bytes.view(x.scalar_type());
+  Tensor mask_c = mask.has_value() ? mask->contiguous() : Tensor();
+
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cudnn_rnn::rnn_forward", [&] {
+    for (int64_t l = 0; l < L; ++l) {
+      const bool last = l == L - 1;
+      Tensor out3 = last ? y : inner_layer_output(cfg, reserve, l);
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t ld = l * D + d;
+        DirectionArgs a{l, d, l == 0 ? xc : inner_layer_output(cfg, reserve, l - 1), l == 0,
+                        dir_weights(cfg, weights, ld), mask_c,
+                        dropout_masks.empty() ? Tensor() : dropout_masks[ld].contiguous(),
+                        recurrent_dropout_masks.empty() ? Tensor() : recurrent_dropout_masks[ld].contiguous(),
+                        dir_reserve(cfg, reserve, ld)};
+        if (h0.has_value()) a.rs.h[0].copy_((*h0)[ld]); else a.rs.h[0].zero_();
+        if (cfg.has_cell_state()) {
+          if (c0.has_value()) a.rs.c[0].copy_((*c0)[ld]); else a.rs.c[0].zero_();
+        }
+        direction_forward<Policy, scalar_t>(cfg, a, out3, last);
+        h_n[ld].copy_(a.rs.h[Tn]);
+        if (cfg.has_cell_state()) c_n[ld].copy_(a.rs.c[Tn]);
+      }
+    }
+  });
+  return {y, h_n, c_n, reserve_bytes};
+}
+
+template <typename Policy>
+std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> backward(
+    const RnnConfig& cfg, const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x,
+    at::TensorList weights, const c10::optional<Tensor>& mask, at::TensorList dropout_masks,
+    at::TensorList recurrent_dropout_masks, const Tensor& reserve) {
+  const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, D = cfg.num_directions, L = cfg.num_layers;
+  TORCH_CHECK_VALUE(grad_y.sizes() == at::IntArrayRef({B, Tn, D * u}), "grad_y must have shape ",
+                    at::IntArrayRef({B, Tn, D * u}), "; got ", grad_y.sizes());
+  TORCH_CHECK_VALUE(grad_h_n.sizes() == at::IntArrayRef({L * D, B, u}), "grad_h_n must have shape ",
+                    at::IntArrayRef({L * D, B, u}), "; got ", grad_h_n.sizes());
+  TORCH_CHECK_VALUE(!cfg.has_cell_state() || grad_c_n.sizes() == at::IntArrayRef({L * D, B, u}),
+                    "grad_c_n must have shape ", at::IntArrayRef({L * D, B, u}), "; got ", grad_c_n.sizes());
+  const int64_t reserve_bytes = cfg.reserve_size() * static_cast<int64_t>(x.element_size());
+  TORCH_CHECK_VALUE(reserve.dim() == 1 && reserve.scalar_type() == at::kByte && reserve.size(0) == reserve_bytes,
+                    "reserve must be the uint8 tensor of ", reserve_bytes, " bytes rnn_forward returned for this "
+                    "configuration; got ", reserve.scalar_type(), " of shape ", reserve.sizes());
+
+  Tensor xc = x.contiguous();
+  Tensor rc = reserve.contiguous().view(x.scalar_type());
+  Tensor mask_c = mask.has_value() ? mask->contiguous() : Tensor();
+  std::vector<Tensor> grad_weights(weights.size());
+  Tensor grad_h0 = at::empty({L * D, B, u}, x.options());
+  Tensor grad_c0 = cfg.has_cell_state() ? at::empty({L * D, B, u}, x.options()) : at::empty({0}, x.options());
+  Tensor grad_x;
+
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cudnn_rnn::rnn_backward", [&] {
+    Tensor dout = grad_y.contiguous();  // gradient of the current layer's output
+    for (int64_t l = L - 1; l >= 0; --l) {
+      const bool last = l == L - 1;
+      Tensor x3 = l == 0 ? xc : inner_layer_output(cfg, rc, l - 1);
+      Tensor dx3 = at::zeros(x3.sizes(), x3.options());
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t ld = l * D + d;
+        DirectionArgs a{l, d, x3, l == 0, dir_weights(cfg, weights, ld), mask_c,
+                        dropout_masks.empty() ? Tensor() : dropout_masks[ld].contiguous(),
+                        recurrent_dropout_masks.empty() ? Tensor() : recurrent_dropout_masks[ld].contiguous(),
+                        dir_reserve(cfg, rc, ld)};
+        DirectionGrads g;
+        g.dx3 = dx3;
+        direction_backward<Policy, scalar_t>(cfg, a, dout, last, grad_h_n[ld].contiguous(),
+                                     cfg.has_cell_state() ? grad_c_n[ld].contiguous() : Tensor(), g);
+        const int64_t base = ld * cfg.tensors_per_direction();
+        grad_weights[base] = g.dkernel;
+        grad_weights[base + 1] = g.drecurrent;
+        if (cfg.use_bias) grad_weights[base + 2] = g.dbias;
+        grad_h0[ld].copy_(g.dh0);
+        if (cfg.has_cell_state()) grad_c0[ld].copy_(g.dc0);
+      }
+      dout = dx3;
+    }
+    grad_x = dout;
+  });
+  return {grad_x, grad_weights, grad_h0, grad_c0};
+}
+
+}  // namespace driver
+}  // namespace cudnn_rnn
