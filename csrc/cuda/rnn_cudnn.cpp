@@ -38,6 +38,7 @@
 #include "../keras_layout.h"
 #include "../rnn_config.h"
 #include "cudnn_descriptors.h"
+#include "rnn_generic.h"
 
 namespace cudnn_rnn {
 namespace {
@@ -368,7 +369,7 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> cudnn_backward(
 }
 
 // ------------------------------------------------------------------------------------------
-// CUDA registration: cuDNN where backend_choice says so
+// CUDA registration: cuDNN where backend_choice says so, the generic CUDA backend otherwise
 // ------------------------------------------------------------------------------------------
 std::atomic<int64_t>& fallback_counter() {
   static std::atomic<int64_t> n{0};
@@ -383,11 +384,6 @@ BackendChoice choose(const RnnConfig& cfg, const c10::optional<Tensor>& mask, at
                         static_cast<int64_t>(cudnnGetVersion()));
 }
 
-[[noreturn]] void no_generic_path(const BackendChoice& choice) {
-  fallback_counter()++;
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "cudnn_rnn: this call cannot run on cuDNN (", choice.reason,
-                              ") and the generic CUDA backend is not built yet; run it on the CPU");
-}
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_forward_cuda(
     const Tensor& x, at::TensorList weights, const c10::optional<Tensor>& mask, const c10::optional<Tensor>& h0,
@@ -401,7 +397,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_forward_cuda(
                                     zero_output_for_mask);
   c10::cuda::CUDAGuard guard(x.device());
   const BackendChoice choice = choose(cfg, mask, dropout_masks, recurrent_dropout_masks, x);
-  if (!choice.cudnn) no_generic_path(choice);
+  if (!choice.cudnn) {
+    fallback_counter()++;
+    return generic_cuda_forward(cfg, x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks);
+  }
   return cudnn_forward(cfg, choice, x, weights, mask, h0, c0, dropout_masks, need_grad);
 }
 
@@ -417,7 +416,10 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> rnn_backward_cuda(
                                     bidirectional, go_backwards, zero_output_for_mask);
   c10::cuda::CUDAGuard guard(x.device());
   const BackendChoice choice = choose(cfg, mask, dropout_masks, recurrent_dropout_masks, x);
-  if (!choice.cudnn) no_generic_path(choice);
+  if (!choice.cudnn) {
+    return generic_cuda_backward(cfg, grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_masks,
+                                 recurrent_dropout_masks, reserve);
+  }
   return cudnn_backward(cfg, choice, grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_masks, reserve);
 }
 
