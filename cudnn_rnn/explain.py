@@ -67,5 +67,5 @@ def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, tra
     if ref.dtype == torch.bfloat16:
         notes.append("bfloat16 needs cuDNN >= 9.13, else cuda-generic")
     if not torch._C._dispatch_has_kernel_for_dispatch_key("cudnn_rnn::rnn_forward", "CUDA"):
-        notes.append("this build has no CUDA kernels yet, so a CUDA tensor raises")
+        notes.append("this build has no CUDA kernels (CPU-only build), so a CUDA tensor raises")
     return Explanation("cuda-generic" if reasons else "cudnn", str(device), reasons, notes)
