@@ -16,9 +16,12 @@ class Explanation:
     device: str
     reasons: List[str] = field(default_factory=list)  # why not cuDNN (empty when cuDNN runs)
     notes: List[str] = field(default_factory=list)    # conditions that depend on the call
+    algorithm: Optional[str] = None                   # the cuDNN RNN algorithm, when cuDNN runs
 
     def __str__(self) -> str:
         text = f"{self.backend} on {self.device}"
+        if self.algorithm:
+            text += f" (algorithm {self.algorithm})"
         if self.reasons:
             text += ": " + "; ".join(self.reasons)
         if self.notes:
@@ -68,4 +71,7 @@ def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, tra
         notes.append("bfloat16 needs cuDNN >= 9.13, else cuda-generic")
     if not torch._C._dispatch_has_kernel_for_dispatch_key("cudnn_rnn::rnn_forward", "CUDA"):
         notes.append("this build has no CUDA kernels (CPU-only build), so a CUDA tensor raises")
-    return Explanation("cuda-generic" if reasons else "cudnn", str(device), reasons, notes)
+    if reasons:
+        return Explanation("cuda-generic", str(device), reasons, notes)
+    # Persistent algorithms are not used yet: STANDARD is the one that takes variable lengths.
+    return Explanation("cudnn", str(device), [], notes, algorithm="STANDARD")

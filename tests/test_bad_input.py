@@ -127,6 +127,7 @@ def test_op_errors_name_the_argument():
 def test_explain():
     assert cudnn_rnn.explain(cudnn_rnn.LSTM(3, 4)).backend == "cpu"
     assert cudnn_rnn.explain(cudnn_rnn.LSTM(3, 4), "cuda").backend == "cudnn"
+    assert "algorithm STANDARD" in str(cudnn_rnn.explain(cudnn_rnn.LSTM(3, 4), "cuda"))
     e = cudnn_rnn.explain(cudnn_rnn.LSTM(3, 4, recurrent_activation="hard_sigmoid"), "cuda")
     assert e.backend == "cuda-generic"
     assert "recurrent_activation='hard_sigmoid' is not supported by cuDNN" in str(e)
