@@ -109,7 +109,8 @@ def extension():
     else:
         with_cuda = torch_cuda and nvcc
 
-    sources = [os.path.join(CSRC, f) for f in ("ops.cpp", "rnn_config.cpp", "keras_layout.cpp", "backend_choice.cpp", "module.cpp")]
+    sources = [os.path.join(CSRC, f) for f in ("ops.cpp", "rnn_config.cpp", "keras_layout.cpp", "backend_choice.cpp", "kernel_emulation.cpp",
+                                                "module.cpp")]
     sources += sorted(glob.glob(os.path.join(CSRC, "cpu", "*.cpp")))
     warn = ["-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"]
     # -fno-trapping-math lets GCC vectorise the branch-free activation loops (csrc/cpu/vec_loops*).

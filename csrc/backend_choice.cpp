@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
+#include <mutex>
 #include <sstream>
 
 namespace cudnn_rnn {
@@ -63,6 +65,43 @@ BackendChoice choose_backend(const RnnConfig& cfg, const c10::optional<at::Tenso
     }
   }
   return choice;
+}
+
+namespace {
+std::mutex& preference_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::string& preference() {
+  static std::string p = "standard";
+  return p;
+}
+}  // namespace
+
+void set_algorithm_preference(const std::string& name) {
+  // PERSIST_DYNAMIC is left out: it needs cudnnBuildRNNDynamic (an NVRTC compile) per descriptor.
+  static const char* kNames[] = {"standard", "auto", "persist_static", "persist_static_small_h"};
+  bool known = false;
+  for (const char* n : kNames) known = known || name == n;
+  TORCH_CHECK_VALUE(known, "algorithm must be 'standard', 'auto', 'persist_static' or 'persist_static_small_h'; got '",
+                    name, "'");
+  std::lock_guard<std::mutex> lock(preference_mutex());
+  preference() = name;
+}
+
+std::string algorithm_preference() {
+  std::lock_guard<std::mutex> lock(preference_mutex());
+  return preference();
+}
+
+CudnnAlgo choose_algorithm(const RnnConfig& cfg, at::ScalarType dtype, bool uniform_lengths, int device_major) {
+  const std::string pref = algorithm_preference();
+  if (pref == "standard" || !uniform_lengths || dtype == at::kBFloat16 || device_major < 6) return CudnnAlgo::Standard;
+  const bool small_h_ok = (dtype == at::kFloat || dtype == at::kHalf) &&
+                          cfg.units <= (cfg.cell == CellKind::SimpleRNN ? 256 : 128);
+  if (pref == "persist_static_small_h") return small_h_ok ? CudnnAlgo::PersistStaticSmallH : CudnnAlgo::Standard;
+  if (pref == "persist_static") return CudnnAlgo::PersistStatic;
+  return small_h_ok ? CudnnAlgo::PersistStaticSmallH : CudnnAlgo::Standard;  // "auto"
 }
 
 }  // namespace cudnn_rnn

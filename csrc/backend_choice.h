@@ -28,4 +28,21 @@ BackendChoice choose_backend(const RnnConfig& cfg, const c10::optional<at::Tenso
                              at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
                              at::ScalarType dtype, int64_t cudnn_version);
 
+// cuDNN RNN algorithms, as cudnnRNNAlgo_t numbers them.
+enum class CudnnAlgo : int32_t { Standard = 0, PersistStatic = 1, PersistDynamic = 2, PersistStaticSmallH = 3 };
+
+// The user's preference (cudnn_rnn.set_cudnn_algorithm): "standard" (the default), "auto"
+// (persistent kernels where their constraints hold), "persist_static" or
+// "persist_static_small_h". A persistent algorithm cuDNN refuses for a configuration falls back
+// to STANDARD, and that is remembered.
+void set_algorithm_preference(const std::string& name);
+std::string algorithm_preference();
+
+// The algorithm a call uses, the same for its forward and its backward: STANDARD unless the
+// preference allows a persistent one and its documented constraints hold (uniform lengths,
+// no projection, not bfloat16; SMALL_H only for float16/float32 and hidden sizes <= 128 for
+// LSTM/GRU, <= 256 for tanh/relu, which are PyTorch's backward thresholds; compute capability
+// >= 6.0).
+CudnnAlgo choose_algorithm(const RnnConfig& cfg, at::ScalarType dtype, bool uniform_lengths, int device_major);
+
 }  // namespace cudnn_rnn

@@ -5,6 +5,7 @@
 #include "backend_choice.h"
 #include "build_info.h"
 #include "cpu/activation_arrays.h"
+#include "kernel_emulation.h"
 #include "keras_layout.h"
 #include "rnn_config.h"
 
@@ -102,5 +103,46 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         auto c = cudnn_rnn::choose_backend(cfg, mask, dm, rdm, st, cudnn_version);
         return std::make_tuple(c.cudnn, c.reason, c.lengths);
       }, "the CUDA backend choice for a configuration (for tests and explain)");
+  m.def("set_cudnn_algorithm", &cudnn_rnn::set_algorithm_preference,
+        "'standard' (default), 'auto', 'persist_static' or 'persist_static_small_h'");
+  m.def("cudnn_algorithm", &cudnn_rnn::algorithm_preference, "the cuDNN algorithm preference");
+  m.def("choose_algorithm", [](const std::string& cell, int64_t units, const std::string& dtype, bool uniform_lengths,
+                               int device_major) {
+        cudnn_rnn::RnnConfig cfg{};
+        cfg.cell = cudnn_rnn::parse_cell(cell);
+        cfg.units = units;
+        const at::ScalarType st = dtype == "float16" ? at::kHalf : dtype == "bfloat16" ? at::kBFloat16
+                                : dtype == "float64" ? at::kDouble : at::kFloat;
+        static const char* kNames[] = {"STANDARD", "PERSIST_STATIC", "PERSIST_DYNAMIC", "PERSIST_STATIC_SMALL_H"};
+        return std::string(kNames[static_cast<int>(cudnn_rnn::choose_algorithm(cfg, st, uniform_lengths, device_major))]);
+      }, "the cuDNN algorithm a call would use (before any refusal by cuDNN)");
+  m.def("emulated_generic_forward",
+        [](int64_t order, const at::Tensor& x, const std::vector<at::Tensor>& weights,
+           const c10::optional<at::Tensor>& mask, const c10::optional<at::Tensor>& h0,
+           const c10::optional<at::Tensor>& c0, const std::vector<at::Tensor>& dropout_masks,
+           const std::vector<at::Tensor>& recurrent_dropout_masks, const std::string& cell,
+           const std::string& activation, const std::string& recurrent_activation, bool use_bias, bool reset_after,
+           int64_t num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask) {
+          auto cfg = cudnn_rnn::make_config(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, cell,
+                                            activation, recurrent_activation, use_bias, reset_after, num_layers,
+                                            bidirectional, go_backwards, zero_output_for_mask);
+          return cudnn_rnn::emulated_generic_forward(order, cfg, x, weights, mask, h0, c0, dropout_masks,
+                                                     recurrent_dropout_masks);
+        },
+        "rnn_forward through the generic CUDA kernels' element functions, run on the CPU (for tests)");
+  m.def("emulated_generic_backward",
+        [](int64_t order, const at::Tensor& grad_y, const at::Tensor& grad_h_n, const at::Tensor& grad_c_n,
+           const at::Tensor& x, const std::vector<at::Tensor>& weights, const c10::optional<at::Tensor>& mask,
+           const std::vector<at::Tensor>& dropout_masks, const std::vector<at::Tensor>& recurrent_dropout_masks,
+           const at::Tensor& reserve, const std::string& cell, const std::string& activation,
+           const std::string& recurrent_activation, bool use_bias, bool reset_after, int64_t num_layers,
+           bool bidirectional, bool go_backwards, bool zero_output_for_mask) {
+          auto cfg = cudnn_rnn::make_config(x, weights, mask, c10::nullopt, c10::nullopt, dropout_masks,
+                                            recurrent_dropout_masks, cell, activation, recurrent_activation, use_bias,
+                                            reset_after, num_layers, bidirectional, go_backwards, zero_output_for_mask);
+          return cudnn_rnn::emulated_generic_backward(order, cfg, grad_y, grad_h_n, grad_c_n, x, weights, mask,
+                                                      dropout_masks, recurrent_dropout_masks, reserve);
+        },
+        "rnn_backward through the generic CUDA kernels' element functions, run on the CPU (for tests)");
   m.def("apply_activation", &apply_activation, "(f(x), f'(x)) of a Keras activation by the CPU kernels (for tests)");
 }

@@ -1,6 +1,6 @@
 // What one timestep's pointwise work reads and writes, as raw pointers: the interface between
 // the device-generic driver (rnn_driver.h) and each backend's pointwise implementation (the CPU
-// row loops in cpu/rnn_cpu.cpp, the CUDA kernels in cuda/rnn_generic.cu).
+// row loops in cpu/rnn_cpu.cpp, the CUDA kernels in cuda/generic_kernels.cu).
 //
 // Sequences are addressed as base + time * time_stride + row * row_stride (either layout).
 // Gate columns follow Keras (LSTM i, f, c, o; GRU z, r, h); S = RnnConfig::saved_width().

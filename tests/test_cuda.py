@@ -216,3 +216,19 @@ def test_generic_cuda_half_precision():
     exact = cpu(x)[0]
     half = gpu.half()(x.cuda().half())[0].float().cpu()
     torch.testing.assert_close(half, exact.detach(), atol=2e-2, rtol=2e-2)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_generic_cuda_low_precision_backward(dtype):
+    """float16 / bfloat16 on the generic path compute in float32: gradients come back in the
+    caller's dtype and close to float32's."""
+    _, gpu = _pair("gru", reset_after=False)
+    x = torch.randn(4, 7, 6, device="cuda", requires_grad=True)
+    gpu(x)[0].sum().backward()
+    exact = x.grad.clone()
+    low = __import__("copy").deepcopy(gpu).to(dtype)
+    xl = x.detach().to(dtype).requires_grad_(True)
+    low(xl)[0].float().sum().backward()
+    assert xl.grad.dtype == dtype and all(p.grad.dtype == dtype for p in low.parameters())
+    torch.testing.assert_close(xl.grad.float(), exact, atol=5e-2, rtol=5e-2)

@@ -1,8 +1,9 @@
-// Pointwise steps of the generic CUDA backend: the same cell equations as the CPU row loops
-// (cpu/cell_rows.h), one thread per (batch row b, unit j), activations from cell_math.h.
+// CUDA kernels of the generic backend: one thread per (batch row, unit) running the element
+// functions of generic_kernels_body.h.
 #include <c10/macros/Macros.h>
 
 #include "generic_kernels.h"
+#include "generic_kernels_body.h"
 
 namespace cudnn_rnn {
 namespace cuda {
@@ -10,193 +11,39 @@ namespace {
 
 constexpr int kThreads = 256;
 
-inline unsigned int blocks_for(int64_t n) { return static_cast<unsigned int>((n + kThreads - 1) / kThreads); }
-
-template <typename T>
-__global__ void forward_step_kernel(ForwardStep<T> p) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t u = p.units;
-  if (idx >= p.batch * u) return;
-  const int64_t b = idx / u, j = idx % u;
-  const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
-  const T* xw = p.xw.row(p.t, b);
-  const T* rec = p.rec + b * p.gates * u;
-  T* sv = p.saved + b * p.saved_width;
-  T* out = p.out.row(p.out_index, b) + p.out_col;
-  const T hp = p.h_prev[b * u + j];
-  if (!real) {
-    // Keras: the state is carried; the output is the previous output (zero before the first
-    // real step) or zero with zero_output_for_mask. seen[b] is written only by real rows.
-    p.h_next[b * u + j] = hp;
-    out[j] = (p.zero_out || !p.seen[b]) ? T(0) : hp;
-    if (p.c_next) p.c_next[b * u + j] = p.c_prev[b * u + j];
-    for (int64_t k = 0; k < p.saved_width / u; ++k) sv[k * u + j] = T(0);
-    return;
+#define CUDNN_RNN_ELEMENT_KERNEL(name, Step)                                          \
+  template <typename T>                                                               \
+  __global__ void name##_kernel(Step<T> p) {                                          \
+    const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  \
+    if (idx >= p.batch * p.units) return;                                             \
+    name##_element<T>(p, idx / p.units, idx % p.units);                               \
   }
-  if (j == 0) p.seen[b] = 1;
-  T h;
-  switch (p.cell) {
-    case CellKind::LSTM: {
-      const T zi = xw[j] + rec[j], zf = xw[u + j] + rec[u + j];
-      const T zc = xw[2 * u + j] + rec[2 * u + j], zo = xw[3 * u + j] + rec[3 * u + j];
-      sv[j] = zi;
-      sv[u + j] = zf;
-      sv[2 * u + j] = zc;
-      sv[3 * u + j] = zo;
-      const T c = activate(p.ract, zf) * p.c_prev[b * u + j] + activate(p.ract, zi) * activate(p.act, zc);
-      p.c_next[b * u + j] = c;
-      h = activate(p.ract, zo) * activate(p.act, c);
-      break;
-    }
-    case CellKind::GRU:
-      if (p.reset_after) {
-        const T zpre = xw[j] + rec[j], rpre = xw[u + j] + rec[u + j], hh = rec[2 * u + j];
-        const T z = activate(p.ract, zpre), r = activate(p.ract, rpre);
-        const T npre = xw[2 * u + j] + r * hh;
-        sv[j] = zpre;
-        sv[u + j] = rpre;
-        sv[2 * u + j] = npre;
-        sv[3 * u + j] = hh;
-        h = z * hp + (T(1) - z) * activate(p.act, npre);
-      } else {  // phase 2; phase 1 (gru_before_gates) saved z, r and r * hd_h
-        const T npre = xw[2 * u + j] + p.rec_h[b * u + j];
-        sv[2 * u + j] = npre;
-        const T z = activate(p.ract, sv[j]);
-        h = z * hp + (T(1) - z) * activate(p.act, npre);
-      }
-      break;
-    default: {
-      const T pre = xw[j] + rec[j];
-      sv[j] = pre;
-      h = activate(p.act, pre);
-    }
-  }
-  p.h_next[b * u + j] = h;
-  out[j] = h;
-}
+CUDNN_RNN_ELEMENT_KERNEL(forward_step, ForwardStep)
+CUDNN_RNN_ELEMENT_KERNEL(gru_before_gates, ForwardStep)
+CUDNN_RNN_ELEMENT_KERNEL(backward_step, BackwardStep)
+CUDNN_RNN_ELEMENT_KERNEL(gru_before_backward_b, BackwardStep)
+#undef CUDNN_RNN_ELEMENT_KERNEL
 
-template <typename T>
-__global__ void gru_before_gates_kernel(ForwardStep<T> p) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t u = p.units;
-  if (idx >= p.batch * u) return;
-  const int64_t b = idx / u, j = idx % u;
-  const T* xw = p.xw.row(p.t, b);
-  const T* rec = p.rec + b * p.gates * u;
-  T* sv = p.saved + b * p.saved_width;
-  sv[j] = xw[j] + rec[j];
-  const T rpre = xw[u + j] + rec[u + j];
-  sv[u + j] = rpre;
-  const T hd = p.mask_h ? p.h_prev[b * u + j] * p.mask_h[b * u + j] : p.h_prev[b * u + j];
-  const T rh = activate(p.ract, rpre) * hd;
-  sv[3 * u + j] = rh;
-  p.rh[b * u + j] = rh;
-}
-
-template <typename T>
-__global__ void backward_step_kernel(BackwardStep<T> p) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t u = p.units, G = p.gates;
-  if (idx >= p.batch * u) return;
-  const int64_t b = idx / u, j = idx % u;
-  const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
-  // Which output positions read this step's state: the step itself when real, and with
-  // carry-over also every masked step after the first real one.
-  const bool reads = p.zero_out ? real : p.s >= p.first[b];
-  T dh = p.dh[b * u + j];
-  if (reads) dh += p.dout.row(p.out_index, b)[p.out_col + j];
-  p.dh[b * u + j] = dh;
-  T* dx = p.dxw.row(p.t, b);
-  T* dr = p.drec + b * G * u;
-  if (!real) {
-    for (int64_t k = 0; k < G; ++k) dx[k * u + j] = dr[k * u + j] = T(0);
-    p.dh_next[b * u + j] = dh;
-    return;  // dc carries through unchanged
-  }
-  const T* sv = p.saved + b * p.saved_width;
-  switch (p.cell) {
-    case CellKind::LSTM: {
-      const T zi = sv[j], zf = sv[u + j], zc = sv[2 * u + j], zo = sv[3 * u + j];
-      const T i = activate(p.ract, zi), f = activate(p.ract, zf), g = activate(p.act, zc), o = activate(p.ract, zo);
-      const T cn = p.c_new[b * u + j];
-      const T tc = activate(p.act, cn);
-      const T dcc = p.dc[b * u + j] + dh * o * activate_grad(p.act, cn, tc);
-      dx[j] = dr[j] = dcc * g * activate_grad(p.ract, zi, i);
-      dx[u + j] = dr[u + j] = dcc * p.c_prev[b * u + j] * activate_grad(p.ract, zf, f);
-      dx[2 * u + j] = dr[2 * u + j] = dcc * i * activate_grad(p.act, zc, g);
-      dx[3 * u + j] = dr[3 * u + j] = dh * tc * activate_grad(p.ract, zo, o);
-      p.dc[b * u + j] = dcc * f;
-      p.dh_next[b * u + j] = T(0);
-      break;
-    }
-    case CellKind::GRU: {
-      const T hp = p.h_prev[b * u + j];
-      const T zpre = sv[j], npre = sv[2 * u + j];
-      const T z = activate(p.ract, zpre), n = activate(p.act, npre);
-      const T dn = dh * (T(1) - z) * activate_grad(p.act, npre, n);
-      const T dz = dh * (hp - n) * activate_grad(p.ract, zpre, z);
-      dx[j] = dr[j] = dz;
-      dx[2 * u + j] = dn;
-      if (p.reset_after) {
-        const T rpre = sv[u + j], hh = sv[3 * u + j];
-        const T r = activate(p.ract, rpre);
-        const T drp = dn * hh * activate_grad(p.ract, rpre, r);
-        dx[u + j] = dr[u + j] = drp;
-        dr[2 * u + j] = dn * r;
-      } else {
-        dr[2 * u + j] = dn;  // the r gate comes in phase B
-      }
-      p.dh_next[b * u + j] = dh * z;
-      break;
-    }
-    default: {
-      const T pre = sv[j];
-      const T d = dh * activate_grad(p.act, pre, p.h_new[b * u + j]);
-      dx[j] = dr[j] = d;
-      p.dh_next[b * u + j] = T(0);
-    }
-  }
-}
-
-template <typename T>
-__global__ void gru_before_backward_b_kernel(BackwardStep<T> p) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t u = p.units;
-  if (idx >= p.batch * u) return;
-  const int64_t b = idx / u, j = idx % u;
-  if (p.mask && !p.mask[b * p.time + p.t]) return;
-  const T rpre = p.saved[b * p.saved_width + u + j];
-  const T r = activate(p.ract, rpre);
-  const T m = p.mask_h ? p.mask_h[b * u + j] : T(1);
-  const T d_rh = p.d_rh[b * u + j];
-  const T drp = d_rh * p.h_prev[b * u + j] * m * activate_grad(p.ract, rpre, r);
-  p.dxw.row(p.t, b)[u + j] = drp;
-  p.drec[b * p.gates * u + u + j] = drp;
-  p.dh_next[b * u + j] += d_rh * r * m;
+unsigned int blocks_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  // A grid's x dimension holds up to 2^31 - 1 blocks.
+  return blocks > 2147483647LL ? 0u : static_cast<unsigned int>(blocks);
 }
 
 }  // namespace
 
-template <typename T>
-void launch_forward_step(const ForwardStep<T>& p, cudaStream_t stream) {
-  if (p.batch * p.units == 0) return;
-  forward_step_kernel<T><<<blocks_for(p.batch * p.units), kThreads, 0, stream>>>(p);
-}
-template <typename T>
-void launch_gru_before_gates(const ForwardStep<T>& p, cudaStream_t stream) {
-  if (p.batch * p.units == 0) return;
-  gru_before_gates_kernel<T><<<blocks_for(p.batch * p.units), kThreads, 0, stream>>>(p);
-}
-template <typename T>
-void launch_backward_step(const BackwardStep<T>& p, cudaStream_t stream) {
-  if (p.batch * p.units == 0) return;
-  backward_step_kernel<T><<<blocks_for(p.batch * p.units), kThreads, 0, stream>>>(p);
-}
-template <typename T>
-void launch_gru_before_backward_b(const BackwardStep<T>& p, cudaStream_t stream) {
-  if (p.batch * p.units == 0) return;
-  gru_before_backward_b_kernel<T><<<blocks_for(p.batch * p.units), kThreads, 0, stream>>>(p);
-}
+#define CUDNN_RNN_LAUNCHER(name, Step)                                                       \
+  template <typename T>                                                                      \
+  void launch_##name(const Step<T>& p, cudaStream_t stream) {                                \
+    const int64_t n = p.batch * p.units;                                                     \
+    if (n == 0) return;                                                                      \
+    name##_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(p);                             \
+  }
+CUDNN_RNN_LAUNCHER(forward_step, ForwardStep)
+CUDNN_RNN_LAUNCHER(gru_before_gates, ForwardStep)
+CUDNN_RNN_LAUNCHER(backward_step, BackwardStep)
+CUDNN_RNN_LAUNCHER(gru_before_backward_b, BackwardStep)
+#undef CUDNN_RNN_LAUNCHER
 
 #define CUDNN_RNN_INSTANTIATE(T)                                                   \
   template void launch_forward_step<T>(const ForwardStep<T>&, cudaStream_t);       \

@@ -1,7 +1,8 @@
 // The cuDNN path of the recurrent stack op (cuDNN 9 v8 API), and the CUDA registration.
 //
 // Call sequence (see cudnn_adv.h):
-//   per call: cudnnSetDropoutDescriptor (p = 0, no state), cudnnSetRNNDescriptor_v8
+//   per call: cudnnSetDropoutDescriptor (p = 0, no state), cudnnSetRNNDescriptor_v8 with the
+//     call's algorithm (STANDARD, or a persistent one by preference: backend_choice.h)
 //   plan (cached per config/dtype/math/device): cudnnGetRNNWeightSpaceSize, cudnnGetRNNWeightParams
 //     for every (pseudo-layer, linLayerID) -> element offsets (checked against the slot shapes)
 //   forward: pack Keras weights into the weight space (keras_layout.cpp), cudnnSetRNNDataDescriptor
@@ -28,6 +29,7 @@
 
 #include <atomic>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <mutex>
@@ -103,25 +105,54 @@ cudnnMathType_t math_type(at::ScalarType t) {
   return CUDNN_DEFAULT_MATH;
 }
 
-void set_descriptors(RnnDescriptors& d, cudnnHandle_t handle, const RnnConfig& cfg, at::ScalarType dtype) {
+void set_descriptors(RnnDescriptors& d, cudnnHandle_t handle, const RnnConfig& cfg, at::ScalarType dtype,
+                     cudnnRNNAlgo_t algo) {
   const cudnnDataType_t type = cudnn::data_type(dtype);
   // No dropout between layers (Keras's dropout is per layer input; see backend_choice.cpp):
   // probability 0 needs no RNG state, so this is cheap.
   CUDNN_RNN_CHECK(cudnnSetDropoutDescriptor(d.dropout.get(), handle, 0.0f, nullptr, 0, 0));
   const cudnnDataType_t math_prec = (type == CUDNN_DATA_HALF || type == CUDNN_DATA_BFLOAT16) ? CUDNN_DATA_FLOAT : type;
   CUDNN_RNN_CHECK(cudnnSetRNNDescriptor_v8(
-      d.rnn.get(), CUDNN_RNN_ALGO_STANDARD, cell_mode(cfg), CUDNN_RNN_DOUBLE_BIAS,
+      d.rnn.get(), algo, cell_mode(cfg), CUDNN_RNN_DOUBLE_BIAS,
       cfg.num_directions == 2 ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, type, math_prec,
       math_type(dtype), static_cast<int32_t>(cfg.input_size), static_cast<int32_t>(cfg.units),
       static_cast<int32_t>(cfg.units) /* projSize == hiddenSize: no projection */, static_cast<int32_t>(cfg.num_layers),
       d.dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED));
 }
 
+PlanKey plan_key(const RnnConfig& cfg, const Tensor& x, cudnnRNNAlgo_t algo) {
+  return PlanKey{x.get_device(), static_cast<int>(cell_mode(cfg)), static_cast<int>(cfg.num_directions),
+                 static_cast<int>(cudnn::data_type(x.scalar_type())), static_cast<int>(math_type(x.scalar_type())),
+                 cfg.input_size, cfg.units, cfg.num_layers, static_cast<int>(algo)};
+}
+
+// Configurations (with their persistent algorithm) cuDNN refused: they run STANDARD from then on.
+std::mutex& refused_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::set<PlanKey>& refused() {
+  static std::set<PlanKey> s;
+  return s;
+}
+
+cudnnRNNAlgo_t algorithm_for(const RnnConfig& cfg, const Tensor& x, const c10::optional<Tensor>& mask) {
+  const auto* props = at::cuda::getCurrentDeviceProperties();
+  const auto algo = static_cast<cudnnRNNAlgo_t>(
+      choose_algorithm(cfg, x.scalar_type(), !mask.has_value(), props->major));
+  if (algo == CUDNN_RNN_ALGO_STANDARD) return algo;
+  std::lock_guard<std::mutex> lock(refused_mutex());
+  return refused().count(plan_key(cfg, x, algo)) ? CUDNN_RNN_ALGO_STANDARD : algo;
+}
+
+void refuse(const RnnConfig& cfg, const Tensor& x, cudnnRNNAlgo_t algo) {
+  std::lock_guard<std::mutex> lock(refused_mutex());
+  refused().insert(plan_key(cfg, x, algo));
+}
+
 std::shared_ptr<Plan> get_plan(cudnnHandle_t handle, const RnnDescriptors& desc, const RnnConfig& cfg,
-                               const Tensor& x) {
-  const PlanKey key{x.get_device(), static_cast<int>(cell_mode(cfg)), static_cast<int>(cfg.num_directions),
-                    static_cast<int>(cudnn::data_type(x.scalar_type())), static_cast<int>(math_type(x.scalar_type())),
-                    cfg.input_size, cfg.units, cfg.num_layers, static_cast<int>(CUDNN_RNN_ALGO_STANDARD)};
+                               const Tensor& x, cudnnRNNAlgo_t algo) {
+  const PlanKey key = plan_key(cfg, x, algo);
   std::lock_guard<std::mutex> lock(plan_mutex());
   auto it = plan_cache().find(key);
   if (it != plan_cache().end()) return it->second;
@@ -170,6 +201,7 @@ std::shared_ptr<Plan> get_plan(cudnnHandle_t handle, const RnnDescriptors& desc,
 int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
 
 struct Call {
+  cudnnRNNAlgo_t algo;
   cudnnHandle_t handle;
   RnnDescriptors desc;
   std::shared_ptr<Plan> plan;
@@ -181,13 +213,14 @@ struct Call {
 };
 
 void prepare(Call& call, const RnnConfig& cfg, const Tensor& x, const c10::optional<Tensor>& mask,
-             std::vector<int32_t> lengths) {
+             std::vector<int32_t> lengths, cudnnRNNAlgo_t algo) {
   TORCH_CHECK(cfg.batch <= INT32_MAX && cfg.time <= INT32_MAX && cfg.input_size <= INT32_MAX &&
                   cfg.num_directions * cfg.units <= INT32_MAX,
               "cudnn_rnn: sizes beyond cuDNN's int32 range");
+  call.algo = algo;
   call.handle = at::native::getCudnnHandle();
-  set_descriptors(call.desc, call.handle, cfg, x.scalar_type());
-  call.plan = get_plan(call.handle, call.desc, cfg, x);
+  set_descriptors(call.desc, call.handle, cfg, x.scalar_type(), algo);
+  call.plan = get_plan(call.handle, call.desc, cfg, x, algo);
   call.type = cudnn::data_type(x.scalar_type());
   call.lengths = std::move(lengths);
   const int B = static_cast<int>(cfg.batch), T = static_cast<int>(cfg.time);
@@ -241,14 +274,14 @@ bool needs_carry(const RnnConfig& cfg, const c10::optional<Tensor>& mask) {
 // ------------------------------------------------------------------------------------------
 // forward / backward
 // ------------------------------------------------------------------------------------------
-std::tuple<Tensor, Tensor, Tensor, Tensor> cudnn_forward(const RnnConfig& cfg, const BackendChoice& choice,
-                                                         const Tensor& x_in, at::TensorList weights,
-                                                         const c10::optional<Tensor>& mask,
-                                                         const c10::optional<Tensor>& h0,
-                                                         const c10::optional<Tensor>& c0,
-                                                         at::TensorList dropout_masks, bool need_grad) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> cudnn_forward_with(cudnnRNNAlgo_t algo, const RnnConfig& cfg,
+                                                              const BackendChoice& choice, const Tensor& x_in,
+                                                              at::TensorList weights, const c10::optional<Tensor>& mask,
+                                                              const c10::optional<Tensor>& h0,
+                                                              const c10::optional<Tensor>& c0,
+                                                              at::TensorList dropout_masks, bool need_grad) {
   Call call;
-  prepare(call, cfg, x_in, mask, choice.lengths);
+  prepare(call, cfg, x_in, mask, choice.lengths, algo);
   Tensor x = x_in.contiguous();
   if (!dropout_masks.empty()) x = x * dropout_masks[0][0].unsqueeze(1);
 
@@ -304,12 +337,35 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> cudnn_forward(const RnnConfig& cfg, c
   return {y, h_n, c_n, reserve};
 }
 
+// Forward with the call's algorithm; a persistent algorithm cuDNN refuses (NOT_SUPPORTED
+// anywhere before the forward kernel ran) falls back to STANDARD, remembered for the
+// configuration, so its backward uses STANDARD too.
+std::tuple<Tensor, Tensor, Tensor, Tensor> cudnn_forward(const RnnConfig& cfg, const BackendChoice& choice,
+                                                         const Tensor& x, at::TensorList weights,
+                                                         const c10::optional<Tensor>& mask,
+                                                         const c10::optional<Tensor>& h0,
+                                                         const c10::optional<Tensor>& c0,
+                                                         at::TensorList dropout_masks, bool need_grad) {
+  const cudnnRNNAlgo_t algo = algorithm_for(cfg, x, mask);
+  if (algo == CUDNN_RNN_ALGO_STANDARD) {
+    return cudnn_forward_with(algo, cfg, choice, x, weights, mask, h0, c0, dropout_masks, need_grad);
+  }
+  try {
+    return cudnn_forward_with(algo, cfg, choice, x, weights, mask, h0, c0, dropout_masks, need_grad);
+  } catch (const c10::Error& e) {
+    if (std::string(e.what()).find("CUDNN_STATUS_NOT_SUPPORTED") == std::string::npos) throw;
+    refuse(cfg, x, algo);
+    return cudnn_forward_with(CUDNN_RNN_ALGO_STANDARD, cfg, choice, x, weights, mask, h0, c0, dropout_masks,
+                              need_grad);
+  }
+}
+
 std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> cudnn_backward(
     const RnnConfig& cfg, const BackendChoice& choice, const Tensor& grad_y, const Tensor& grad_h_n,
     const Tensor& grad_c_n, const Tensor& x_in, at::TensorList weights, const c10::optional<Tensor>& mask,
     at::TensorList dropout_masks, const Tensor& reserve) {
   Call call;
-  prepare(call, cfg, x_in, mask, choice.lengths);
+  prepare(call, cfg, x_in, mask, choice.lengths, algorithm_for(cfg, x_in, mask));
   Tensor x = x_in.contiguous();
   if (!dropout_masks.empty()) x = x * dropout_masks[0][0].unsqueeze(1);
   size_t work_bytes = 0, cudnn_reserve_bytes = 0;
