@@ -10,10 +10,22 @@ from .torch_conversion import from_torch, to_torch
 __version__ = "0.1.0"
 
 
+def set_cudnn_algorithm(name: str) -> None:
+    """The cuDNN RNN algorithm to use: "standard" (the default), "auto" (PERSIST_STATIC_SMALL_H
+    for float16/float32 with hidden size <= 128 (<= 256 for SimpleRNN) and no mask, else
+    STANDARD), "persist_static" or "persist_static_small_h" (where their constraints hold).
+    A persistent algorithm cuDNN refuses for a configuration falls back to STANDARD."""
+    _C.set_cudnn_algorithm(name)
+
+
+def cudnn_algorithm() -> str:
+    return _C.cudnn_algorithm()
+
+
 def build_info() -> dict:
     """What the native extension was compiled with (CUDA / cuDNN versions, or 'no')."""
     return dict(_C.build_info())
 
 
 __all__ = ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "explain", "Explanation", "from_torch", "to_torch",
-           "build_info", "ops", "load_keras", "save_keras", "ConversionError"]
+           "build_info", "set_cudnn_algorithm", "cudnn_algorithm", "ops", "load_keras", "save_keras", "ConversionError"]

@@ -73,5 +73,12 @@ def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, tra
         notes.append("this build has no CUDA kernels (CPU-only build), so a CUDA tensor raises")
     if reasons:
         return Explanation("cuda-generic", str(device), reasons, notes)
-    # Persistent algorithms are not used yet: STANDARD is the one that takes variable lengths.
-    return Explanation("cudnn", str(device), [], notes, algorithm="STANDARD")
+    from ._C import choose_algorithm
+
+    major = torch.cuda.get_device_capability(device)[0] if torch.cuda.is_available() else 8
+    side = sides[0]
+    algorithm = choose_algorithm(side.cell, side.units, str(ref.dtype).replace("torch.", ""), True, major)
+    if algorithm != "STANDARD":
+        notes.append("with a mask (variable lengths): STANDARD; a persistent algorithm cuDNN refuses falls back to "
+                     "STANDARD")
+    return Explanation("cudnn", str(device), [], notes, algorithm=algorithm)

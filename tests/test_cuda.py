@@ -232,3 +232,23 @@ def test_generic_cuda_low_precision_backward(dtype):
     low(xl)[0].float().sum().backward()
     assert xl.grad.dtype == dtype and all(p.grad.dtype == dtype for p in low.parameters())
     torch.testing.assert_close(xl.grad.float(), exact, atol=5e-2, rtol=5e-2)
+
+
+@cuda
+@pytest.mark.parametrize("algorithm", ["auto", "persist_static_small_h", "persist_static"])
+def test_persistent_algorithms_match_standard(algorithm):
+    """Each algorithm (or its remembered fallback to STANDARD) gives STANDARD's numbers, forward
+    and backward."""
+    _, gpu = _pair("lstm")
+    gpu.train()
+    x = torch.randn(8, 9, 6, device="cuda", requires_grad=True)
+    out = gpu(x)[0]
+    g_ref, = torch.autograd.grad(out.sum(), x)
+    try:
+        cudnn_rnn.set_cudnn_algorithm(algorithm)
+        out_p = gpu(x)[0]
+        g_p, = torch.autograd.grad(out_p.sum(), x)
+    finally:
+        cudnn_rnn.set_cudnn_algorithm("standard")
+    torch.testing.assert_close(out_p, out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(g_p, g_ref, atol=1e-5, rtol=1e-5)
