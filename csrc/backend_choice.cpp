@@ -51,7 +51,12 @@ BackendChoice choose_backend(const RnnConfig& cfg, const c10::optional<at::Tenso
       if (m.size(0) != 1) return no("per-gate input dropout masks (Keras implementation=1)");
     }
   }
-  if (cfg.go_backwards) return no("go_backwards (Keras reverses each layer's whole input, padding included)");
+  // go_backwards on one layer without a mask is cuDNN on the time-reversed input (outputs in
+  // processing order, as Keras returns them); a mask or a stack is not.
+  if (cfg.go_backwards && mask_cpu.has_value())
+    return no("go_backwards with a mask (Keras reverses the whole input, padding included)");
+  if (cfg.go_backwards && cfg.num_layers > 1)
+    return no("go_backwards in a stack (each Keras layer reverses its own input)");
   if (cfg.batch == 0) return no("an empty batch");
   if (dtype == at::kBFloat16 && cudnn_version < 91300) return no("bfloat16 RNNs need cuDNN >= 9.13");
   if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf && dtype != at::kBFloat16)

@@ -21,8 +21,8 @@ struct BackendChoice {
 
 // cuDNN runs the call when the cell is one cuDNN has (tanh/sigmoid LSTM, GRU reset_after,
 // tanh/relu SimpleRNN), the mask is absent or right-padded with no empty row, there is no
-// recurrent dropout and no per-gate / inner-layer input dropout, and go_backwards is not used
-// (its per-layer reversal and Keras's mask pairing are not cuDNN directions).
+// recurrent dropout and no per-gate / inner-layer / per-direction input dropout, and
+// go_backwards only on a single layer without a mask (cuDNN then reads the reversed input).
 // cudnn_version: the runtime's (bfloat16 needs >= 91300).
 BackendChoice choose_backend(const RnnConfig& cfg, const c10::optional<at::Tensor>& mask_cpu,
                              at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,

@@ -75,6 +75,22 @@ def test_cudnn_matches_cpu_forward_and_gradients(cell, num_layers, bidirectional
 
 
 @cuda
+@pytest.mark.parametrize("cell", list(LAYERS))
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_cudnn_go_backwards_matches_cpu(cell, bidirectional):
+    cpu, gpu = _pair(cell, 1, bidirectional, torch.float64, go_backwards=True)
+    assert cudnn_rnn.explain(gpu).backend == "cudnn"
+    x = torch.randn(3, 6, 6, dtype=torch.float64)
+    xc, xg = x.clone().requires_grad_(True), x.cuda().requires_grad_(True)
+    out_c, out_g = cpu(xc), gpu(xg)
+    for a, b in zip(out_c, out_g):
+        torch.testing.assert_close(b.cpu(), a.detach(), atol=1e-10, rtol=1e-10)
+    torch.autograd.backward(out_c, [torch.ones_like(t) for t in out_c])
+    torch.autograd.backward(out_g, [torch.ones_like(t) for t in out_g])
+    torch.testing.assert_close(xg.grad.cpu(), xc.grad, atol=1e-10, rtol=1e-10)
+
+
+@cuda
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_cudnn_matches_torch_nn(cell):
     cpu, gpu = _pair(cell, 2, True)

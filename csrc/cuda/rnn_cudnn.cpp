@@ -267,6 +267,16 @@ Tensor carry_index(const RnnConfig& cfg, const Call& call, const Tensor& x) {
   return at::minimum(t, last).unsqueeze(2).expand({cfg.batch, cfg.time, cfg.units});
 }
 
+// What cuDNN reads as x: the input times its (per-sequence) dropout mask, and time-reversed for
+// go_backwards (one layer, no mask: backend_choice), whose outputs Keras returns in processing
+// order, which is then cuDNN's time order.
+Tensor cudnn_input(const RnnConfig& cfg, const Tensor& x, at::TensorList dropout_masks) {
+  Tensor in = x;
+  if (!dropout_masks.empty()) in = in * dropout_masks[0][0].unsqueeze(1);
+  if (cfg.go_backwards) in = in.flip(1);
+  return in.contiguous();
+}
+
 bool needs_carry(const RnnConfig& cfg, const c10::optional<Tensor>& mask) {
   return mask.has_value() && !cfg.zero_output_for_mask;
 }
@@ -282,8 +292,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> cudnn_forward_with(cudnnRNNAlgo_t alg
                                                               at::TensorList dropout_masks, bool need_grad) {
   Call call;
   prepare(call, cfg, x_in, mask, choice.lengths, algo);
-  Tensor x = x_in.contiguous();
-  if (!dropout_masks.empty()) x = x * dropout_masks[0][0].unsqueeze(1);
+  Tensor x = cudnn_input(cfg, x_in, dropout_masks);
 
   const cudnnForwardMode_t mode = need_grad ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE;
   size_t work_bytes = 0, cudnn_reserve_bytes = 0;
@@ -366,8 +375,7 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> cudnn_backward(
     at::TensorList dropout_masks, const Tensor& reserve) {
   Call call;
   prepare(call, cfg, x_in, mask, choice.lengths, algorithm_for(cfg, x_in, mask));
-  Tensor x = x_in.contiguous();
-  if (!dropout_masks.empty()) x = x * dropout_masks[0][0].unsqueeze(1);
+  Tensor x = cudnn_input(cfg, x_in, dropout_masks);
   size_t work_bytes = 0, cudnn_reserve_bytes = 0;
   CUDNN_RNN_CHECK(cudnnGetRNNTempSpaceSizes(call.handle, call.desc.rnn.get(), CUDNN_FWD_MODE_TRAINING,
                                             call.x_desc.get(), &work_bytes, &cudnn_reserve_bytes));
@@ -419,6 +427,7 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> cudnn_backward(
       call.plan->weight_bytes, dspace.data_ptr(), work_bytes, work.data_ptr(), cudnn_reserve_bytes,
       cudnn_reserve.data_ptr()));
   std::vector<Tensor> grad_weights = unpack_keras_gradients(cfg, weights, call.plan->offsets, dspace);
+  if (cfg.go_backwards) dx = dx.flip(1);
   if (!dropout_masks.empty()) dx = dx * dropout_masks[0][0].unsqueeze(1);
   if (padded.defined()) dx.masked_fill_(padded, 0);
   return {dx, grad_weights, dhx, dcx};
