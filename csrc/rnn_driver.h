@@ -179,6 +179,22 @@ struct DirectionArgs {
   DirReserve rs;
 };
 
+// The fields a forward and a backward step share: the cell and where this direction writes.
+template <typename Step>
+void fill_common(Step& step, const RnnConfig& cfg, const DirectionArgs& a) {
+  step.cell = cfg.cell;
+  step.reset_after = cfg.reset_after;
+  step.act = cfg.activation;
+  step.ract = cfg.recurrent_activation;
+  step.batch = cfg.batch;
+  step.time = cfg.time;
+  step.units = cfg.units;
+  step.gates = cfg.gates();
+  step.saved_width = cfg.saved_width();
+  step.zero_out = cfg.zero_output(a.layer);
+  step.out_col = a.dir * cfg.units;
+}
+
 template <typename Policy, typename T>
 void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tensor& out3, bool out_batch_major) {
   const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, G = cfg.gates();
@@ -193,17 +209,7 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
   Tensor rec_h = gru_before ? at::empty({B, u}, xw.options()) : Tensor();
 
   ForwardStep<T> step{};
-  step.cell = cfg.cell;
-  step.reset_after = cfg.reset_after;
-  step.act = cfg.activation;
-  step.ract = cfg.recurrent_activation;
-  step.batch = B;
-  step.time = Tn;
-  step.units = u;
-  step.gates = G;
-  step.saved_width = cfg.saved_width();
-  step.zero_out = cfg.zero_output(a.layer);
-  step.out_col = a.dir * u;
+  fill_common(step, cfg, a);
   step.xw = const_seq_of<T>(xw, a.in_batch_major);
   step.rec = rec.data_ptr<T>();
   step.rec_h = gru_before ? rec_h.data_ptr<T>() : nullptr;
@@ -260,17 +266,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   Tensor d_rh = gru_before ? at::empty({B, u}, opts) : Tensor();
 
   BackwardStep<T> step{};
-  step.cell = cfg.cell;
-  step.reset_after = cfg.reset_after;
-  step.act = cfg.activation;
-  step.ract = cfg.recurrent_activation;
-  step.batch = B;
-  step.time = Tn;
-  step.units = u;
-  step.gates = G;
-  step.saved_width = cfg.saved_width();
-  step.zero_out = cfg.zero_output(a.layer);
-  step.out_col = a.dir * u;
+  fill_common(step, cfg, a);
   step.dout = const_seq_of<T>(dout3, out_batch_major);
   step.dxw = seq_of<T>(dxw, a.in_batch_major);
   step.drec = step_drec.data_ptr<T>();
