@@ -29,6 +29,9 @@ struct RnnConfig {
   int64_t num_directions;
   bool go_backwards;  // direction 0 runs reversed; direction 1 runs the other way
   bool zero_output_for_mask;
+  // Keep every step's saved activations for backward (false: no backward will run, so one
+  // step's worth of scratch is reused and the reserve holds only the states).
+  bool keep_saved = true;
   int64_t batch;
   int64_t time;
   int64_t input_size;
@@ -49,12 +52,14 @@ struct RnnConfig {
 
   // Reserve layout, per (layer, direction), in elements of the input dtype:
   //   saved  [T, B, S]      what the cell's backward needs (see cell_math.h), processing order
+  //                         (absent when !keep_saved)
   //   h      [T + 1, B, u]  hidden state before step 0 .. after step T-1
   //   c      [T + 1, B, u]  LSTM only
   // then, for layers 0 .. L-2, that layer's output [T, B, D*u] (the next layer's input).
   int64_t saved_width() const { return cell == CellKind::SimpleRNN ? units : 4 * units; }
+  int64_t stored_saved_steps() const { return keep_saved ? time : 0; }
   int64_t reserve_per_direction() const {
-    return time * batch * saved_width() + (time + 1) * batch * units * (has_cell_state() ? 2 : 1);
+    return stored_saved_steps() * batch * saved_width() + (time + 1) * batch * units * (has_cell_state() ? 2 : 1);
   }
   int64_t reserve_size() const {
     return num_layers * num_directions * reserve_per_direction() +

@@ -69,8 +69,14 @@ inline DirReserve dir_reserve(const RnnConfig& cfg, const Tensor& reserve, int64
   const int64_t B = cfg.batch, T = cfg.time, u = cfg.units;
   int64_t off = ld * cfg.reserve_per_direction();
   DirReserve r;
-  r.saved = reserve.narrow(0, off, T * B * cfg.saved_width()).view({T, B, cfg.saved_width()});
-  off += T * B * cfg.saved_width();
+  const int64_t S = cfg.saved_width();
+  if (cfg.keep_saved) {
+    r.saved = reserve.narrow(0, off, T * B * S).view({T, B, S});
+    off += T * B * S;
+  } else {
+    // One step's scratch seen at every step (time stride 0): nothing to keep for backward.
+    r.saved = at::empty({1, B, S}, reserve.options()).expand({T, B, S});
+  }
   r.h = reserve.narrow(0, off, (T + 1) * B * u).view({T + 1, B, u});
   off += (T + 1) * B * u;
   if (cfg.has_cell_state()) r.c = reserve.narrow(0, off, (T + 1) * B * u).view({T + 1, B, u});

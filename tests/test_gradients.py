@@ -205,3 +205,17 @@ def test_unused_outputs_need_no_gradient():
     layer = cudnn_rnn.GRU(3, 4, return_state=True, dtype=torch.float64)
     x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: layer(x)[1], (x,))
+
+
+@pytest.mark.parametrize("cell,reset_after", [("lstm", True), ("gru", True), ("gru", False), ("simple_rnn", True)])
+def test_inference_path_equals_training_path(cell, reset_after):
+    """Without autograd the CPU keeps no per-step activations (one step of scratch instead): the
+    outputs must not change."""
+    x, ws, mask, h0, c0, dm, rdm, config = _case(cell, reset_after=reset_after, bidirectional=True, num_layers=2,
+                                                 mask_kind="holes")
+    trained = ops.rnn_forward(x, ws, mask, h0, c0, dm, rdm, **config)
+    with torch.no_grad():
+        inferred = ops.rnn_forward(x, ws, mask, h0, c0, dm, rdm, **config)
+    for a, b in zip(trained[:3], inferred[:3]):
+        assert torch.equal(a.detach(), b)
+    assert inferred[3].numel() < trained[3].numel()

@@ -160,11 +160,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_forward_cpu(
     const c10::optional<Tensor>& c0, at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
     c10::string_view cell, c10::string_view activation, c10::string_view recurrent_activation, bool use_bias,
     bool reset_after, int64_t num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask,
-    bool /*need_grad: the CPU's reserve is its working storage, so it is always kept*/) {
-  const RnnConfig cfg = make_config(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks,
-                                    std::string(cell), std::string(activation), std::string(recurrent_activation),
-                                    use_bias, reset_after, num_layers, bidirectional, go_backwards,
-                                    zero_output_for_mask);
+    bool need_grad) {
+  RnnConfig cfg = make_config(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, std::string(cell),
+                              std::string(activation), std::string(recurrent_activation), use_bias, reset_after,
+                              num_layers, bidirectional, go_backwards, zero_output_for_mask);
+  cfg.keep_saved = need_grad;  // inference: no per-step activations to keep (and no pages to fault in)
   return driver::forward<CpuPolicy>(cfg, x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks);
 }
 
