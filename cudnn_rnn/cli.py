@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import List, Optional
 
@@ -40,7 +41,7 @@ def cmd_convert(args) -> int:
         inputs = tuple(model.example_inputs())
         batch = torch.export.Dim("batch", min=1)
         dynamic = []
-        for (dtype, shape), x in zip(model.input_specs, inputs):
+        for _dtype, shape in model.input_specs:
             dims = {0: batch}
             if len(shape) > 1 and shape[1] is None:
                 dims[1] = torch.export.Dim("time", min=2)
@@ -67,31 +68,17 @@ def _describe(module) -> str:
 def cmd_inspect(args) -> int:
     model = _load(args)
     rows = [("layer", "class", "weights", "params", "on CUDA")]
-    cfg_layers = {}
-    _collect_classes(model.keras_config, cfg_layers)
-    for key, module in model.layers.items():
-        name = key
-        shapes = [tuple(np.shape(a)) for take in model.keras_weights.get(name, []) for g in take for a in g]
+    for layer in model.spec.layers:
+        module = model.layers[layer.name.replace(".", "_")]
+        shapes = [tuple(np.shape(a)) for take in model.keras_weights.get(layer.name, []) for g in take for a in g]
         params = sum(int(np.prod(s)) for s in shapes)
-        rows.append((name, cfg_layers.get(name, type(module).__name__), " ".join(str(s) for s in shapes) or "-",
-                     str(params), _describe(module)))
+        rows.append((layer.name, layer.class_name, " ".join(str(s) for s in shapes) or "-", str(params),
+                     _describe(module)))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
     print(f"Keras version {model.keras_version or 'unknown'}; inputs {model.input_specs}")
     return 0
-
-
-def _collect_classes(config, out):
-    if isinstance(config, dict):
-        cfg = config.get("config")
-        if "class_name" in config and isinstance(cfg, dict) and "name" in cfg:
-            out.setdefault(cfg["name"], config["class_name"])
-        for v in config.values():
-            _collect_classes(v, out)
-    elif isinstance(config, list):
-        for v in config:
-            _collect_classes(v, out)
 
 
 def cmd_verify(args) -> int:
@@ -105,8 +92,7 @@ def cmd_verify(args) -> int:
         return 2
     model = _load(args)
     if args.architecture:
-        reference = keras.saving.deserialize_keras_object(model.keras_config) if False else keras.models.model_from_json(
-            __import__("json").dumps(model.keras_config))
+        reference = keras.models.model_from_json(json.dumps(model.keras_config))
         reference.load_weights(args.model)
     else:
         reference = keras.saving.load_model(args.model, compile=False)

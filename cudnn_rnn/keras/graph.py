@@ -86,10 +86,6 @@ def _refs_in(value, path) -> List[Ref]:
     return out
 
 
-def _is_tensor_ref(value) -> bool:
-    return isinstance(value, dict) and value.get("class_name") == "__keras_tensor__"
-
-
 def _parse_calls(entry: dict, path) -> List[Call]:
     calls = []
     for node in entry.get("inbound_nodes", []) or []:

@@ -88,13 +88,11 @@ class KerasModel(nn.Module):
     def example_inputs(self, batch: int = 2, time: int = 5) -> List[Tensor]:
         """Inputs of the declared dtypes and shapes (free dimensions: batch, then time) for
         tracing, exporting and checking."""
+        float_dtype = next((p.dtype for p in self.parameters()), torch.float32)
         out = []
         for dtype, shape in self.input_specs:
             dims = [batch] + [time if d is None else int(d) for d in shape[1:]]
-            if "int" in dtype:
-                out.append(torch.ones(dims, dtype=torch.int64))
-            else:
-                out.append(torch.zeros(dims, dtype=next(self.parameters()).dtype if any(True for _ in self.parameters()) else torch.float32))
+            out.append(torch.ones(dims, dtype=torch.int64) if "int" in dtype else torch.zeros(dims, dtype=float_dtype))
         return out
 
     def forward(self, *inputs: Tensor):
