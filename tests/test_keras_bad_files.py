@@ -182,3 +182,21 @@ def test_legacy_weight_names_point_nowhere(tmp_path):
         group.attrs["weight_names"] = np.array(names, dtype="S")
     with pytest.raises(ConversionError, match="weight_names lists 'nowhere/kernel:0'"):
         load_keras(p)
+
+
+def test_tf_keras_2_13_weights_tree_is_found(tmp_path):
+    """tf.keras 2.13-2.15 wrote the .keras weights tree under `_layer_checkpoint_dependencies`
+    instead of `layers` (Keras 3's loader renames the path the same way). A Keras 3 fixture with
+    its tree renamed so must load to the same outputs."""
+    def edit(f):
+        f.move("layers", "_layer_checkpoint_dependencies")
+
+    data = _weights_h5_bytes(edit)
+    p = tmp_path / "tf213.keras"
+    _rewrite_zip(KERAS, p, lambda n, d: data if n == "model.weights.h5" else d)
+    expected = np.load(os.path.join(DATA, "k3_sequential.npz"))
+    import torch
+
+    with torch.no_grad():
+        out = load_keras(p)(torch.as_tensor(expected["input_0"]))
+    np.testing.assert_allclose(out.numpy(), expected["output_0"], atol=1e-5, rtol=1e-5)
