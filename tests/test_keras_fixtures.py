@@ -22,6 +22,7 @@ CASES = [
     ("tfk_sequential", "tfk_sequential_weights.h5", "tfk_sequential.json"),
     ("tfk_functional", "tfk_functional.h5", None),
     ("tfk_cudnn", "tfk_cudnn.h5", None),
+    ("tfk_nested", "tfk_nested.h5", None),
 ]
 
 

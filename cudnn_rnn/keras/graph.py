@@ -183,8 +183,47 @@ def _parse_functional(body, path) -> ModelSpec:
     layers = [_layer_spec(e, path, [] if e.get("class_name") == "InputLayer" else _parse_calls(e, path))
               for e in body["layers"]]
     outputs_cfg = body.get("output_layers")
+    outputs = _endpoint_refs(outputs_cfg, path, "output_layers")
     single = isinstance(outputs_cfg, list) and len(outputs_cfg) >= 3 and isinstance(outputs_cfg[0], str)
-    return ModelSpec(body.get("name", "model"), "Functional", layers,
-                     _endpoint_refs(body.get("input_layers"), path, "input_layers"),
-                     _endpoint_refs(outputs_cfg, path, "output_layers"), single_output=single or
-                     len(_endpoint_refs(outputs_cfg, path, "output_layers")) == 1)
+    spec = ModelSpec(body.get("name", "model"), "Functional", layers,
+                     _endpoint_refs(body.get("input_layers"), path, "input_layers"), outputs,
+                     single_output=single or len(outputs) == 1)
+    _renumber_nested_calls(spec)
+    return spec
+
+
+def _renumber_nested_calls(spec: ModelSpec) -> None:
+    """A nested model built on its own Input has a first node of its own that configs leave out
+    (Keras's _should_skip_first_node), so references to its calls count from 1: renumber them
+    from 0 wherever the references say so (every index >= 1 and the largest one past the calls)."""
+    referenced: Dict[str, List[int]] = {}
+
+    def refs_of(call: Call):
+        for r in call.inputs:
+            yield r
+        for v in call.kwargs.values():
+            if isinstance(v, list):
+                for r in v:
+                    if isinstance(r, Ref):
+                        yield r
+
+    for layer in spec.layers:
+        for call in layer.calls:
+            for r in refs_of(call):
+                referenced.setdefault(r.layer, []).append(r.call)
+    for r in spec.outputs:
+        referenced.setdefault(r.layer, []).append(r.call)
+    n_calls = {layer.name: len(layer.calls) for layer in spec.layers}
+    shifted = {name for name, idx in referenced.items()
+               if n_calls.get(name) and min(idx) >= 1 and max(idx) >= n_calls[name]}
+    if not shifted:
+        return
+
+    def fix(r):
+        return Ref(r.layer, r.call - 1, r.output) if isinstance(r, Ref) and r.layer in shifted else r
+
+    for layer in spec.layers:
+        for call in layer.calls:
+            call.inputs = [fix(r) for r in call.inputs]
+            call.kwargs = {k: [fix(r) for r in v] if isinstance(v, list) else v for k, v in call.kwargs.items()}
+    spec.outputs = [fix(r) for r in spec.outputs]
