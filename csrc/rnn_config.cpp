@@ -73,10 +73,9 @@ RnnConfig make_config(const at::Tensor& x, at::TensorList weights, const c10::op
   cfg.zero_output_for_mask = zero_output_for_mask;
 
   TORCH_CHECK_VALUE(x.dim() == 3, "x must have shape (batch, time, features); got ", x.sizes());
-  const bool low_precision = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
-  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble || (low_precision && x.is_cuda()),
-                   "x must be float32 or float64", x.is_cuda() ? " (or float16 / bfloat16)" : " on the CPU", "; got ",
-                   x.scalar_type());
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble || x.scalar_type() == at::kHalf ||
+                       x.scalar_type() == at::kBFloat16,
+                   "x must be float32, float64, float16 or bfloat16; got ", x.scalar_type());
   cfg.batch = x.size(0);
   cfg.time = x.size(1);
   cfg.input_size = x.size(2);

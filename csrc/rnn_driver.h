@@ -457,5 +457,49 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> backward(
   return {grad_x, grad_weights, grad_h0, grad_c0};
 }
 
+// float16 / bfloat16: the same computation in float32, results cast back to the caller's dtype
+// (the reserve stays float32 bytes, which backward reads the same way).
+inline bool low_precision(const Tensor& t) {
+  return t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
+}
+inline Tensor to_float(const Tensor& t) { return low_precision(t) ? t.to(at::kFloat) : t; }
+inline std::vector<Tensor> to_float(at::TensorList ts) {
+  std::vector<Tensor> out;
+  for (const auto& t : ts) out.push_back(to_float(t));
+  return out;
+}
+inline c10::optional<Tensor> to_float(const c10::optional<Tensor>& t) {
+  return t.has_value() ? c10::optional<Tensor>(to_float(*t)) : c10::nullopt;
+}
+
+template <typename Policy>
+std::tuple<Tensor, Tensor, Tensor, Tensor> forward_any_precision(
+    const RnnConfig& cfg, const Tensor& x, at::TensorList weights, const c10::optional<Tensor>& mask,
+    const c10::optional<Tensor>& h0, const c10::optional<Tensor>& c0, at::TensorList dropout_masks,
+    at::TensorList recurrent_dropout_masks) {
+  if (!low_precision(x)) return forward<Policy>(cfg, x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks);
+  auto [y, h_n, c_n, reserve] = forward<Policy>(cfg, to_float(x), to_float(weights), mask, to_float(h0), to_float(c0),
+                                                 to_float(dropout_masks), to_float(recurrent_dropout_masks));
+  const auto dtype = x.scalar_type();
+  return {y.to(dtype), h_n.to(dtype), c_n.to(dtype), reserve};
+}
+
+template <typename Policy>
+std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> backward_any_precision(
+    const RnnConfig& cfg, const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x,
+    at::TensorList weights, const c10::optional<Tensor>& mask, at::TensorList dropout_masks,
+    at::TensorList recurrent_dropout_masks, const Tensor& reserve) {
+  if (!low_precision(x)) {
+    return backward<Policy>(cfg, grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_masks, recurrent_dropout_masks,
+                            reserve);
+  }
+  auto [dx, dw, dh0, dc0] = backward<Policy>(cfg, to_float(grad_y), to_float(grad_h_n), to_float(grad_c_n),
+                                              to_float(x), to_float(weights), mask, to_float(dropout_masks),
+                                              to_float(recurrent_dropout_masks), reserve);
+  const auto dtype = x.scalar_type();
+  for (size_t i = 0; i < dw.size(); ++i) dw[i] = dw[i].to(weights[i].scalar_type());
+  return {dx.to(dtype), dw, dh0.to(dtype), dc0.to(dtype)};
+}
+
 }  // namespace driver
 }  // namespace cudnn_rnn

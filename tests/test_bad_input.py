@@ -120,7 +120,7 @@ def test_op_errors_name_the_argument():
         _op(x, w, activation="swish")
     with pytest.raises(ValueError, match="cell must be 'lstm', 'gru' or 'simple_rnn'; got 'rnn'"):
         _op(x, w, cell="rnn")
-    with pytest.raises(TypeError, match="x must be float32 or float64 on the CPU; got Long"):
+    with pytest.raises(TypeError, match="x must be float32, float64, float16 or bfloat16; got Long"):
         _op(torch.ones(2, 5, 3, dtype=torch.long), w)
 
 

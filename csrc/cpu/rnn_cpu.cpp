@@ -1,6 +1,7 @@
 // CPU backend of the recurrent stack ops: the device-generic driver (rnn_driver.h) with row
 // loops for the pointwise step, in parallel over batch rows (at::parallel_for, the user's
-// thread count), each row's gates activated as arrays (cell_rows.h, vectorised).
+// thread count), each row's gates activated as arrays (cell_rows.h, vectorised). float16 and
+// bfloat16 compute in float32.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -165,7 +166,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_forward_cpu(
                               std::string(activation), std::string(recurrent_activation), use_bias, reset_after,
                               num_layers, bidirectional, go_backwards, zero_output_for_mask);
   cfg.keep_saved = need_grad;  // inference: no per-step activations to keep (and no pages to fault in)
-  return driver::forward<CpuPolicy>(cfg, x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks);
+  return driver::forward_any_precision<CpuPolicy>(cfg, x, weights, mask, h0, c0, dropout_masks,
+                                                  recurrent_dropout_masks);
 }
 
 std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> rnn_backward_cpu(
@@ -178,8 +180,8 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> rnn_backward_cpu(
                                     recurrent_dropout_masks, std::string(cell), std::string(activation),
                                     std::string(recurrent_activation), use_bias, reset_after, num_layers,
                                     bidirectional, go_backwards, zero_output_for_mask);
-  return driver::backward<CpuPolicy>(cfg, grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_masks,
-                                     recurrent_dropout_masks, reserve);
+  return driver::backward_any_precision<CpuPolicy>(cfg, grad_y, grad_h_n, grad_c_n, x, weights, mask,
+                                                   dropout_masks, recurrent_dropout_masks, reserve);
 }
 
 }  // namespace

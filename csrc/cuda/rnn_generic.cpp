@@ -39,47 +39,22 @@ struct CudaPolicy {
   }
 };
 
-bool low_precision(const Tensor& t) { return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16; }
-Tensor up(const Tensor& t) { return low_precision(t) ? t.to(at::kFloat) : t; }
-std::vector<Tensor> up(at::TensorList ts) {
-  std::vector<Tensor> out;
-  for (const auto& t : ts) out.push_back(up(t));
-  return out;
-}
-c10::optional<Tensor> up(const c10::optional<Tensor>& t) {
-  return t.has_value() ? c10::optional<Tensor>(up(*t)) : c10::nullopt;
-}
-
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> generic_cuda_forward(
     const RnnConfig& cfg, const Tensor& x, at::TensorList weights, const c10::optional<Tensor>& mask,
     const c10::optional<Tensor>& h0, const c10::optional<Tensor>& c0, at::TensorList dropout_masks,
     at::TensorList recurrent_dropout_masks) {
-  const std::vector<Tensor> w = up(weights), dm = up(dropout_masks), rdm = up(recurrent_dropout_masks);
-  auto [y, h_n, c_n, reserve] = driver::forward<CudaPolicy>(cfg, up(x), w, mask, up(h0), up(c0), dm, rdm);
-  if (low_precision(x)) {
-    y = y.to(x.scalar_type());
-    h_n = h_n.to(x.scalar_type());
-    c_n = c_n.to(x.scalar_type());
-  }
-  return {y, h_n, c_n, reserve};
+  return driver::forward_any_precision<CudaPolicy>(cfg, x, weights, mask, h0, c0, dropout_masks,
+                                                   recurrent_dropout_masks);
 }
 
 std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> generic_cuda_backward(
     const RnnConfig& cfg, const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x,
     at::TensorList weights, const c10::optional<Tensor>& mask, at::TensorList dropout_masks,
     at::TensorList recurrent_dropout_masks, const Tensor& reserve) {
-  const std::vector<Tensor> w = up(weights), dm = up(dropout_masks), rdm = up(recurrent_dropout_masks);
-  auto [dx, dw, dh0, dc0] = driver::backward<CudaPolicy>(cfg, up(grad_y), up(grad_h_n), up(grad_c_n), up(x), w,
-                                                          mask, dm, rdm, reserve);
-  if (low_precision(x)) {
-    dx = dx.to(x.scalar_type());
-    for (size_t i = 0; i < dw.size(); ++i) dw[i] = dw[i].to(weights[i].scalar_type());
-    dh0 = dh0.to(x.scalar_type());
-    dc0 = dc0.to(x.scalar_type());
-  }
-  return {dx, dw, dh0, dc0};
+  return driver::backward_any_precision<CudaPolicy>(cfg, grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_masks,
+                                                    recurrent_dropout_masks, reserve);
 }
 
 }  // namespace cudnn_rnn
