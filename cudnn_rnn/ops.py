@@ -92,7 +92,6 @@ def _setup_context(ctx, inputs, output):
     ctx.n_dropout = len(dropout_masks)
     ctx.has_h0 = h0 is not None
     ctx.has_c0 = c0 is not None
-    ctx.has_mask = mask is not None
     ctx.output_shapes = (output[0].shape, output[1].shape, output[2].shape)
     reserve = output[3]
     ctx.save_for_backward(x, reserve, mask, *weights, *dropout_masks, *recurrent_dropout_masks)
