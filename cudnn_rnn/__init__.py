@@ -22,10 +22,16 @@ def cudnn_algorithm() -> str:
     return _C.cudnn_algorithm()
 
 
+def cudnn_fallback_count() -> int:
+    """How many calls on CUDA tensors ran on the generic CUDA backend instead of cuDNN (a
+    silent fallback would be a bug; explain() says why a layer cannot use cuDNN)."""
+    return int(_C.cudnn_fallback_count())
+
+
 def build_info() -> dict:
     """What the native extension was compiled with (CUDA / cuDNN versions, or 'no')."""
     return dict(_C.build_info())
 
 
 __all__ = ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "explain", "Explanation", "from_torch", "to_torch",
-           "build_info", "set_cudnn_algorithm", "cudnn_algorithm", "ops", "load_keras", "save_keras", "ConversionError"]
+           "build_info", "set_cudnn_algorithm", "cudnn_algorithm", "cudnn_fallback_count", "ops", "load_keras", "save_keras", "ConversionError"]

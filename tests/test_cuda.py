@@ -58,11 +58,11 @@ def test_cudnn_matches_cpu_forward_and_gradients(cell, num_layers, bidirectional
     x = torch.randn(4, 7, 6, dtype=dtype)
     mask = _right_padded(4, 7) if masked else None
     assert cudnn_rnn.explain(gpu).backend == "cudnn"
-    before = cudnn_rnn._C.cudnn_fallback_count()
+    before = cudnn_rnn.cudnn_fallback_count()
     xc, xg = x.clone().requires_grad_(True), x.cuda().requires_grad_(True)
     out_c = cpu(xc, mask=mask)
     out_g = gpu(xg, mask=None if mask is None else mask.cuda())
-    assert cudnn_rnn._C.cudnn_fallback_count() == before
+    assert cudnn_rnn.cudnn_fallback_count() == before
     tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=1e-10, rtol=1e-10)
     for a, b in zip(out_c, out_g):
         torch.testing.assert_close(b.cpu(), a.detach(), **tol)
@@ -161,9 +161,9 @@ def test_opcheck_and_compile_on_cuda():
 @cuda
 def test_calls_cudnn_cannot_run_are_counted():
     _, gpu = _pair("gru", reset_after=False)
-    before = cudnn_rnn._C.cudnn_fallback_count()
+    before = cudnn_rnn.cudnn_fallback_count()
     gpu(torch.randn(2, 4, 6, device="cuda"))
-    assert cudnn_rnn._C.cudnn_fallback_count() == before + 1
+    assert cudnn_rnn.cudnn_fallback_count() == before + 1
 
 
 GENERIC = [
@@ -199,11 +199,11 @@ def test_generic_cuda_matches_cpu(cell, kw, mask_kind, bidirectional):
     cpu, gpu = _pair(cell, num_layers, bidirectional, torch.float64, **kw)
     x = torch.randn(4, 7, 6, dtype=torch.float64)
     mask = _mask(mask_kind, 4, 7)
-    before = cudnn_rnn._C.cudnn_fallback_count()
+    before = cudnn_rnn.cudnn_fallback_count()
     xc, xg = x.clone().requires_grad_(True), x.cuda().requires_grad_(True)
     out_c = cpu(xc, mask=mask)
     out_g = gpu(xg, mask=None if mask is None else mask.cuda())
-    assert cudnn_rnn._C.cudnn_fallback_count() > before
+    assert cudnn_rnn.cudnn_fallback_count() > before
     for a, b in zip(out_c, out_g):
         torch.testing.assert_close(b.cpu(), a.detach(), atol=1e-10, rtol=1e-10)
     grads = [torch.randn_like(t) for t in out_c]
