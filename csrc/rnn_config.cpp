@@ -56,14 +56,15 @@ std::string weight_name(int64_t layer, int64_t dir, const char* kind) {
 
 RnnConfig make_config(const at::Tensor& x, at::TensorList weights, const c10::optional<at::Tensor>& mask,
                       const c10::optional<at::Tensor>& h0, const c10::optional<at::Tensor>& c0,
-                      at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
-                      const std::string& cell, const std::string& activation,
-                      const std::string& recurrent_activation, bool use_bias, bool reset_after,
-                      int64_t num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask) {
+                      at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks, c10::string_view cell_name,
+                      c10::string_view activation, c10::string_view recurrent_activation, bool use_bias,
+                      bool reset_after, int64_t num_layers, bool bidirectional, bool go_backwards,
+                      bool zero_output_for_mask) {
+  const std::string cell(cell_name);
   RnnConfig cfg;
   cfg.cell = parse_cell(cell);
-  cfg.activation = parse_activation(activation, "activation");
-  cfg.recurrent_activation = parse_activation(recurrent_activation, "recurrent_activation");
+  cfg.activation = parse_activation(std::string(activation), "activation");
+  cfg.recurrent_activation = parse_activation(std::string(recurrent_activation), "recurrent_activation");
   cfg.use_bias = use_bias;
   cfg.reset_after = cfg.cell == CellKind::GRU && reset_after;
   TORCH_CHECK_VALUE(num_layers >= 1, "num_layers must be >= 1; got ", num_layers);

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
 
 #include <string>
 #include <vector>
@@ -69,11 +70,12 @@ struct RnnConfig {
 
 // Builds the config from the op's arguments and checks every tensor against it. Errors name the
 // argument and give the expected and the actual shape / dtype / device.
+// The names are the op's string arguments as the dispatcher passes them.
 RnnConfig make_config(const at::Tensor& x, at::TensorList weights, const c10::optional<at::Tensor>& mask,
                       const c10::optional<at::Tensor>& h0, const c10::optional<at::Tensor>& c0,
-                      at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
-                      const std::string& cell, const std::string& activation,
-                      const std::string& recurrent_activation, bool use_bias, bool reset_after,
-                      int64_t num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask);
+                      at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks, c10::string_view cell,
+                      c10::string_view activation, c10::string_view recurrent_activation, bool use_bias,
+                      bool reset_after, int64_t num_layers, bool bidirectional, bool go_backwards,
+                      bool zero_output_for_mask);
 
 }  // namespace cudnn_rnn

@@ -162,8 +162,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_forward_cpu(
     c10::string_view cell, c10::string_view activation, c10::string_view recurrent_activation, bool use_bias,
     bool reset_after, int64_t num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask,
     bool need_grad) {
-  RnnConfig cfg = make_config(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, std::string(cell),
-                              std::string(activation), std::string(recurrent_activation), use_bias, reset_after,
+  RnnConfig cfg = make_config(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, cell,
+                              activation, recurrent_activation, use_bias, reset_after,
                               num_layers, bidirectional, go_backwards, zero_output_for_mask);
   cfg.keep_saved = need_grad;  // inference: no per-step activations to keep (and no pages to fault in)
   return driver::forward_any_precision<CpuPolicy>(cfg, x, weights, mask, h0, c0, dropout_masks,
@@ -177,8 +177,8 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> rnn_backward_cpu(
     c10::string_view recurrent_activation, bool use_bias, bool reset_after, int64_t num_layers, bool bidirectional,
     bool go_backwards, bool zero_output_for_mask) {
   const RnnConfig cfg = make_config(x, weights, mask, c10::nullopt, c10::nullopt, dropout_masks,
-                                    recurrent_dropout_masks, std::string(cell), std::string(activation),
-                                    std::string(recurrent_activation), use_bias, reset_after, num_layers,
+                                    recurrent_dropout_masks, cell, activation,
+                                    recurrent_activation, use_bias, reset_after, num_layers,
                                     bidirectional, go_backwards, zero_output_for_mask);
   return driver::backward_any_precision<CpuPolicy>(cfg, grad_y, grad_h_n, grad_c_n, x, weights, mask,
                                                    dropout_masks, recurrent_dropout_masks, reserve);

@@ -457,7 +457,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_forward_cuda(
     bool reset_after, int64_t num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask,
     bool need_grad) {
   const RnnConfig cfg = make_config(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks,
-                                    std::string(cell), std::string(activation), std::string(recurrent_activation),
+                                    cell, activation, recurrent_activation,
                                     use_bias, reset_after, num_layers, bidirectional, go_backwards,
                                     zero_output_for_mask);
   c10::cuda::CUDAGuard guard(x.device());
@@ -476,8 +476,8 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> rnn_backward_cuda(
     c10::string_view recurrent_activation, bool use_bias, bool reset_after, int64_t num_layers, bool bidirectional,
     bool go_backwards, bool zero_output_for_mask) {
   const RnnConfig cfg = make_config(x, weights, mask, c10::nullopt, c10::nullopt, dropout_masks,
-                                    recurrent_dropout_masks, std::string(cell), std::string(activation),
-                                    std::string(recurrent_activation), use_bias, reset_after, num_layers,
+                                    recurrent_dropout_masks, cell, activation,
+                                    recurrent_activation, use_bias, reset_after, num_layers,
                                     bidirectional, go_backwards, zero_output_for_mask);
   c10::cuda::CUDAGuard guard(x.device());
   const BackendChoice choice = choose(cfg, mask, dropout_masks, recurrent_dropout_masks, x);

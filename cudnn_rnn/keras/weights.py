@@ -14,6 +14,8 @@ splits the layer's flat list by the same counts.
 """
 from __future__ import annotations
 
+import abc
+
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -25,19 +27,22 @@ from .graph import LayerSpec, ModelSpec, snake_case
 Groups = Sequence[Tuple[str, int]]
 
 
-class LayerWeights:
+class LayerWeights(abc.ABC):
     """The weights of one layer, served by groups."""
 
+    @abc.abstractmethod
     def take(self, groups: Groups, shapes: Optional[Sequence[Sequence[tuple]]] = None) -> List[List[np.ndarray]]:
-        raise NotImplementedError
+        """Arrays per group, in Keras order, shapes checked against `shapes` where given."""
 
+    @abc.abstractmethod
     def child_source(self, spec: ModelSpec) -> "WeightSource":
-        raise NotImplementedError
+        """Where a nested model held by this layer finds its layers' weights."""
 
 
-class WeightSource:
+class WeightSource(abc.ABC):
+    @abc.abstractmethod
     def for_layer(self, layer: LayerSpec) -> LayerWeights:
-        raise NotImplementedError
+        """The weights of one layer of the model."""
 
 
 def _check_count(kf: KerasFile, layer: str, found: int, expected: int, where: str) -> None:
