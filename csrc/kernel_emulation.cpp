@@ -27,7 +27,7 @@ void for_each_element(int64_t batch, int64_t units, F f) {
   for (int64_t idx : ids) f(idx / units, idx % units);
 }
 
-struct EmulatedCudaPolicy {
+struct EmulatedCudaPolicy : driver::GenericTimeLoops {
   template <typename T>
   static void forward_step(const ForwardStep<T>& p) {
     for_each_element(p.batch, p.units, [&](int64_t b, int64_t j) { cuda::forward_step_element<T>(p, b, j); });

@@ -5,6 +5,8 @@
 #include "backend_choice.h"
 #include "build_info.h"
 #include "cpu/activation_arrays.h"
+#include "cpu/buffer_pool.h"
+#include "cpu/time_loop.h"
 #include "kernel_emulation.h"
 #include "keras_layout.h"
 #include "rnn_config.h"
@@ -144,5 +146,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                                       dropout_masks, recurrent_dropout_masks, reserve);
         },
         "rnn_backward through the generic CUDA kernels' element functions, run on the CPU (for tests)");
+  m.def("cpu_unit_blocks", [](int64_t batch, int64_t units, int64_t gates) {
+    return cudnn_rnn::cpu::UnitBlocks(batch, units, gates).start;
+  }, "bounds of the unit blocks the CPU time loop gives its threads (for tests)");
+  m.def("cpu_cache_info", [] {
+    return std::make_pair(cudnn_rnn::cpu::cached_bytes(), cudnn_rnn::cpu::cache_limit_bytes());
+  }, "(bytes idle in the CPU buffer pool, its limit)");
+  m.def("empty_cpu_cache", &cudnn_rnn::cpu::empty_cache, "frees the CPU buffer pool's idle buffers");
   m.def("apply_activation", &apply_activation, "(f(x), f'(x)) of a Keras activation by the CPU kernels (for tests)");
 }

@@ -8,6 +8,9 @@
 //   gru_before_gates<T>(const ForwardStep<T>&)    GRU reset_after=False phase 1 (z, r, r * hd_h)
 //   backward_step<T>(const BackwardStep<T>&)      the cell backward of every row
 //   gru_before_backward_b<T>(const BackwardStep<T>&)  GRU reset_after=False phase B (r gate)
+//   time_loop_forward<T>, time_loop_backward<T>   a backend's own whole time loop for the
+//                                                 configurations it takes (returns false for the
+//                                                 rest); GenericTimeLoops declines every one
 //
 // Layouts: x and y are batch-major [B, T, F]; the outputs of inner layers live in the reserve
 // time-major [T, B, D*u]. A "sequence" below is a 3-D tensor in either layout.
@@ -18,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu/buffer_pool.h"
 #include "rnn_config.h"
 #include "step_args.h"
 
@@ -25,6 +29,12 @@ namespace cudnn_rnn {
 namespace driver {
 
 using at::Tensor;
+
+// Large buffers: on the CPU from the buffer pool (no page faults on reuse), elsewhere at::empty
+// (the CUDA caching allocator already reuses).
+inline Tensor workspace(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  return opts.device().is_cpu() ? cpu::pooled_empty(sizes, opts.dtype().toScalarType()) : at::empty(sizes, opts);
+}
 
 template <typename T>
 Seq<T> seq_of(const Tensor& t, bool batch_major) {
@@ -102,7 +112,7 @@ inline Tensor input_projection(const RnnConfig& cfg, const Tensor& x3, bool batc
                         const Tensor& dmask) {
   const int64_t u = cfg.units, G = cfg.gates();
   const auto rows = x3.size(0) * x3.size(1);
-  Tensor xw = at::empty({x3.size(0), x3.size(1), G * u}, x3.options());
+  Tensor xw = workspace({x3.size(0), x3.size(1), G * u}, x3.options());
   Tensor xw2 = xw.view({rows, G * u});
   if (!dmask.defined() || dmask.size(0) == 1) {
     Tensor xd = dmask.defined() ? x3 * over_time(dmask[0], batch_major) : x3;
@@ -201,40 +211,81 @@ void fill_common(Step& step, const RnnConfig& cfg, const DirectionArgs& a) {
   step.out_col = a.dir * cfg.units;
 }
 
+// The fields of step s (processing order) of a forward and a backward step.
+template <typename T>
+void set_forward_step(ForwardStep<T>& step, const RnnConfig& cfg, const DirectionArgs& a, int64_t s) {
+  const int64_t Bu = cfg.batch * cfg.units;
+  step.t = cfg.reversed(a.dir) ? cfg.time - 1 - s : s;
+  step.out_index = a.dir == 1 ? cfg.time - 1 - s : s;
+  T* h = a.rs.h.data_ptr<T>();
+  step.h_prev = h + s * Bu;
+  step.h_next = h + (s + 1) * Bu;
+  T* c = cfg.has_cell_state() ? a.rs.c.data_ptr<T>() : nullptr;
+  step.c_prev = c ? c + s * Bu : nullptr;
+  step.c_next = c ? c + (s + 1) * Bu : nullptr;
+  step.saved = a.rs.saved.data_ptr<T>() + s * a.rs.saved.stride(0);
+}
+
+template <typename T>
+void set_backward_step(BackwardStep<T>& step, const RnnConfig& cfg, const DirectionArgs& a, int64_t s, T* dh,
+                       T* dh_next) {
+  const int64_t Bu = cfg.batch * cfg.units;
+  step.s = s;
+  step.t = cfg.reversed(a.dir) ? cfg.time - 1 - s : s;
+  step.out_index = a.dir == 1 ? cfg.time - 1 - s : s;
+  step.dh = dh;
+  step.dh_next = dh_next;
+  const T* h = a.rs.h.data_ptr<T>();
+  step.h_prev = h + s * Bu;
+  step.h_new = h + (s + 1) * Bu;
+  const T* c = cfg.has_cell_state() ? a.rs.c.data_ptr<T>() : nullptr;
+  step.c_prev = c ? c + s * Bu : nullptr;
+  step.c_new = c ? c + (s + 1) * Bu : nullptr;
+  step.saved = a.rs.saved.data_ptr<T>() + s * a.rs.saved.stride(0);
+}
+
+// Policies without time loops of their own inherit this.
+struct GenericTimeLoops {
+  template <typename T>
+  static bool time_loop_forward(const RnnConfig&, const DirectionArgs&, ForwardStep<T>&) {
+    return false;
+  }
+  template <typename T>
+  static bool time_loop_backward(const RnnConfig&, const DirectionArgs&, BackwardStep<T>&, const Tensor&, Tensor&,
+                                 const Tensor&) {
+    return false;
+  }
+};
+
 template <typename Policy, typename T>
 void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tensor& out3, bool out_batch_major) {
   const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, G = cfg.gates();
-  const bool reversed = cfg.reversed(a.dir);
   const bool gru_before = cfg.cell == CellKind::GRU && !cfg.reset_after;
 
   Tensor xw = input_projection(cfg, a.x3, a.in_batch_major, a.w, a.dmask);
   Tensor seen = a.mask.defined() ? at::zeros({B}, xw.options().dtype(at::kByte)) : at::ones({B}, xw.options().dtype(at::kByte));
-  Tensor rec = at::empty({B, G * u}, xw.options());
-  Tensor hd_buf = at::empty({B, u}, xw.options());
-  Tensor rh = gru_before ? at::empty({B, u}, xw.options()) : Tensor();
-  Tensor rec_h = gru_before ? at::empty({B, u}, xw.options()) : Tensor();
 
   ForwardStep<T> step{};
   fill_common(step, cfg, a);
   step.xw = const_seq_of<T>(xw, a.in_batch_major);
+  step.out = seq_of<T>(out3, out_batch_major);
+  step.mask = a.mask.defined() ? a.mask.data_ptr<bool>() : nullptr;
+  step.seen = seen.data_ptr<uint8_t>();
+  if (Policy::template time_loop_forward<T>(cfg, a, step)) return;
+
+  Tensor rec = at::empty({B, G * u}, xw.options());
+  Tensor hd_buf = at::empty({B, u}, xw.options());
+  Tensor rh = gru_before ? at::empty({B, u}, xw.options()) : Tensor();
+  Tensor rec_h = gru_before ? at::empty({B, u}, xw.options()) : Tensor();
   step.rec = rec.data_ptr<T>();
   step.rec_h = gru_before ? rec_h.data_ptr<T>() : nullptr;
   step.rh = gru_before ? rh.data_ptr<T>() : nullptr;
   step.mask_h = (gru_before && a.rmask.defined()) ? a.rmask[a.rmask.size(0) == 1 ? 0 : 2].data_ptr<T>() : nullptr;
-  step.out = seq_of<T>(out3, out_batch_major);
-  step.mask = a.mask.defined() ? a.mask.data_ptr<bool>() : nullptr;
-  step.seen = seen.data_ptr<uint8_t>();
 
   for (int64_t s = 0; s < Tn; ++s) {
-    step.t = reversed ? Tn - 1 - s : s;
-    step.out_index = a.dir == 1 ? Tn - 1 - s : s;
+    set_forward_step(step, cfg, a, s);
     Tensor h_prev = a.rs.h[s];
     recurrent_projection(cfg, h_prev, a.w.recurrent, a.w.bias_rec, a.rmask, 0, gru_before ? 2 : G, hd_buf, rec);
-    step.h_prev = h_prev.data_ptr<T>();
-    step.h_next = a.rs.h[s + 1].data_ptr<T>();
-    step.c_prev = cfg.has_cell_state() ? a.rs.c[s].data_ptr<T>() : nullptr;
-    step.c_next = cfg.has_cell_state() ? a.rs.c[s + 1].data_ptr<T>() : nullptr;
-    step.saved = a.rs.saved[s].data_ptr<T>();
     if (gru_before) {
       Policy::template gru_before_gates<T>(step);  // z, r and the candidate matmul's input r * hd_h
       at::mm_out(rec_h, rh, a.w.recurrent.narrow(1, 2 * u, u));
@@ -260,50 +311,42 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
 
   // dxw: input-side pre-activation gradients, in the layer input's layout.
   // drec: recurrent-side gradients in processing order (the weight GEMM's right operand).
-  Tensor dxw = at::empty({a.x3.size(0), a.x3.size(1), G * u}, opts);
-  Tensor drec = gru_after ? at::empty({Tn, B, G * u}, opts) : Tensor();
+  Tensor dxw = workspace({a.x3.size(0), a.x3.size(1), G * u}, opts);
+  Tensor drec = gru_after ? workspace({Tn, B, G * u}, opts) : Tensor();
   Tensor first = first_real_step(cfg, a.mask, reversed, opts);
 
   Tensor dh = dhn.defined() ? dhn.clone() : at::zeros({B, u}, opts);
   Tensor dc = cfg.has_cell_state() ? (dcn.defined() ? dcn.clone() : at::zeros({B, u}, opts)) : Tensor();
-  Tensor dh_next = at::empty({B, u}, opts);
-  Tensor tmp = at::empty({B, u}, opts);
-  Tensor step_drec = at::empty({B, G * u}, opts);  // this step's recurrent-side gradients
-  Tensor d_rh = gru_before ? at::empty({B, u}, opts) : Tensor();
 
   BackwardStep<T> step{};
   fill_common(step, cfg, a);
   step.dout = const_seq_of<T>(dout3, out_batch_major);
   step.dxw = seq_of<T>(dxw, a.in_batch_major);
-  step.drec = step_drec.data_ptr<T>();
   step.dc = cfg.has_cell_state() ? dc.data_ptr<T>() : nullptr;
-  step.d_rh = gru_before ? d_rh.data_ptr<T>() : nullptr;
-  step.mask_h = (gru_before && a.rmask.defined()) ? a.rmask[a.rmask.size(0) == 1 ? 0 : 2].data_ptr<T>() : nullptr;
   step.mask = a.mask.defined() ? a.mask.data_ptr<bool>() : nullptr;
   step.first = first.data_ptr<int64_t>();
-
-  for (int64_t s = Tn - 1; s >= 0; --s) {
-    step.s = s;
-    step.t = reversed ? Tn - 1 - s : s;
-    step.out_index = a.dir == 1 ? Tn - 1 - s : s;
-    step.dh = dh.data_ptr<T>();
-    step.dh_next = dh_next.data_ptr<T>();
-    step.h_prev = a.rs.h[s].data_ptr<T>();
-    step.h_new = a.rs.h[s + 1].data_ptr<T>();
-    step.c_prev = cfg.has_cell_state() ? a.rs.c[s].data_ptr<T>() : nullptr;
-    step.c_new = cfg.has_cell_state() ? a.rs.c[s + 1].data_ptr<T>() : nullptr;
-    step.saved = a.rs.saved[s].data_ptr<T>();
-    Policy::template backward_step<T>(step);
-    if (gru_before) {
-      // d(r * hd_h) = dn_pre . R_h^T; then the r gate and the candidate's share of dh.
-      at::mm_out(d_rh, step_drec.narrow(1, 2 * u, u), a.w.recurrent.narrow(1, 2 * u, u).t());
-      Policy::template gru_before_backward_b<T>(step);
-      recurrent_projection_backward(cfg, step_drec.narrow(1, 0, 2 * u), a.w.recurrent, a.rmask, 0, 2, tmp, dh_next);
-    } else {
-      recurrent_projection_backward(cfg, step_drec, a.w.recurrent, a.rmask, 0, G, tmp, dh_next);
+  if (!Policy::template time_loop_backward<T>(cfg, a, step, dxw, dh, drec)) {
+    Tensor dh_next = at::empty({B, u}, opts);
+    Tensor tmp = at::empty({B, u}, opts);
+    Tensor step_drec = at::empty({B, G * u}, opts);  // this step's recurrent-side gradients
+    Tensor d_rh = gru_before ? at::empty({B, u}, opts) : Tensor();
+    step.drec = step_drec.data_ptr<T>();
+    step.d_rh = gru_before ? d_rh.data_ptr<T>() : nullptr;
+    step.mask_h = (gru_before && a.rmask.defined()) ? a.rmask[a.rmask.size(0) == 1 ? 0 : 2].data_ptr<T>() : nullptr;
+    for (int64_t s = Tn - 1; s >= 0; --s) {
+      set_backward_step(step, cfg, a, s, dh.data_ptr<T>(), dh_next.data_ptr<T>());
+      Policy::template backward_step<T>(step);
+      if (gru_before) {
+        // d(r * hd_h) = dn_pre . R_h^T; then the r gate and the candidate's share of dh.
+        at::mm_out(d_rh, step_drec.narrow(1, 2 * u, u), a.w.recurrent.narrow(1, 2 * u, u).t());
+        Policy::template gru_before_backward_b<T>(step);
+        recurrent_projection_backward(cfg, step_drec.narrow(1, 0, 2 * u), a.w.recurrent, a.rmask, 0, 2, tmp, dh_next);
+      } else {
+        recurrent_projection_backward(cfg, step_drec, a.w.recurrent, a.rmask, 0, G, tmp, dh_next);
+      }
+      if (gru_after) drec[s].copy_(step_drec);
+      std::swap(dh, dh_next);
     }
-    if (gru_after) drec[s].copy_(step_drec);
-    std::swap(dh, dh_next);
   }
 
   // Weight gradients: GEMMs over all T*B rows at once.
@@ -313,8 +356,11 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   if (!a.dmask.defined() || a.dmask.size(0) == 1) {
     Tensor xd = a.dmask.defined() ? a.x3 * over_time(a.dmask[0], a.in_batch_major) : a.x3;
     g.dkernel = at::mm(xd.reshape({rows, in}).t(), dxw2);
-    Tensor dxin = at::mm(dxw2, a.w.kernel.t()).view(a.x3.sizes());
-    g.dx3.add_(a.dmask.defined() ? dxin * over_time(a.dmask[0], a.in_batch_major) : dxin);
+    if (a.dmask.defined()) {
+      g.dx3.add_(at::mm(dxw2, a.w.kernel.t()).view(a.x3.sizes()) * over_time(a.dmask[0], a.in_batch_major));
+    } else {
+      g.dx3.view({rows, in}).addmm_(dxw2, a.w.kernel.t());
+    }
   } else {
     g.dkernel = at::empty({in, G * u}, opts);
     for (int64_t k = 0; k < G; ++k) {
@@ -334,6 +380,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
     // Same as the input side, re-indexed from time to processing order.
     Tensor dxw_tm = a.in_batch_major ? dxw.transpose(0, 1) : dxw;
     drec_all = reversed ? dxw_tm.flip(0) : dxw_tm;
+    if (!drec_all.is_contiguous()) drec_all = workspace(drec_all.sizes(), opts).copy_(drec_all);
   }
   const int64_t hr_gates = gru_before ? 2 : G;
   g.drecurrent = at::empty({u, G * u}, opts);
@@ -370,11 +417,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward(const RnnConfig& cfg, const T
                                                    at::TensorList recurrent_dropout_masks) {
   const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, D = cfg.num_directions, L = cfg.num_layers;
   Tensor xc = x.contiguous();
-  Tensor y = at::empty({B, Tn, D * u}, x.options());
+  Tensor y = workspace({B, Tn, D * u}, x.options());
   Tensor h_n = at::empty({L * D, B, u}, x.options());
   Tensor c_n = cfg.has_cell_state() ? at::empty({L * D, B, u}, x.options()) : at::empty({0}, x.options());
   // The reserve travels as bytes (its layout is each backend's own business; see ops.cpp).
-  Tensor reserve_bytes = at::empty({cfg.reserve_size() * static_cast<int64_t>(x.element_size())}, x.options().dtype(at::kByte));
+  Tensor reserve_bytes = workspace({cfg.reserve_size() * static_cast<int64_t>(x.element_size())}, x.options().dtype(at::kByte));
   Tensor reserve = reserve_bytes.view(x.scalar_type());
   Tensor mask_c = mask.has_value() ? mask->contiguous() : Tensor();
 
@@ -432,7 +479,7 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> backward(
     for (int64_t l = L - 1; l >= 0; --l) {
       const bool last = l == L - 1;
       Tensor x3 = l == 0 ? xc : inner_layer_output(cfg, rc, l - 1);
-      Tensor dx3 = at::zeros(x3.sizes(), x3.options());
+      Tensor dx3 = workspace(x3.sizes(), x3.options()).zero_();
       for (int64_t d = 0; d < D; ++d) {
         const int64_t ld = l * D + d;
         DirectionArgs a{l, d, x3, l == 0, dir_weights(cfg, weights, ld), mask_c,

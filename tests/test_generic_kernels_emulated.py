@@ -1,7 +1,9 @@
 """The generic CUDA backend's kernels, checked without a GPU: their element functions
 (csrc/cuda/generic_kernels_body.h, the code the CUDA threads run) are executed on the CPU in
 ascending, descending and shuffled thread order under the same driver, and must reproduce the
-CPU backend bit for bit in float64 (outputs, states, the whole reserve, every gradient)."""
+CPU backend in float64 (outputs, states, the whole reserve, every gradient) to 1e-12. (Not bit for
+bit: the CPU backend's own time loop issues its recurrent GEMMs per unit block, straight to BLAS,
+so their rounding may differ in the last place from the driver's ATen GEMMs.)"""
 import itertools
 
 import numpy as np
@@ -58,14 +60,21 @@ def test_emulated_cuda_kernels_reproduce_the_cpu_backend(seed, order):
     expected = torch.ops.cudnn_rnn.rnn_forward(x, weights, mask, h0, c0, dm, rdm, *config)
     got = _C.emulated_generic_forward(order, x, weights, mask, h0, c0, dm, rdm, *config)
     for name, a, b in zip(("y", "h_n", "c_n", "reserve"), got, expected):
-        assert torch.equal(a, b), f"{name} differs"
+        if name == "reserve":
+            a, b = a.view(torch.float64), b.view(torch.float64)
+        _close(a, b, name)
     grads = [torch.randn_like(expected[0]), torch.randn_like(expected[1]), torch.randn_like(expected[2])]
     expected_b = torch.ops.cudnn_rnn.rnn_backward(*grads, x, weights, mask, dm, rdm, expected[3], *config)
     got_b = _C.emulated_generic_backward(order, *grads, x, weights, mask, dm, rdm, expected[3], *config)
-    assert torch.equal(got_b[0], expected_b[0]), "grad_x differs"
+    _close(got_b[0], expected_b[0], "grad_x")
     for i, (a, b) in enumerate(zip(got_b[1], expected_b[1])):
-        assert torch.equal(a, b), f"grad_weights[{i}] differs"
-    assert torch.equal(got_b[2], expected_b[2]) and torch.equal(got_b[3], expected_b[3]), "state gradients differ"
+        _close(a, b, f"grad_weights[{i}]")
+    _close(got_b[2], expected_b[2], "grad_h0")
+    _close(got_b[3], expected_b[3], "grad_c0")
+
+
+def _close(a, b, name):
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=lambda m: f"{name}: {m}")
 
 
 def test_the_sweep_covers_what_it_should():

@@ -23,80 +23,100 @@ namespace cpu {
 // Scratch floats a row kernel needs, per row.
 inline int64_t row_scratch_size(int64_t units) { return 10 * units; }
 
+// The gate blocks of one row: gate g's n values start at p + g * stride. A kernel may see all u
+// units of a row (stride u) or a slice of them (the CPU time loop splits units across threads).
 template <typename T>
-void lstm_row_forward(Activation act, Activation ract, int64_t u, const T* xw, const T* rec, const T* c_prev,
-                      T* saved, T* h_new, T* c_new, T* scratch) {
-  T* g = scratch;       // i, f, c~, o
-  T* tc = scratch + 4 * u;
-  for (int64_t k = 0; k < 4 * u; ++k) saved[k] = xw[k] + rec[k];
-  activate_array(ract, saved, g, 2 * u);
-  activate_array(act, saved + 2 * u, g + 2 * u, u);
-  activate_array(ract, saved + 3 * u, g + 3 * u, u);
-  for (int64_t j = 0; j < u; ++j) c_new[j] = g[u + j] * c_prev[j] + g[j] * g[2 * u + j];
-  activate_array(act, c_new, tc, u);
-  for (int64_t j = 0; j < u; ++j) h_new[j] = g[3 * u + j] * tc[j];
+struct Gates {
+  T* p;
+  int64_t stride;
+  T* operator[](int64_t g) const { return p + g * stride; }
+};
+
+template <typename T>
+void lstm_row_forward(Activation act, Activation ract, int64_t n, Gates<const T> xw, Gates<const T> rec,
+                      const T* c_prev, Gates<T> saved, T* h_new, T* c_new, T* scratch) {
+  T* g = scratch;  // i, f, c~, o
+  T* tc = scratch + 4 * n;
+  for (int64_t q = 0; q < 4; ++q) {
+    for (int64_t k = 0; k < n; ++k) saved[q][k] = xw[q][k] + rec[q][k];
+  }
+  activate_array(ract, saved[0], g, n);
+  activate_array(ract, saved[1], g + n, n);
+  activate_array(act, saved[2], g + 2 * n, n);
+  activate_array(ract, saved[3], g + 3 * n, n);
+  for (int64_t j = 0; j < n; ++j) c_new[j] = g[n + j] * c_prev[j] + g[j] * g[2 * n + j];
+  activate_array(act, c_new, tc, n);
+  for (int64_t j = 0; j < n; ++j) h_new[j] = g[3 * n + j] * tc[j];
 }
 
 // dc is read as the gradient w.r.t. c_new and overwritten with the one w.r.t. c_prev.
 template <typename T>
-void lstm_row_backward(Activation act, Activation ract, int64_t u, const T* saved, const T* c_prev, const T* c_new,
-                       const T* dh, T* dc, T* dx, T* scratch) {
-  T* g = scratch;            // 4u activated gates
-  T* ga = scratch + 4 * u;   // 4u their derivatives
-  T* tc = scratch + 8 * u;   // act(c_new)
-  T* tca = scratch + 9 * u;  // act'(c_new)
-  activate_array(ract, saved, g, 2 * u);
-  activate_array(act, saved + 2 * u, g + 2 * u, u);
-  activate_array(ract, saved + 3 * u, g + 3 * u, u);
-  activate_grad_array(ract, saved, g, ga, 2 * u);
-  activate_grad_array(act, saved + 2 * u, g + 2 * u, ga + 2 * u, u);
-  activate_grad_array(ract, saved + 3 * u, g + 3 * u, ga + 3 * u, u);
-  activate_array(act, c_new, tc, u);
-  activate_grad_array(act, c_new, tc, tca, u);
-  for (int64_t j = 0; j < u; ++j) {
-    const T dcc = dc[j] + dh[j] * g[3 * u + j] * tca[j];
-    dx[j] = dcc * g[2 * u + j] * ga[j];
-    dx[u + j] = dcc * c_prev[j] * ga[u + j];
-    dx[2 * u + j] = dcc * g[j] * ga[2 * u + j];
-    dx[3 * u + j] = dh[j] * tc[j] * ga[3 * u + j];
-    dc[j] = dcc * g[u + j];
+void lstm_row_backward(Activation act, Activation ract, int64_t n, Gates<const T> saved, const T* c_prev,
+                       const T* c_new, const T* dh, T* dc, Gates<T> dx, T* scratch) {
+  T* g = scratch;            // 4n activated gates
+  T* ga = scratch + 4 * n;   // 4n their derivatives
+  T* tc = scratch + 8 * n;   // act(c_new)
+  T* tca = scratch + 9 * n;  // act'(c_new)
+  for (int64_t q = 0; q < 4; ++q) {
+    const Activation f = q == 2 ? act : ract;
+    activate_array(f, saved[q], g + q * n, n);
+    activate_grad_array(f, saved[q], g + q * n, ga + q * n, n);
+  }
+  activate_array(act, c_new, tc, n);
+  activate_grad_array(act, c_new, tc, tca, n);
+  T* di = dx[0];
+  T* df = dx[1];
+  T* dg = dx[2];
+  T* dout = dx[3];
+  for (int64_t j = 0; j < n; ++j) {
+    const T dcc = dc[j] + dh[j] * g[3 * n + j] * tca[j];
+    di[j] = dcc * g[2 * n + j] * ga[j];
+    df[j] = dcc * c_prev[j] * ga[n + j];
+    dg[j] = dcc * g[j] * ga[2 * n + j];
+    dout[j] = dh[j] * tc[j] * ga[3 * n + j];
+    dc[j] = dcc * g[n + j];
   }
 }
 
-// GRU reset_after=True: rec = h·R + b_rec for z, r, h.
+// GRU reset_after=True: rec = h·R + b_rec for z, r, h. saved: z, r, n pre-activations and hh.
 template <typename T>
-void gru_after_row_forward(Activation act, Activation ract, int64_t u, const T* xw, const T* rec, const T* h_prev,
-                           T* saved, T* h_new, T* scratch) {
+void gru_after_row_forward(Activation act, Activation ract, int64_t n, Gates<const T> xw, Gates<const T> rec,
+                           const T* h_prev, Gates<T> saved, T* h_new, T* scratch) {
   T* zr = scratch;
-  T* n = scratch + 2 * u;
-  for (int64_t k = 0; k < 2 * u; ++k) saved[k] = xw[k] + rec[k];
-  for (int64_t j = 0; j < u; ++j) saved[3 * u + j] = rec[2 * u + j];
-  activate_array(ract, saved, zr, 2 * u);
-  for (int64_t j = 0; j < u; ++j) saved[2 * u + j] = xw[2 * u + j] + zr[u + j] * saved[3 * u + j];
-  activate_array(act, saved + 2 * u, n, u);
-  for (int64_t j = 0; j < u; ++j) h_new[j] = zr[j] * h_prev[j] + (T(1) - zr[j]) * n[j];
+  T* nn = scratch + 2 * n;
+  for (int64_t q = 0; q < 2; ++q) {
+    for (int64_t k = 0; k < n; ++k) saved[q][k] = xw[q][k] + rec[q][k];
+  }
+  for (int64_t j = 0; j < n; ++j) saved[3][j] = rec[2][j];
+  activate_array(ract, saved[0], zr, n);
+  activate_array(ract, saved[1], zr + n, n);
+  for (int64_t j = 0; j < n; ++j) saved[2][j] = xw[2][j] + zr[n + j] * saved[3][j];
+  activate_array(act, saved[2], nn, n);
+  for (int64_t j = 0; j < n; ++j) h_new[j] = zr[j] * h_prev[j] + (T(1) - zr[j]) * nn[j];
 }
 
 template <typename T>
-void gru_after_row_backward(Activation act, Activation ract, int64_t u, const T* saved, const T* h_prev, const T* dh,
-                            T* dx, T* drec, T* dh_prev, T* scratch) {
+void gru_after_row_backward(Activation act, Activation ract, int64_t n, Gates<const T> saved, const T* h_prev,
+                            const T* dh, Gates<T> dx, Gates<T> drec, T* dh_prev, T* scratch) {
   T* zr = scratch;
-  T* zra = scratch + 2 * u;
-  T* n = scratch + 4 * u;
-  T* na = scratch + 5 * u;
-  activate_array(ract, saved, zr, 2 * u);
-  activate_grad_array(ract, saved, zr, zra, 2 * u);
-  activate_array(act, saved + 2 * u, n, u);
-  activate_grad_array(act, saved + 2 * u, n, na, u);
-  for (int64_t j = 0; j < u; ++j) {
-    const T z = zr[j], r = zr[u + j];
+  T* zra = scratch + 2 * n;
+  T* nn = scratch + 4 * n;
+  T* na = scratch + 5 * n;
+  for (int64_t q = 0; q < 2; ++q) {
+    activate_array(ract, saved[q], zr + q * n, n);
+    activate_grad_array(ract, saved[q], zr + q * n, zra + q * n, n);
+  }
+  activate_array(act, saved[2], nn, n);
+  activate_grad_array(act, saved[2], nn, na, n);
+  for (int64_t j = 0; j < n; ++j) {
+    const T z = zr[j], r = zr[n + j];
     const T dn = dh[j] * (T(1) - z) * na[j];
-    const T dz = dh[j] * (h_prev[j] - n[j]) * zra[j];
-    const T dr = dn * saved[3 * u + j] * zra[u + j];
-    dx[j] = drec[j] = dz;
-    dx[u + j] = drec[u + j] = dr;
-    dx[2 * u + j] = dn;
-    drec[2 * u + j] = dn * r;
+    const T dz = dh[j] * (h_prev[j] - nn[j]) * zra[j];
+    const T dr = dn * saved[3][j] * zra[n + j];
+    dx[0][j] = drec[0][j] = dz;
+    dx[1][j] = drec[1][j] = dr;
+    dx[2][j] = dn;
+    drec[2][j] = dn * r;
     dh_prev[j] = dh[j] * z;
   }
 }

@@ -1,15 +1,20 @@
-// CPU backend of the recurrent stack ops: the device-generic driver (rnn_driver.h) with row
-// loops for the pointwise step, in parallel over batch rows (at::parallel_for, the user's
-// thread count), each row's gates activated as arrays (cell_rows.h, vectorised). float16 and
-// bfloat16 compute in float32.
+// CPU backend of the recurrent stack ops: the device-generic driver (rnn_driver.h) with a time
+// loop of its own (TimeLoops below) for LSTM, GRU reset_after=True and SimpleRNN without
+// recurrent dropout, and row loops in parallel over batch rows for the rest. Each row's gates
+// are activated as arrays (cell_rows.h, vectorised). float16 and bfloat16 compute in float32.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <climits>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../rnn_driver.h"
 #include "cell_rows.h"
+#include "time_loop.h"
 
 namespace cudnn_rnn {
 namespace {
@@ -18,7 +23,212 @@ using at::Tensor;
 
 int64_t grain(int64_t units, int64_t gates) { return std::max<int64_t>(1, 16384 / (units * gates)); }
 
-struct CpuPolicy {
+// The BLAS ATen itself calls (MKL in the x86-64 wheels), for GEMMs issued from our own worker
+// threads, where the dispatcher's thread-local state is not set up. Weak: without it the
+// generic loops run instead.
+extern "C" {
+void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
+            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+            const int* ldc) __attribute__((weak));
+void dgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const double* alpha,
+            const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
+            const int* ldc) __attribute__((weak));
+}
+
+template <typename T>
+bool have_blas() {
+  return std::is_same_v<T, float> ? sgemm_ != nullptr : dgemm_ != nullptr;
+}
+
+// Row-major C[M, N] = A[M, K] · op(B) + beta · C on the calling thread, where op(B) is B [K, N]
+// or, with trans_b, the transpose of B [N, K]. (In BLAS's column-major terms: C^T = op(B)^T A^T.)
+template <typename T>
+void gemm(bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* Bm, int64_t ldb, T beta,
+          T* C, int64_t ldc) {
+  const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
+  const int la = static_cast<int>(ldb), lb = static_cast<int>(lda), lc = static_cast<int>(ldc);
+  const T one = 1;
+  const char* ta = trans_b ? "T" : "N";
+  if constexpr (std::is_same_v<T, float>) {
+    sgemm_(ta, "N", &m, &n, &k, &one, Bm, &la, A, &lb, &beta, C, &lc);
+  } else {
+    dgemm_(ta, "N", &m, &n, &k, &one, Bm, &la, A, &lb, &beta, C, &lc);
+  }
+}
+
+// Whether the time loops below take a configuration; every size must also fit BLAS's int.
+template <typename T>
+bool fused_loop_applies(const RnnConfig& cfg, const driver::DirectionArgs& a) {
+  if (cfg.cell == CellKind::GRU && !cfg.reset_after) return false;  // two GEMMs per step
+  if (a.rmask.defined() || !have_blas<T>()) return false;
+  const int64_t big = std::max<int64_t>({cfg.batch, cfg.time * cfg.gates() * cfg.units, cfg.num_directions * cfg.units * cfg.time});
+  return big < INT_MAX / 4;
+}
+
+struct TimeLoops {
+  template <typename T>
+  static bool time_loop_forward(const RnnConfig& cfg, const driver::DirectionArgs& a, ForwardStep<T>& step) {
+    if (!fused_loop_applies<T>(cfg, a)) return false;
+    const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates();
+    const cpu::UnitBlocks blocks(B, u, G);
+    // Per block: its gate columns of the recurrent kernel as one [u, G*w] matrix (and of the
+    // recurrent bias), the GEMM's output [B, G*w], and the row kernel's scratch.
+    std::vector<Tensor> kernel(blocks.n), bias(blocks.n), rec(blocks.n), scratch(blocks.n);
+    for (int64_t k = 0; k < blocks.n; ++k) {
+      const int64_t j0 = blocks.start[k], w = blocks.width(k);
+      kernel[k] = blocks.n == 1 ? a.w.recurrent
+                                : a.w.recurrent.view({u, G, u}).narrow(2, j0, w).reshape({u, G * w}).contiguous();
+      if (a.w.bias_rec.defined()) bias[k] = a.w.bias_rec.view({G, u}).narrow(1, j0, w).reshape({G * w}).contiguous();
+      rec[k] = at::empty({B, G * w}, a.x3.options());
+      scratch[k] = at::empty({cpu::row_scratch_size(w)}, a.x3.options());
+    }
+    for (int64_t s = 0; s < cfg.time; ++s) {
+      driver::set_forward_step(step, cfg, a, s);
+      at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
+        for (int64_t k = k0; k < k1; ++k) {
+          forward_block<T>(step, blocks.start[k], blocks.width(k), kernel[k].data_ptr<T>(),
+                           bias[k].defined() ? bias[k].data_ptr<T>() : nullptr, rec[k].data_ptr<T>(),
+                           scratch[k].data_ptr<T>());
+        }
+      });
+      if (step.mask) {
+        for (int64_t b = 0; b < B; ++b) step.seen[b] |= step.mask[b * cfg.time + step.t];
+      }
+    }
+    return true;
+  }
+
+  // Backward: a task first finishes its units of dh (adding the recurrent GEMM of the step
+  // processed before, whose gate gradients are complete after the previous fork-join), then runs
+  // the cell backward of those units. The last GEMM (into dh0) runs after the loop.
+  template <typename T>
+  static bool time_loop_backward(const RnnConfig& cfg, const driver::DirectionArgs& a, BackwardStep<T>& step,
+                                 const Tensor& dxw, Tensor& dh, const Tensor& drec) {
+    if (!fused_loop_applies<T>(cfg, a)) return false;
+    const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates(), Tn = cfg.time;
+    const bool gru = cfg.cell == CellKind::GRU;
+    const cpu::UnitBlocks blocks(B, u, G);
+    std::vector<Tensor> scratch(blocks.n);
+    for (int64_t k = 0; k < blocks.n; ++k) scratch[k] = at::empty({cpu::row_scratch_size(blocks.width(k))}, dxw.options());
+    Tensor dh_next = at::empty({B, u}, dxw.options());
+    const T* R = a.w.recurrent.data_ptr<T>();  // [u, G*u]
+    // The recurrent-side gate gradients of step s, [B, G*u] rows: GRU's own, else the input side's.
+    auto grads_of = [&](int64_t s) -> std::pair<const T*, int64_t> {
+      if (gru) return {drec.data_ptr<T>() + s * B * G * u, G * u};
+      const int64_t t = cfg.reversed(a.dir) ? Tn - 1 - s : s;
+      return {step.dxw.row(t, 0), step.dxw.row_stride};
+    };
+    for (int64_t s = Tn - 1; s >= 0; --s) {
+      driver::set_backward_step(step, cfg, a, s, dh.data_ptr<T>(), dh_next.data_ptr<T>());
+      step.drec = gru ? drec.data_ptr<T>() + s * B * G * u : nullptr;
+      const auto [later, ld] = s + 1 < Tn ? grads_of(s + 1) : std::pair<const T*, int64_t>{nullptr, 0};
+      at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
+        for (int64_t k = k0; k < k1; ++k) {
+          const int64_t j0 = blocks.start[k], w = blocks.width(k);
+          if (later) gemm<T>(true, B, w, G * u, later, ld, R + j0 * G * u, G * u, T(1), step.dh + j0, u);
+          backward_block<T>(step, j0, w, scratch[k].data_ptr<T>());
+        }
+      });
+      std::swap(dh, dh_next);
+    }
+    const auto [first, ld] = grads_of(0);
+    at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        const int64_t j0 = blocks.start[k];
+        gemm<T>(true, B, blocks.width(k), G * u, first, ld, R + j0 * G * u, G * u, T(1), dh.data_ptr<T>() + j0, u);
+      }
+    });
+    return true;
+  }
+
+ private:
+  // Units [j0, j0 + w) of one forward step, every row.
+  template <typename T>
+  static void forward_block(const ForwardStep<T>& p, int64_t j0, int64_t w, const T* kernel, const T* bias, T* rec,
+                            T* scratch) {
+    const int64_t B = p.batch, u = p.units, G = p.gates, S = p.saved_width, ldr = G * w;
+    if (bias) {
+      for (int64_t b = 0; b < B; ++b) std::copy(bias, bias + ldr, rec + b * ldr);
+    }
+    gemm<T>(false, B, ldr, u, p.h_prev, u, kernel, ldr, bias ? T(1) : T(0), rec, ldr);
+    for (int64_t b = 0; b < B; ++b) {
+      const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
+      const T* hp = p.h_prev + b * u + j0;
+      T* hn = p.h_next + b * u + j0;
+      T* outr = p.out.row(p.out_index, b) + p.out_col + j0;
+      T* sv = p.saved + b * S + j0;
+      if (!real) {
+        const bool zero = p.zero_out || !p.seen[b];
+        for (int64_t j = 0; j < w; ++j) {
+          hn[j] = hp[j];
+          outr[j] = zero ? T(0) : hp[j];
+        }
+        if (p.c_next) std::copy(p.c_prev + b * u + j0, p.c_prev + b * u + j0 + w, p.c_next + b * u + j0);
+        for (int64_t q = 0; q < S / u; ++q) std::fill(sv + q * u, sv + q * u + w, T(0));
+        continue;
+      }
+      const T* xwr = p.xw.row(p.t, b) + j0;
+      const T* recr = rec + b * ldr;
+      switch (p.cell) {
+        case CellKind::LSTM:
+          cpu::lstm_row_forward<T>(p.act, p.ract, w, {xwr, u}, {recr, w}, p.c_prev + b * u + j0, {sv, u}, hn,
+                                   p.c_next + b * u + j0, scratch);
+          break;
+        case CellKind::GRU:
+          cpu::gru_after_row_forward<T>(p.act, p.ract, w, {xwr, u}, {recr, w}, hp, {sv, u}, hn, scratch);
+          break;
+        case CellKind::SimpleRNN:
+          cpu::simple_row_forward<T>(p.act, w, xwr, recr, sv, hn);
+          break;
+      }
+      std::copy(hn, hn + w, outr);
+    }
+  }
+
+  // Units [j0, j0 + w) of one backward step, every row (see CpuPolicy::backward_step).
+  template <typename T>
+  static void backward_block(const BackwardStep<T>& p, int64_t j0, int64_t w, T* scratch) {
+    const int64_t B = p.batch, u = p.units, G = p.gates, S = p.saved_width;
+    for (int64_t b = 0; b < B; ++b) {
+      const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
+      const bool reads = p.zero_out ? real : p.s >= p.first[b];
+      T* dhr = p.dh + b * u + j0;
+      if (reads) {
+        const T* dor = p.dout.row(p.out_index, b) + p.out_col + j0;
+        for (int64_t j = 0; j < w; ++j) dhr[j] += dor[j];
+      }
+      T* dxr = p.dxw.row(p.t, b) + j0;
+      T* drr = p.drec ? p.drec + b * G * u + j0 : nullptr;
+      T* dnr = p.dh_next + b * u + j0;
+      if (!real) {
+        for (int64_t q = 0; q < G; ++q) {
+          std::fill(dxr + q * u, dxr + q * u + w, T(0));
+          if (drr) std::fill(drr + q * u, drr + q * u + w, T(0));
+        }
+        std::copy(dhr, dhr + w, dnr);
+        continue;  // dc carries through unchanged
+      }
+      const T* sv = p.saved + b * S + j0;
+      switch (p.cell) {
+        case CellKind::LSTM:
+          cpu::lstm_row_backward<T>(p.act, p.ract, w, {sv, u}, p.c_prev + b * u + j0, p.c_new + b * u + j0, dhr,
+                                    p.dc + b * u + j0, {dxr, u}, scratch);
+          std::fill(dnr, dnr + w, T(0));
+          break;
+        case CellKind::GRU:
+          cpu::gru_after_row_backward<T>(p.act, p.ract, w, {sv, u}, p.h_prev + b * u + j0, dhr, {dxr, u}, {drr, u},
+                                         dnr, scratch);
+          break;
+        case CellKind::SimpleRNN:
+          cpu::simple_row_backward<T>(p.act, w, sv, p.h_new + b * u + j0, dhr, dxr);
+          std::fill(dnr, dnr + w, T(0));
+          break;
+      }
+    }
+  }
+};
+
+struct CpuPolicy : TimeLoops {
   template <typename T>
   static void gru_before_gates(const ForwardStep<T>& p) {
     const int64_t u = p.units, G = p.gates, S = p.saved_width;
@@ -63,12 +273,12 @@ struct CpuPolicy {
         }
         switch (p.cell) {
           case CellKind::LSTM:
-            cpu::lstm_row_forward<T>(p.act, p.ract, u, xwr, recr, p.c_prev + b * u, sv, hn, p.c_next + b * u,
-                                     scratch.data());
+            cpu::lstm_row_forward<T>(p.act, p.ract, u, {xwr, u}, {recr, u}, p.c_prev + b * u, {sv, u}, hn,
+                                     p.c_next + b * u, scratch.data());
             break;
           case CellKind::GRU:
             if (p.reset_after) {
-              cpu::gru_after_row_forward<T>(p.act, p.ract, u, xwr, recr, hp, sv, hn, scratch.data());
+              cpu::gru_after_row_forward<T>(p.act, p.ract, u, {xwr, u}, {recr, u}, hp, {sv, u}, hn, scratch.data());
             } else {
               cpu::gru_before_row_update<T>(p.act, p.ract, u, xwr, p.rec_h + b * u, hp, sv, hn, scratch.data());
             }
@@ -109,14 +319,14 @@ struct CpuPolicy {
         const T* hp = p.h_prev + b * u;
         switch (p.cell) {
           case CellKind::LSTM:
-            cpu::lstm_row_backward<T>(p.act, p.ract, u, sv, p.c_prev + b * u, p.c_new + b * u, dhr, p.dc + b * u, dxr,
-                                      scratch.data());
+            cpu::lstm_row_backward<T>(p.act, p.ract, u, {sv, u}, p.c_prev + b * u, p.c_new + b * u, dhr, p.dc + b * u,
+                                      {dxr, u}, scratch.data());
             for (int64_t j = 0; j < u; ++j) dnr[j] = T(0);
             for (int64_t k = 0; k < G * u; ++k) drr[k] = dxr[k];
             break;
           case CellKind::GRU:
             if (p.reset_after) {
-              cpu::gru_after_row_backward<T>(p.act, p.ract, u, sv, hp, dhr, dxr, drr, dnr, scratch.data());
+              cpu::gru_after_row_backward<T>(p.act, p.ract, u, {sv, u}, hp, dhr, {dxr, u}, {drr, u}, dnr, scratch.data());
             } else {
               cpu::gru_before_row_backward_a<T>(p.act, p.ract, u, sv, hp, dhr, dxr, dnr, scratch.data());
               for (int64_t j = 0; j < u; ++j) {
@@ -185,6 +395,12 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> rnn_backward_cpu(
 }
 
 }  // namespace
+
+cpu::UnitBlocks::UnitBlocks(int64_t batch, int64_t units, int64_t gates) {
+  const int64_t work = batch * gates * units * units;  // multiply-adds of one step's GEMM
+  n = std::min<int64_t>({at::get_num_threads(), std::max<int64_t>(1, work >> 19), std::max<int64_t>(1, units / 8)});
+  for (int64_t k = 0; k <= n; ++k) start.push_back(k == n ? units : units * k / n / 8 * 8);
+}
 
 TORCH_LIBRARY_IMPL(cudnn_rnn, CPU, m) {
   m.impl("rnn_forward", &rnn_forward_cpu);

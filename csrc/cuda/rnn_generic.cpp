@@ -16,7 +16,7 @@ namespace {
 
 using at::Tensor;
 
-struct CudaPolicy {
+struct CudaPolicy : driver::GenericTimeLoops {
   template <typename T>
   static void forward_step(const ForwardStep<T>& p) {
     cuda::launch_forward_step<T>(p, at::cuda::getCurrentCUDAStream());

@@ -1,0 +1,118 @@
+"""The CPU backend's threaded time loop (csrc/cpu/rnn_cpu.cpp): the recurrent GEMM and the cell
+update split into unit blocks, one per thread. Small problems get one block, so these tests use
+sizes that split, and hold the split result to torch.nn (the oracle) and to the one-block run
+(itself held to Keras by test_keras_parity) where torch.nn cannot express the call (masks)."""
+import pytest
+import torch
+
+import cudnn_rnn
+from cudnn_rnn import _C
+from test_torch_parity import _grads_as_module
+
+B, T, I, U = 64, 6, 24, 100  # U = 100: blocks of 24 units and a last one of 28 on 4 threads
+LAYERS = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU, "simple_rnn": cudnn_rnn.SimpleRNN}
+GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
+BATCH = {"lstm": B, "gru": B, "simple_rnn": 4 * B}  # enough work per step to split
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def test_unit_blocks_split_on_threads(threads):
+    threads(4)
+    bounds = _C.cpu_unit_blocks(B, U, 4)
+    assert bounds == [0, 24, 48, 72, 100]
+    threads(1)
+    assert _C.cpu_unit_blocks(B, U, 4) == [0, U]
+    threads(4)
+    assert _C.cpu_unit_blocks(1, 16, 4) == [0, 16]  # too little work to split
+
+
+def _layer(cell, bidirectional=False, **kwargs):
+    torch.manual_seed(0)
+    layer = LAYERS[cell](I, U, return_sequences=True, return_state=True, dtype=torch.float64, **kwargs)
+    if bidirectional:
+        layer = cudnn_rnn.Bidirectional(layer)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.uniform_(-0.3, 0.3)
+    return layer
+
+
+def _run(layer, x, mask=None):
+    x = x.detach().clone().requires_grad_(True)
+    out = layer(x, mask=mask)
+    torch.manual_seed(1)
+    loss = sum((o * torch.randn_like(o)).sum() for o in out)
+    grads = torch.autograd.grad(loss, [x, *layer.parameters()])
+    return [o.detach() for o in out], grads
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "simple_rnn"])
+def test_split_loop_matches_torch_nn(cell, threads):
+    threads(4)
+    assert len(_C.cpu_unit_blocks(BATCH[cell], U, GATES[cell])) > 2
+    ours = _layer(cell, num_layers=2)
+    ref = ours.to_torch()
+    x = torch.randn(BATCH[cell], T, I, dtype=torch.float64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    y = ours(x)[0]
+    y_ref, _ = ref(x_ref)
+    torch.testing.assert_close(y, y_ref)
+    g = torch.randn_like(y)
+    (y * g).sum().backward()
+    (y_ref * g).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    back = cudnn_rnn.from_torch(_grads_as_module(ref))
+    for (name, p), (_, q) in zip(ours.named_parameters(), back.named_parameters()):
+        torch.testing.assert_close(p.grad, q, msg=lambda m: f"{name}: {m}")
+
+
+def _random_mask(seed, batch):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(batch, T, generator=g) > 0.3
+    mask[0] = False          # a row with no real step
+    mask[1, :3] = False      # leading masked steps
+    return mask
+
+
+@pytest.mark.parametrize("cell,kwargs", [
+    ("lstm", {}),
+    ("lstm", {"go_backwards": True, "zero_output_for_mask": True}),
+    ("gru", {}),
+    ("gru", {"use_bias": False, "go_backwards": True}),
+    ("simple_rnn", {"activation": "relu"}),
+])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_split_loop_matches_one_block_with_masks(cell, kwargs, bidirectional, threads):
+    x = torch.randn(BATCH[cell], T, I, dtype=torch.float64)
+    mask = _random_mask(2, BATCH[cell])
+    layer = _layer(cell, bidirectional, **kwargs)
+    threads(1)
+    out1, grads1 = _run(layer, x, mask)
+    threads(4)
+    assert len(_C.cpu_unit_blocks(BATCH[cell], U, GATES[cell])) > 2
+    out4, grads4 = _run(layer, x, mask)
+    for a, b in zip(out4 + list(grads4), out1 + list(grads1)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_buffer_pool_reuses_and_frees():
+    _C.empty_cpu_cache()
+    assert _C.cpu_cache_info()[0] == 0
+    layer = cudnn_rnn.LSTM(64, 64, return_sequences=True)
+    x = torch.randn(64, 100, 64)  # a 6.5 MB input projection: pooled
+    with torch.no_grad():
+        first = layer(x)
+    idle, limit = _C.cpu_cache_info()
+    assert 0 < idle <= limit
+    with torch.no_grad():
+        second = layer(x)
+    assert _C.cpu_cache_info()[0] <= idle  # served from the pool, not grown
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    _C.empty_cpu_cache()
+    assert _C.cpu_cache_info()[0] == 0
