@@ -1,0 +1,132 @@
+"""The benchmark suite (python -m benchmarks.run) at smoke sizes: it writes the table, JSON and PNG
+it promises, and its correctness guard refuses a peer that computes something else."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import peers, run
+from benchmarks.workloads import WORKLOADS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = ("forward", "forward+backward")
+
+
+def expected_rows():
+    """(workload, cell, mode, implementation) -> status, for the torch and keras3 peers."""
+    out = {}
+    for w in WORKLOADS:
+        for cell in w.cells:
+            torch_nn = ["torch.nn padded", "torch.nn packed"] if w.lengths else ["torch.nn"]
+            keras_only = (cell == "gru" and not w.reset_after) or w.recurrent_dropout > 0
+            for mode in MODES:
+                out[(w.name, cell, mode, "cudnn_rnn")] = "ok"
+                for name in torch_nn:
+                    out[(w.name, cell, mode, name)] = "n/a" if keras_only else "ok"
+                out[(w.name, cell, mode, "keras3 (torch)")] = "ok"
+    return out
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    report = run.main(["--smoke", "--peers", "torch,keras3", "--out", str(out)])
+    return out, report
+
+
+def test_json_has_one_row_per_case_mode_and_implementation(smoke_run):
+    out, report = smoke_run
+    with open(out / "cpu.json") as f:
+        saved = json.load(f)
+    assert saved["rows"] == json.loads(json.dumps(report["rows"]))
+    keys = [(r["workload"], r["cell"], r["mode"], r["implementation"]) for r in saved["rows"]]
+    assert len(keys) == len(set(keys)), "duplicate rows"
+    assert {k: r["status"] for k, r in zip(keys, saved["rows"])} == expected_rows()
+    assert saved["peers"] == {"torch": "in-process", "keras3": "in-process"}
+
+
+def test_rows_have_positive_times_and_ratios(smoke_run):
+    _, report = smoke_run
+    assert report["gemm"]["gflops"] > 0
+    ours = {}
+    for r in report["rows"]:
+        if r["status"] != "ok":
+            assert r["note"].startswith("cannot express"), r
+            continue
+        t = r["time_ms"]
+        assert 0 < t["min"] <= t["median"] <= t["max"], r
+        assert r["gflop"] > 0 and r["gflops"] > 0 and r["fraction_of_peak"] > 0, r
+        key = (r["workload"], r["cell"], r["mode"])
+        if r["implementation"] == "cudnn_rnn":
+            assert r["peer_over_ours"] is None
+            ours[key] = t["median"]
+        else:
+            assert r["peer_over_ours"] == pytest.approx(t["median"] / ours[key]), r
+
+
+def test_flops_count_real_steps_only(smoke_run):
+    _, report = smoke_run
+    rows = {(r["workload"], r["cell"], r["mode"], r["implementation"]): r for r in report["rows"]}
+    fixed = rows[("fastrnns", "lstm", "forward", "cudnn_rnn")]
+    w = report["workloads"]["fastrnns"]
+    assert fixed["gflop"] * 1e9 == pytest.approx(2 * w["T"] * w["B"] * (w["I"] + w["H"]) * 4 * w["H"])
+    assert rows[("fastrnns", "lstm", "forward+backward", "cudnn_rnn")]["gflop"] == pytest.approx(3 * fixed["gflop"])
+    variable = rows[("variable-length", "lstm", "forward", "cudnn_rnn")]
+    assert variable["gflop"] < fixed["gflop"]  # same shapes, shorter sequences
+
+
+def test_png_is_written(smoke_run):
+    out, _ = smoke_run
+    with open(out / "cpu.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.path.getsize(out / "cpu.png") > 10_000
+
+
+def test_guard_refuses_a_peer_that_disagrees(tmp_path, monkeypatch):
+    real = peers.Keras3.output
+    monkeypatch.setattr(peers.Keras3, "output", lambda self: real(self) + 1e-3)
+    with pytest.raises(peers.PeerMismatch, match="keras3"):
+        run.main(["--smoke", "--only", "fastrnns/lstm", "--peers", "keras3", "--out", str(tmp_path)])
+    assert not (tmp_path / "cpu.json").exists()
+
+
+def test_guard_on_packed_sequences_ignores_only_the_padding(tmp_path, monkeypatch):
+    real = peers.TorchNNPacked.output
+
+    def perturb(where):
+        def output(self):
+            y = real(self).clone()
+            y[where(self.inputs.mask.cpu())] += 1.0
+            return y
+        return output
+
+    args = ["--smoke", "--only", "variable-length/lstm", "--peers", "torch", "--out", str(tmp_path)]
+    monkeypatch.setattr(peers.TorchNNPacked, "output", perturb(lambda mask: ~mask))
+    run.main(args)  # the padded steps are not compared
+    monkeypatch.setattr(peers.TorchNNPacked, "output", perturb(lambda mask: mask))
+    with pytest.raises(peers.PeerMismatch, match="torch.nn packed"):
+        run.main(args)
+
+
+def test_cli_rejects_an_unknown_peer():
+    with pytest.raises(SystemExit):
+        run.parse_args(["--peers", "torch,mxnet"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None, reason="tf_keras not installed "
+                    "(requirements-bench.txt)")
+def test_tf_keras_peer_in_a_fresh_process(tmp_path):
+    # A subprocess: TensorFlow is imported by the benchmark itself, after torch, as in real runs.
+    env = {**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--only", "keras-only",
+                           "--peers", "torch,keras3,tf_keras", "--out", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "cpu.json") as f:
+        rows = json.load(f)["rows"]
+    tf_rows = [r for r in rows if r["implementation"] == "tf_keras"]
+    assert [r["mode"] for r in tf_rows] == list(MODES)
+    assert all(r["status"] == "ok" and r["time_ms"]["median"] > 0 for r in tf_rows)
