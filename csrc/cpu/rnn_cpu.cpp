@@ -65,6 +65,44 @@ bool fused_loop_applies(const RnnConfig& cfg, const driver::DirectionArgs& a) {
   return big < INT_MAX / 4;
 }
 
+// The rows of a step that are real (not masked), in increasing order. Only they enter the
+// recurrent GEMMs: with padded batches (Keras masks) the GEMMs shrink with the active batch.
+template <typename T>
+struct ActiveRows {
+  std::vector<int64_t> rows;
+  int64_t n = 0;
+
+  ActiveRows(int64_t batch) : rows(batch) {}
+  void collect(const bool* mask, int64_t batch, int64_t time, int64_t t) {
+    n = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      if (mask == nullptr || mask[b * time + t]) rows[n++] = b;
+    }
+  }
+  // dst[i] = src row rows[i] (width values each), i < n.
+  void gather(const T* src, int64_t ld, int64_t width, T* dst) const {
+    for (int64_t i = 0; i < n; ++i) std::copy(src + rows[i] * ld, src + rows[i] * ld + width, dst + i * width);
+  }
+};
+
+// dh[:, j0 : j0 + w] += D[active rows] · R[j0 : j0 + w, :]^T on the calling thread, for a step
+// whose recurrent-side gate gradients D ([B, G*u] rows, leading dimension ld) are zero on the
+// inactive rows. compact: the active rows of D gathered ([n, G*u]) when some are inactive, else
+// null. tmp: [B, w] scratch for the compact product before it is scattered into dh's rows.
+template <typename T>
+void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t G, const T* D, int64_t ld,
+                        const T* compact, const T* R, int64_t j0, int64_t w, T* tmp, T* dh) {
+  if (act.n == B) {
+    gemm<T>(true, B, w, G * u, D, ld, R + j0 * G * u, G * u, T(1), dh + j0, u);
+  } else if (act.n > 0) {
+    gemm<T>(true, act.n, w, G * u, compact, G * u, R + j0 * G * u, G * u, T(0), tmp, w);
+    for (int64_t i = 0; i < act.n; ++i) {
+      T* d = dh + act.rows[i] * u + j0;
+      for (int64_t j = 0; j < w; ++j) d[j] += tmp[i * w + j];
+    }
+  }
+}
+
 struct TimeLoops {
   template <typename T>
   static bool time_loop_forward(const RnnConfig& cfg, const driver::DirectionArgs& a, ForwardStep<T>& step) {
@@ -82,12 +120,20 @@ struct TimeLoops {
       rec[k] = at::empty({B, G * w}, a.x3.options());
       scratch[k] = at::empty({cpu::row_scratch_size(w)}, a.x3.options());
     }
+    ActiveRows<T> act(B);
+    Tensor h_active = step.mask ? at::empty({B, u}, a.x3.options()) : Tensor();  // the active rows of h_prev
     for (int64_t s = 0; s < cfg.time; ++s) {
       driver::set_forward_step(step, cfg, a, s);
+      act.collect(step.mask, B, cfg.time, step.t);
+      const T* h_in = step.h_prev;
+      if (act.n < B) {
+        act.gather(step.h_prev, u, u, h_active.data_ptr<T>());
+        h_in = h_active.data_ptr<T>();
+      }
       at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
         for (int64_t k = k0; k < k1; ++k) {
           forward_block<T>(step, blocks.start[k], blocks.width(k), kernel[k].data_ptr<T>(),
-                           bias[k].defined() ? bias[k].data_ptr<T>() : nullptr, rec[k].data_ptr<T>(),
+                           bias[k].defined() ? bias[k].data_ptr<T>() : nullptr, h_in, act.n, rec[k].data_ptr<T>(),
                            scratch[k].data_ptr<T>());
         }
       });
@@ -108,49 +154,70 @@ struct TimeLoops {
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates(), Tn = cfg.time;
     const bool gru = cfg.cell == CellKind::GRU;
     const cpu::UnitBlocks blocks(B, u, G);
-    std::vector<Tensor> scratch(blocks.n);
-    for (int64_t k = 0; k < blocks.n; ++k) scratch[k] = at::empty({cpu::row_scratch_size(blocks.width(k))}, dxw.options());
+    std::vector<Tensor> scratch(blocks.n), tmp(blocks.n);
+    for (int64_t k = 0; k < blocks.n; ++k) {
+      scratch[k] = at::empty({cpu::row_scratch_size(blocks.width(k))}, dxw.options());
+      tmp[k] = at::empty({B, blocks.width(k)}, dxw.options());
+    }
     Tensor dh_next = at::empty({B, u}, dxw.options());
+    Tensor compact = step.mask ? at::empty({B, G * u}, dxw.options()) : Tensor();
     const T* R = a.w.recurrent.data_ptr<T>();  // [u, G*u]
+    auto time_of = [&](int64_t s) { return cfg.reversed(a.dir) ? Tn - 1 - s : s; };
     // The recurrent-side gate gradients of step s, [B, G*u] rows: GRU's own, else the input side's.
     auto grads_of = [&](int64_t s) -> std::pair<const T*, int64_t> {
       if (gru) return {drec.data_ptr<T>() + s * B * G * u, G * u};
-      const int64_t t = cfg.reversed(a.dir) ? Tn - 1 - s : s;
-      return {step.dxw.row(t, 0), step.dxw.row_stride};
+      return {step.dxw.row(time_of(s), 0), step.dxw.row_stride};
     };
+    // Adds step s's recurrent GEMM into dh (tasks over unit blocks); `act` holds step s's rows.
+    auto gather_grads = [&](const ActiveRows<T>& act, int64_t s) {
+      const auto [D, ld] = grads_of(s);
+      if (act.n < B) act.gather(D, ld, G * u, compact.data_ptr<T>());
+      return std::pair<const T*, int64_t>{D, ld};
+    };
+    ActiveRows<T> act(B), act_later(B);  // rows of step s and of step s + 1
     for (int64_t s = Tn - 1; s >= 0; --s) {
       driver::set_backward_step(step, cfg, a, s, dh.data_ptr<T>(), dh_next.data_ptr<T>());
       step.drec = gru ? drec.data_ptr<T>() + s * B * G * u : nullptr;
-      const auto [later, ld] = s + 1 < Tn ? grads_of(s + 1) : std::pair<const T*, int64_t>{nullptr, 0};
+      act.collect(step.mask, B, Tn, step.t);
+      std::pair<const T*, int64_t> later{nullptr, 0};
+      if (s + 1 < Tn) later = gather_grads(act_later, s + 1);
       at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t j0 = blocks.start[k], w = blocks.width(k);
-          if (later) gemm<T>(true, B, w, G * u, later, ld, R + j0 * G * u, G * u, T(1), step.dh + j0, u);
+          if (later.first) {
+            add_recurrent_grad<T>(act_later, B, u, G, later.first, later.second,
+                                  compact.defined() ? compact.data_ptr<T>() : nullptr, R, j0, w, tmp[k].data_ptr<T>(),
+                                  step.dh);
+          }
           backward_block<T>(step, j0, w, scratch[k].data_ptr<T>());
         }
       });
       std::swap(dh, dh_next);
+      std::swap(act, act_later);
     }
-    const auto [first, ld] = grads_of(0);
+    const auto first = gather_grads(act_later, 0);
     at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
-        const int64_t j0 = blocks.start[k];
-        gemm<T>(true, B, blocks.width(k), G * u, first, ld, R + j0 * G * u, G * u, T(1), dh.data_ptr<T>() + j0, u);
+        add_recurrent_grad<T>(act_later, B, u, G, first.first, first.second,
+                              compact.defined() ? compact.data_ptr<T>() : nullptr, R, blocks.start[k], blocks.width(k),
+                              tmp[k].data_ptr<T>(), dh.data_ptr<T>());
       }
     });
     return true;
   }
 
  private:
-  // Units [j0, j0 + w) of one forward step, every row.
+  // Units [j0, j0 + w) of one forward step, every row. h_in: the step's n active rows of h_prev
+  // (all B rows, in order, when none is masked); the GEMM's row i belongs to the i-th real row.
   template <typename T>
-  static void forward_block(const ForwardStep<T>& p, int64_t j0, int64_t w, const T* kernel, const T* bias, T* rec,
-                            T* scratch) {
+  static void forward_block(const ForwardStep<T>& p, int64_t j0, int64_t w, const T* kernel, const T* bias,
+                            const T* h_in, int64_t n, T* rec, T* scratch) {
     const int64_t B = p.batch, u = p.units, G = p.gates, S = p.saved_width, ldr = G * w;
     if (bias) {
-      for (int64_t b = 0; b < B; ++b) std::copy(bias, bias + ldr, rec + b * ldr);
+      for (int64_t i = 0; i < n; ++i) std::copy(bias, bias + ldr, rec + i * ldr);
     }
-    gemm<T>(false, B, ldr, u, p.h_prev, u, kernel, ldr, bias ? T(1) : T(0), rec, ldr);
+    if (n > 0) gemm<T>(false, n, ldr, u, h_in, u, kernel, ldr, bias ? T(1) : T(0), rec, ldr);
+    const T* recr = rec;
     for (int64_t b = 0; b < B; ++b) {
       const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
       const T* hp = p.h_prev + b * u + j0;
@@ -168,7 +235,6 @@ struct TimeLoops {
         continue;
       }
       const T* xwr = p.xw.row(p.t, b) + j0;
-      const T* recr = rec + b * ldr;
       switch (p.cell) {
         case CellKind::LSTM:
           cpu::lstm_row_forward<T>(p.act, p.ract, w, {xwr, u}, {recr, w}, p.c_prev + b * u + j0, {sv, u}, hn,
@@ -181,6 +247,7 @@ struct TimeLoops {
           cpu::simple_row_forward<T>(p.act, w, xwr, recr, sv, hn);
           break;
       }
+      recr += ldr;
       std::copy(hn, hn + w, outr);
     }
   }
