@@ -36,6 +36,13 @@ inline Tensor workspace(at::IntArrayRef sizes, const at::TensorOptions& opts) {
   return opts.device().is_cpu() ? cpu::pooled_empty(sizes, opts.dtype().toScalarType()) : at::empty(sizes, opts);
 }
 
+// rows idx (int64) of a 2-D tensor, into a workspace buffer.
+inline Tensor select_rows(const Tensor& m2, const Tensor& idx) {
+  Tensor out = workspace({idx.numel(), m2.size(1)}, m2.options());
+  at::index_select_out(out, m2, 0, idx);
+  return out;
+}
+
 template <typename T>
 Seq<T> seq_of(const Tensor& t, bool batch_major) {
   const int64_t width = t.size(2);
@@ -108,12 +115,25 @@ inline Tensor over_time(const Tensor& mask_bw, bool batch_major) {
 
 // The input projection of every timestep: [rows, In] x [In, G*u] (+ bias), in the layout of x3.
 // With per-gate dropout masks (Keras implementation=1) each gate sees its own masked input.
+// real: the rows to compute (RealRows::in_layout), or undefined for all; the others are left
+// unset.
 inline Tensor input_projection(const RnnConfig& cfg, const Tensor& x3, bool batch_major, const DirWeights& w,
-                        const Tensor& dmask) {
+                        const Tensor& dmask, const Tensor& real) {
   const int64_t u = cfg.units, G = cfg.gates();
   const auto rows = x3.size(0) * x3.size(1);
   Tensor xw = workspace({x3.size(0), x3.size(1), G * u}, x3.options());
   Tensor xw2 = xw.view({rows, G * u});
+  if (real.defined()) {
+    Tensor x_real = select_rows(x3.view({rows, x3.size(2)}), real);
+    Tensor out = workspace({real.numel(), G * u}, x3.options());
+    if (w.bias_in.defined()) {
+      at::addmm_out(out, w.bias_in, x_real, w.kernel);
+    } else {
+      at::mm_out(out, x_real, w.kernel);
+    }
+    xw2.index_copy_(0, real, out);
+    return xw;
+  }
   if (!dmask.defined() || dmask.size(0) == 1) {
     Tensor xd = dmask.defined() ? x3 * over_time(dmask[0], batch_major) : x3;
     Tensor x2 = xd.reshape({rows, x3.size(2)});
@@ -244,8 +264,34 @@ void set_backward_step(BackwardStep<T>& step, const RnnConfig& cfg, const Direct
   step.saved = a.rs.saved.data_ptr<T>() + s * a.rs.saved.stride(0);
 }
 
+// With a mask, the real rows (b, t) as indices: in the layer input's 2-D layout, and in
+// processing order (time-major by step s: h_prev's rows, GRU's recurrent gate gradients) with
+// the same rows' indices in the input layout. A policy whose own time loop never reads the input
+// projection of a masked step (and writes zero gate gradients there) lets the driver run the
+// input and weight GEMMs over these rows only.
+struct RealRows {
+  Tensor in_layout, processing, processing_in_layout;  // int64 [N]
+};
+
+inline RealRows real_rows(const RnnConfig& cfg, const Tensor& mask, bool batch_major, bool reversed) {
+  const int64_t B = cfg.batch, Tn = cfg.time;
+  const auto opts = mask.options().dtype(at::kLong);
+  // layout[b, t]: the row of (b, t) in the input's 2-D view
+  const Tensor layout = batch_major ? at::arange(B * Tn, opts).view({B, Tn}) : at::arange(Tn * B, opts).view({Tn, B}).t();
+  const Tensor mask_p = (reversed ? mask.flip(1) : mask).t();  // [T, B]: step s, row b
+  RealRows r;
+  r.in_layout = batch_major ? layout.masked_select(mask) : layout.t().masked_select(mask.t());
+  r.processing = at::arange(Tn * B, opts).view({Tn, B}).masked_select(mask_p);
+  r.processing_in_layout = (reversed ? layout.flip(1) : layout).t().masked_select(mask_p);
+  return r;
+}
+
 // Policies without time loops of their own inherit this.
 struct GenericTimeLoops {
+  template <typename T>
+  static bool takes_time_loop(const RnnConfig&, const DirectionArgs&) {
+    return false;
+  }
   template <typename T>
   static bool time_loop_forward(const RnnConfig&, const DirectionArgs&, ForwardStep<T>&) {
     return false;
@@ -262,7 +308,9 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
   const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, G = cfg.gates();
   const bool gru_before = cfg.cell == CellKind::GRU && !cfg.reset_after;
 
-  Tensor xw = input_projection(cfg, a.x3, a.in_batch_major, a.w, a.dmask);
+  const bool compact = a.mask.defined() && !a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a);
+  Tensor xw = input_projection(cfg, a.x3, a.in_batch_major, a.w, a.dmask,
+                               compact ? real_rows(cfg, a.mask, a.in_batch_major, cfg.reversed(a.dir)).in_layout : Tensor());
   Tensor seen = a.mask.defined() ? at::zeros({B}, xw.options().dtype(at::kByte)) : at::ones({B}, xw.options().dtype(at::kByte));
 
   ForwardStep<T> step{};
@@ -349,55 +397,69 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
     }
   }
 
-  // Weight gradients: GEMMs over all T*B rows at once.
+  // Weight gradients: GEMMs over all T*B rows at once (over the real rows only, where the time
+  // loop allows: the others' gate gradients are zero).
   const int64_t rows = a.x3.size(0) * a.x3.size(1);
   const int64_t in = a.x3.size(2);
   Tensor dxw2 = dxw.view({rows, G * u});
-  if (!a.dmask.defined() || a.dmask.size(0) == 1) {
-    Tensor xd = a.dmask.defined() ? a.x3 * over_time(a.dmask[0], a.in_batch_major) : a.x3;
-    g.dkernel = at::mm(xd.reshape({rows, in}).t(), dxw2);
-    if (a.dmask.defined()) {
-      g.dx3.add_(at::mm(dxw2, a.w.kernel.t()).view(a.x3.sizes()) * over_time(a.dmask[0], a.in_batch_major));
+  if (a.mask.defined() && !a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a)) {
+    const RealRows real = real_rows(cfg, a.mask, a.in_batch_major, reversed);
+    Tensor d_real = select_rows(dxw2, real.in_layout);
+    g.dkernel = at::mm(select_rows(a.x3.reshape({rows, in}), real.in_layout).t(), d_real);
+    Tensor dx_real = workspace({d_real.size(0), in}, opts);
+    at::mm_out(dx_real, d_real, a.w.kernel.t());
+    g.dx3.view({rows, in}).index_add_(0, real.in_layout, dx_real);
+    Tensor h_real = select_rows(a.rs.h.narrow(0, 0, Tn).reshape({Tn * B, u}), real.processing);
+    Tensor drec_real = gru_after ? select_rows(drec.view({Tn * B, G * u}), real.processing)
+                                 : select_rows(dxw2, real.processing_in_layout);
+    g.drecurrent = at::mm(h_real.t(), drec_real);
+  } else {
+    if (!a.dmask.defined() || a.dmask.size(0) == 1) {
+      Tensor xd = a.dmask.defined() ? a.x3 * over_time(a.dmask[0], a.in_batch_major) : a.x3;
+      g.dkernel = at::mm(xd.reshape({rows, in}).t(), dxw2);
+      if (a.dmask.defined()) {
+        g.dx3.add_(at::mm(dxw2, a.w.kernel.t()).view(a.x3.sizes()) * over_time(a.dmask[0], a.in_batch_major));
+      } else {
+        g.dx3.view({rows, in}).addmm_(dxw2, a.w.kernel.t());
+      }
     } else {
-      g.dx3.view({rows, in}).addmm_(dxw2, a.w.kernel.t());
+      g.dkernel = at::empty({in, G * u}, opts);
+      for (int64_t k = 0; k < G; ++k) {
+        Tensor mk = over_time(a.dmask[k], a.in_batch_major);
+        Tensor dk = dxw2.narrow(1, k * u, u);
+        g.dkernel.narrow(1, k * u, u).copy_(at::mm((a.x3 * mk).reshape({rows, in}).t(), dk));
+        g.dx3.add_(at::mm(dk, a.w.kernel.narrow(1, k * u, u).t()).view(a.x3.sizes()) * mk);
+      }
     }
-  } else {
-    g.dkernel = at::empty({in, G * u}, opts);
-    for (int64_t k = 0; k < G; ++k) {
-      Tensor mk = over_time(a.dmask[k], a.in_batch_major);
-      Tensor dk = dxw2.narrow(1, k * u, u);
-      g.dkernel.narrow(1, k * u, u).copy_(at::mm((a.x3 * mk).reshape({rows, in}).t(), dk));
-      g.dx3.add_(at::mm(dk, a.w.kernel.narrow(1, k * u, u).t()).view(a.x3.sizes()) * mk);
-    }
-  }
 
-  // Recurrent kernel: sum over steps of (h_prev * m)^T · drec.
-  Tensor hprev = a.rs.h.narrow(0, 0, Tn);  // [T, B, u], processing order
-  Tensor drec_all;                          // [T, B, G*u] processing order, recurrent side
-  if (gru_after) {
-    drec_all = drec;
-  } else {
-    // Same as the input side, re-indexed from time to processing order.
-    Tensor dxw_tm = a.in_batch_major ? dxw.transpose(0, 1) : dxw;
-    drec_all = reversed ? dxw_tm.flip(0) : dxw_tm;
-    if (!drec_all.is_contiguous()) drec_all = workspace(drec_all.sizes(), opts).copy_(drec_all);
-  }
-  const int64_t hr_gates = gru_before ? 2 : G;
-  g.drecurrent = at::empty({u, G * u}, opts);
-  auto rec_grad = [&](const Tensor& hin, int64_t g0, int64_t g1) {
-    g.drecurrent.narrow(1, g0 * u, (g1 - g0) * u)
-        .copy_(at::mm(hin.reshape({Tn * B, u}).t(), drec_all.narrow(2, g0 * u, (g1 - g0) * u).reshape({Tn * B, (g1 - g0) * u})));
-  };
-  if (!a.rmask.defined()) {
-    rec_grad(hprev, 0, hr_gates);
-  } else if (a.rmask.size(0) == 1) {
-    rec_grad(hprev * a.rmask[0].unsqueeze(0), 0, hr_gates);
-  } else {
-    for (int64_t k = 0; k < hr_gates; ++k) rec_grad(hprev * a.rmask[k].unsqueeze(0), k, k + 1);
-  }
-  if (gru_before) {
-    // The candidate's recurrent matmul reads r * hd_h, saved in the reserve's 4th block.
-    rec_grad(a.rs.saved.narrow(2, 3 * u, u), 2, 3);
+    // Recurrent kernel: sum over steps of (h_prev * m)^T · drec.
+    Tensor hprev = a.rs.h.narrow(0, 0, Tn);  // [T, B, u], processing order
+    Tensor drec_all;                          // [T, B, G*u] processing order, recurrent side
+    if (gru_after) {
+      drec_all = drec;
+    } else {
+      // Same as the input side, re-indexed from time to processing order.
+      Tensor dxw_tm = a.in_batch_major ? dxw.transpose(0, 1) : dxw;
+      drec_all = reversed ? dxw_tm.flip(0) : dxw_tm;
+      if (!drec_all.is_contiguous()) drec_all = workspace(drec_all.sizes(), opts).copy_(drec_all);
+    }
+    const int64_t hr_gates = gru_before ? 2 : G;
+    g.drecurrent = at::empty({u, G * u}, opts);
+    auto rec_grad = [&](const Tensor& hin, int64_t g0, int64_t g1) {
+      g.drecurrent.narrow(1, g0 * u, (g1 - g0) * u)
+          .copy_(at::mm(hin.reshape({Tn * B, u}).t(), drec_all.narrow(2, g0 * u, (g1 - g0) * u).reshape({Tn * B, (g1 - g0) * u})));
+    };
+    if (!a.rmask.defined()) {
+      rec_grad(hprev, 0, hr_gates);
+    } else if (a.rmask.size(0) == 1) {
+      rec_grad(hprev * a.rmask[0].unsqueeze(0), 0, hr_gates);
+    } else {
+      for (int64_t k = 0; k < hr_gates; ++k) rec_grad(hprev * a.rmask[k].unsqueeze(0), k, k + 1);
+    }
+    if (gru_before) {
+      // The candidate's recurrent matmul reads r * hd_h, saved in the reserve's 4th block.
+      rec_grad(a.rs.saved.narrow(2, 3 * u, u), 2, 3);
+    }
   }
 
   if (cfg.use_bias) {

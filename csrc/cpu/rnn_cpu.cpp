@@ -105,6 +105,11 @@ void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t 
 
 struct TimeLoops {
   template <typename T>
+  static bool takes_time_loop(const RnnConfig& cfg, const driver::DirectionArgs& a) {
+    return fused_loop_applies<T>(cfg, a);
+  }
+
+  template <typename T>
   static bool time_loop_forward(const RnnConfig& cfg, const driver::DirectionArgs& a, ForwardStep<T>& step) {
     if (!fused_loop_applies<T>(cfg, a)) return false;
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates();
