@@ -28,10 +28,16 @@ def cudnn_fallback_count() -> int:
     return int(_C.cudnn_fallback_count())
 
 
+def empty_cpu_cache() -> None:
+    """Frees the large CPU buffers the CPU backend keeps for reuse between calls (at most
+    CUDNN_RNN_CPU_CACHE_MB, default 512 MiB, sit idle; 0 disables the cache)."""
+    _C.empty_cpu_cache()
+
+
 def build_info() -> dict:
     """What the native extension was compiled with (CUDA / cuDNN versions, or 'no')."""
     return dict(_C.build_info())
 
 
 __all__ = ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "explain", "Explanation", "from_torch", "to_torch",
-           "build_info", "set_cudnn_algorithm", "cudnn_algorithm", "cudnn_fallback_count", "ops", "load_keras", "save_keras", "ConversionError"]
+           "build_info", "set_cudnn_algorithm", "cudnn_algorithm", "cudnn_fallback_count", "empty_cpu_cache", "ops", "load_keras", "save_keras", "ConversionError"]

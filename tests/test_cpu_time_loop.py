@@ -114,5 +114,25 @@ def test_buffer_pool_reuses_and_frees():
         second = layer(x)
     assert _C.cpu_cache_info()[0] <= idle  # served from the pool, not grown
     torch.testing.assert_close(first, second, rtol=0, atol=0)
-    _C.empty_cpu_cache()
+    cudnn_rnn.empty_cpu_cache()
     assert _C.cpu_cache_info()[0] == 0
+
+
+def _run_with_cache_env(value):
+    import os
+    import subprocess
+    import sys
+    code = ("import torch, cudnn_rnn\nfrom cudnn_rnn import _C\n"
+            "with torch.no_grad():\n    cudnn_rnn.LSTM(64, 64)(torch.randn(64, 100, 64))\n"
+            "print(_C.cpu_cache_info())\n")
+    env = {**os.environ, "CUDNN_RNN_CPU_CACHE_MB": value}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_buffer_pool_limit_from_the_environment():
+    off = _run_with_cache_env("0")
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.strip() == "(0, 0)"  # disabled: nothing kept
+    bad = _run_with_cache_env("lots")
+    assert bad.returncode != 0
+    assert "CUDNN_RNN_CPU_CACHE_MB must be a non-negative number of MiB; got lots" in bad.stderr
