@@ -432,22 +432,25 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       }
     }
 
-    // Recurrent kernel: sum over steps of (h_prev * m)^T · drec.
+    // Recurrent kernel: sum over steps of (h_prev * m)^T · drec. GRU reset_after has its own
+    // recurrent-side gradients, in processing order like h_prev; the other cells share the input
+    // side's (dxw), so h_prev is re-indexed to the input's layout instead (a quarter of the bytes).
     Tensor hprev = a.rs.h.narrow(0, 0, Tn);  // [T, B, u], processing order
-    Tensor drec_all;                          // [T, B, G*u] processing order, recurrent side
-    if (gru_after) {
-      drec_all = drec;
-    } else {
-      // Same as the input side, re-indexed from time to processing order.
-      Tensor dxw_tm = a.in_batch_major ? dxw.transpose(0, 1) : dxw;
-      drec_all = reversed ? dxw_tm.flip(0) : dxw_tm;
-      if (!drec_all.is_contiguous()) drec_all = workspace(drec_all.sizes(), opts).copy_(drec_all);
-    }
+    auto in_input_layout = [&](const Tensor& p) {  // [T, B, k] processing order -> [rows, k]
+      if (!a.in_batch_major && !reversed) return p.reshape({rows, p.size(2)});
+      Tensor out = workspace(a.in_batch_major ? at::IntArrayRef({B, Tn, p.size(2)}) : p.sizes(), opts);
+      for (int64_t s = 0; s < Tn; ++s) {
+        const int64_t t = reversed ? Tn - 1 - s : s;
+        (a.in_batch_major ? out.select(1, t) : out[t]).copy_(p[s]);
+      }
+      return out.view({rows, p.size(2)});
+    };
     const int64_t hr_gates = gru_before ? 2 : G;
     g.drecurrent = at::empty({u, G * u}, opts);
     auto rec_grad = [&](const Tensor& hin, int64_t g0, int64_t g1) {
-      g.drecurrent.narrow(1, g0 * u, (g1 - g0) * u)
-          .copy_(at::mm(hin.reshape({Tn * B, u}).t(), drec_all.narrow(2, g0 * u, (g1 - g0) * u).reshape({Tn * B, (g1 - g0) * u})));
+      const Tensor h2 = gru_after ? hin.reshape({Tn * B, u}) : in_input_layout(hin);
+      const Tensor d2 = (gru_after ? drec.view({Tn * B, G * u}) : dxw2).narrow(1, g0 * u, (g1 - g0) * u);
+      g.drecurrent.narrow(1, g0 * u, (g1 - g0) * u).copy_(at::mm(h2.t(), d2));
     };
     if (!a.rmask.defined()) {
       rec_grad(hprev, 0, hr_gates);
