@@ -225,6 +225,15 @@ def _import_keras3():
     return keras
 
 
+def _why_not(load, *args) -> Optional[str]:
+    """None if load(*args) succeeds, else the reason it raised Unavailable."""
+    try:
+        load(*args)
+    except Unavailable as e:
+        return str(e)
+    return None
+
+
 class Keras3(Implementation):
     """keras.layers.LSTM/GRU/SimpleRNN on the torch backend, called eagerly (Keras 3's torch
     backend runs recurrent layers as a Python loop over timesteps on CPU)."""
@@ -236,11 +245,7 @@ class Keras3(Implementation):
     @staticmethod
     def available(threads: int) -> Optional[str]:
         """None if Keras 3 runs on the torch backend in this process, else why not."""
-        try:
-            _import_keras3()
-        except Unavailable as e:
-            return str(e)
-        return None
+        return _why_not(_import_keras3)
 
     def __init__(self, ours, w, cell, inputs):
         super().__init__(ours, w, cell, inputs)
@@ -303,11 +308,7 @@ class TFKeras(Implementation):
     @staticmethod
     def available(threads: int) -> Optional[str]:
         """None if tensorflow and tf_keras import here (then configured for `threads`), else why not."""
-        try:
-            configure_tf(threads)
-        except Unavailable as e:
-            return str(e)
-        return None
+        return _why_not(configure_tf, threads)
 
     def __init__(self, ours, w, cell, inputs):
         super().__init__(ours, w, cell, inputs)
