@@ -124,6 +124,7 @@ inline Tensor input_projection(const RnnConfig& cfg, const Tensor& x3, bool batc
   Tensor xw = workspace({x3.size(0), x3.size(1), G * u}, x3.options());
   Tensor xw2 = xw.view({rows, G * u});
   if (real.defined()) {
+    TORCH_INTERNAL_ASSERT(!dmask.defined(), "input_projection: per-row compaction with dropout masks");
     Tensor x_real = select_rows(x3.view({rows, x3.size(2)}), real);
     Tensor out = workspace({real.numel(), G * u}, x3.options());
     if (w.bias_in.defined()) {
@@ -273,15 +274,31 @@ struct RealRows {
   Tensor in_layout, processing, processing_in_layout;  // int64 [N]
 };
 
-inline RealRows real_rows(const RnnConfig& cfg, const Tensor& mask, bool batch_major, bool reversed) {
+// layout[b, t]: the row of (b, t) in the input's 2-D view.
+inline Tensor row_layout(const RnnConfig& cfg, const Tensor& mask, bool batch_major) {
   const int64_t B = cfg.batch, Tn = cfg.time;
   const auto opts = mask.options().dtype(at::kLong);
-  // layout[b, t]: the row of (b, t) in the input's 2-D view
-  const Tensor layout = batch_major ? at::arange(B * Tn, opts).view({B, Tn}) : at::arange(Tn * B, opts).view({Tn, B}).t();
+  return batch_major ? at::arange(B * Tn, opts).view({B, Tn}) : at::arange(Tn * B, opts).view({Tn, B}).t();
+}
+
+// Whether gathering the real rows pays: only when enough of the batch is padding (an all-real
+// mask, or a nearly full one, runs the dense GEMMs).
+inline bool worth_compacting(const Tensor& mask) {
+  return mask.defined() && mask.numel() > 0 && mask.sum().item<int64_t>() < mask.numel() * 4 / 5;
+}
+
+inline Tensor real_rows_in_layout(const RnnConfig& cfg, const Tensor& mask, bool batch_major) {
+  const Tensor layout = row_layout(cfg, mask, batch_major);
+  return batch_major ? layout.masked_select(mask) : layout.t().masked_select(mask.t());
+}
+
+inline RealRows real_rows(const RnnConfig& cfg, const Tensor& mask, bool batch_major, bool reversed) {
+  const int64_t B = cfg.batch, Tn = cfg.time;
+  const Tensor layout = row_layout(cfg, mask, batch_major);
   const Tensor mask_p = (reversed ? mask.flip(1) : mask).t();  // [T, B]: step s, row b
   RealRows r;
-  r.in_layout = batch_major ? layout.masked_select(mask) : layout.t().masked_select(mask.t());
-  r.processing = at::arange(Tn * B, opts).view({Tn, B}).masked_select(mask_p);
+  r.in_layout = real_rows_in_layout(cfg, mask, batch_major);
+  r.processing = at::arange(Tn * B, layout.options()).view({Tn, B}).masked_select(mask_p);
   r.processing_in_layout = (reversed ? layout.flip(1) : layout).t().masked_select(mask_p);
   return r;
 }
@@ -308,9 +325,9 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
   const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, G = cfg.gates();
   const bool gru_before = cfg.cell == CellKind::GRU && !cfg.reset_after;
 
-  const bool compact = a.mask.defined() && !a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a);
+  const bool compact = !a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask);
   Tensor xw = input_projection(cfg, a.x3, a.in_batch_major, a.w, a.dmask,
-                               compact ? real_rows(cfg, a.mask, a.in_batch_major, cfg.reversed(a.dir)).in_layout : Tensor());
+                               compact ? real_rows_in_layout(cfg, a.mask, a.in_batch_major) : Tensor());
   Tensor seen = a.mask.defined() ? at::zeros({B}, xw.options().dtype(at::kByte)) : at::ones({B}, xw.options().dtype(at::kByte));
 
   ForwardStep<T> step{};
@@ -402,13 +419,14 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   const int64_t rows = a.x3.size(0) * a.x3.size(1);
   const int64_t in = a.x3.size(2);
   Tensor dxw2 = dxw.view({rows, G * u});
-  if (a.mask.defined() && !a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a)) {
+  if (!a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask)) {
     const RealRows real = real_rows(cfg, a.mask, a.in_batch_major, reversed);
     Tensor d_real = select_rows(dxw2, real.in_layout);
     g.dkernel = at::mm(select_rows(a.x3.reshape({rows, in}), real.in_layout).t(), d_real);
-    Tensor dx_real = workspace({d_real.size(0), in}, opts);
-    at::mm_out(dx_real, d_real, a.w.kernel.t());
-    g.dx3.view({rows, in}).index_add_(0, real.in_layout, dx_real);
+    // dx3's real rows += d_real · K^T (gathered, one GEMM, scattered back: all in parallel)
+    Tensor dx_real = select_rows(g.dx3.view({rows, in}), real.in_layout);
+    dx_real.addmm_(d_real, a.w.kernel.t());
+    g.dx3.view({rows, in}).index_copy_(0, real.in_layout, dx_real);
     Tensor h_real = select_rows(a.rs.h.narrow(0, 0, Tn).reshape({Tn * B, u}), real.processing);
     Tensor drec_real = gru_after ? select_rows(drec.view({Tn * B, G * u}), real.processing)
                                  : select_rows(dxw2, real.processing_in_layout);

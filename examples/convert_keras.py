@@ -38,7 +38,7 @@ def main():
           f"max |ours - Keras| = {error:.2e}")
     for name, module in model.layers.items():
         if isinstance(module, Recurrent):
-            print(f"  {name:14s} runs on {cudnn_rnn.explain(module.layer, tokens.device)}; "
+            print(f"  {name:14s} backend {cudnn_rnn.explain(module.layer, tokens.device)}; "
                   f"on a GPU: {cudnn_rnn.explain(module.layer, 'cuda').backend}")
 
     out = os.path.join(HERE, "sentiment_converted.pt")

@@ -133,6 +133,7 @@ def test_buffer_pool_limit_from_the_environment():
     off = _run_with_cache_env("0")
     assert off.returncode == 0, off.stderr
     assert off.stdout.strip() == "(0, 0)"  # disabled: nothing kept
-    bad = _run_with_cache_env("lots")
-    assert bad.returncode != 0
-    assert "CUDNN_RNN_CPU_CACHE_MB must be a non-negative number of MiB; got lots" in bad.stderr
+    for value in ("lots", "12abc", "-1"):
+        bad = _run_with_cache_env(value)
+        assert bad.returncode != 0
+        assert f"CUDNN_RNN_CPU_CACHE_MB must be a non-negative number of MiB; got {value}" in bad.stderr

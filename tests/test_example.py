@@ -20,4 +20,4 @@ def test_convert_keras_example_runs():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "max |ours - Keras| = " in out.stdout and "identical = True" in out.stdout
-    assert "gru            runs on cpu on cpu; on a GPU: cuda-generic" in out.stdout
+    assert "gru            backend cpu on cpu; on a GPU: cuda-generic" in out.stdout

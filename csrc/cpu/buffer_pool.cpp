@@ -4,7 +4,9 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <list>
 #include <mutex>
 #include <string>
@@ -27,14 +29,15 @@ size_t size_class(size_t n) {
 int64_t limit_from_env() {
   const char* v = std::getenv("CUDNN_RNN_CPU_CACHE_MB");
   if (v == nullptr || *v == '\0') return int64_t(512) << 20;
+  long long mb = -1;
+  size_t used = 0;
   try {
-    const long long mb = std::stoll(v);
-    TORCH_CHECK_VALUE(mb >= 0, "CUDNN_RNN_CPU_CACHE_MB must be a non-negative number of MiB; got ", v);
-    return static_cast<int64_t>(mb) << 20;
+    mb = std::stoll(v, &used);
   } catch (const std::logic_error&) {
-    TORCH_CHECK_VALUE(false, "CUDNN_RNN_CPU_CACHE_MB must be a non-negative number of MiB; got ", v);
+    used = 0;
   }
-  return 0;
+  TORCH_CHECK_VALUE(used == std::strlen(v) && mb >= 0, "CUDNN_RNN_CPU_CACHE_MB must be a non-negative number of MiB; got ", v);
+  return static_cast<int64_t>(std::min<long long>(mb, 1LL << 30)) << 20;  // at most 1 PiB
 }
 
 struct Block {
@@ -135,8 +138,8 @@ struct PoolAllocator final : at::Allocator {
 };
 
 PoolAllocator& allocator() {
-  static PoolAllocator a;
-  return a;
+  static PoolAllocator* a = new PoolAllocator();  // never destroyed: storages keep a pointer to it
+  return *a;
 }
 
 }  // namespace

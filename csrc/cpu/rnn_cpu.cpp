@@ -125,6 +125,15 @@ struct TimeLoops {
       rec[k] = at::empty({B, G * w}, a.x3.options());
       scratch[k] = at::empty({cpu::row_scratch_size(w)}, a.x3.options());
     }
+    // Raw pointers, taken here: the worker threads make no ATen calls.
+    std::vector<const T*> kernel_p(blocks.n), bias_p(blocks.n);
+    std::vector<T*> rec_p(blocks.n), scratch_p(blocks.n);
+    for (int64_t k = 0; k < blocks.n; ++k) {
+      kernel_p[k] = kernel[k].data_ptr<T>();
+      bias_p[k] = bias[k].defined() ? bias[k].data_ptr<T>() : nullptr;
+      rec_p[k] = rec[k].data_ptr<T>();
+      scratch_p[k] = scratch[k].data_ptr<T>();
+    }
     ActiveRows<T> act(B);
     Tensor h_active = step.mask ? at::empty({B, u}, a.x3.options()) : Tensor();  // the active rows of h_prev
     for (int64_t s = 0; s < cfg.time; ++s) {
@@ -137,9 +146,8 @@ struct TimeLoops {
       }
       at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
         for (int64_t k = k0; k < k1; ++k) {
-          forward_block<T>(step, blocks.start[k], blocks.width(k), kernel[k].data_ptr<T>(),
-                           bias[k].defined() ? bias[k].data_ptr<T>() : nullptr, h_in, act.n, rec[k].data_ptr<T>(),
-                           scratch[k].data_ptr<T>());
+          forward_block<T>(step, blocks.start[k], blocks.width(k), kernel_p[k], bias_p[k], h_in, act.n, rec_p[k],
+                           scratch_p[k]);
         }
       });
       if (step.mask) {
@@ -164,8 +172,14 @@ struct TimeLoops {
       scratch[k] = at::empty({cpu::row_scratch_size(blocks.width(k))}, dxw.options());
       tmp[k] = at::empty({B, blocks.width(k)}, dxw.options());
     }
+    std::vector<T*> scratch_p(blocks.n), tmp_p(blocks.n);
+    for (int64_t k = 0; k < blocks.n; ++k) {
+      scratch_p[k] = scratch[k].data_ptr<T>();
+      tmp_p[k] = tmp[k].data_ptr<T>();
+    }
     Tensor dh_next = at::empty({B, u}, dxw.options());
     Tensor compact = step.mask ? at::empty({B, G * u}, dxw.options()) : Tensor();
+    T* compact_p = compact.defined() ? compact.data_ptr<T>() : nullptr;
     const T* R = a.w.recurrent.data_ptr<T>();  // [u, G*u]
     auto time_of = [&](int64_t s) { return cfg.reversed(a.dir) ? Tn - 1 - s : s; };
     // The recurrent-side gate gradients of step s, [B, G*u] rows: GRU's own, else the input side's.
@@ -190,22 +204,21 @@ struct TimeLoops {
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t j0 = blocks.start[k], w = blocks.width(k);
           if (later.first) {
-            add_recurrent_grad<T>(act_later, B, u, G, later.first, later.second,
-                                  compact.defined() ? compact.data_ptr<T>() : nullptr, R, j0, w, tmp[k].data_ptr<T>(),
+            add_recurrent_grad<T>(act_later, B, u, G, later.first, later.second, compact_p, R, j0, w, tmp_p[k],
                                   step.dh);
           }
-          backward_block<T>(step, j0, w, scratch[k].data_ptr<T>());
+          backward_block<T>(step, j0, w, scratch_p[k]);
         }
       });
       std::swap(dh, dh_next);
       std::swap(act, act_later);
     }
     const auto first = gather_grads(act_later, 0);
+    T* dh0 = dh.data_ptr<T>();
     at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
-        add_recurrent_grad<T>(act_later, B, u, G, first.first, first.second,
-                              compact.defined() ? compact.data_ptr<T>() : nullptr, R, blocks.start[k], blocks.width(k),
-                              tmp[k].data_ptr<T>(), dh.data_ptr<T>());
+        add_recurrent_grad<T>(act_later, B, u, G, first.first, first.second, compact_p, R, blocks.start[k],
+                              blocks.width(k), tmp_p[k], dh0);
       }
     });
     return true;
