@@ -103,6 +103,109 @@ void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t 
   }
 }
 
+// One row b of a step, units [j0, j0 + w): the row loops of CpuPolicy (all units, parallel
+// over rows) and the time loop of TimeLoops (a unit block, every row) share these.
+
+// Forward. rec: the row's recurrent projection for these units with gate stride rs (unused on
+// masked rows); `seen` is the caller's to update.
+template <typename T>
+void forward_row(const ForwardStep<T>& p, int64_t b, int64_t j0, int64_t w, const T* rec, int64_t rs, T* scratch) {
+  const int64_t u = p.units, S = p.saved_width;
+  const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
+  const T* hp = p.h_prev + b * u + j0;
+  T* hn = p.h_next + b * u + j0;
+  T* outr = p.out.row(p.out_index, b) + p.out_col + j0;
+  T* sv = p.saved + b * S + j0;
+  if (!real) {
+    // Keras: the state is carried; the output is the previous output (zero before the first
+    // real step) or zero with zero_output_for_mask.
+    const bool zero = p.zero_out || !p.seen[b];
+    for (int64_t j = 0; j < w; ++j) {
+      hn[j] = hp[j];
+      outr[j] = zero ? T(0) : hp[j];
+    }
+    if (p.c_next) std::copy(p.c_prev + b * u + j0, p.c_prev + b * u + j0 + w, p.c_next + b * u + j0);
+    for (int64_t q = 0; q < S / u; ++q) std::fill(sv + q * u, sv + q * u + w, T(0));
+    return;
+  }
+  const T* xwr = p.xw.row(p.t, b) + j0;
+  switch (p.cell) {
+    case CellKind::LSTM:
+      cpu::lstm_row_forward<T>(p.act, p.ract, w, {xwr, u}, {rec, rs}, p.c_prev + b * u + j0, {sv, u}, hn,
+                               p.c_next + b * u + j0, scratch);
+      break;
+    case CellKind::GRU:
+      if (p.reset_after) {
+        cpu::gru_after_row_forward<T>(p.act, p.ract, w, {xwr, u}, {rec, rs}, hp, {sv, u}, hn, scratch);
+      } else {  // row loops only (j0 = 0, w = u)
+        cpu::gru_before_row_update<T>(p.act, p.ract, u, xwr, p.rec_h + b * u, hp, sv, hn, scratch);
+      }
+      break;
+    case CellKind::SimpleRNN:
+      cpu::simple_row_forward<T>(p.act, w, xwr, rec, sv, hn);
+      break;
+  }
+  std::copy(hn, hn + w, outr);
+}
+
+// Backward. Writes the input-side gate gradients (dxw), the direct part of dh_next and, where
+// p.drec is set, the recurrent-side gradients of the gates this phase knows (GRU reset_after:
+// its own; the others: a copy of dxw's, except GRU reset_after=False's r gate, phase B's).
+template <typename T>
+void backward_row(const BackwardStep<T>& p, int64_t b, int64_t j0, int64_t w, T* scratch) {
+  const int64_t u = p.units, G = p.gates, S = p.saved_width;
+  const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
+  // Which output positions read this step's state: the step itself when real, and with
+  // carry-over also every masked step after the first real one.
+  const bool reads = p.zero_out ? real : p.s >= p.first[b];
+  T* dhr = p.dh + b * u + j0;
+  if (reads) {
+    const T* dor = p.dout.row(p.out_index, b) + p.out_col + j0;
+    for (int64_t j = 0; j < w; ++j) dhr[j] += dor[j];
+  }
+  T* dxr = p.dxw.row(p.t, b) + j0;
+  T* drr = p.drec ? p.drec + b * G * u + j0 : nullptr;
+  T* dnr = p.dh_next + b * u + j0;
+  if (!real) {
+    for (int64_t q = 0; q < G; ++q) {
+      std::fill(dxr + q * u, dxr + q * u + w, T(0));
+      if (drr) std::fill(drr + q * u, drr + q * u + w, T(0));
+    }
+    std::copy(dhr, dhr + w, dnr);
+    return;  // dc carries through unchanged
+  }
+  const T* sv = p.saved + b * S + j0;
+  const T* hp = p.h_prev + b * u + j0;
+  bool copy_to_drec = drr != nullptr;
+  switch (p.cell) {
+    case CellKind::LSTM:
+      cpu::lstm_row_backward<T>(p.act, p.ract, w, {sv, u}, p.c_prev + b * u + j0,
+                                p.c_new + b * u + j0, dhr, p.dc + b * u + j0, {dxr, u}, scratch);
+      std::fill(dnr, dnr + w, T(0));
+      break;
+    case CellKind::GRU:
+      if (p.reset_after) {
+        cpu::gru_after_row_backward<T>(p.act, p.ract, w, {sv, u}, hp, dhr, {dxr, u}, {drr, u}, dnr, scratch);
+        copy_to_drec = false;
+      } else {  // row loops only (j0 = 0, w = u); the r gate comes in phase B
+        cpu::gru_before_row_backward_a<T>(p.act, p.ract, u, sv, hp, dhr, dxr, dnr, scratch);
+        if (drr) {
+          std::copy(dxr, dxr + u, drr);
+          std::copy(dxr + 2 * u, dxr + 3 * u, drr + 2 * u);
+        }
+        copy_to_drec = false;
+      }
+      break;
+    case CellKind::SimpleRNN:
+      cpu::simple_row_backward<T>(p.act, w, sv, p.h_new + b * u + j0, dhr, dxr);
+      std::fill(dnr, dnr + w, T(0));
+      break;
+  }
+  if (copy_to_drec) {
+    for (int64_t q = 0; q < G; ++q) std::copy(dxr + q * u, dxr + q * u + w, drr + q * u);
+  }
+}
+
 struct TimeLoops {
   template <typename T>
   static bool takes_time_loop(const RnnConfig& cfg, const driver::DirectionArgs& a) {
@@ -230,7 +333,7 @@ struct TimeLoops {
   template <typename T>
   static void forward_block(const ForwardStep<T>& p, int64_t j0, int64_t w, const T* kernel, const T* bias,
                             const T* h_in, int64_t n, T* rec, T* scratch) {
-    const int64_t B = p.batch, u = p.units, G = p.gates, S = p.saved_width, ldr = G * w;
+    const int64_t B = p.batch, u = p.units, G = p.gates, ldr = G * w;
     if (bias) {
       for (int64_t i = 0; i < n; ++i) std::copy(bias, bias + ldr, rec + i * ldr);
     }
@@ -238,78 +341,15 @@ struct TimeLoops {
     const T* recr = rec;
     for (int64_t b = 0; b < B; ++b) {
       const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
-      const T* hp = p.h_prev + b * u + j0;
-      T* hn = p.h_next + b * u + j0;
-      T* outr = p.out.row(p.out_index, b) + p.out_col + j0;
-      T* sv = p.saved + b * S + j0;
-      if (!real) {
-        const bool zero = p.zero_out || !p.seen[b];
-        for (int64_t j = 0; j < w; ++j) {
-          hn[j] = hp[j];
-          outr[j] = zero ? T(0) : hp[j];
-        }
-        if (p.c_next) std::copy(p.c_prev + b * u + j0, p.c_prev + b * u + j0 + w, p.c_next + b * u + j0);
-        for (int64_t q = 0; q < S / u; ++q) std::fill(sv + q * u, sv + q * u + w, T(0));
-        continue;
-      }
-      const T* xwr = p.xw.row(p.t, b) + j0;
-      switch (p.cell) {
-        case CellKind::LSTM:
-          cpu::lstm_row_forward<T>(p.act, p.ract, w, {xwr, u}, {recr, w}, p.c_prev + b * u + j0, {sv, u}, hn,
-                                   p.c_next + b * u + j0, scratch);
-          break;
-        case CellKind::GRU:
-          cpu::gru_after_row_forward<T>(p.act, p.ract, w, {xwr, u}, {recr, w}, hp, {sv, u}, hn, scratch);
-          break;
-        case CellKind::SimpleRNN:
-          cpu::simple_row_forward<T>(p.act, w, xwr, recr, sv, hn);
-          break;
-      }
-      recr += ldr;
-      std::copy(hn, hn + w, outr);
+      forward_row<T>(p, b, j0, w, recr, w, scratch);
+      if (real) recr += ldr;
     }
   }
 
-  // Units [j0, j0 + w) of one backward step, every row (see CpuPolicy::backward_step).
+  // Units [j0, j0 + w) of one backward step, every row.
   template <typename T>
   static void backward_block(const BackwardStep<T>& p, int64_t j0, int64_t w, T* scratch) {
-    const int64_t B = p.batch, u = p.units, G = p.gates, S = p.saved_width;
-    for (int64_t b = 0; b < B; ++b) {
-      const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
-      const bool reads = p.zero_out ? real : p.s >= p.first[b];
-      T* dhr = p.dh + b * u + j0;
-      if (reads) {
-        const T* dor = p.dout.row(p.out_index, b) + p.out_col + j0;
-        for (int64_t j = 0; j < w; ++j) dhr[j] += dor[j];
-      }
-      T* dxr = p.dxw.row(p.t, b) + j0;
-      T* drr = p.drec ? p.drec + b * G * u + j0 : nullptr;
-      T* dnr = p.dh_next + b * u + j0;
-      if (!real) {
-        for (int64_t q = 0; q < G; ++q) {
-          std::fill(dxr + q * u, dxr + q * u + w, T(0));
-          if (drr) std::fill(drr + q * u, drr + q * u + w, T(0));
-        }
-        std::copy(dhr, dhr + w, dnr);
-        continue;  // dc carries through unchanged
-      }
-      const T* sv = p.saved + b * S + j0;
-      switch (p.cell) {
-        case CellKind::LSTM:
-          cpu::lstm_row_backward<T>(p.act, p.ract, w, {sv, u}, p.c_prev + b * u + j0, p.c_new + b * u + j0, dhr,
-                                    p.dc + b * u + j0, {dxr, u}, scratch);
-          std::fill(dnr, dnr + w, T(0));
-          break;
-        case CellKind::GRU:
-          cpu::gru_after_row_backward<T>(p.act, p.ract, w, {sv, u}, p.h_prev + b * u + j0, dhr, {dxr, u}, {drr, u},
-                                         dnr, scratch);
-          break;
-        case CellKind::SimpleRNN:
-          cpu::simple_row_backward<T>(p.act, w, sv, p.h_new + b * u + j0, dhr, dxr);
-          std::fill(dnr, dnr + w, T(0));
-          break;
-      }
-    }
+    for (int64_t b = 0; b < p.batch; ++b) backward_row<T>(p, b, j0, w, scratch);
   }
 };
 
@@ -331,104 +371,22 @@ struct CpuPolicy : TimeLoops {
 
   template <typename T>
   static void forward_step(const ForwardStep<T>& p) {
-    const int64_t u = p.units, G = p.gates, S = p.saved_width;
+    const int64_t u = p.units, G = p.gates;
     at::parallel_for(0, p.batch, grain(u, G), [&](int64_t b0, int64_t b1) {
       std::vector<T> scratch(cpu::row_scratch_size(u));
       for (int64_t b = b0; b < b1; ++b) {
-        const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
-        if (real) p.seen[b] = 1;
-        const T* xwr = p.xw.row(p.t, b);
-        const T* recr = p.rec + b * G * u;
-        T* sv = p.saved + b * S;
-        T* outr = p.out.row(p.out_index, b) + p.out_col;
-        const T* hp = p.h_prev + b * u;
-        T* hn = p.h_next + b * u;
-        if (!real) {
-          // Keras: the state is carried; the output is the previous output (zero before the
-          // first real step) or zero with zero_output_for_mask.
-          for (int64_t j = 0; j < u; ++j) {
-            hn[j] = hp[j];
-            outr[j] = (p.zero_out || !p.seen[b]) ? T(0) : hp[j];
-          }
-          if (p.c_next) {
-            for (int64_t j = 0; j < u; ++j) p.c_next[b * u + j] = p.c_prev[b * u + j];
-          }
-          for (int64_t k = 0; k < S; ++k) sv[k] = T(0);
-          continue;
-        }
-        switch (p.cell) {
-          case CellKind::LSTM:
-            cpu::lstm_row_forward<T>(p.act, p.ract, u, {xwr, u}, {recr, u}, p.c_prev + b * u, {sv, u}, hn,
-                                     p.c_next + b * u, scratch.data());
-            break;
-          case CellKind::GRU:
-            if (p.reset_after) {
-              cpu::gru_after_row_forward<T>(p.act, p.ract, u, {xwr, u}, {recr, u}, hp, {sv, u}, hn, scratch.data());
-            } else {
-              cpu::gru_before_row_update<T>(p.act, p.ract, u, xwr, p.rec_h + b * u, hp, sv, hn, scratch.data());
-            }
-            break;
-          case CellKind::SimpleRNN:
-            cpu::simple_row_forward<T>(p.act, u, xwr, recr, sv, hn);
-            break;
-        }
-        for (int64_t j = 0; j < u; ++j) outr[j] = hn[j];
+        if (!p.mask || p.mask[b * p.time + p.t]) p.seen[b] = 1;
+        forward_row<T>(p, b, 0, u, p.rec + b * G * u, u, scratch.data());
       }
     });
   }
 
   template <typename T>
   static void backward_step(const BackwardStep<T>& p) {
-    const int64_t u = p.units, G = p.gates, S = p.saved_width;
+    const int64_t u = p.units, G = p.gates;
     at::parallel_for(0, p.batch, grain(u, G), [&](int64_t b0, int64_t b1) {
       std::vector<T> scratch(cpu::row_scratch_size(u));
-      for (int64_t b = b0; b < b1; ++b) {
-        const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
-        // Which output positions read this step's state: the step itself when real, and with
-        // carry-over also every masked step after the first real one.
-        const bool reads = p.zero_out ? real : p.s >= p.first[b];
-        T* dhr = p.dh + b * u;
-        if (reads) {
-          const T* dor = p.dout.row(p.out_index, b) + p.out_col;
-          for (int64_t j = 0; j < u; ++j) dhr[j] += dor[j];
-        }
-        T* dxr = p.dxw.row(p.t, b);
-        T* drr = p.drec + b * G * u;
-        T* dnr = p.dh_next + b * u;
-        if (!real) {
-          for (int64_t k = 0; k < G * u; ++k) dxr[k] = drr[k] = T(0);
-          for (int64_t j = 0; j < u; ++j) dnr[j] = dhr[j];
-          continue;  // dc carries through unchanged
-        }
-        const T* sv = p.saved + b * S;
-        const T* hp = p.h_prev + b * u;
-        switch (p.cell) {
-          case CellKind::LSTM:
-            cpu::lstm_row_backward<T>(p.act, p.ract, u, {sv, u}, p.c_prev + b * u, p.c_new + b * u, dhr, p.dc + b * u,
-                                      {dxr, u}, scratch.data());
-            for (int64_t j = 0; j < u; ++j) dnr[j] = T(0);
-            for (int64_t k = 0; k < G * u; ++k) drr[k] = dxr[k];
-            break;
-          case CellKind::GRU:
-            if (p.reset_after) {
-              cpu::gru_after_row_backward<T>(p.act, p.ract, u, {sv, u}, hp, dhr, {dxr, u}, {drr, u}, dnr, scratch.data());
-            } else {
-              cpu::gru_before_row_backward_a<T>(p.act, p.ract, u, sv, hp, dhr, dxr, dnr, scratch.data());
-              for (int64_t j = 0; j < u; ++j) {
-                drr[j] = dxr[j];
-                drr[2 * u + j] = dxr[2 * u + j];
-              }
-            }
-            break;
-          case CellKind::SimpleRNN:
-            cpu::simple_row_backward<T>(p.act, u, sv, p.h_new + b * u, dhr, dxr);
-            for (int64_t j = 0; j < u; ++j) {
-              drr[j] = dxr[j];
-              dnr[j] = T(0);
-            }
-            break;
-        }
-      }
+      for (int64_t b = b0; b < b1; ++b) backward_row<T>(p, b, 0, u, scratch.data());
     });
   }
 
