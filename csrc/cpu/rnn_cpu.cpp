@@ -61,8 +61,8 @@ template <typename T>
 bool fused_loop_applies(const RnnConfig& cfg, const driver::DirectionArgs& a) {
   if (cfg.cell == CellKind::GRU && !cfg.reset_after) return false;  // two GEMMs per step
   if (a.rmask.defined() || !have_blas<T>()) return false;
-  const int64_t big = std::max<int64_t>({cfg.batch, cfg.time * cfg.gates() * cfg.units, cfg.num_directions * cfg.units * cfg.time});
-  return big < INT_MAX / 4;
+  // The largest BLAS argument: the batch, or the leading dimension of batch-major gate gradients.
+  return std::max(cfg.batch, cfg.time * cfg.gates() * cfg.units) < INT_MAX / 4;
 }
 
 // The rows of a step that are real (not masked), in increasing order. Only they enter the
