@@ -115,11 +115,19 @@ def extension():
     warn = ["-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"]
     # -fno-trapping-math lets GCC vectorise the branch-free activation loops (csrc/cpu/vec_loops*).
     cxx = ["-O3", "-fno-trapping-math", "-fvisibility=hidden"] + warn
+    # at::parallel_for is a header template: without -fopenmp (_OPENMP undefined) it compiles to a
+    # serial loop, so the CPU backend's threads need it. Linking -fopenmp adds libgomp.so.1, the
+    # soname torch itself loads (its own copy in torch/lib), so one OpenMP runtime is shared.
+    openmp = torch.backends.openmp.is_available()
+    link = ["-fopenmp"] if openmp else []
+    if openmp:
+        cxx.append("-fopenmp")
     config = {
         "torch": torch.__version__,
         "torch.version.cuda": torch.version.cuda,
         "CUDA_HOME": cpp_extension.CUDA_HOME,
         "FORCE_CUDA": force,
+        "openmp": "yes (at::parallel_for on torch's threads)" if openmp else "no (torch built without OpenMP)",
     }
     if with_cuda:
         inc, lib, where = _cudnn_dirs()
@@ -140,12 +148,13 @@ def extension():
             sources,
             include_dirs=[inc],
             extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-Werror=all-warnings", "-Xcompiler", ",".join(warn)]},
-            extra_link_args=_cudnn_link_args(lib),
+            extra_link_args=_cudnn_link_args(lib) + link,
         )
     else:
         sources.append(os.path.join(CSRC, "build_info_cpu.cpp"))
         config["backend"] = "CppExtension (CPU only)"
-        ext = cpp_extension.CppExtension("cudnn_rnn._C", sources, extra_compile_args={"cxx": cxx})
+        ext = cpp_extension.CppExtension("cudnn_rnn._C", sources, extra_compile_args={"cxx": cxx},
+                                         extra_link_args=link)
     print("cudnn_rnn build configuration:")
     for k, v in config.items():
         print(f"  {k}: {v}")

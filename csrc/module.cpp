@@ -1,6 +1,11 @@
 // The pybind11 module cudnn_rnn._C: build information and helpers that are not ops. Importing it
 // also loads the library that registers the ops (csrc/ops.cpp and the per-backend files).
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
+
+#include <algorithm>
+#include <vector>
+
 
 #include "backend_choice.h"
 #include "build_info.h"
@@ -149,6 +154,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_unit_blocks", [](int64_t batch, int64_t units, int64_t gates) {
     return cudnn_rnn::cpu::UnitBlocks(batch, units, gates).start;
   }, "bounds of the unit blocks the CPU time loop gives its threads (for tests)");
+  m.def("parallel_for_threads", [] {
+    // How many distinct threads at::parallel_for runs 64 one-item tasks on (for tests: it is 1
+    // when the extension was compiled without OpenMP, whatever torch's thread count).
+    std::vector<int> seen(at::get_num_threads(), 0);
+    at::parallel_for(0, 64, 1, [&](int64_t, int64_t) { seen[at::get_thread_num()] = 1; });
+    return std::count(seen.begin(), seen.end(), 1);
+  }, "distinct threads at::parallel_for uses (for tests)");
   m.def("cpu_cache_info", [] {
     return std::make_pair(cudnn_rnn::cpu::cached_bytes(), cudnn_rnn::cpu::cache_limit_bytes());
   }, "(bytes idle in the CPU buffer pool, its limit)");

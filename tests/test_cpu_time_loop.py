@@ -2,6 +2,8 @@
 update split into unit blocks, one per thread. Small problems get one block, so these tests use
 sizes that split, and hold the split result to torch.nn (the oracle) and to the one-block run
 (itself held to Keras by test_keras_parity) where torch.nn cannot express the call (masks)."""
+import copy
+
 import pytest
 import torch
 
@@ -9,7 +11,7 @@ import cudnn_rnn
 from cudnn_rnn import _C
 from test_torch_parity import _grads_as_module
 
-B, T, I, U = 64, 6, 24, 100  # U = 100: blocks of 24 units and a last one of 28 on 4 threads
+B, T, I, U = 64, 6, 24, 100  # U = 100: blocks of 32, 16, 32 and 20 units on 4 threads
 LAYERS = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU, "simple_rnn": cudnn_rnn.SimpleRNN}
 GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
 BATCH = {"lstm": B, "gru": B, "simple_rnn": 4 * B}  # enough work per step to split
@@ -22,10 +24,18 @@ def threads():
     torch.set_num_threads(before)
 
 
+def test_parallel_for_runs_on_torch_threads(threads):
+    # at::parallel_for compiles to a serial loop in an extension built without OpenMP.
+    threads(2)
+    assert _C.parallel_for_threads() == 2
+    threads(1)
+    assert _C.parallel_for_threads() == 1
+
+
 def test_unit_blocks_split_on_threads(threads):
     threads(4)
     bounds = _C.cpu_unit_blocks(B, U, 4)
-    assert bounds == [0, 24, 48, 72, 100]
+    assert bounds == [0, 32, 48, 80, 100]  # multiples of 16 (the packed GEMM's panels), nearest the even split
     threads(1)
     assert _C.cpu_unit_blocks(B, U, 4) == [0, U]
     threads(4)
@@ -46,8 +56,8 @@ def _layer(cell, bidirectional=False, **kwargs):
 def _run(layer, x, mask=None):
     x = x.detach().clone().requires_grad_(True)
     out = layer(x, mask=mask)
-    torch.manual_seed(1)
-    loss = sum((o * torch.randn_like(o)).sum() for o in out)
+    torch.manual_seed(1)  # the same cotangents whatever the dtype
+    loss = sum((o * torch.randn(o.shape, dtype=torch.float64).to(o.dtype)).sum() for o in out)
     grads = torch.autograd.grad(loss, [x, *layer.parameters()])
     return [o.detach() for o in out], grads
 
@@ -99,6 +109,39 @@ def test_split_loop_matches_one_block_with_masks(cell, kwargs, bidirectional, th
     out4, grads4 = _run(layer, x, mask)
     for a, b in zip(out4 + list(grads4), out1 + list(grads1)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("cell,kwargs", [
+    ("lstm", {}),
+    ("lstm", {"go_backwards": True, "zero_output_for_mask": True}),
+    ("gru", {"use_bias": False}),
+    ("gru", {"go_backwards": True}),
+    ("simple_rnn", {}),
+])
+@pytest.mark.parametrize("units,batch,bidirectional", [(U, None, False), (U, None, True), (200, 5, False)])
+@pytest.mark.parametrize("n_threads", [1, 4])
+def test_float32_loop_matches_float64(cell, kwargs, units, batch, bidirectional, n_threads, threads):
+    """float32 runs the recurrent GEMMs on the packed AVX2 kernel where the CPU has it
+    (csrc/cpu/packed_gemm.cpp: row tiles of up to 6, panels of 16 with a partial last one at
+    U = 100, K blocks of 512 in the backward at U = 200, masked rows read and written in place);
+    float64 runs them on BLAS and is held to torch.nn above. Same weights, inputs and mask."""
+    batch = batch or BATCH[cell]
+    torch.manual_seed(0)
+    layer = LAYERS[cell](I, units, return_sequences=True, return_state=True, dtype=torch.float64, **kwargs)
+    if bidirectional:
+        layer = cudnn_rnn.Bidirectional(layer)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.uniform_(-0.3, 0.3)
+    layer32 = copy.deepcopy(layer).float()
+    x = torch.randn(batch, T, I, dtype=torch.float64)
+    mask = _random_mask(3, batch)
+    threads(n_threads)
+    out64, grads64 = _run(layer, x, mask)
+    out32, grads32 = _run(layer32, x.float(), mask)
+    for a, b in zip(out32 + list(grads32), out64 + list(grads64)):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
 def test_buffer_pool_reuses_and_frees():

@@ -14,6 +14,7 @@
 
 #include "../rnn_driver.h"
 #include "cell_rows.h"
+#include "packed_gemm.h"
 #include "time_loop.h"
 
 namespace cudnn_rnn {
@@ -56,6 +57,33 @@ void gemm(bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda
   }
 }
 
+// Whether the time loops' recurrent GEMMs run on the packed kernel (float32 on AVX2 + FMA CPUs)
+// instead of BLAS.
+template <typename T>
+bool use_packed() {
+  return std::is_same_v<T, float> && cpu::packed_gemm_available();
+}
+
+// cpu::packed_gemm for T = float (the only type use_packed<T>() lets through).
+template <typename T>
+void packed_product(int64_t M, int64_t N, int64_t K, const T* A, cpu::Rows a, const T* panels, const T* bias,
+                    bool accumulate, T* C, cpu::Rows c) {
+  if constexpr (std::is_same_v<T, float>) {
+    cpu::packed_gemm(M, N, K, A, a, panels, bias, accumulate, C, c);
+  } else {
+    TORCH_INTERNAL_ASSERT(false, "packed_product: float32 only");
+  }
+}
+
+template <typename T>
+void pack_panels(const T* src, int64_t ld, bool trans, int64_t K, int64_t N, T* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    cpu::pack_panels(src, ld, trans, K, N, dst);
+  } else {
+    TORCH_INTERNAL_ASSERT(false, "pack_panels: float32 only");
+  }
+}
+
 // Whether the time loops below take a configuration; every size must also fit BLAS's int.
 template <typename T>
 bool fused_loop_applies(const RnnConfig& cfg, const driver::DirectionArgs& a) {
@@ -89,10 +117,16 @@ struct ActiveRows {
 // whose recurrent-side gate gradients D ([B, G*u] rows, leading dimension ld) are zero on the
 // inactive rows. compact: the active rows of D gathered ([n, G*u]) when some are inactive, else
 // null. tmp: [B, w] scratch for the compact product before it is scattered into dh's rows.
+// With `panels` (R^T packed, K = G*u), the product reads D's and writes dh's active rows in
+// place instead (compact and tmp unused).
 template <typename T>
 void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t G, const T* D, int64_t ld,
-                        const T* compact, const T* R, int64_t j0, int64_t w, T* tmp, T* dh) {
-  if (act.n == B) {
+                        const T* compact, const T* R, const T* panels, int64_t j0, int64_t w, T* tmp, T* dh) {
+  if (panels) {
+    const int64_t* rows = act.n < B ? act.rows.data() : nullptr;
+    packed_product<T>(act.n, w, G * u, D, {rows, ld}, panels + j0 / cpu::kPanel * cpu::packed_size(G * u, cpu::kPanel),
+                      nullptr, true, dh + j0, {rows, u});
+  } else if (act.n == B) {
     gemm<T>(true, B, w, G * u, D, ld, R + j0 * G * u, G * u, T(1), dh + j0, u);
   } else if (act.n > 0) {
     gemm<T>(true, act.n, w, G * u, compact, G * u, R + j0 * G * u, G * u, T(0), tmp, w);
@@ -217,40 +251,70 @@ struct TimeLoops {
     if (!fused_loop_applies<T>(cfg, a)) return false;
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates();
     const cpu::UnitBlocks blocks(B, u, G);
-    // Per block: its gate columns of the recurrent kernel as one [u, G*w] matrix (and of the
-    // recurrent bias), the GEMM's output [B, G*w], and the row kernel's scratch.
+    const bool packed = use_packed<T>();
+    // The recurrent kernel as the GEMMs read it: packed, gate by gate (gate g's columns as the
+    // panels of a [u, u] matrix), or for BLAS per block its gate columns as one [u, G*w] matrix
+    // (and the recurrent bias's). Per block also the GEMM's output [B, G*w] and the row
+    // kernel's scratch.
+    const int64_t gate_panels = cpu::packed_size(u, u);
+    Tensor panels = packed ? driver::workspace({G * gate_panels}, a.x3.options()) : Tensor();
+    if (packed) {
+      for (int64_t g = 0; g < G; ++g) {
+        pack_panels<T>(a.w.recurrent.data_ptr<T>() + g * u, G * u, false, u, u, panels.data_ptr<T>() + g * gate_panels);
+      }
+    }
     std::vector<Tensor> kernel(blocks.n), bias(blocks.n), rec(blocks.n), scratch(blocks.n);
     for (int64_t k = 0; k < blocks.n; ++k) {
       const int64_t j0 = blocks.start[k], w = blocks.width(k);
-      kernel[k] = blocks.n == 1 ? a.w.recurrent
-                                : a.w.recurrent.view({u, G, u}).narrow(2, j0, w).reshape({u, G * w}).contiguous();
-      if (a.w.bias_rec.defined()) bias[k] = a.w.bias_rec.view({G, u}).narrow(1, j0, w).reshape({G * w}).contiguous();
+      if (!packed) {
+        kernel[k] = blocks.n == 1 ? a.w.recurrent
+                                  : a.w.recurrent.view({u, G, u}).narrow(2, j0, w).reshape({u, G * w}).contiguous();
+        if (a.w.bias_rec.defined()) bias[k] = a.w.bias_rec.view({G, u}).narrow(1, j0, w).reshape({G * w}).contiguous();
+      }
       rec[k] = at::empty({B, G * w}, a.x3.options());
       scratch[k] = at::empty({cpu::row_scratch_size(w)}, a.x3.options());
     }
     // Raw pointers, taken here: the worker threads make no ATen calls.
+    const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
+    const T* bias_rec = a.w.bias_rec.defined() ? a.w.bias_rec.data_ptr<T>() : nullptr;
     std::vector<const T*> kernel_p(blocks.n), bias_p(blocks.n);
     std::vector<T*> rec_p(blocks.n), scratch_p(blocks.n);
     for (int64_t k = 0; k < blocks.n; ++k) {
-      kernel_p[k] = kernel[k].data_ptr<T>();
+      kernel_p[k] = kernel[k].defined() ? kernel[k].data_ptr<T>() : nullptr;
       bias_p[k] = bias[k].defined() ? bias[k].data_ptr<T>() : nullptr;
       rec_p[k] = rec[k].data_ptr<T>();
       scratch_p[k] = scratch[k].data_ptr<T>();
     }
     ActiveRows<T> act(B);
-    Tensor h_active = step.mask ? at::empty({B, u}, a.x3.options()) : Tensor();  // the active rows of h_prev
+    // BLAS reads the active rows of h_prev gathered; the packed kernel reads them in place.
+    Tensor h_active = step.mask && !packed ? at::empty({B, u}, a.x3.options()) : Tensor();
     for (int64_t s = 0; s < cfg.time; ++s) {
       driver::set_forward_step(step, cfg, a, s);
       act.collect(step.mask, B, cfg.time, step.t);
       const T* h_in = step.h_prev;
-      if (act.n < B) {
+      const int64_t* rows = act.n < B ? act.rows.data() : nullptr;
+      if (rows && !packed) {
         act.gather(step.h_prev, u, u, h_active.data_ptr<T>());
         h_in = h_active.data_ptr<T>();
+        rows = nullptr;
       }
       at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
         for (int64_t k = k0; k < k1; ++k) {
-          forward_block<T>(step, blocks.start[k], blocks.width(k), kernel_p[k], bias_p[k], h_in, act.n, rec_p[k],
-                           scratch_p[k]);
+          const int64_t j0 = blocks.start[k], w = blocks.width(k), ldr = G * w;
+          T* r = rec_p[k];
+          // r[i, g*w + j] = recurrent pre-activation of gate g, unit j0 + j, for the i-th active row
+          if (act.n > 0 && packed) {
+            for (int64_t g = 0; g < G; ++g) {
+              packed_product<T>(act.n, w, u, h_in, {rows, u}, panels_p + g * gate_panels + j0 / cpu::kPanel * cpu::packed_size(u, cpu::kPanel),
+                                bias_rec ? bias_rec + g * u + j0 : nullptr, false, r + g * w, {nullptr, ldr});
+            }
+          } else if (act.n > 0) {
+            if (bias_p[k]) {
+              for (int64_t i = 0; i < act.n; ++i) std::copy(bias_p[k], bias_p[k] + ldr, r + i * ldr);
+            }
+            gemm<T>(false, act.n, ldr, u, h_in, u, kernel_p[k], ldr, bias_p[k] ? T(1) : T(0), r, ldr);
+          }
+          forward_block<T>(step, j0, w, r, scratch_p[k]);
         }
       });
       if (step.mask) {
@@ -270,30 +334,37 @@ struct TimeLoops {
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates(), Tn = cfg.time;
     const bool gru = cfg.cell == CellKind::GRU;
     const cpu::UnitBlocks blocks(B, u, G);
+    const bool packed = use_packed<T>();
     std::vector<Tensor> scratch(blocks.n), tmp(blocks.n);
     for (int64_t k = 0; k < blocks.n; ++k) {
       scratch[k] = at::empty({cpu::row_scratch_size(blocks.width(k))}, dxw.options());
-      tmp[k] = at::empty({B, blocks.width(k)}, dxw.options());
+      if (!packed) tmp[k] = at::empty({B, blocks.width(k)}, dxw.options());
     }
     std::vector<T*> scratch_p(blocks.n), tmp_p(blocks.n);
     for (int64_t k = 0; k < blocks.n; ++k) {
       scratch_p[k] = scratch[k].data_ptr<T>();
-      tmp_p[k] = tmp[k].data_ptr<T>();
+      tmp_p[k] = tmp[k].defined() ? tmp[k].data_ptr<T>() : nullptr;
     }
     Tensor dh_next = at::empty({B, u}, dxw.options());
-    Tensor compact = step.mask ? at::empty({B, G * u}, dxw.options()) : Tensor();
+    // BLAS reads the active rows of the gate gradients gathered (compact); the packed kernel
+    // reads R^T's panels (K = G*u) and the rows in place.
+    Tensor compact = step.mask && !packed ? at::empty({B, G * u}, dxw.options()) : Tensor();
     T* compact_p = compact.defined() ? compact.data_ptr<T>() : nullptr;
     const T* R = a.w.recurrent.data_ptr<T>();  // [u, G*u]
+    Tensor panels = packed ? driver::workspace({cpu::packed_size(G * u, u)}, dxw.options()) : Tensor();
+    if (packed) pack_panels<T>(R, G * u, true, G * u, u, panels.data_ptr<T>());
+    const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
     auto time_of = [&](int64_t s) { return cfg.reversed(a.dir) ? Tn - 1 - s : s; };
     // The recurrent-side gate gradients of step s, [B, G*u] rows: GRU's own, else the input side's.
     auto grads_of = [&](int64_t s) -> std::pair<const T*, int64_t> {
       if (gru) return {drec.data_ptr<T>() + s * B * G * u, G * u};
       return {step.dxw.row(time_of(s), 0), step.dxw.row_stride};
     };
-    // Adds step s's recurrent GEMM into dh (tasks over unit blocks); `act` holds step s's rows.
+    // Step s's gate gradients for its recurrent GEMM into dh (tasks over unit blocks); `act`
+    // holds step s's rows.
     auto gather_grads = [&](const ActiveRows<T>& act, int64_t s) {
       const auto [D, ld] = grads_of(s);
-      if (act.n < B) act.gather(D, ld, G * u, compact.data_ptr<T>());
+      if (compact_p && act.n < B) act.gather(D, ld, G * u, compact_p);
       return std::pair<const T*, int64_t>{D, ld};
     };
     ActiveRows<T> act(B), act_later(B);  // rows of step s and of step s + 1
@@ -307,8 +378,8 @@ struct TimeLoops {
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t j0 = blocks.start[k], w = blocks.width(k);
           if (later.first) {
-            add_recurrent_grad<T>(act_later, B, u, G, later.first, later.second, compact_p, R, j0, w, tmp_p[k],
-                                  step.dh);
+            add_recurrent_grad<T>(act_later, B, u, G, later.first, later.second, compact_p, R, panels_p, j0, w,
+                                  tmp_p[k], step.dh);
           }
           backward_block<T>(step, j0, w, scratch_p[k]);
         }
@@ -320,29 +391,23 @@ struct TimeLoops {
     T* dh0 = dh.data_ptr<T>();
     at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
-        add_recurrent_grad<T>(act_later, B, u, G, first.first, first.second, compact_p, R, blocks.start[k],
-                              blocks.width(k), tmp_p[k], dh0);
+        add_recurrent_grad<T>(act_later, B, u, G, first.first, first.second, compact_p, R, panels_p,
+                              blocks.start[k], blocks.width(k), tmp_p[k], dh0);
       }
     });
     return true;
   }
 
  private:
-  // Units [j0, j0 + w) of one forward step, every row. h_in: the step's n active rows of h_prev
-  // (all B rows, in order, when none is masked); the GEMM's row i belongs to the i-th real row.
+  // Units [j0, j0 + w) of one forward step, every row, given the step's recurrent products of
+  // those units (rec: [active rows, G*w], gate stride w; its row i belongs to the i-th real row).
   template <typename T>
-  static void forward_block(const ForwardStep<T>& p, int64_t j0, int64_t w, const T* kernel, const T* bias,
-                            const T* h_in, int64_t n, T* rec, T* scratch) {
-    const int64_t B = p.batch, u = p.units, G = p.gates, ldr = G * w;
-    if (bias) {
-      for (int64_t i = 0; i < n; ++i) std::copy(bias, bias + ldr, rec + i * ldr);
-    }
-    if (n > 0) gemm<T>(false, n, ldr, u, h_in, u, kernel, ldr, bias ? T(1) : T(0), rec, ldr);
+  static void forward_block(const ForwardStep<T>& p, int64_t j0, int64_t w, const T* rec, T* scratch) {
     const T* recr = rec;
-    for (int64_t b = 0; b < B; ++b) {
+    for (int64_t b = 0; b < p.batch; ++b) {
       const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
       forward_row<T>(p, b, j0, w, recr, w, scratch);
-      if (real) recr += ldr;
+      if (real) recr += p.gates * w;
     }
   }
 
@@ -441,8 +506,8 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> rnn_backward_cpu(
 
 cpu::UnitBlocks::UnitBlocks(int64_t batch, int64_t units, int64_t gates) {
   const int64_t work = batch * gates * units * units;  // multiply-adds of one step's GEMM
-  n = std::min<int64_t>({at::get_num_threads(), std::max<int64_t>(1, work >> 19), std::max<int64_t>(1, units / 8)});
-  for (int64_t k = 0; k <= n; ++k) start.push_back(k == n ? units : units * k / n / 8 * 8);
+  n = std::min<int64_t>({at::get_num_threads(), std::max<int64_t>(1, work >> 17), std::max<int64_t>(1, units / 16)});
+  for (int64_t k = 0; k <= n; ++k) start.push_back(k == n ? units : (units * k / n + 8) / 16 * 16);
 }
 
 TORCH_LIBRARY_IMPL(cudnn_rnn, CPU, m) {

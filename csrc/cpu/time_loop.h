@@ -9,9 +9,10 @@ namespace cpu {
 
 // The units of a direction split into blocks, one per task of the time loop: each task runs the
 // recurrent GEMM of its block's gate columns and then the cell update of those units for every
-// row, so one step costs one fork-join. Blocks start at multiples of 8 units (one AVX2 vector);
-// small problems get one block (a fork-join would cost more than their GEMM). At most the
-// user's thread count (at::get_num_threads()) of blocks.
+// row, so one step costs one fork-join. Blocks start at multiples of 16 units (a panel of the
+// packed GEMM, packed_gemm.h) and get at least 2^17 multiply-adds of the step GEMM each (below
+// that a fork-join costs more than it saves; the Keras-typical B=32, H=64 LSTM splits in two).
+// At most the user's thread count (at::get_num_threads()) of blocks.
 struct UnitBlocks {
   int64_t n;
   std::vector<int64_t> start;  // n + 1 bounds
