@@ -117,12 +117,17 @@ inline Tensor over_time(const Tensor& mask_bw, bool batch_major) {
 // With per-gate dropout masks (Keras implementation=1) each gate sees its own masked input.
 // real: the rows to compute (RealRows::in_layout), or undefined for all; the others are left
 // unset.
-inline Tensor input_projection(const RnnConfig& cfg, const Tensor& x3, bool batch_major, const DirWeights& w,
+template <typename Policy, typename T>
+Tensor input_projection(const RnnConfig& cfg, const Tensor& x3, bool batch_major, const DirWeights& w,
                         const Tensor& dmask, const Tensor& real) {
   const int64_t u = cfg.units, G = cfg.gates();
   const auto rows = x3.size(0) * x3.size(1);
   Tensor xw = workspace({x3.size(0), x3.size(1), G * u}, x3.options());
   Tensor xw2 = xw.view({rows, G * u});
+  if (!dmask.defined() && x3.is_contiguous() &&
+      Policy::template row_gemm<T>(x3.view({rows, x3.size(2)}), real, w.kernel, false, w.bias_in, false, xw2)) {
+    return xw;
+  }
   if (real.defined()) {
     TORCH_INTERNAL_ASSERT(!dmask.defined(), "input_projection: per-row compaction with dropout masks");
     Tensor x_real = select_rows(x3.view({rows, x3.size(2)}), real);
@@ -305,6 +310,14 @@ inline RealRows real_rows(const RnnConfig& cfg, const Tensor& mask, bool batch_m
 
 // Policies without time loops of their own inherit this.
 struct GenericTimeLoops {
+  // out2[r] = (accumulate ? out2[r] : bias, or 0) + in2[r] · op(W) for the rows r listed in
+  // `rows` (int64; every row when undefined), op(W) = W [K, N] or, with trans_w, the transpose
+  // of W [N, K]: the hoisted input projection and the input-gradient GEMM. false leaves it to
+  // the driver's ATen GEMMs.
+  template <typename T>
+  static bool row_gemm(const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&, bool, const Tensor&) {
+    return false;
+  }
   template <typename T>
   static bool takes_time_loop(const RnnConfig&, const DirectionArgs&) {
     return false;
@@ -326,7 +339,7 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
   const bool gru_before = cfg.cell == CellKind::GRU && !cfg.reset_after;
 
   const bool compact = !a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask);
-  Tensor xw = input_projection(cfg, a.x3, a.in_batch_major, a.w, a.dmask,
+  Tensor xw = input_projection<Policy, T>(cfg, a.x3, a.in_batch_major, a.w, a.dmask,
                                compact ? real_rows_in_layout(cfg, a.mask, a.in_batch_major) : Tensor());
   Tensor seen = a.mask.defined() ? at::zeros({B}, xw.options().dtype(at::kByte)) : at::ones({B}, xw.options().dtype(at::kByte));
 
@@ -423,10 +436,12 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
     const RealRows real = real_rows(cfg, a.mask, a.in_batch_major, reversed);
     Tensor d_real = select_rows(dxw2, real.in_layout);
     g.dkernel = at::mm(select_rows(a.x3.reshape({rows, in}), real.in_layout).t(), d_real);
-    // dx3's real rows += d_real · K^T (gathered, one GEMM, scattered back: all in parallel)
-    Tensor dx_real = select_rows(g.dx3.view({rows, in}), real.in_layout);
-    dx_real.addmm_(d_real, a.w.kernel.t());
-    g.dx3.view({rows, in}).index_copy_(0, real.in_layout, dx_real);
+    // dx3's real rows += d_real · K^T (in place, or gathered, one GEMM, scattered back)
+    if (!Policy::template row_gemm<T>(dxw2, real.in_layout, a.w.kernel, true, Tensor(), true, g.dx3.view({rows, in}))) {
+      Tensor dx_real = select_rows(g.dx3.view({rows, in}), real.in_layout);
+      dx_real.addmm_(d_real, a.w.kernel.t());
+      g.dx3.view({rows, in}).index_copy_(0, real.in_layout, dx_real);
+    }
     Tensor h_real = select_rows(a.rs.h.narrow(0, 0, Tn).reshape({Tn * B, u}), real.processing);
     Tensor drec_real = gru_after ? select_rows(drec.view({Tn * B, G * u}), real.processing)
                                  : select_rows(dxw2, real.processing_in_layout);
@@ -437,7 +452,8 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       g.dkernel = at::mm(xd.reshape({rows, in}).t(), dxw2);
       if (a.dmask.defined()) {
         g.dx3.add_(at::mm(dxw2, a.w.kernel.t()).view(a.x3.sizes()) * over_time(a.dmask[0], a.in_batch_major));
-      } else {
+      } else if (!Policy::template row_gemm<T>(dxw2, Tensor(), a.w.kernel, true, Tensor(), true,
+                                                 g.dx3.view({rows, in}))) {
         g.dx3.view({rows, in}).addmm_(dxw2, a.w.kernel.t());
       }
     } else {

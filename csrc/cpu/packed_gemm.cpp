@@ -16,6 +16,7 @@ namespace cpu {
 
 namespace {
 constexpr int64_t kKc = 512;
+constexpr int64_t kMc = 192;  // rows of A per pass over B: kMc x kKc floats (384 KiB) stay in L2
 
 inline const float* row_of(const float* base, Rows r, int64_t i) { return base + (r.rows ? r.rows[i] : i) * r.ld; }
 inline float* row_of(float* base, Rows r, int64_t i) { return base + (r.rows ? r.rows[i] : i) * r.ld; }
@@ -111,20 +112,23 @@ CUDNN_RNN_AVX2 void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A,
   const int64_t k_blocks = K == 0 ? 1 : (K + kKc - 1) / kKc;
   const float* ap[kMR];
   float* cp[kMR];
-  for (int64_t kb = 0; kb < k_blocks; ++kb) {
-    const int64_t k0 = kb * kKc, kc = std::min(kKc, K - k0);
-    const bool load_c = kb > 0 || accumulate;
-    for (int64_t q = 0; q < np; ++q) {
-      const float* bq = panels + (q * K + k0) * kPanel;
-      const int64_t cols = std::min(kPanel, N - q * kPanel);
-      const float* bias_q = !load_c && bias ? bias + q * kPanel : nullptr;
-      for (int64_t m0 = 0; m0 < M; m0 += kMR) {
-        const int64_t mr = std::min<int64_t>(kMR, M - m0);
-        for (int64_t i = 0; i < mr; ++i) {
-          ap[i] = row_of(A, a, m0 + i) + k0;
-          cp[i] = row_of(C, c, m0 + i) + q * kPanel;
+  for (int64_t mb = 0; mb < M; mb += kMc) {
+    const int64_t m_end = std::min(M, mb + kMc);
+    for (int64_t kb = 0; kb < k_blocks; ++kb) {
+      const int64_t k0 = kb * kKc, kc = std::min(kKc, K - k0);
+      const bool load_c = kb > 0 || accumulate;
+      for (int64_t q = 0; q < np; ++q) {
+        const float* bq = panels + (q * K + k0) * kPanel;
+        const int64_t cols = std::min(kPanel, N - q * kPanel);
+        const float* bias_q = !load_c && bias ? bias + q * kPanel : nullptr;
+        for (int64_t m0 = mb; m0 < m_end; m0 += kMR) {
+          const int64_t mr = std::min<int64_t>(kMR, m_end - m0);
+          for (int64_t i = 0; i < mr; ++i) {
+            ap[i] = row_of(A, a, m0 + i) + k0;
+            cp[i] = row_of(C, c, m0 + i) + q * kPanel;
+          }
+          kTiles[mr](kc, ap, bq, cp, bias_q, load_c, cols);
         }
-        kTiles[mr](kc, ap, bq, cp, bias_q, load_c, cols);
       }
     }
   }

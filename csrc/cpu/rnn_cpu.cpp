@@ -419,6 +419,44 @@ struct TimeLoops {
 };
 
 struct CpuPolicy : TimeLoops {
+  // The packed kernel for the input projection and the input gradient (float32, AVX2): W packed
+  // once (its panels split across threads), then the rows in blocks of 6-row tiles across
+  // threads, listed rows read and written in place (no gather, no scatter).
+  template <typename T>
+  static bool row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W, bool trans_w, const Tensor& bias,
+                       bool accumulate, const Tensor& out2) {
+    if (!use_packed<T>() || !in2.is_contiguous() || !out2.is_contiguous() || !W.is_contiguous() ||
+        (bias.defined() && !bias.is_contiguous())) {
+      return false;
+    }
+    const int64_t K = in2.size(1), N = out2.size(1);
+    const int64_t M = rows.defined() ? rows.numel() : in2.size(0);
+    if (M == 0) return true;
+    const int64_t np = cpu::panel_count(N), panel = cpu::packed_size(K, cpu::kPanel);
+    Tensor panels = driver::workspace({np * panel}, in2.options());
+    const T* w = W.data_ptr<T>();
+    T* pp = panels.data_ptr<T>();
+    at::parallel_for(0, np, std::max<int64_t>(1, 4096 / K), [&](int64_t q0, int64_t q1) {
+      const int64_t n0 = q0 * cpu::kPanel, n1 = std::min(N, q1 * cpu::kPanel);
+      pack_panels<T>(trans_w ? w + n0 * K : w + n0, trans_w ? K : N, trans_w, K, n1 - n0, pp + q0 * panel);
+    });
+    const int64_t* r = rows.defined() ? rows.data_ptr<int64_t>() : nullptr;
+    const T* a = in2.data_ptr<T>();
+    T* c = out2.data_ptr<T>();
+    const T* b = bias.defined() ? bias.data_ptr<T>() : nullptr;
+    constexpr int64_t tile = 6;
+    const int64_t tiles = (M + tile - 1) / tile;
+    at::parallel_for(0, tiles, std::max<int64_t>(1, (int64_t(1) << 18) / (tile * K * N)), [&](int64_t t0, int64_t t1) {
+      const int64_t m0 = t0 * tile, m = std::min(M, t1 * tile) - m0;
+      if (r) {
+        packed_product<T>(m, N, K, a, {r + m0, K}, pp, b, accumulate, c, {r + m0, N});
+      } else {
+        packed_product<T>(m, N, K, a + m0 * K, {nullptr, K}, pp, b, accumulate, c + m0 * N, {nullptr, N});
+      }
+    });
+    return true;
+  }
+
   template <typename T>
   static void gru_before_gates(const ForwardStep<T>& p) {
     const int64_t u = p.units, G = p.gates, S = p.saved_width;
