@@ -473,10 +473,8 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
     auto in_input_layout = [&](const Tensor& p) {  // [T, B, k] processing order -> [rows, k]
       if (!a.in_batch_major && !reversed) return p.reshape({rows, p.size(2)});
       Tensor out = workspace(a.in_batch_major ? at::IntArrayRef({B, Tn, p.size(2)}) : p.sizes(), opts);
-      for (int64_t s = 0; s < Tn; ++s) {
-        const int64_t t = reversed ? Tn - 1 - s : s;
-        (a.in_batch_major ? out.select(1, t) : out[t]).copy_(p[s]);
-      }
+      const Tensor by_time = reversed ? p.flip(0) : p;  // [T, B, k] in time order
+      out.copy_(a.in_batch_major ? by_time.transpose(0, 1) : by_time);  // one strided copy, not T
       return out.view({rows, p.size(2)});
     };
     const int64_t hr_gates = gru_before ? 2 : G;

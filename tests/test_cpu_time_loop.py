@@ -42,9 +42,9 @@ def test_unit_blocks_split_on_threads(threads):
     assert _C.cpu_unit_blocks(1, 16, 4) == [0, 16]  # too little work to split
 
 
-def _layer(cell, bidirectional=False, **kwargs):
+def _layer(cell, bidirectional=False, units=U, **kwargs):
     torch.manual_seed(0)
-    layer = LAYERS[cell](I, U, return_sequences=True, return_state=True, dtype=torch.float64, **kwargs)
+    layer = LAYERS[cell](I, units, return_sequences=True, return_state=True, dtype=torch.float64, **kwargs)
     if bidirectional:
         layer = cudnn_rnn.Bidirectional(layer)
     with torch.no_grad():
@@ -126,13 +126,7 @@ def test_float32_loop_matches_float64(cell, kwargs, units, batch, bidirectional,
     U = 100, K blocks of 512 in the backward at U = 200, masked rows read and written in place);
     float64 runs them on BLAS and is held to torch.nn above. Same weights, inputs and mask."""
     batch = batch or BATCH[cell]
-    torch.manual_seed(0)
-    layer = LAYERS[cell](I, units, return_sequences=True, return_state=True, dtype=torch.float64, **kwargs)
-    if bidirectional:
-        layer = cudnn_rnn.Bidirectional(layer)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.uniform_(-0.3, 0.3)
+    layer = _layer(cell, bidirectional, units, **kwargs)
     layer32 = copy.deepcopy(layer).float()
     x = torch.randn(batch, T, I, dtype=torch.float64)
     mask = _random_mask(3, batch)
