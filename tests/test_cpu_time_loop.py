@@ -118,12 +118,13 @@ def test_split_loop_matches_one_block_with_masks(cell, kwargs, bidirectional, th
     ("gru", {"go_backwards": True}),
     ("simple_rnn", {}),
 ])
-@pytest.mark.parametrize("units,batch,bidirectional", [(U, None, False), (U, None, True), (200, 5, False)])
+@pytest.mark.parametrize("units,batch,bidirectional", [(U, None, False), (U, None, True), (199, 5, False)])
 @pytest.mark.parametrize("n_threads", [1, 4])
 def test_float32_loop_matches_float64(cell, kwargs, units, batch, bidirectional, n_threads, threads):
     """float32 runs the recurrent GEMMs on the packed AVX2 kernel where the CPU has it
-    (csrc/cpu/packed_gemm.cpp: row tiles of up to 6, panels of 16 with a partial last one at
-    U = 100, K blocks of 512 in the backward at U = 200, masked rows read and written in place);
+    (csrc/cpu/packed_gemm.cpp: row tiles of 1 to 6 rows, panels of 16 with a partial last one,
+    odd K (U = 199) for the tiles that split k in interleaved sums, K blocks of 512 in the
+    backward at U = 199, masked rows read and written in place);
     float64 runs them on BLAS and is held to torch.nn above. Same weights, inputs and mask."""
     batch = batch or BATCH[cell]
     layer = _layer(cell, bidirectional, units, **kwargs)

@@ -78,7 +78,43 @@ CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, const float* b,
       hi[i] = v1;
     }
   }
-  for (int64_t k = 0; k < kc; ++k) {
+  // Few rows leave too few independent FMA chains to cover the FMA latency: those tiles also
+  // split k into S interleaved partial sums (at least 8 accumulators), added at the end.
+  constexpr int S = MR >= 4 ? 1 : (MR == 1 ? 4 : 2);
+  __m256 lo_s[S > 1 ? S - 1 : 1][MR], hi_s[S > 1 ? S - 1 : 1][MR];
+  if constexpr (S > 1) {
+#pragma GCC unroll 4
+    for (int j = 0; j < S - 1; ++j) {
+#pragma GCC unroll 6
+      for (int i = 0; i < MR; ++i) lo_s[j][i] = hi_s[j][i] = _mm256_setzero_ps();
+    }
+  }
+  int64_t k = 0;
+  if constexpr (S > 1) {
+    for (; k + S <= kc; k += S) {
+#pragma GCC unroll 4
+      for (int j = 0; j < S; ++j) {
+        const __m256 b0 = _mm256_loadu_ps(b + (k + j) * kPanel), b1 = _mm256_loadu_ps(b + (k + j) * kPanel + 8);
+#pragma GCC unroll 6
+        for (int i = 0; i < MR; ++i) {
+          const __m256 ai = _mm256_broadcast_ss(a[i] + k + j);
+          __m256& l = j == 0 ? lo[i] : lo_s[j - 1][i];
+          __m256& h = j == 0 ? hi[i] : hi_s[j - 1][i];
+          l = _mm256_fmadd_ps(ai, b0, l);
+          h = _mm256_fmadd_ps(ai, b1, h);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < S - 1; ++j) {
+#pragma GCC unroll 6
+      for (int i = 0; i < MR; ++i) {
+        lo[i] = _mm256_add_ps(lo[i], lo_s[j][i]);
+        hi[i] = _mm256_add_ps(hi[i], hi_s[j][i]);
+      }
+    }
+  }
+  for (; k < kc; ++k) {
     const __m256 b0 = _mm256_loadu_ps(b + k * kPanel), b1 = _mm256_loadu_ps(b + k * kPanel + 8);
 #pragma GCC unroll 6
     for (int i = 0; i < MR; ++i) {
