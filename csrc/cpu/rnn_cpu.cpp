@@ -57,8 +57,8 @@ void gemm(bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda
   }
 }
 
-// Whether the time loops' recurrent GEMMs run on the packed kernel (float32 on AVX2 + FMA CPUs)
-// instead of BLAS.
+// Whether the CPU backend's own GEMMs (the time loop's recurrent products, the input projection,
+// the input gradient) run on the packed kernel (float32 on AVX2 + FMA CPUs) instead of BLAS.
 template <typename T>
 bool use_packed() {
   return std::is_same_v<T, float> && cpu::packed_gemm_available();
@@ -124,8 +124,8 @@ void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t 
                         const T* compact, const T* R, const T* panels, int64_t j0, int64_t w, T* tmp, T* dh) {
   if (panels) {
     const int64_t* rows = act.n < B ? act.rows.data() : nullptr;
-    packed_product<T>(act.n, w, G * u, D, {rows, ld}, panels + j0 / cpu::kPanel * cpu::packed_size(G * u, cpu::kPanel),
-                      nullptr, true, dh + j0, {rows, u});
+    const int64_t from_j0 = j0 / cpu::kPanel * cpu::packed_size(G * u, cpu::kPanel);  // panel of unit j0
+    packed_product<T>(act.n, w, G * u, D, {rows, ld}, panels + from_j0, nullptr, true, dh + j0, {rows, u});
   } else if (act.n == B) {
     gemm<T>(true, B, w, G * u, D, ld, R + j0 * G * u, G * u, T(1), dh + j0, u);
   } else if (act.n > 0) {
@@ -304,8 +304,9 @@ struct TimeLoops {
           T* r = rec_p[k];
           // r[i, g*w + j] = recurrent pre-activation of gate g, unit j0 + j, for the i-th active row
           if (act.n > 0 && packed) {
+            const int64_t from_j0 = j0 / cpu::kPanel * cpu::packed_size(u, cpu::kPanel);  // panel of unit j0
             for (int64_t g = 0; g < G; ++g) {
-              packed_product<T>(act.n, w, u, h_in, {rows, u}, panels_p + g * gate_panels + j0 / cpu::kPanel * cpu::packed_size(u, cpu::kPanel),
+              packed_product<T>(act.n, w, u, h_in, {rows, u}, panels_p + g * gate_panels + from_j0,
                                 bias_rec ? bias_rec + g * u + j0 : nullptr, false, r + g * w, {nullptr, ldr});
             }
           } else if (act.n > 0) {
