@@ -11,6 +11,7 @@
 #include "build_info.h"
 #include "cpu/activation_arrays.h"
 #include "cpu/buffer_pool.h"
+#include "cpu/packed_gemm.h"
 #include "cpu/time_loop.h"
 #include "kernel_emulation.h"
 #include "keras_layout.h"
@@ -154,6 +155,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_unit_blocks", [](int64_t batch, int64_t units, int64_t gates) {
     return cudnn_rnn::cpu::UnitBlocks(batch, units, gates).start;
   }, "bounds of the unit blocks the CPU time loop gives its threads (for tests)");
+  m.def("cpu_packed_gemm", &cudnn_rnn::cpu::packed_gemm_available,
+        "whether this CPU runs the packed float32 GEMM kernel (AVX2 + FMA)");
   m.def("parallel_for_threads", [] {
     // How many distinct threads at::parallel_for runs 64 one-item tasks on (for tests: it is 1
     // when the extension was compiled without OpenMP, whatever torch's thread count).

@@ -139,6 +139,54 @@ def test_float32_loop_matches_float64(cell, kwargs, units, batch, bidirectional,
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
+_GEMM_PATH_RUN = """
+import sys, torch, cudnn_rnn
+torch.set_num_threads(2)
+results = []
+for cls in (cudnn_rnn.LSTM, cudnn_rnn.GRU):
+    torch.manual_seed(0)
+    layer = cls(24, 100, return_sequences=True)
+    x = torch.randn(64, 6, 24, requires_grad=True)
+    mask = torch.rand(64, 6) > 0.3
+    y = layer(x, mask=mask)
+    grads = torch.autograd.grad((y * torch.randn_like(y)).sum(), [x, *layer.parameters()])
+    results += [y.detach(), *grads]
+torch.save(results, sys.argv[1])
+"""
+
+
+def _run_gemm_path(tmp_path, value):
+    import os
+    import subprocess
+    import sys
+    out = tmp_path / f"{value or 'default'}.pt"
+    env = {**os.environ, "CUDNN_RNN_CPU_GEMM": value}
+    run = subprocess.run([sys.executable, "-c", _GEMM_PATH_RUN, str(out)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    return run, out
+
+
+def test_blas_gemm_path_matches_packed(tmp_path):
+    """CUDNN_RNN_CPU_GEMM=blas runs the float32 GEMMs on BLAS, the path of CPUs without AVX2
+    (per-block kernel copies, gathered rows, scattered products); it must agree with the packed
+    kernel, and differ from it in the last bits (else the switch did nothing)."""
+    runs = {v: _run_gemm_path(tmp_path, v) for v in ("blas", "packed")}
+    for value, (run, _) in runs.items():
+        assert run.returncode == 0, f"{value}: {run.stderr}"
+    blas = torch.load(runs["blas"][1], weights_only=True)
+    packed = torch.load(runs["packed"][1], weights_only=True)
+    for a, b in zip(blas, packed):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    if _C.cpu_packed_gemm():
+        assert any(not torch.equal(a, b) for a, b in zip(blas, packed))
+
+
+def test_gemm_path_from_the_environment_is_checked(tmp_path):
+    run, _ = _run_gemm_path(tmp_path, "fast")
+    assert run.returncode != 0
+    assert "CUDNN_RNN_CPU_GEMM must be 'packed' or 'blas'; got fast" in run.stderr
+
+
 def test_buffer_pool_reuses_and_frees():
     _C.empty_cpu_cache()
     assert _C.cpu_cache_info()[0] == 0

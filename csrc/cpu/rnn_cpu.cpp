@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -57,11 +59,23 @@ void gemm(bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda
   }
 }
 
+// CUDNN_RNN_CPU_GEMM=blas runs those GEMMs on BLAS even where the packed kernel applies (what
+// CPUs without AVX2 run); unset or "packed": the default. Read once.
+bool blas_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("CUDNN_RNN_CPU_GEMM");
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "packed") == 0) return false;
+    TORCH_CHECK_VALUE(std::strcmp(v, "blas") == 0, "CUDNN_RNN_CPU_GEMM must be 'packed' or 'blas'; got ", v);
+    return true;
+  }();
+  return forced;
+}
+
 // Whether the CPU backend's own GEMMs (the time loop's recurrent products, the input projection,
 // the input gradient) run on the packed kernel (float32 on AVX2 + FMA CPUs) instead of BLAS.
 template <typename T>
 bool use_packed() {
-  return std::is_same_v<T, float> && cpu::packed_gemm_available();
+  return std::is_same_v<T, float> && cpu::packed_gemm_available() && !blas_forced();
 }
 
 // cpu::packed_gemm for T = float (the only type use_packed<T>() lets through).
