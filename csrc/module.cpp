@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <vector>
 
-
 #include "backend_choice.h"
 #include "build_info.h"
 #include "cpu/activation_arrays.h"
