@@ -109,7 +109,7 @@ def extension():
     else:
         with_cuda = torch_cuda and nvcc
 
-    sources = [os.path.join(CSRC, f) for f in ("ops.cpp", "rnn_config.cpp", "keras_layout.cpp", "backend_choice.cpp", "kernel_emulation.cpp",
+    sources = [os.path.join(CSRC, f) for f in ("ops.cpp", "autograd.cpp", "rnn_config.cpp", "keras_layout.cpp", "backend_choice.cpp", "kernel_emulation.cpp",
                                                 "module.cpp")]
     sources += sorted(glob.glob(os.path.join(CSRC, "cpu", "*.cpp")))
     warn = ["-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"]

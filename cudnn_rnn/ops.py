@@ -1,8 +1,8 @@
 """Typed wrappers of the dispatcher ops, their fake kernels and their autograd.
 
 The ops themselves are defined in csrc/ops.cpp (schemas) and implemented per backend in C++;
-this module only teaches PyTorch how to trace them (register_fake) and differentiate them
-(register_autograd, whose backward is the rnn_backward op).
+their autograd (rnn_forward's backward is the rnn_backward op) is C++ too (csrc/autograd.cpp).
+This module only gives the typed wrapper and teaches PyTorch how to trace the ops (register_fake).
 """
 from __future__ import annotations
 
@@ -17,9 +17,6 @@ from . import _C  # noqa: F401  (loads the library that registers the ops)
 CELL_GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
 
 _forward_op = torch.ops.cudnn_rnn.rnn_forward.default
-# cell .. zero_output_for_mask: the configuration arguments both ops share (csrc/ops.cpp)
-_N_CELL_CONFIG = 9
-_backward_op = torch.ops.cudnn_rnn.rnn_backward.default
 
 
 def rnn_forward(
@@ -82,56 +79,3 @@ def _rnn_backward_fake(grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_mas
     # The kernels return contiguous gradients whatever the inputs' strides: new_empty, not empty_like.
     grad_weights = [w.new_empty(w.shape) for w in weights]
     return x.new_empty(x.shape), grad_weights, grad_h_n.new_empty(grad_h_n.shape), grad_c_n.new_empty(grad_c_n.shape)
-
-
-def _setup_context(ctx, inputs, output):
-    x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, *config = inputs
-    ctx.n_config = len(config)
-    ctx.config = config[:_N_CELL_CONFIG]  # the backward op takes the cell configuration, not need_grad
-    ctx.n_weights = len(weights)
-    ctx.n_dropout = len(dropout_masks)
-    ctx.has_h0 = h0 is not None
-    ctx.has_c0 = c0 is not None
-    ctx.output_shapes = (output[0].shape, output[1].shape, output[2].shape)
-    reserve = output[3]
-    ctx.save_for_backward(x, reserve, mask, *weights, *dropout_masks, *recurrent_dropout_masks)
-    # Unused outputs (the reserve above all) get no zero-filled gradient; _backward fills in the
-    # ones the kernel needs.
-    ctx.set_materialize_grads(False)
-
-
-def _backward(ctx, grad_y, grad_h_n, grad_c_n, grad_reserve):
-    x, reserve, mask, *rest = ctx.saved_tensors
-    y_shape, state_shape, c_shape = ctx.output_shapes
-    grad_y = grad_y if grad_y is not None else x.new_zeros(y_shape)
-    grad_h_n = grad_h_n if grad_h_n is not None else x.new_zeros(state_shape)
-    grad_c_n = grad_c_n if grad_c_n is not None else x.new_zeros(c_shape)
-    weights = rest[: ctx.n_weights]
-    dropout_masks = rest[ctx.n_weights : ctx.n_weights + ctx.n_dropout]
-    recurrent_dropout_masks = rest[ctx.n_weights + ctx.n_dropout :]
-    grad_x, grad_weights, grad_h0, grad_c0 = _backward_op(
-        grad_y, grad_h_n, grad_c_n, x, list(weights), mask, list(dropout_masks), list(recurrent_dropout_masks),
-        reserve, *ctx.config,
-    )
-    return (
-        grad_x,
-        list(grad_weights),
-        None,
-        grad_h0 if ctx.has_h0 else None,
-        grad_c0 if ctx.has_c0 else None,
-        [None] * len(dropout_masks),
-        [None] * len(recurrent_dropout_masks),
-    ) + (None,) * ctx.n_config
-
-
-def _no_double_backward(ctx, *grads):
-    raise NotImplementedError(
-        "cudnn_rnn: second derivatives (create_graph=True through an RNN, e.g. gradient penalties or "
-        "hessians) are not implemented; the first derivative is exact")
-
-
-torch.library.register_autograd("cudnn_rnn::rnn_forward", _backward, setup_context=_setup_context)
-# Without this, autograd would record the C++ backward's internal matmuls under create_graph=True
-# and return silently wrong second derivatives.
-torch.library.register_autograd("cudnn_rnn::rnn_backward", _no_double_backward,
-                                setup_context=lambda ctx, inputs, output: None)

@@ -200,6 +200,37 @@ def test_second_derivatives_refuse_loudly():
         g.square().sum().backward()
 
 
+def test_gradient_of_the_initial_state_alone():
+    """Only h0 / c0 require grad (frozen input and weights): the graph is still built."""
+    x, ws, mask, h0, c0, dm, rdm, config = _case("lstm", mask_kind="holes", num_layers=2, bidirectional=True)
+    x, ws = x.detach(), [w.detach() for w in ws]
+    f = lambda h, c: ops.rnn_forward(x, ws, mask, h, c, dm, rdm, **config)[:3]
+    assert torch.autograd.gradcheck(f, (h0, c0))
+
+
+def test_no_graph_without_inputs_that_require_grad():
+    x, ws, mask, h0, c0, dm, rdm, config = _case("gru", mask_kind="right")
+    frozen = [w.detach() for w in ws]
+    out = ops.rnn_forward(x.detach(), frozen, mask, h0.detach(), None, dm, rdm, **config)
+    assert all(t.grad_fn is None and not t.requires_grad for t in out)
+    with torch.no_grad():
+        out = ops.rnn_forward(x, ws, mask, h0, None, dm, rdm, **config)
+    assert all(not t.requires_grad for t in out)
+    y, h_n, _, reserve = ops.rnn_forward(x, ws, mask, h0, None, dm, rdm, **config)
+    assert y.requires_grad and h_n.requires_grad and not reserve.requires_grad
+
+
+def test_input_modified_in_place_after_forward_is_caught():
+    """x is saved for the weight gradients: changing it before backward must raise, not be read."""
+    x, ws, mask, h0, c0, dm, rdm, config = _case("simple_rnn")
+    z = x * 1.0
+    y = ops.rnn_forward(z, ws, mask, h0, c0, dm, rdm, **config)[0]
+    with torch.no_grad():
+        z.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
 def test_unused_outputs_need_no_gradient():
     """Only h_n used: backward still runs (zero gradient for the sequence output)."""
     layer = cudnn_rnn.GRU(3, 4, return_state=True, dtype=torch.float64)
