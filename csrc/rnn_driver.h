@@ -19,6 +19,7 @@
 #include <ATen/ATen.h>
 
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cpu/buffer_pool.h"
@@ -270,13 +271,13 @@ void set_backward_step(BackwardStep<T>& step, const RnnConfig& cfg, const Direct
   step.saved = a.rs.saved.data_ptr<T>() + s * a.rs.saved.stride(0);
 }
 
-// With a mask, the real rows (b, t) as indices: in the layer input's 2-D layout, and in
-// processing order (time-major by step s: h_prev's rows, GRU's recurrent gate gradients) with
-// the same rows' indices in the input layout. A policy whose own time loop never reads the input
-// projection of a masked step (and writes zero gate gradients there) lets the driver run the
-// input and weight GEMMs over these rows only.
+// With a mask, the real rows (b, t) as indices: in the layer input's 2-D layout; the same rows'
+// indices in processing order (time-major by step s: h_prev's rows), listed in the input
+// layout's order; and the real rows in processing order (GRU's recurrent gate gradients). A
+// policy whose own time loop never reads the input projection of a masked step (and writes zero
+// gate gradients there) lets the driver run the input and weight GEMMs over these rows only.
 struct RealRows {
-  Tensor in_layout, processing, processing_in_layout;  // int64 [N]
+  Tensor in_layout, processing_of_in_layout, processing;  // int64 [N]
 };
 
 // layout[b, t]: the row of (b, t) in the input's 2-D view.
@@ -292,20 +293,47 @@ inline bool worth_compacting(const Tensor& mask) {
   return mask.defined() && mask.numel() > 0 && mask.sum().item<int64_t>() < mask.numel() * 4 / 5;
 }
 
+// The entries of a [B, T] tensor at the real steps, in the order of the input's 2-D layout.
+inline Tensor real_in_layout_order(const Tensor& bt, const Tensor& mask, bool batch_major) {
+  return batch_major ? bt.masked_select(mask) : bt.t().masked_select(mask.t());
+}
+
 inline Tensor real_rows_in_layout(const RnnConfig& cfg, const Tensor& mask, bool batch_major) {
-  const Tensor layout = row_layout(cfg, mask, batch_major);
-  return batch_major ? layout.masked_select(mask) : layout.t().masked_select(mask.t());
+  return real_in_layout_order(row_layout(cfg, mask, batch_major), mask, batch_major);
+}
+
+// [B, T]: the row of h_prev (processing order, [T, B] flattened) that step (b, t) reads.
+inline Tensor processing_rows(const RnnConfig& cfg, bool reversed, const at::TensorOptions& opts) {
+  const int64_t B = cfg.batch, Tn = cfg.time;
+  Tensor step_base = at::arange(Tn, opts.dtype(at::kLong)).mul_(B);  // s * B at time t
+  if (reversed) step_base = step_base.flip(0);
+  return step_base.view({1, Tn}) + at::arange(B, opts.dtype(at::kLong)).view({B, 1});
 }
 
 inline RealRows real_rows(const RnnConfig& cfg, const Tensor& mask, bool batch_major, bool reversed) {
   const int64_t B = cfg.batch, Tn = cfg.time;
-  const Tensor layout = row_layout(cfg, mask, batch_major);
   const Tensor mask_p = (reversed ? mask.flip(1) : mask).t();  // [T, B]: step s, row b
   RealRows r;
   r.in_layout = real_rows_in_layout(cfg, mask, batch_major);
-  r.processing = at::arange(Tn * B, layout.options()).view({Tn, B}).masked_select(mask_p);
-  r.processing_in_layout = (reversed ? layout.flip(1) : layout).t().masked_select(mask_p);
+  r.processing_of_in_layout = real_in_layout_order(processing_rows(cfg, reversed, mask.options()), mask, batch_major);
+  r.processing = at::arange(Tn * B, mask.options().dtype(at::kLong)).view({Tn, B}).masked_select(mask_p);
   return r;
+}
+
+// [A_1 | A_2 | ... (| 1)]^T · D: the weight gradients of several inputs (rows `rows_k` of each
+// 2-D A_k) and, with `ones`, the bias's as the last row, in one GEMM over the rows of D. Returns
+// the [sum of widths (+ 1), N] product.
+inline Tensor stacked_weight_grad(const std::vector<std::pair<Tensor, Tensor>>& parts, bool ones, const Tensor& D) {
+  int64_t width = ones ? 1 : 0;
+  for (const auto& part : parts) width += part.first.size(1);
+  Tensor A = workspace({D.size(0), width}, D.options());
+  int64_t col = 0;
+  for (const auto& [src, rows] : parts) {
+    A.narrow(1, col, src.size(1)).copy_(src.index_select(0, rows));
+    col += src.size(1);
+  }
+  if (ones) A.narrow(1, col, 1).fill_(1);
+  return at::mm(A.t(), D);
 }
 
 // Policies without time loops of their own inherit this.
@@ -432,20 +460,35 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   const int64_t rows = a.x3.size(0) * a.x3.size(1);
   const int64_t in = a.x3.size(2);
   Tensor dxw2 = dxw.view({rows, G * u});
+  // Over the real rows only, where the time loop allows (the others' gate gradients are zero):
+  // the kernel, recurrent kernel and bias gradients in one GEMM, [x | h_prev | 1]^T · d (GRU
+  // reset_after: two, its recurrent side having gradients of its own). (Over every row, the
+  // separate GEMMs below measured faster: no copy of x.)
   if (!a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask)) {
     const RealRows real = real_rows(cfg, a.mask, a.in_batch_major, reversed);
-    Tensor d_real = select_rows(dxw2, real.in_layout);
-    g.dkernel = at::mm(select_rows(a.x3.reshape({rows, in}), real.in_layout).t(), d_real);
-    // dx3's real rows += d_real · K^T (in place, or gathered, one GEMM, scattered back)
-    if (!Policy::template row_gemm<T>(dxw2, real.in_layout, a.w.kernel, true, Tensor(), true, g.dx3.view({rows, in}))) {
-      Tensor dx_real = select_rows(g.dx3.view({rows, in}), real.in_layout);
-      dx_real.addmm_(d_real, a.w.kernel.t());
-      g.dx3.view({rows, in}).index_copy_(0, real.in_layout, dx_real);
+    const Tensor d = select_rows(dxw2, real.in_layout);
+    // dx3's real rows += d · K^T: in place, or gathered, one GEMM, scattered back
+    Tensor dx2 = g.dx3.view({rows, in});
+    if (!Policy::template row_gemm<T>(dxw2, real.in_layout, a.w.kernel, true, Tensor(), true, dx2)) {
+      dx2.index_copy_(0, real.in_layout, select_rows(dx2, real.in_layout).addmm_(d, a.w.kernel.t()));
     }
-    Tensor h_real = select_rows(a.rs.h.narrow(0, 0, Tn).reshape({Tn * B, u}), real.processing);
-    Tensor drec_real = gru_after ? select_rows(drec.view({Tn * B, G * u}), real.processing)
-                                 : select_rows(dxw2, real.processing_in_layout);
-    g.drecurrent = at::mm(h_real.t(), drec_real);
+    const Tensor x2 = a.x3.reshape({rows, in});
+    const Tensor h2 = a.rs.h.narrow(0, 0, Tn).reshape({Tn * B, u});  // processing order
+    if (gru_after) {
+      const Tensor drec2 = drec.view({Tn * B, G * u});
+      const Tensor in_side = stacked_weight_grad({{x2, real.in_layout}}, cfg.use_bias, d);
+      const Tensor rec_side = stacked_weight_grad({{h2, real.processing}}, cfg.use_bias,
+                                                  select_rows(drec2, real.processing));
+      g.dkernel = in_side.narrow(0, 0, in);
+      g.drecurrent = rec_side.narrow(0, 0, u);
+      if (cfg.use_bias) g.dbias = at::stack({in_side[in], rec_side[u]});
+    } else {
+      const Tensor both =
+          stacked_weight_grad({{x2, real.in_layout}, {h2, real.processing_of_in_layout}}, cfg.use_bias, d);
+      g.dkernel = both.narrow(0, 0, in);  // owns the product; the others are copies of their rows
+      g.drecurrent = both.narrow(0, in, u).clone();
+      if (cfg.use_bias) g.dbias = both[in + u].clone();
+    }
   } else {
     if (!a.dmask.defined() || a.dmask.size(0) == 1) {
       Tensor xd = a.dmask.defined() ? a.x3 * over_time(a.dmask[0], a.in_batch_major) : a.x3;
@@ -497,7 +540,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
     }
   }
 
-  if (cfg.use_bias) {
+  if (cfg.use_bias && !g.dbias.defined()) {
     Tensor db_in = dxw2.sum(0);
     g.dbias = gru_after ? at::stack({db_in, drec.view({Tn * B, G * u}).sum(0)}) : db_in;
   }
