@@ -559,7 +559,7 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> rnn_backward_cpu(
 
 cpu::UnitBlocks::UnitBlocks(int64_t batch, int64_t units, int64_t gates) {
   const int64_t work = batch * gates * units * units;  // multiply-adds of one step's GEMM
-  n = std::min<int64_t>({at::get_num_threads(), std::max<int64_t>(1, work >> 17), std::max<int64_t>(1, units / 16)});
+  n = std::min<int64_t>({at::get_num_threads(), std::max<int64_t>(1, work >> 15), std::max<int64_t>(1, units / 16)});
   for (int64_t k = 0; k <= n; ++k) start.push_back(k == n ? units : (units * k / n + 8) / 16 * 16);
 }
 

@@ -10,8 +10,10 @@ namespace cpu {
 // The units of a direction split into blocks, one per task of the time loop: each task runs the
 // recurrent GEMM of its block's gate columns and then the cell update of those units for every
 // row, so one step costs one fork-join. Blocks start at multiples of 16 units (a panel of the
-// packed GEMM, packed_gemm.h) and get at least 2^17 multiply-adds of the step GEMM each (below
-// that a fork-join costs more than it saves; the Keras-typical B=32, H=64 LSTM splits in two).
+// packed GEMM, packed_gemm.h) and get at least 2^15 multiply-adds of the step GEMM each (below
+// that a fork-join costs more than it saves: in-process A/B, the B=1, H=128 LSTM of the latency
+// benchmark ran 5-7 % faster in two blocks of 2^15, the GRU's single block of 3 * 2^14 was
+// already as fast as two; the Keras-typical B=32, H=64 LSTM splits in two on two threads).
 // At most the user's thread count (at::get_num_threads()) of blocks.
 struct UnitBlocks {
   int64_t n;
