@@ -35,6 +35,13 @@ def _init_(tensor: Tensor, name: str, argument: str) -> None:
     """Keras initializers by name, for a Keras-layout 2-D [fan_in, fan_out] or 1-D tensor."""
     if name not in _INITIALIZERS:
         raise ValueError(f"{argument} must be one of {list(_INITIALIZERS)}; got {name!r}")
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        # Drawn in float32 and rounded once (torch has no float16 / bfloat16 QR for orthogonal).
+        full = torch.empty(tensor.shape, dtype=torch.float32, device=tensor.device)
+        _init_(full, name, argument)
+        with torch.no_grad():
+            tensor.copy_(full)
+        return
     with torch.no_grad():
         if name == "zeros":
             tensor.zero_()

@@ -39,3 +39,16 @@ def test_low_precision_gradients(dtype):
     torch.testing.assert_close(xl.grad.float(), x.grad, atol=5e-2, rtol=5e-2)
     for p, q in zip(low.parameters(), layer.parameters()):
         torch.testing.assert_close(p.grad.float(), q.grad, atol=1e-1, rtol=5e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cls", [cudnn_rnn.LSTM, cudnn_rnn.GRU, cudnn_rnn.SimpleRNN])
+def test_layers_built_in_low_precision(cls, dtype):
+    """dtype=bfloat16 / float16 at construction: the Keras initializers (orthogonal included,
+    which torch cannot compute in these dtypes) are drawn in float32 and rounded."""
+    torch.manual_seed(0)
+    layer = cls(5, 8, dtype=dtype)
+    assert all(p.dtype == dtype and torch.isfinite(p).all() for p in layer.parameters())
+    k = layer.recurrent_kernel.float()  # [u, G*u], orthogonal rows
+    torch.testing.assert_close(k @ k.t(), torch.eye(8), atol=3e-2, rtol=0)
+    assert layer(torch.randn(2, 3, 5, dtype=dtype)).dtype == dtype
