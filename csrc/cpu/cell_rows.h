@@ -7,12 +7,19 @@
 //   GRU    [zz, zr, zn, hh]             reset_after: hh = recurrent candidate (h·R_h + b)
 //          [zz, zr, zn, r * hd_h]       reset_after=False: the candidate matmul's input
 //   Simple [z]
+// With `activated` (saves_activated: float32 and both activations tanh or sigmoid, whose
+// derivatives come from their outputs), LSTM and GRU reset_after keep the activated gates
+// [i, f, c~, o] and [z, r, n, hh] instead, so that backward evaluates no activation again
+// (LSTM still one: tanh(c_new)). The same function computes them either way, so outputs and
+// gradients are the same bits; only the reserve's content differs (float64, the reference the
+// generic CUDA kernels' emulation is compared with reserve and all, keeps pre-activations).
 // Backward gets dh (and dc) w.r.t. the step's new state and writes the input-side gate
 // gradients (dx), the recurrent-side ones (drec, where they differ) and the direct part of
 // the gradient w.r.t. h_prev (dh_prev; the recurrent matmul's part is added by the caller).
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../cell_math.h"
 #include "activation_arrays.h"
@@ -22,6 +29,23 @@ namespace cpu {
 
 // Scratch floats a row kernel needs, per row.
 inline int64_t row_scratch_size(int64_t units) { return 10 * units; }
+
+inline bool derivative_from_output(Activation a) { return a == Activation::Tanh || a == Activation::Sigmoid; }
+
+template <typename T>
+bool saves_activated(Activation act, Activation ract) {
+  return std::is_same_v<T, float> && derivative_from_output(act) && derivative_from_output(ract);
+}
+
+// g[i] = f'(x) from y = f(x) alone (tanh, sigmoid).
+template <typename T>
+void grad_from_output(Activation a, const T* y, T* g, int64_t n) {
+  if (a == Activation::Tanh) {
+    for (int64_t i = 0; i < n; ++i) g[i] = T(1) - y[i] * y[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) g[i] = y[i] * (T(1) - y[i]);
+  }
+}
 
 // The gate blocks of one row: gate g's n values start at p + g * stride. A kernel may see all u
 // units of a row (stride u) or a slice of them (the CPU time loop splits units across threads).
@@ -35,32 +59,37 @@ struct Gates {
 template <typename T>
 void lstm_row_forward(Activation act, Activation ract, int64_t n, Gates<const T> xw, Gates<const T> rec,
                       const T* c_prev, Gates<T> saved, T* h_new, T* c_new, T* scratch) {
-  T* g = scratch;  // i, f, c~, o
+  const bool activated = saves_activated<T>(act, ract);
+  // the activated gates i, f, c~, o: in place in saved, or in scratch
+  const Gates<T> g = activated ? saved : Gates<T>{scratch, n};
   T* tc = scratch + 4 * n;
   for (int64_t q = 0; q < 4; ++q) {
     for (int64_t k = 0; k < n; ++k) saved[q][k] = xw[q][k] + rec[q][k];
+    activate_array(q == 2 ? act : ract, saved[q], g[q], n);
   }
-  activate_array(ract, saved[0], g, n);
-  activate_array(ract, saved[1], g + n, n);
-  activate_array(act, saved[2], g + 2 * n, n);
-  activate_array(ract, saved[3], g + 3 * n, n);
-  for (int64_t j = 0; j < n; ++j) c_new[j] = g[n + j] * c_prev[j] + g[j] * g[2 * n + j];
+  for (int64_t j = 0; j < n; ++j) c_new[j] = g[1][j] * c_prev[j] + g[0][j] * g[2][j];
   activate_array(act, c_new, tc, n);
-  for (int64_t j = 0; j < n; ++j) h_new[j] = g[3 * n + j] * tc[j];
+  for (int64_t j = 0; j < n; ++j) h_new[j] = g[3][j] * tc[j];
 }
 
 // dc is read as the gradient w.r.t. c_new and overwritten with the one w.r.t. c_prev.
 template <typename T>
 void lstm_row_backward(Activation act, Activation ract, int64_t n, Gates<const T> saved, const T* c_prev,
                        const T* c_new, const T* dh, T* dc, Gates<T> dx, T* scratch) {
-  T* g = scratch;            // 4n activated gates
-  T* ga = scratch + 4 * n;   // 4n their derivatives
+  const bool activated = saves_activated<T>(act, ract);
+  // the activated gates (saved, or recomputed into scratch) and their derivatives
+  const Gates<const T> g = activated ? saved : Gates<const T>{scratch, n};
+  T* ga = scratch + 4 * n;
   T* tc = scratch + 8 * n;   // act(c_new)
   T* tca = scratch + 9 * n;  // act'(c_new)
   for (int64_t q = 0; q < 4; ++q) {
     const Activation f = q == 2 ? act : ract;
-    activate_array(f, saved[q], g + q * n, n);
-    activate_grad_array(f, saved[q], g + q * n, ga + q * n, n);
+    if (activated) {
+      grad_from_output(f, g[q], ga + q * n, n);
+    } else {
+      activate_array(f, saved[q], scratch + q * n, n);
+      activate_grad_array(f, saved[q], g[q], ga + q * n, n);
+    }
   }
   activate_array(act, c_new, tc, n);
   activate_grad_array(act, c_new, tc, tca, n);
@@ -69,50 +98,54 @@ void lstm_row_backward(Activation act, Activation ract, int64_t n, Gates<const T
   T* dg = dx[2];
   T* dout = dx[3];
   for (int64_t j = 0; j < n; ++j) {
-    const T dcc = dc[j] + dh[j] * g[3 * n + j] * tca[j];
-    di[j] = dcc * g[2 * n + j] * ga[j];
+    const T dcc = dc[j] + dh[j] * g[3][j] * tca[j];
+    di[j] = dcc * g[2][j] * ga[j];
     df[j] = dcc * c_prev[j] * ga[n + j];
-    dg[j] = dcc * g[j] * ga[2 * n + j];
+    dg[j] = dcc * g[0][j] * ga[2 * n + j];
     dout[j] = dh[j] * tc[j] * ga[3 * n + j];
-    dc[j] = dcc * g[n + j];
+    dc[j] = dcc * g[1][j];
   }
 }
 
-// GRU reset_after=True: rec = h·R + b_rec for z, r, h. saved: z, r, n pre-activations and hh.
+// GRU reset_after=True: rec = h·R + b_rec for z, r, h. saved: z, r, n pre-activations (or
+// activated, see saves_activated) and hh.
 template <typename T>
 void gru_after_row_forward(Activation act, Activation ract, int64_t n, Gates<const T> xw, Gates<const T> rec,
                            const T* h_prev, Gates<T> saved, T* h_new, T* scratch) {
-  T* zr = scratch;
-  T* nn = scratch + 2 * n;
+  const bool activated = saves_activated<T>(act, ract);
+  // the activated z, r, n: in place in saved, or in scratch
+  const Gates<T> g = activated ? saved : Gates<T>{scratch, n};
   for (int64_t q = 0; q < 2; ++q) {
     for (int64_t k = 0; k < n; ++k) saved[q][k] = xw[q][k] + rec[q][k];
+    activate_array(ract, saved[q], g[q], n);
   }
   for (int64_t j = 0; j < n; ++j) saved[3][j] = rec[2][j];
-  activate_array(ract, saved[0], zr, n);
-  activate_array(ract, saved[1], zr + n, n);
-  for (int64_t j = 0; j < n; ++j) saved[2][j] = xw[2][j] + zr[n + j] * saved[3][j];
-  activate_array(act, saved[2], nn, n);
-  for (int64_t j = 0; j < n; ++j) h_new[j] = zr[j] * h_prev[j] + (T(1) - zr[j]) * nn[j];
+  for (int64_t j = 0; j < n; ++j) saved[2][j] = xw[2][j] + g[1][j] * saved[3][j];
+  activate_array(act, saved[2], g[2], n);
+  for (int64_t j = 0; j < n; ++j) h_new[j] = g[0][j] * h_prev[j] + (T(1) - g[0][j]) * g[2][j];
 }
 
 template <typename T>
 void gru_after_row_backward(Activation act, Activation ract, int64_t n, Gates<const T> saved, const T* h_prev,
                             const T* dh, Gates<T> dx, Gates<T> drec, T* dh_prev, T* scratch) {
-  T* zr = scratch;
-  T* zra = scratch + 2 * n;
-  T* nn = scratch + 4 * n;
-  T* na = scratch + 5 * n;
-  for (int64_t q = 0; q < 2; ++q) {
-    activate_array(ract, saved[q], zr + q * n, n);
-    activate_grad_array(ract, saved[q], zr + q * n, zra + q * n, n);
+  const bool activated = saves_activated<T>(act, ract);
+  // the activated z, r, n (saved, or recomputed into scratch) and their derivatives
+  const Gates<const T> g = activated ? saved : Gates<const T>{scratch, n};
+  T* ga = scratch + 3 * n;
+  for (int64_t q = 0; q < 3; ++q) {
+    const Activation f = q == 2 ? act : ract;
+    if (activated) {
+      grad_from_output(f, g[q], ga + q * n, n);
+    } else {
+      activate_array(f, saved[q], scratch + q * n, n);
+      activate_grad_array(f, saved[q], g[q], ga + q * n, n);
+    }
   }
-  activate_array(act, saved[2], nn, n);
-  activate_grad_array(act, saved[2], nn, na, n);
   for (int64_t j = 0; j < n; ++j) {
-    const T z = zr[j], r = zr[n + j];
-    const T dn = dh[j] * (T(1) - z) * na[j];
-    const T dz = dh[j] * (h_prev[j] - nn[j]) * zra[j];
-    const T dr = dn * saved[3][j] * zra[n + j];
+    const T z = g[0][j], r = g[1][j];
+    const T dn = dh[j] * (T(1) - z) * ga[2 * n + j];
+    const T dz = dh[j] * (h_prev[j] - g[2][j]) * ga[j];
+    const T dr = dn * saved[3][j] * ga[n + j];
     dx[0][j] = drec[0][j] = dz;
     dx[1][j] = drec[1][j] = dr;
     dx[2][j] = dn;
