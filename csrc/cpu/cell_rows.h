@@ -56,6 +56,27 @@ struct Gates {
   T* operator[](int64_t g) const { return p + g * stride; }
 };
 
+// Backward: the activated values of a row's first `count` gates (gate 2, the candidate, through
+// act, the others through ract) and their derivatives into ga ([count * n]): read from saved when
+// it holds them (saves_activated), else recomputed into scratch ([count * n]) from the
+// pre-activations.
+template <typename T>
+Gates<const T> activated_gates(Activation act, Activation ract, int64_t n, int64_t count, Gates<const T> saved,
+                               T* scratch, T* ga) {
+  const bool activated = saves_activated<T>(act, ract);
+  const Gates<const T> g = activated ? saved : Gates<const T>{scratch, n};
+  for (int64_t q = 0; q < count; ++q) {
+    const Activation f = q == 2 ? act : ract;
+    if (activated) {
+      grad_from_output(f, g[q], ga + q * n, n);
+    } else {
+      activate_array(f, saved[q], scratch + q * n, n);
+      activate_grad_array(f, saved[q], g[q], ga + q * n, n);
+    }
+  }
+  return g;
+}
+
 template <typename T>
 void lstm_row_forward(Activation act, Activation ract, int64_t n, Gates<const T> xw, Gates<const T> rec,
                       const T* c_prev, Gates<T> saved, T* h_new, T* c_new, T* scratch) {
@@ -76,21 +97,10 @@ void lstm_row_forward(Activation act, Activation ract, int64_t n, Gates<const T>
 template <typename T>
 void lstm_row_backward(Activation act, Activation ract, int64_t n, Gates<const T> saved, const T* c_prev,
                        const T* c_new, const T* dh, T* dc, Gates<T> dx, T* scratch) {
-  const bool activated = saves_activated<T>(act, ract);
-  // the activated gates (saved, or recomputed into scratch) and their derivatives
-  const Gates<const T> g = activated ? saved : Gates<const T>{scratch, n};
-  T* ga = scratch + 4 * n;
+  T* ga = scratch + 4 * n;   // the gates' derivatives
   T* tc = scratch + 8 * n;   // act(c_new)
   T* tca = scratch + 9 * n;  // act'(c_new)
-  for (int64_t q = 0; q < 4; ++q) {
-    const Activation f = q == 2 ? act : ract;
-    if (activated) {
-      grad_from_output(f, g[q], ga + q * n, n);
-    } else {
-      activate_array(f, saved[q], scratch + q * n, n);
-      activate_grad_array(f, saved[q], g[q], ga + q * n, n);
-    }
-  }
+  const Gates<const T> g = activated_gates(act, ract, n, 4, saved, scratch, ga);
   activate_array(act, c_new, tc, n);
   activate_grad_array(act, c_new, tc, tca, n);
   T* di = dx[0];
@@ -128,19 +138,8 @@ void gru_after_row_forward(Activation act, Activation ract, int64_t n, Gates<con
 template <typename T>
 void gru_after_row_backward(Activation act, Activation ract, int64_t n, Gates<const T> saved, const T* h_prev,
                             const T* dh, Gates<T> dx, Gates<T> drec, T* dh_prev, T* scratch) {
-  const bool activated = saves_activated<T>(act, ract);
-  // the activated z, r, n (saved, or recomputed into scratch) and their derivatives
-  const Gates<const T> g = activated ? saved : Gates<const T>{scratch, n};
-  T* ga = scratch + 3 * n;
-  for (int64_t q = 0; q < 3; ++q) {
-    const Activation f = q == 2 ? act : ract;
-    if (activated) {
-      grad_from_output(f, g[q], ga + q * n, n);
-    } else {
-      activate_array(f, saved[q], scratch + q * n, n);
-      activate_grad_array(f, saved[q], g[q], ga + q * n, n);
-    }
-  }
+  T* ga = scratch + 3 * n;  // the derivatives of z, r, n
+  const Gates<const T> g = activated_gates(act, ract, n, 3, saved, scratch, ga);
   for (int64_t j = 0; j < n; ++j) {
     const T z = g[0][j], r = g[1][j];
     const T dn = dh[j] * (T(1) - z) * ga[2 * n + j];
