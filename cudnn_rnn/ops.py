@@ -1,4 +1,4 @@
-"""Typed wrappers of the dispatcher ops, their fake kernels and their autograd.
+"""The typed wrapper of the dispatcher ops and their fake kernels.
 
 The ops themselves are defined in csrc/ops.cpp (schemas) and implemented per backend in C++;
 their autograd (rnn_forward's backward is the rnn_backward op) is C++ too (csrc/autograd.cpp).
@@ -6,7 +6,7 @@ This module only gives the typed wrapper and teaches PyTorch how to trace the op
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
