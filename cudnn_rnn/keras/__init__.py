@@ -111,13 +111,10 @@ def _architecture_config(architecture, path):
             raise ConversionError(path, f"the architecture JSON is invalid: {e}") from None
         return config, config.get("keras_version")
     if isinstance(architecture, (str, os.PathLike)):
-        arch = open_keras_file(architecture)
-        try:
-            if arch.config is None:
-                raise ConversionError(architecture, "has no model config to take the architecture from")
-            return arch.config, arch.keras_version
-        finally:
-            arch.close()
+        arch = open_keras_file(architecture, config_only=True)
+        if arch.config is None:
+            raise ConversionError(architecture, "has no model config to take the architecture from")
+        return arch.config, arch.keras_version
     raise TypeError(f"architecture must be a path, a config dict or a JSON string; got {type(architecture).__name__}")
 
 

@@ -1,182 +1,143 @@
-"""Reading the Keras containers safely: the `.keras` zip, and HDF5 files (`.weights.h5`, legacy
-`.h5`). Only h5py, json and the standard library; nothing is ever unpickled.
+"""Keras containers (the `.keras` zip, HDF5 `.weights.h5` and legacy `.h5`) as plain data.
 
-Hostile input is refused before anything large is allocated: zip members outside the archive
-root, members that decompress beyond MAX_MEMBER_BYTES or by more than MAX_COMPRESSION_RATIO,
-datasets whose declared size exceeds MAX_DATASET_ELEMENTS, non-numeric datasets.
+`open_keras_file` hands the file to the parser boundary (untrusted.py, run in a helper process by
+isolation.py) and builds a KerasFile from what comes back: the config (JSON parsed here with size,
+node and depth limits), the Keras version, and every weight as a numpy array keyed by its place in
+the file. Nothing is ever unpickled, and no HDF5 object is left open.
 """
 from __future__ import annotations
 
-import io
 import json
-import posixpath
-import zipfile
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .errors import ConversionError
+from .isolation import parse_file
+from .untrusted import MAX_CONFIG_BYTES, ParseError, few
 
-MAX_MEMBER_BYTES = 8 << 30          # a model.weights.h5 larger than 8 GiB is not a sane RNN model
-MAX_CONFIG_BYTES = 64 << 20
-MAX_COMPRESSION_RATIO = 200         # zip bombs compress by thousands
-MAX_DATASET_ELEMENTS = 1 << 31
+MAX_JSON_NODES = 2_000_000
+MAX_JSON_DEPTH = 100
 
-
-def _h5py():
-    try:
-        import h5py
-    except ImportError as e:  # pragma: no cover - h5py is a dependency
-        raise ImportError("reading Keras checkpoints needs h5py: pip install h5py") from e
-    return h5py
+_DTYPES = {np.dtype(t).str: np.dtype(t) for t in ("f2", "f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8")}
 
 
 @dataclass
 class KerasFile:
-    """What a Keras file holds: the model config (or None for weights-only files), the Keras
-    version that wrote it, the weights as an open h5py.File, and which layout the weights use."""
+    """What a Keras file holds: the model config (None for weights-only files), the Keras
+    version that wrote it, which layout the weights use, and the weights themselves.
+
+    layout "keras3" (layers/<name>/vars/i): `arrays` maps each dataset's path to its array and
+    `groups` lists every group path; layout "legacy" (layer_names / weight_names): `layer_names`
+    in file order and `layer_weights[name]` the (weight name, array) pairs in weight_names order."""
 
     path: str
     config: Optional[Dict[str, Any]]
     keras_version: Optional[str]
-    h5: Any                    # h5py.File
-    layout: str                # "keras3" (layers/<name>/vars/i) or "legacy" (layer_names/weight_names)
-    weights_root: Any          # the h5py.Group the layout starts at
+    layout: Optional[str]
+    arrays: Dict[str, np.ndarray] = field(default_factory=dict)
+    groups: frozenset = frozenset()
+    layer_names: List[str] = field(default_factory=list)
+    layer_weights: Dict[str, List[Tuple[str, np.ndarray]]] = field(default_factory=dict)
 
-    def close(self) -> None:
-        self.h5.close()
-
-
-def _check_member_name(path, name: str) -> None:
-    norm = posixpath.normpath(name)
-    if name.startswith("/") or norm.startswith("..") or "\\" in name or ":" in name.split("/")[0]:
-        raise ConversionError(path, f"zip member {name!r} points outside the archive; refusing to read it")
+    def close(self) -> None:  # nothing is held open; kept for callers of the old interface
+        pass
 
 
-def _read_member(path, archive: zipfile.ZipFile, name: str, limit: int) -> bytes:
+def load_json(path, text: str, what: str):
+    """JSON from an untrusted text: bounded size, node count and depth; valid Unicode only."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConversionError(path, f"{what} exceeds {MAX_CONFIG_BYTES} bytes")
+    if text.count("{") + text.count("[") + text.count(",") > MAX_JSON_NODES:
+        raise ConversionError(path, f"{what} holds more than {MAX_JSON_NODES} values")
     try:
-        info = archive.getinfo(name)
-    except KeyError:
-        raise ConversionError(path, f"the archive has no {name!r} (members: {archive.namelist()})") from None
-    if info.file_size > limit:
-        raise ConversionError(path, f"zip member {name!r} would decompress to {info.file_size} bytes (limit {limit})")
-    if info.compress_size and info.file_size > MAX_COMPRESSION_RATIO * info.compress_size and info.file_size > 1 << 20:
-        raise ConversionError(path, f"zip member {name!r} expands {info.file_size / info.compress_size:.0f}x "
-                                    f"(limit {MAX_COMPRESSION_RATIO}x); refusing a possible zip bomb")
-    with archive.open(info) as f:
-        data = f.read(limit + 1)  # the header's size is not trusted either
-    if len(data) > limit:
-        raise ConversionError(path, f"zip member {name!r} decompresses beyond {limit} bytes")
-    return data
-
-
-def _json(path, data: bytes, what: str):
+        value = json.loads(text)
+    except RecursionError:
+        raise ConversionError(path, f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as e:  # JSONDecodeError, and integers beyond Python's digit limit
+        raise ConversionError(path, f"{what} is not valid JSON: {str(e)[:200]}") from None
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ConversionError(path, f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
+        children = node.values() if isinstance(node, dict) else node
+        for child in children:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
     try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConversionError(path, f"{what} is not valid JSON: {e}") from None
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConversionError(path, f"{what} holds a string that is not valid Unicode (a lone surrogate)") from None
+    except ValueError:  # circular references cannot come from json.loads
+        raise ConversionError(path, f"{what} cannot be re-encoded") from None
+    return value
 
 
-def _open_h5(path, source):
-    h5py = _h5py()
-    try:
-        return h5py.File(source, "r")
-    except (OSError, ValueError) as e:
-        raise ConversionError(path, f"not a readable HDF5 file ({e})") from None
-
-
-def attr_str(value) -> str:
-    return value.decode("utf-8") if isinstance(value, (bytes, np.bytes_)) else str(value)
-
-
-def attr_strings(group, name: str) -> List[str]:
-    """A list-of-strings attribute, including Keras's chunked form (name0, name1, ...), which
-    legacy .h5 files use when the list exceeds HDF5's attribute size limit."""
-    if name in group.attrs:
-        values = group.attrs[name]
-    else:
-        values, chunk = [], 0
-        while f"{name}{chunk}" in group.attrs:
-            values.extend(group.attrs[f"{name}{chunk}"])
-            chunk += 1
-        if chunk == 0:
-            return []
-    return [attr_str(v) for v in np.atleast_1d(values)]
-
-
-def read_dataset(path, dataset, layer: str, expected_shape=None) -> np.ndarray:
-    """A numeric dataset as a float array, with its shape and size checked before reading."""
-    h5py = _h5py()
-    if not isinstance(dataset, h5py.Dataset):
-        raise ConversionError(path, f"expected a dataset at {dataset.name}, found a group", layer)
-    shape = tuple(dataset.shape)
+def check_array(path, name: str, array: np.ndarray, layer: str, expected_shape=None) -> np.ndarray:
+    """A weight as a float array (float64 kept, everything else float32), its shape checked."""
+    shape = tuple(array.shape)
     if expected_shape is not None and shape != tuple(expected_shape):
-        raise ConversionError(path, f"weight {dataset.name} has shape {shape}; the config implies {tuple(expected_shape)}", layer)
-    if int(np.prod(shape, dtype=np.int64)) > MAX_DATASET_ELEMENTS:
-        raise ConversionError(path, f"weight {dataset.name} declares {shape}, beyond the size limit", layer)
-    if dataset.dtype.kind not in "fiu":
-        raise ConversionError(path, f"weight {dataset.name} has non-numeric dtype {dataset.dtype}", layer)
-    try:
-        return np.asarray(dataset[()], dtype=np.float32 if dataset.dtype.kind != "f" or dataset.dtype.itemsize <= 4 else np.float64)
-    except (OSError, ValueError) as e:
-        raise ConversionError(path, f"weight {dataset.name} cannot be read ({e}); is the file truncated?", layer) from None
+        raise ConversionError(path, f"weight {name} has shape {shape}; the config implies {tuple(expected_shape)}", layer)
+    if array.dtype == np.float64 or array.dtype == np.float32:
+        return array
+    return array.astype(np.float32)
 
 
-def open_keras_file(path) -> KerasFile:
-    """Opens any Keras container. Weights-only files have config None."""
+def open_keras_file(path, config_only: bool = False) -> KerasFile:
+    """Opens any Keras container. Weights-only files have config None; with config_only, no
+    weights are read."""
     path = str(path)
     try:
-        with open(path, "rb") as f:
-            head = f.read(8)
+        f = open(path, "rb")
     except OSError as e:
         raise ConversionError(path, f"cannot be opened ({e.strerror})") from None
-    if head.startswith(b"PK"):
-        return _open_keras_zip(path)
-    if head.startswith(b"\x89HDF\r\n\x1a\n"):
-        return _open_h5_file(path, _open_h5(path, path))
-    raise ConversionError(path, "is neither a .keras zip archive nor an HDF5 file (.h5 / .weights.h5)")
+    with f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            header, blob = parse_file(f, size, config_only)
+        except ParseError as e:
+            raise ConversionError(path, e.message, e.layer) from None
+        except OSError as e:
+            raise ConversionError(path, f"cannot be read ({e.strerror or e})") from None
+    return _keras_file(path, header, blob)
 
 
-def _open_keras_zip(path) -> KerasFile:
-    try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as e:
-        raise ConversionError(path, f"is not a readable zip archive ({e}); is it truncated?") from None
-    with archive:
-        for name in archive.namelist():
-            _check_member_name(path, name)
-        config = _json(path, _read_member(path, archive, "config.json", MAX_CONFIG_BYTES), "config.json")
-        metadata = {}
-        if "metadata.json" in archive.namelist():
-            metadata = _json(path, _read_member(path, archive, "metadata.json", MAX_CONFIG_BYTES), "metadata.json")
-        if "model.weights.h5" not in archive.namelist():
-            raise ConversionError(path, "the archive has no model.weights.h5 (npz-weight archives are not supported)")
-        data = _read_member(path, archive, "model.weights.h5", MAX_MEMBER_BYTES)
-    h5 = _open_h5(path, io.BytesIO(data))
-    if not isinstance(config, dict) or "class_name" not in config:
-        raise ConversionError(path, "config.json does not describe a Keras object (no class_name)")
-    version = metadata.get("keras_version") if isinstance(metadata, dict) else None
-    return KerasFile(path, config, version, h5, "keras3", h5)
+def _keras_file(path: str, header: dict, blob: bytearray) -> KerasFile:
+    from_zip = header.get("container") == "zip"
+    what = "config.json" if from_zip else "the model config"
+    config = load_json(path, header["config"], what) if header.get("config") is not None else None
+    if from_zip:
+        if not isinstance(config, dict) or "class_name" not in config:
+            raise ConversionError(path, "config.json does not describe a Keras object (no class_name)")
+        metadata = load_json(path, header["metadata"], "metadata.json") if header.get("metadata") is not None else None
+        version = metadata.get("keras_version") if isinstance(metadata, dict) else None
+    else:
+        version = header.get("keras_version")
+    if version is not None and not isinstance(version, str):
+        version = None
+    kf = KerasFile(path, config, version, header.get("layout"))
+    arrays = [_array(path, blob, entry) for entry in header.get("arrays", ())]
+    if kf.layout == "keras3":
+        kf.arrays = {entry[0]: a for entry, a in zip(header["arrays"], arrays)}
+        kf.groups = frozenset(header.get("groups", ()))
+    elif kf.layout == "legacy":
+        kf.layer_names = list(header["layer_names"])
+        kf.layer_weights = {name: [(w, arrays[i]) for w, i in pairs] for name, pairs in header["layer_weights"].items()}
+    return kf
 
 
-def _open_h5_file(path, h5) -> KerasFile:
-    config = None
-    if "model_config" in h5.attrs:
-        raw = h5.attrs["model_config"]
-        config = _json(path, raw if isinstance(raw, bytes) else attr_str(raw).encode(), "the model_config attribute")
-    version = attr_str(h5.attrs["keras_version"]) if "keras_version" in h5.attrs else None
-    if "layer_names" in h5.attrs or "layer_names0" in h5.attrs:
-        return KerasFile(path, config, version, h5, "legacy", h5)
-    if "model_weights" in h5:
-        group = h5["model_weights"]
-        if version is None and "keras_version" in group.attrs:
-            version = attr_str(group.attrs["keras_version"])
-        return KerasFile(path, config, version, h5, "legacy", group)
-    if "layers" in h5 or "_layer_checkpoint_dependencies" in h5 or "vars" in h5:
-        # A .weights.h5 carries no version: this tree is Keras 3's, or tf.keras 2.13-2.15's
-        # (which named it _layer_checkpoint_dependencies).
-        if version is None:
-            version = "2.13" if "_layer_checkpoint_dependencies" in h5 else "3"
-        return KerasFile(path, config, version, h5, "keras3", h5)
-    raise ConversionError(path, "is an HDF5 file but holds no Keras weights (no layer_names, model_weights or layers)")
+def _array(path, blob: bytearray, entry) -> np.ndarray:
+    key, dtype, shape, offset = entry
+    dt = _DTYPES.get(dtype)
+    if dt is None or any(not isinstance(d, int) or d < 0 for d in shape):
+        raise ConversionError(path, f"the parser returned a malformed entry for {key}")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if offset < 0 or offset + count * dt.itemsize > len(blob):
+        raise ConversionError(path, f"the parser returned a malformed entry for {key}")
+    return np.frombuffer(blob, dtype=dt, count=count, offset=offset).reshape(shape)
+
+
+__all__ = ["KerasFile", "open_keras_file", "load_json", "check_array", "few"]

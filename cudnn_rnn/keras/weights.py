@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .containers import KerasFile, attr_strings, read_dataset
+from .containers import KerasFile, check_array, few
 from .errors import ConversionError
 from .graph import LayerSpec, ModelSpec, snake_case
 
@@ -51,15 +51,14 @@ def _check_count(kf: KerasFile, layer: str, found: int, expected: int, where: st
 
 
 class _Keras3Layer(LayerWeights):
-    def __init__(self, kf: KerasFile, layer: str, path: str):
-        self.kf, self.layer, self.path = kf, layer, path
+    def __init__(self, kf: KerasFile, index: Dict[str, Dict[str, np.ndarray]], layer: str, path: str):
+        self.kf, self.index, self.layer, self.path = kf, index, layer, path
 
     def _group(self, sub: str):
         full = "/".join(p for p in (self.path, sub) if p)
-        root = self.kf.weights_root
         for candidate in (full, full.replace("layers", "_layer_checkpoint_dependencies")):
-            if candidate in root:
-                return root[candidate], candidate
+            if candidate in self.kf.groups:
+                return candidate, candidate
         return None, full
 
     def take(self, groups, shapes=None):
@@ -69,22 +68,29 @@ class _Keras3Layer(LayerWeights):
             if count == 0:
                 out.append([])
                 continue
-            if group is None or "vars" not in group:
+            if group is None or f"{group}/vars" not in self.kf.groups:
                 raise ConversionError(self.kf.path, f"missing weights: no group {where}/vars in the weights file", self.layer)
-            vars_ = group["vars"]
-            keys = sorted(vars_.keys(), key=lambda s: int(s) if s.isdigit() else -1)
+            vars_ = self.index.get(f"{group}/vars", {})
+            keys = sorted(vars_, key=lambda s: int(s) if s.isdigit() else -1)
             _check_count(self.kf, self.layer, len(keys), count, f"{where}/vars")
             expected = shapes[k] if shapes is not None else [None] * count
-            out.append([read_dataset(self.kf.path, vars_[key], self.layer, exp) for key, exp in zip(keys, expected)])
+            out.append([check_array(self.kf.path, f"{where}/vars/{key}", vars_[key], self.layer, exp)
+                        for key, exp in zip(keys, expected)])
         return out
 
     def child_source(self, spec: ModelSpec) -> "WeightSource":
-        return Keras3Source(self.kf, spec, prefix=self.path)
+        return Keras3Source(self.kf, spec, prefix=self.path, index=self.index)
 
 
 class Keras3Source(WeightSource):
-    def __init__(self, kf: KerasFile, spec: ModelSpec, prefix: str = ""):
+    def __init__(self, kf: KerasFile, spec: ModelSpec, prefix: str = "", index=None):
         self.kf = kf
+        if index is None:  # group path -> {dataset name: array}
+            index = {}
+            for key, array in kf.arrays.items():
+                parent, _, name = key.rpartition("/")
+                index.setdefault(parent, {})[name] = array
+        self.index = index
         self.paths: Dict[str, str] = {}
         used: Dict[str, int] = {}
         layers = spec.layers[1:] if spec.class_name == "Sequential" else spec.layers
@@ -98,13 +104,13 @@ class Keras3Source(WeightSource):
             self.paths[layer.name] = "/".join(p for p in (prefix, "layers", name) if p)
 
     def for_layer(self, layer: LayerSpec) -> LayerWeights:
-        return _Keras3Layer(self.kf, layer.name, self.paths.get(layer.name, ""))
+        return _Keras3Layer(self.kf, self.index, layer.name, self.paths.get(layer.name, ""))
 
 
 class _FlatLayer(LayerWeights):
     """A layer's weights as one ordered list of datasets (legacy layout)."""
 
-    def __init__(self, kf: KerasFile, layer: str, datasets: list, where: str):
+    def __init__(self, kf: KerasFile, layer: str, datasets: List[Tuple[str, np.ndarray]], where: str):
         self.kf, self.layer, self.datasets, self.where = kf, layer, datasets, where
 
     def take(self, groups, shapes=None):
@@ -112,7 +118,8 @@ class _FlatLayer(LayerWeights):
         out, i = [], 0
         for k, (_, count) in enumerate(groups):
             expected = shapes[k] if shapes is not None else [None] * count
-            out.append([read_dataset(self.kf.path, self.datasets[i + j], self.layer, expected[j]) for j in range(count)])
+            out.append([check_array(self.kf.path, self.datasets[i + j][0], self.datasets[i + j][1], self.layer, expected[j])
+                        for j in range(count)])
             i += count
         return out
 
@@ -147,20 +154,8 @@ class _PoolSource(WeightSource):
 class LegacySource(WeightSource):
     def __init__(self, kf: KerasFile, spec: Optional[ModelSpec]):
         self.kf = kf
-        root = kf.weights_root
-        self.names = attr_strings(root, "layer_names")
-        self.groups = {}
-        for name in self.names:
-            if name not in root:
-                raise ConversionError(kf.path, f"layer_names lists '{name}' but the file has no such group", name)
-            group = root[name]
-            weight_names = attr_strings(group, "weight_names")
-            datasets = []
-            for w in weight_names:
-                if w not in group:
-                    raise ConversionError(kf.path, f"weight_names lists '{w}' but {group.name} has no such dataset", name)
-                datasets.append(group[w])
-            self.groups[name] = datasets
+        self.names = kf.layer_names
+        self.groups = kf.layer_weights
         self.by_order: Dict[str, str] = {}
 
     def match_by_order(self, weighted_layers: List[str]) -> None:
@@ -168,7 +163,8 @@ class LegacySource(WeightSource):
         with_weights = [n for n in self.names if self.groups[n]]
         if len(with_weights) != len(weighted_layers):
             raise ConversionError(self.kf.path, f"the file has weights for {len(with_weights)} layers "
-                                                f"({with_weights}); the model has {len(weighted_layers)} ({weighted_layers})")
+                                                f"({few(with_weights)}); the model has {len(weighted_layers)} "
+                                                f"({few(weighted_layers)})")
         self.by_order = dict(zip(weighted_layers, with_weights))
 
     def for_layer(self, layer: LayerSpec) -> LayerWeights:
