@@ -63,9 +63,102 @@ class BuildContext:
         return nn.Parameter(torch.as_tensor(np.ascontiguousarray(array), dtype=self.dtype))
 
 
+_REQUIRED = object()
+MAX_SIZE = 1 << 24   # units, filters, vocabulary sizes: larger than any real layer
+
+
+class Values:
+    """Typed reads of one layer's config. Each raises ConversionError naming the layer, the key,
+    what it holds and what was expected; a missing key gives the default (or an error when the
+    key is required). JSON has no integer/float distinction that configs keep reliably, so
+    integral floats are accepted as integers; booleans are never numbers."""
+
+    def __init__(self, cfg: dict, ctx: "BuildContext"):
+        self.cfg, self.ctx = cfg, ctx
+
+    def _get(self, key, default):
+        if key in self.cfg and self.cfg[key] is not None:
+            return self.cfg[key], True
+        if default is _REQUIRED:
+            raise self.ctx.error(f"config has no {key!r}")
+        return default, False
+
+    def _bad(self, key, value, expected):
+        return self.ctx.error(f"config {key}={str(value)[:60]!r}; expected {expected}")
+
+    def int(self, key, default=_REQUIRED, lo=0, hi=MAX_SIZE) -> int:
+        value, given = self._get(key, default)
+        if not given:
+            return value
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise self._bad(key, value, f"an integer in [{lo}, {hi}]")
+        return value
+
+    def ints(self, key, default=_REQUIRED, lo=1, hi=MAX_SIZE) -> int:
+        """An integer, or a list holding one (Keras 1-D layers write kernel_size=[3])."""
+        value, given = self._get(key, default)
+        if given and isinstance(value, list):
+            if len(value) != 1:
+                raise self._bad(key, value, "one integer")
+            return Values({key: value[0]}, self.ctx).int(key, lo=lo, hi=hi)
+        return Values({key: value}, self.ctx).int(key, lo=lo, hi=hi) if given else value
+
+    def float(self, key, default=_REQUIRED, lo=-math.inf, hi=math.inf) -> float:
+        value, given = self._get(key, default)
+        if not given:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not lo <= value <= hi:
+            raise self._bad(key, value, f"a finite number in [{lo}, {hi}]")
+        return float(value)
+
+    def bool(self, key, default=False) -> bool:
+        value, given = self._get(key, default)
+        if given and not isinstance(value, bool) and value not in (0, 1):
+            raise self._bad(key, value, "true or false")
+        return bool(value)
+
+    def str(self, key, default=_REQUIRED, choices=None):
+        value, given = self._get(key, default)
+        if given and (not isinstance(value, str) or (choices is not None and value not in choices)):
+            raise self._bad(key, value, f"one of {sorted(choices)}" if choices else "a string")
+        return value
+
+    def int_list(self, key, lo=-MAX_SIZE, hi=MAX_SIZE, allow_none=False) -> list:
+        value, _ = self._get(key, _REQUIRED)
+        if not isinstance(value, list) or len(value) > 8 or not all(
+                (v is None and allow_none) or (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi)
+                for v in value):
+            raise self._bad(key, value, f"a list of integers in [{lo}, {hi}]")
+        return value
+
+
+def check_shapes(ctx: "BuildContext", what: str, arrays, expected) -> None:
+    """Weights against the shapes the config implies; a str in `expected` is a size the config
+    leaves free (the input width), bound by its first use and checked everywhere else."""
+    bound = {}
+    got = [tuple(np.shape(a)) for a in arrays]
+    ok = len(got) == len(expected)
+    for shape, want in zip(got, expected):
+        if len(shape) != len(want):
+            ok = False
+            break
+        for d, w in zip(shape, want):
+            if isinstance(w, str):
+                w = bound.setdefault(w, d)
+            if d != w:
+                ok = False
+    if not ok:
+        shown = [tuple(bound.get(w, w) if isinstance(w, str) else w for w in want) for want in expected]
+        raise ctx.error(f"{what} weights have shapes {got}; the config implies {shown}")
+
+
 def layer_config_of(serialized) -> tuple:
     """(class_name, config) of a serialized inner layer ({"class_name", "config"})."""
-    if not isinstance(serialized, dict) or "class_name" not in serialized:
+    if not isinstance(serialized, dict) or not isinstance(serialized.get("class_name"), str) \
+            or not isinstance(serialized.get("config") or {}, dict):
         raise ValueError(f"not a serialized layer: {str(serialized)[:200]}")
     return serialized["class_name"], serialized.get("config") or {}
 
@@ -80,7 +173,7 @@ def activation_name(value, ctx: BuildContext) -> str:
     if isinstance(value, dict):
         value = value.get("config") if isinstance(value.get("config"), str) else value.get("class_name")
     if not isinstance(value, str):
-        raise ctx.error(f"unsupported activation {value!r}")
+        raise ctx.error(f"unsupported activation {str(value)[:60]!r}")
     value = {"swish": "silu", "hard_swish": "hard_silu"}.get(value, value)
     if value == "hard_sigmoid" and ctx.keras_major < 3:
         return "hard_sigmoid_keras2"
@@ -467,18 +560,18 @@ def build_input(cfg, ctx):
 
 @builder("Dropout", "SpatialDropout1D", "GaussianNoise", "GaussianDropout", "AlphaDropout", "ActivityRegularization")
 def build_dropout(cfg, ctx):
-    rate = float(cfg.get("rate", 0.0)) if ctx.spec.class_name in ("Dropout", "SpatialDropout1D") else 0.0
-    return Dropout(rate, spatial=ctx.spec.class_name == "SpatialDropout1D")
+    rate = Values(cfg, ctx).float("rate", 0.0, 0.0, 1.0) if ctx.spec.class_name in ("Dropout", "SpatialDropout1D") else 0.0
+    return Dropout(min(rate, 1.0 - 1e-7), spatial=ctx.spec.class_name == "SpatialDropout1D")
 
 
 @builder("Dense")
 def build_dense(cfg, ctx):
-    use_bias = cfg.get("use_bias", True)
+    v = Values(cfg, ctx)
+    units, use_bias = v.int("units", lo=1), v.bool("use_bias", True)
+    activation = _Activation(activation_name(cfg.get("activation"), ctx), ctx)
     (w,) = ctx.weights.take([("", 2 if use_bias else 1)])
-    if w[0].ndim != 2 or w[0].shape[1] != cfg.get("units", w[0].shape[1]):
-        raise ctx.error(f"Dense kernel has shape {w[0].shape}; expected (input_dim, {cfg.get('units')})")
-    return Dense(ctx.tensor(w[0]), ctx.tensor(w[1]) if use_bias else None,
-                 _Activation(activation_name(cfg.get("activation"), ctx), ctx))
+    check_shapes(ctx, "Dense", w, [("in", units), (units,)][: len(w)])
+    return Dense(ctx.tensor(w[0]), ctx.tensor(w[1]) if use_bias else None, activation)
 
 
 @builder("Activation")
@@ -488,116 +581,136 @@ def build_activation(cfg, ctx):
 
 @builder("ReLU")
 def build_relu(cfg, ctx):
-    if cfg.get("max_value") not in (None, 6, 6.0) or cfg.get("negative_slope", 0) or cfg.get("threshold", 0):
+    v = Values(cfg, ctx)
+    max_value = v.float("max_value", None)
+    if max_value not in (None, 6.0) or v.float("negative_slope", 0.0) or v.float("threshold", 0.0):
         raise ctx.error("ReLU with negative_slope / threshold / max_value other than 6 is not supported")
-    return ActivationLayer(_Activation("relu6" if cfg.get("max_value") else "relu", ctx))
+    return ActivationLayer(_Activation("relu6" if max_value else "relu", ctx))
 
 
 @builder("Softmax")
 def build_softmax(cfg, ctx):
+    if Values(cfg, ctx).int("axis", -1, lo=-8, hi=8) != -1:
+        raise ctx.error("Softmax over an axis other than the last is not supported")
     return ActivationLayer(_Activation("softmax", ctx))
 
 
 @builder("Embedding")
 def build_embedding(cfg, ctx):
-    (w,) = ctx.weights.take([("", 1)], [[(cfg["input_dim"], cfg["output_dim"])]])
-    return Embedding(ctx.tensor(w[0]), bool(cfg.get("mask_zero", False)))
+    v = Values(cfg, ctx)
+    shape = (v.int("input_dim", lo=1), v.int("output_dim", lo=1))
+    mask_zero = v.bool("mask_zero", False)
+    (w,) = ctx.weights.take([("", 1)], [[shape]])
+    return Embedding(ctx.tensor(w[0]), mask_zero)
 
 
 @builder("Masking")
 def build_masking(cfg, ctx):
-    return Masking(float(cfg.get("mask_value", 0.0)))
+    return Masking(Values(cfg, ctx).float("mask_value", 0.0))
 
 
 @builder("Flatten")
 def build_flatten(cfg, ctx):
+    _channels_last(cfg, ctx)
     return Flatten()
 
 
 @builder("Reshape")
 def build_reshape(cfg, ctx):
-    return Reshape(cfg["target_shape"])
+    shape = Values(cfg, ctx).int_list("target_shape", lo=-1, hi=MAX_SIZE)
+    if shape.count(-1) > 1 or 0 in shape:
+        raise ctx.error(f"Reshape target_shape {shape} is not a shape")
+    return Reshape(shape)
 
 
 @builder("Permute")
 def build_permute(cfg, ctx):
-    return Permute(cfg["dims"])
+    dims = Values(cfg, ctx).int_list("dims", lo=1, hi=8)
+    if sorted(dims) != list(range(1, len(dims) + 1)):
+        raise ctx.error(f"Permute dims {dims} is not a permutation of 1..{len(dims)}")
+    return Permute(dims)
 
 
 @builder("RepeatVector")
 def build_repeat(cfg, ctx):
-    return RepeatVector(cfg["n"])
+    return RepeatVector(Values(cfg, ctx).int("n", lo=1, hi=1 << 16))
 
 
 def _channels_last(cfg, ctx):
     if cfg.get("data_format", "channels_last") not in ("channels_last", None):
-        raise ctx.error(f"data_format={cfg.get('data_format')!r} is not supported (channels_last only)")
+        raise ctx.error(f"data_format={str(cfg.get('data_format'))[:40]!r} is not supported (channels_last only)")
 
 
 @builder("GlobalAveragePooling1D", "GlobalMaxPooling1D", "GlobalAvgPool1D", "GlobalMaxPool1D")
 def build_global_pool(cfg, ctx):
     _channels_last(cfg, ctx)
-    return GlobalPooling1D("Av" in ctx.spec.class_name, bool(cfg.get("keepdims", False)))
-
-
-def _single_int(value) -> int:
-    return int(value[0] if isinstance(value, (list, tuple)) else value)
+    return GlobalPooling1D("Av" in ctx.spec.class_name, Values(cfg, ctx).bool("keepdims", False))
 
 
 @builder("MaxPooling1D", "AveragePooling1D", "MaxPool1D", "AvgPool1D")
 def build_pool(cfg, ctx):
     _channels_last(cfg, ctx)
-    pool = _single_int(cfg.get("pool_size", 2))
-    strides = cfg.get("strides")
-    return Pooling1D("Av" in ctx.spec.class_name, pool, _single_int(strides) if strides else pool,
-                     cfg.get("padding", "valid"))
+    v = Values(cfg, ctx)
+    pool = v.ints("pool_size", 2, hi=1 << 16)
+    return Pooling1D("Av" in ctx.spec.class_name, pool, v.ints("strides", pool, hi=1 << 16),
+                     v.str("padding", "valid", ("valid", "same")))
 
 
 @builder("Conv1D", "Convolution1D")
 def build_conv1d(cfg, ctx):
     _channels_last(cfg, ctx)
-    use_bias = cfg.get("use_bias", True)
+    v = Values(cfg, ctx)
+    filters, size = v.int("filters", lo=1), v.ints("kernel_size", hi=1 << 16)
+    groups, use_bias = v.int("groups", 1, lo=1), v.bool("use_bias", True)
+    strides, dilation = v.ints("strides", 1, hi=1 << 16), v.ints("dilation_rate", 1, hi=1 << 16)
+    padding = v.str("padding", "valid", ("valid", "same", "causal"))
+    if filters % groups:
+        raise ctx.error(f"Conv1D filters={filters} is not divisible by groups={groups}")
+    activation = _Activation(activation_name(cfg.get("activation"), ctx), ctx)
     (w,) = ctx.weights.take([("", 2 if use_bias else 1)])
+    check_shapes(ctx, "Conv1D", w, [(size, "in", filters), (filters,)][: len(w)])
     kernel = torch.as_tensor(np.ascontiguousarray(w[0])).permute(2, 1, 0)  # (k, in/g, out) -> (out, in/g, k)
-    groups = int(cfg.get("groups", 1))
-    padding = cfg.get("padding", "valid")
-    if padding not in ("valid", "same", "causal"):
-        raise ctx.error(f"padding={padding!r} is not supported")
-    return Conv1D(ctx.tensor(kernel.numpy()), ctx.tensor(w[1]) if use_bias else None, _single_int(cfg.get("strides", 1)),
-                  padding, _single_int(cfg.get("dilation_rate", 1)), groups,
-                  _Activation(activation_name(cfg.get("activation"), ctx), ctx))
+    return Conv1D(ctx.tensor(kernel.numpy()), ctx.tensor(w[1]) if use_bias else None, strides, padding, dilation,
+                  groups, activation)
+
+
+def _last_axis(cfg, ctx, what):
+    axis = cfg.get("axis", -1)
+    if isinstance(axis, list) and len(axis) == 1:
+        axis = axis[0]
+    if isinstance(axis, bool) or axis not in (-1, 2):
+        raise ctx.error(f"{what} axis={str(axis)[:40]} is not supported (last axis only)")
 
 
 @builder("BatchNormalization")
 def build_batchnorm(cfg, ctx):
-    axis = cfg.get("axis", -1)
-    if isinstance(axis, list):
-        axis = axis[0] if len(axis) == 1 else axis
-    if axis not in (-1, 2):
-        raise ctx.error(f"BatchNormalization axis={axis} is not supported (last axis only)")
-    scale, center = cfg.get("scale", True), cfg.get("center", True)
+    _last_axis(cfg, ctx, "BatchNormalization")
+    v = Values(cfg, ctx)
+    scale, center = v.bool("scale", True), v.bool("center", True)
+    epsilon = v.float("epsilon", 1e-3, 0.0, 1.0)
     (w,) = ctx.weights.take([("", int(scale) + int(center) + 2)])
+    check_shapes(ctx, "BatchNormalization", w, [("features",)] * len(w))
     w = list(w)
     gamma = ctx.tensor(w.pop(0)) if scale else None
     beta = ctx.tensor(w.pop(0)) if center else None
     mean, var = (torch.as_tensor(a, dtype=ctx.dtype) for a in w)
-    return Normalization("batch", gamma, beta, mean, var, float(cfg.get("epsilon", 1e-3)), None)
+    return Normalization("batch", gamma, beta, mean, var, epsilon, None)
 
 
 @builder("LayerNormalization")
 def build_layernorm(cfg, ctx):
-    axis = cfg.get("axis", -1)
-    axes = tuple(axis) if isinstance(axis, list) else (axis,)
-    if axes not in ((-1,), (2,)):
-        raise ctx.error(f"LayerNormalization axis={axis} is not supported (last axis only)")
-    scale, center = cfg.get("scale", True), cfg.get("center", True)
-    if cfg.get("rms_scaling"):
+    _last_axis(cfg, ctx, "LayerNormalization")
+    v = Values(cfg, ctx)
+    scale, center = v.bool("scale", True), v.bool("center", True)
+    epsilon = v.float("epsilon", 1e-3, 0.0, 1.0)
+    if v.bool("rms_scaling", False):
         raise ctx.error("LayerNormalization rms_scaling=True is not supported")
     (w,) = ctx.weights.take([("", int(scale) + int(center))])
+    check_shapes(ctx, "LayerNormalization", w, [("features",)] * len(w))
     w = list(w)
     gamma = ctx.tensor(w.pop(0)) if scale else None
     beta = ctx.tensor(w.pop(0)) if center else None
-    return Normalization("layer", gamma, beta, None, None, float(cfg.get("epsilon", 1e-3)), (-1,))
+    return Normalization("layer", gamma, beta, None, None, epsilon, (-1,))
 
 
 _MERGES = {"Concatenate": "concatenate", "Add": "add", "Subtract": "subtract", "Multiply": "multiply",
@@ -606,7 +719,8 @@ _MERGES = {"Concatenate": "concatenate", "Add": "add", "Subtract": "subtract", "
 
 @builder(*_MERGES)
 def build_merge(cfg, ctx):
-    return Merge(_MERGES[ctx.spec.class_name], int(cfg.get("axis", -1)), keras3=ctx.keras_major >= 3)
+    axis = Values(cfg, ctx).int("axis", -1, lo=-8, hi=8) if ctx.spec.class_name == "Concatenate" else -1
+    return Merge(_MERGES[ctx.spec.class_name], axis, keras3=ctx.keras_major >= 3)
 
 
 @builder("TimeDistributed")
@@ -617,7 +731,9 @@ def build_time_distributed(cfg, ctx):
         raise ctx.error(f"TimeDistributed: {e}") from None
     if cls not in BUILDERS or cls in _RNN_CLASSES or cls == "Bidirectional":
         raise ctx.error(f"TimeDistributed({cls}) is not supported")
-    inner_spec = LayerSpec(f"{ctx.spec.name}/{inner_cfg.get('name', cls)}", cls, inner_cfg, [])
+    if not isinstance(inner_cfg, dict):
+        raise ctx.error("TimeDistributed: the wrapped layer's config is not a JSON object")
+    inner_spec = LayerSpec(f"{ctx.spec.name}/{str(inner_cfg.get('name', cls))[:100]}", cls, inner_cfg, [])
     inner_ctx = BuildContext(ctx.path, ctx.keras_version, inner_spec, _SubWeights(ctx.weights, "layer"), ctx.dtype)
     return TimeDistributed(BUILDERS[cls](inner_cfg, inner_ctx))
 
@@ -709,8 +825,21 @@ def _binary(fn, ctx):
 def build_op(spec: LayerSpec, ctx: "BuildContext") -> nn.Module:
     build = _OPS.get(spec.class_name)
     if build is None:
-        raise ctx.error(f"Keras operation {spec.module}.{spec.class_name} is not supported "
+        raise ctx.error(f"Keras operation {spec.module[:60]}.{spec.class_name[:60]} is not supported "
                         f"(supported: {', '.join(sorted(_OPS))})")
+    axis = spec.config.get("axis")
+    if axis is not None and not isinstance(axis, list):
+        Values(spec.config, ctx).int("axis", lo=-8, hi=8)
+    elif axis is not None:
+        Values(spec.config, ctx).int_list("axis", lo=-8, hi=8)
+    if spec.class_name == "ExpandDims" and axis is None:
+        raise ctx.error("ExpandDims has no axis")
+    if "dtype" in spec.config and spec.config["dtype"] is not None and not isinstance(spec.config["dtype"], (str, dict)):
+        raise ctx.error(f"config dtype={str(spec.config['dtype'])[:40]!r}; expected a dtype name")
+    constant = _op_constant(ctx)
+    if constant is not None and (not isinstance(constant, (int, float)) or
+                                 (isinstance(constant, float) and not math.isfinite(constant))):
+        raise ctx.error(f"the constant operand {str(constant)[:40]!r} is not a finite number")
     return build(spec.config, ctx)
 
 
@@ -726,14 +855,15 @@ def _rnn_options(class_name: str, cfg: dict, ctx: BuildContext) -> dict:
     """Our constructor arguments from a Keras RNN config, with the producer's defaults."""
     cell = _RNN_CLASSES[class_name]
     cudnn = class_name.startswith("CuDNN")
+    v = Values(cfg, ctx)
     opts = dict(
-        return_sequences=bool(cfg.get("return_sequences", False)),
-        return_state=bool(cfg.get("return_state", False)),
-        go_backwards=bool(cfg.get("go_backwards", False)),
-        stateful=bool(cfg.get("stateful", False)),
-        zero_output_for_mask=bool(cfg.get("zero_output_for_mask", False)),
+        return_sequences=v.bool("return_sequences", False),
+        return_state=v.bool("return_state", False),
+        go_backwards=v.bool("go_backwards", False),
+        stateful=v.bool("stateful", False),
+        zero_output_for_mask=v.bool("zero_output_for_mask", False),
     )
-    if cfg.get("time_major"):
+    if v.bool("time_major", False):
         raise ctx.error("time_major=True is not supported (the layers are batch-major)")
     if cudnn:  # fixed tanh / sigmoid, the cuDNN GRU form, no dropout, no masking
         opts.update(activation="tanh", use_bias=True)
@@ -745,14 +875,14 @@ def _rnn_options(class_name: str, cfg: dict, ctx: BuildContext) -> dict:
     # Keras <= 2.2.4 defaulted to hard_sigmoid gates; Keras 2 GRU to reset_after=False.
     legacy_gates = ctx.keras_version is not None and ctx.keras_major < 3 and _version_tuple(ctx.keras_version) <= (2, 2, 4)
     opts["activation"] = activation_name(cfg.get("activation", "tanh"), ctx)
-    opts["use_bias"] = bool(cfg.get("use_bias", True))
-    opts["dropout"] = float(cfg.get("dropout", 0.0))
-    opts["recurrent_dropout"] = float(cfg.get("recurrent_dropout", 0.0))
+    opts["use_bias"] = v.bool("use_bias", True)
+    opts["dropout"] = v.float("dropout", 0.0, 0.0, 1.0)
+    opts["recurrent_dropout"] = v.float("recurrent_dropout", 0.0, 0.0, 1.0)
     if cell != "simple_rnn":
         default = "hard_sigmoid" if legacy_gates else "sigmoid"
         opts["recurrent_activation"] = activation_name(cfg.get("recurrent_activation", default), ctx)
     if cell == "gru":
-        opts["reset_after"] = bool(cfg.get("reset_after", ctx.keras_major >= 3 and class_name == "GRU"))
+        opts["reset_after"] = v.bool("reset_after", ctx.keras_major >= 3 and class_name == "GRU")
     return opts
 
 
@@ -789,13 +919,15 @@ def _convert_cudnn_weights(cell: str, weights: List[np.ndarray], units: int, ctx
 def _build_rnn_layer(class_name: str, cfg: dict, ctx: BuildContext, weights: List[np.ndarray]) -> rnn_layers._RNNBase:
     cell = _RNN_CLASSES[class_name]
     opts = _rnn_options(class_name, cfg, ctx)
-    units = int(cfg["units"])
+    units = Values(cfg, ctx).int("units", lo=1)
     if len(weights) < 2 or weights[0].ndim != 2:
         raise ctx.error(f"{class_name} weights are malformed: shapes {[w.shape for w in weights]}")
     if class_name.startswith("CuDNN") or (cell != "simple_rnn" and weights[-1].ndim == 1 and
                                          weights[-1].shape[0] == 2 * (4 if cell == "lstm" else 3) * units):
         weights = _convert_cudnn_weights(cell, weights, units, ctx)  # also CuDNN weights under a plain class
     input_size = weights[0].shape[0]
+    if input_size < 1:
+        raise ctx.error(f"{class_name} kernel has shape {weights[0].shape}; no input features")
     gates = {"lstm": 4, "gru": 3, "simple_rnn": 1}[cell]
     expect = [(input_size, gates * units), (units, gates * units)]
     if opts["use_bias"]:
@@ -808,7 +940,9 @@ def _build_rnn_layer(class_name: str, cfg: dict, ctx: BuildContext, weights: Lis
         if got != expect:
             raise ctx.error(f"{class_name}(units={units}) weights have shapes {got}; the config implies {expect}")
     cls = {"lstm": rnn_layers.LSTM, "gru": rnn_layers.GRU, "simple_rnn": rnn_layers.SimpleRNN}[cell]
-    layer = cls(input_size, units, dtype=ctx.dtype, **opts)
+    # zeros: the Keras initializers (an orthogonal QR among them) would only be overwritten
+    layer = cls(input_size, units, dtype=ctx.dtype, kernel_initializer="zeros", recurrent_initializer="zeros", **opts)
+    layer.kernel_initializer, layer.recurrent_initializer = "glorot_uniform", "orthogonal"
     with torch.no_grad():
         for param, array in zip(layer.layer_weights(0), weights):
             param.copy_(torch.as_tensor(array, dtype=ctx.dtype))
@@ -827,6 +961,7 @@ def build_bidirectional(cfg, ctx):
     try:
         fcls, fcfg = layer_config_of(cfg.get("layer"))
         bcls, bcfg = layer_config_of(cfg["backward_layer"]) if cfg.get("backward_layer") else (fcls, dict(fcfg))
+        fcfg, bcfg = dict(fcfg), dict(bcfg)
     except ValueError as e:
         raise ctx.error(f"Bidirectional: {e}") from None
     for c in (fcls, bcls):
@@ -841,4 +976,6 @@ def build_bidirectional(cfg, ctx):
     forward = _build_rnn_layer(fcls, fcfg, ctx, wf)
     backward = _build_rnn_layer(bcls, bcfg, ctx, wb)
     merge = cfg.get("merge_mode", "concat")
+    if merge not in ("concat", "sum", "mul", "ave", None):
+        raise ctx.error(f"Bidirectional merge_mode={str(merge)[:40]!r}; expected concat, sum, mul, ave or null")
     return Recurrent(rnn_layers.Bidirectional(forward, merge_mode=merge, backward_layer=backward))

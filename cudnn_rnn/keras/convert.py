@@ -1,17 +1,25 @@
 """Saving a converted model to one file that reloads without the Keras checkpoint.
 
 The file is a torch.save of plain data (strings, lists, tensors): the Keras config and version,
-the weights as read (by layer, Keras order) and the module's state_dict. It loads with
-torch.load(weights_only=True), so reading it executes nothing."""
+the weights as read (by layer, Keras order) and the module's state_dict. load_converted reads it
+as untrusted input: the zip container is checked first (stored members only, sizes inside the
+file), torch.load runs with weights_only=True (executes nothing) and mmap=True (tensors are views
+of the file, so a declared size allocates nothing), and every value is checked (types, dense
+non-overlapping float tensors, the state_dict against the rebuilt model) before anything is
+copied. Every failure is one ConversionError."""
 from __future__ import annotations
 
 import json
+import zipfile
 
+import numpy as np
 import torch
 
+from .containers import load_json
 from .errors import ConversionError
 
 FORMAT = "cudnn_rnn.keras/1"
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def save_converted(model, path) -> None:
@@ -22,18 +30,93 @@ def save_converted(model, path) -> None:
                 "state_dict": model.state_dict()}, path)
 
 
+def _check_container(path) -> None:
+    try:
+        size = open(path, "rb").seek(0, 2)
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+    except OSError as e:
+        raise ConversionError(path, f"cannot be opened ({e.strerror or e})") from None
+    except Exception as e:  # noqa: BLE001 - BadZipFile and friends
+        raise ConversionError(path, f"is not a readable converted model ({type(e).__name__}: {str(e)[:200]})") from None
+    names = [i.filename for i in infos]
+    if len(set(names)) != len(names):
+        raise ConversionError(path, "is not a readable converted model (a member is listed twice)")
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1 or info.file_size != info.compress_size \
+                or info.header_offset + info.compress_size > size:
+            raise ConversionError(path, f"is not a readable converted model (member {info.filename[:80]!r} is "
+                                        "compressed, encrypted or larger than the file; torch.save stores members)")
+
+
+def _tensor(path, value, what: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.layout != torch.strided or value.dtype not in _FLOATS:
+        raise ConversionError(path, f"{what} is not a float tensor")
+    if value.numel() and (not _dense(value) or
+                          value.untyped_storage().nbytes() < (value.storage_offset() + value.numel()) * value.element_size()):
+        raise ConversionError(path, f"{what} is a view that repeats or overruns its storage {tuple(value.shape)}; "
+                                    "save_converted writes plain tensors")
+    if value.dim() > 8:
+        raise ConversionError(path, f"{what} has {value.dim()} dimensions")
+    return value
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Every element has its own place in storage (no zero strides, no overlap, no gaps)."""
+    expected = 1
+    dims = sorted(((st, s) for s, st in zip(t.shape, t.stride()) if s != 1))
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _nested(path, value, depth: int, what: str):
+    """keras_weights[name]: a list (calls) of lists (groups) of tensors."""
+    if depth == 0:
+        return _tensor(path, value, what).detach().to(torch.float32 if value.dtype != torch.float64 else value.dtype).numpy().copy()
+    if not isinstance(value, list):
+        raise ConversionError(path, f"{what} is not a list")
+    return [_nested(path, v, depth - 1, what) for v in value]
+
+
 def load_converted(path, dtype=torch.float32):
     """The model save_converted wrote, rebuilt and checked against its saved state_dict."""
-    from . import rebuild
+    from .load import check_runs, rebuild
 
+    path = str(path)
+    _check_container(path)
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several types for a bad file
-        raise ConversionError(path, f"is not a readable converted model ({type(e).__name__}: {e})") from None
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - torch raises several types for a bad file
+        raise ConversionError(path, f"is not a readable converted model ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConversionError(path, f"is not a cudnn_rnn converted model (expected format {FORMAT})")
-    weights = {name: [[[t.numpy() for t in group] for group in take] for take in takes]
-               for name, takes in data["keras_weights"].items()}
-    model = rebuild(json.loads(data["keras_config"]), data["keras_version"] or None, weights, dtype, str(path))
-    model.load_state_dict(data["state_dict"])
-    return model
+    expected = {"format": str, "keras_config": str, "keras_version": str, "keras_weights": dict, "state_dict": dict}
+    for key, kind in expected.items():
+        if not isinstance(data.get(key), kind):
+            raise ConversionError(path, f"is not a cudnn_rnn converted model ({key} is missing or not a {kind.__name__})")
+    weights = {}
+    for name, takes in data["keras_weights"].items():
+        if not isinstance(name, str):
+            raise ConversionError(path, "keras_weights has a key that is not a layer name")
+        weights[name] = _nested(path, takes, 3, f"keras_weights[{name[:80]!r}]")
+    state = {}
+    for key, value in data["state_dict"].items():
+        if not isinstance(key, str):
+            raise ConversionError(path, "the state_dict has a key that is not a string")
+        state[key] = _tensor(path, value, f"state_dict[{key[:80]!r}]")
+    config = load_json(path, data["keras_config"], "keras_config")
+    model = rebuild(config, data["keras_version"] or None, weights, dtype, path)
+    own = model.state_dict()
+    if set(own) != set(state):
+        extra, missing = sorted(set(state) - set(own)), sorted(set(own) - set(state))
+        raise ConversionError(path, f"its state_dict does not match the model its config builds "
+                                    f"(unexpected: {extra[:5]}, missing: {missing[:5]})")
+    for key, value in state.items():
+        if tuple(value.shape) != tuple(own[key].shape):
+            raise ConversionError(path, f"state_dict[{key[:80]!r}] has shape {tuple(value.shape)}; the model's is "
+                                        f"{tuple(own[key].shape)}")
+    model.load_state_dict({k: v.clone() for k, v in state.items()})
+    return check_runs(model, path)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import ConversionError
+from .untrusted import few
 
 MODEL_CLASSES = ("Sequential", "Functional", "Model")
 
@@ -68,7 +69,21 @@ def snake_case(name: str) -> str:
 
 def _layer_name(entry: dict) -> str:
     cfg = entry.get("config", {})
-    return entry.get("name") or (cfg.get("name") if isinstance(cfg, dict) else None) or entry.get("class_name", "?")
+    name = entry.get("name") or (cfg.get("name") if isinstance(cfg, dict) else None) or entry.get("class_name", "?")
+    return name if isinstance(name, str) else str(name)[:100]
+
+
+def _index(value, path, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 20:
+        raise ConversionError(path, f"{what} holds {str(value)[:60]!r} where a small non-negative integer belongs")
+    return value
+
+
+def _ref(history, path, what: str = "a tensor reference") -> Ref:
+    """(layer name, call index, output index), as Keras 3's keras_history or a Keras 2 node item."""
+    if not isinstance(history, (list, tuple)) or len(history) < 3 or not isinstance(history[0], str):
+        raise ConversionError(path, f"{what} is malformed: {str(history)[:120]}")
+    return Ref(history[0], _index(history[1], path, what), _index(history[2], path, what))
 
 
 def _refs_in(value, path) -> List[Ref]:
@@ -76,8 +91,8 @@ def _refs_in(value, path) -> List[Ref]:
     out = []
     if isinstance(value, dict):
         if value.get("class_name") == "__keras_tensor__":
-            history = value["config"]["keras_history"]
-            return [Ref(history[0], int(history[1]), int(history[2]))]
+            cfg = value.get("config")
+            return [_ref(cfg.get("keras_history") if isinstance(cfg, dict) else None, path)]
         for v in value.values():
             out += _refs_in(v, path)
     elif isinstance(value, (list, tuple)):
@@ -88,12 +103,18 @@ def _refs_in(value, path) -> List[Ref]:
 
 def _parse_calls(entry: dict, path) -> List[Call]:
     calls = []
-    for node in entry.get("inbound_nodes", []) or []:
+    nodes = entry.get("inbound_nodes", []) or []
+    if not isinstance(nodes, list):
+        raise ConversionError(path, "inbound_nodes is not a list", _layer_name(entry))
+    for node in nodes:
         if isinstance(node, dict):  # Keras 3: {"args": [...], "kwargs": {...}}
-            inputs = _refs_in(node.get("args", []), path)
-            constants = [a for a in node.get("args", []) if not _refs_in(a, path)]
+            args, kw = node.get("args", []), node.get("kwargs") or {}
+            if not isinstance(args, list) or not isinstance(kw, dict):
+                raise ConversionError(path, f"malformed inbound node {str(node)[:200]}", _layer_name(entry))
+            inputs = _refs_in(args, path)
+            constants = [a for a in args if not _refs_in(a, path)]
             kwargs = {}
-            for k, v in (node.get("kwargs") or {}).items():
+            for k, v in kw.items():
                 refs = _refs_in(v, path)
                 kwargs[k] = refs if refs else v
             calls.append(Call(inputs, kwargs, constants))
@@ -101,19 +122,19 @@ def _parse_calls(entry: dict, path) -> List[Call]:
             inputs, kwargs = [], {}
             for item in node:
                 if not isinstance(item, list) or len(item) < 3:
-                    raise ConversionError(path, f"malformed inbound node {item!r}", _layer_name(entry))
-                inputs.append(Ref(item[0], int(item[1]), int(item[2])))
+                    raise ConversionError(path, f"malformed inbound node {str(item)[:200]}", _layer_name(entry))
+                inputs.append(_ref(item, path, "an inbound node"))
                 if len(item) > 3 and isinstance(item[3], dict):
                     for k, v in item[3].items():
                         if isinstance(v, list) and v and isinstance(v[0], list):  # initial_state refs
-                            kwargs[k] = [Ref(r[0], int(r[1]), int(r[2])) for r in v]
+                            kwargs[k] = [_ref(r, path, f"the {k} argument") for r in v]
                         elif isinstance(v, list) and len(v) >= 3 and isinstance(v[0], str):
-                            kwargs[k] = [Ref(v[0], int(v[1]), int(v[2]))]
+                            kwargs[k] = [_ref(v, path, f"the {k} argument")]
                         else:
                             kwargs[k] = v
             calls.append(Call(inputs, kwargs))
         else:
-            raise ConversionError(path, f"malformed inbound node {node!r}", _layer_name(entry))
+            raise ConversionError(path, f"malformed inbound node {str(node)[:200]}", _layer_name(entry))
     return calls
 
 
@@ -121,9 +142,11 @@ def _endpoint_refs(value, path, what) -> List[Ref]:
     if not value:
         raise ConversionError(path, f"the model config has no {what}")
     if isinstance(value, list) and len(value) >= 3 and isinstance(value[0], str):
-        return [Ref(value[0], int(value[1]), int(value[2]))]
+        return [_ref(value, path, what)]
+    if not isinstance(value, (list, dict)):
+        raise ConversionError(path, f"the model config's {what} is malformed: {str(value)[:120]}")
     refs = []
-    for item in value:
+    for item in (value.values() if isinstance(value, dict) else value):
         if isinstance(item, dict):
             refs += _refs_in(item, path)
         else:
@@ -133,7 +156,7 @@ def _endpoint_refs(value, path, what) -> List[Ref]:
 
 def parse_model(config: dict, path) -> ModelSpec:
     """A ModelSpec from a serialized model ({"class_name": ..., "config": ...})."""
-    if not isinstance(config, dict) or "class_name" not in config:
+    if not isinstance(config, dict) or not isinstance(config.get("class_name"), str):
         raise ConversionError(path, "the model config has no class_name")
     cls = config["class_name"]
     body = config.get("config")
@@ -141,18 +164,30 @@ def parse_model(config: dict, path) -> ModelSpec:
         return _parse_sequential(body, path)
     if cls in ("Functional", "Model"):
         return _parse_functional(body, path)
-    raise ConversionError(path, f"the file holds a {cls}, not a Sequential or Functional model "
+    raise ConversionError(path, f"the file holds a {cls[:100]}, not a Sequential or Functional model "
                                 "(subclassed models have no config to rebuild from)")
 
 
 def _layer_spec(entry: dict, path, calls: List[Call]) -> LayerSpec:
-    if not isinstance(entry, dict) or "class_name" not in entry:
+    if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
         raise ConversionError(path, f"malformed layer entry {str(entry)[:200]}")
-    spec = LayerSpec(_layer_name(entry), entry["class_name"], entry.get("config") or {}, calls,
-                     module=str(entry.get("module") or ""))
+    config = entry.get("config") or {}
+    if not isinstance(config, dict):
+        raise ConversionError(path, f"the config of a {entry['class_name'][:100]} is not a JSON object", _layer_name(entry))
+    spec = LayerSpec(_layer_name(entry), entry["class_name"], config, calls, module=str(entry.get("module") or ""))
     if spec.class_name in MODEL_CLASSES:
         spec.model = parse_model({"class_name": spec.class_name, "config": spec.config}, path)
     return spec
+
+
+def _unique_names(layers: List[LayerSpec], path) -> None:
+    seen, twice = set(), []
+    for layer in layers:
+        if layer.name in seen:
+            twice.append(layer.name)
+        seen.add(layer.name)
+    if twice:
+        raise ConversionError(path, f"the model config names {few(sorted(set(twice)))} more than once")
 
 
 def _parse_sequential(body, path) -> ModelSpec:
@@ -163,8 +198,11 @@ def _parse_sequential(body, path) -> ModelSpec:
     entries = list(body["layers"])
     if not entries:
         raise ConversionError(path, "the Sequential model has no layers")
+    if not all(isinstance(e, dict) for e in entries):
+        raise ConversionError(path, "the Sequential layer list holds something that is not a layer")
     if entries[0].get("class_name") != "InputLayer":
         first = entries[0].get("config", {})
+        first = first if isinstance(first, dict) else {}
         shape = first.get("batch_input_shape") or first.get("batch_shape") or body.get("build_input_shape")
         entries.insert(0, {"class_name": "InputLayer", "config": {"name": "input", "batch_shape": shape,
                                                                   "dtype": first.get("dtype", "float32")}})
@@ -174,18 +212,27 @@ def _parse_sequential(body, path) -> ModelSpec:
         spec = _layer_spec(entry, path, calls)
         layers.append(spec)
         prev = Ref(spec.name)
-    return ModelSpec(body.get("name", "sequential"), "Sequential", layers, [Ref(layers[0].name)], [prev])
+    _unique_names(layers, path)
+    return ModelSpec(_name(body, "sequential"), "Sequential", layers, [Ref(layers[0].name)], [prev])
+
+
+def _name(body: dict, default: str) -> str:
+    name = body.get("name", default)
+    return name if isinstance(name, str) else default
 
 
 def _parse_functional(body, path) -> ModelSpec:
     if not isinstance(body, dict) or not isinstance(body.get("layers"), list):
         raise ConversionError(path, "the Functional config has no layer list")
+    if not all(isinstance(e, dict) for e in body["layers"]):
+        raise ConversionError(path, "the Functional layer list holds something that is not a layer")
     layers = [_layer_spec(e, path, [] if e.get("class_name") == "InputLayer" else _parse_calls(e, path))
               for e in body["layers"]]
+    _unique_names(layers, path)
     outputs_cfg = body.get("output_layers")
     outputs = _endpoint_refs(outputs_cfg, path, "output_layers")
     single = isinstance(outputs_cfg, list) and len(outputs_cfg) >= 3 and isinstance(outputs_cfg[0], str)
-    spec = ModelSpec(body.get("name", "model"), "Functional", layers,
+    spec = ModelSpec(_name(body, "model"), "Functional", layers,
                      _endpoint_refs(body.get("input_layers"), path, "input_layers"), outputs,
                      single_output=single or len(outputs) == 1)
     _renumber_nested_calls(spec)

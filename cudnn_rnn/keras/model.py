@@ -2,6 +2,7 @@
 over the graph, with Keras's mask propagation."""
 from __future__ import annotations
 
+from collections import deque
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -9,6 +10,7 @@ from torch import Tensor, nn
 
 from .errors import ConversionError
 from .graph import ModelSpec, Ref
+from .untrusted import few
 
 
 def _module_key(name: str) -> str:
@@ -34,33 +36,46 @@ class KerasModel(nn.Module):
     @staticmethod
     def _schedule(spec: ModelSpec, path) -> List[Tuple[str, str, int, list, Optional[list]]]:
         """(layer name, module key, call index, input refs, explicit mask refs) in an order where every input
-        is computed before it is read."""
-        ready = {(r.layer, r.call, 0) for r in spec.inputs}
+        is computed before it is read (a topological order, linear in the size of the graph)."""
+        produced = {(r.layer, r.call) for r in spec.inputs}
         input_layers = {r.layer for r in spec.inputs}
-        pending = [(layer, i, call) for layer in spec.layers if layer.name not in input_layers
-                   for i, call in enumerate(layer.calls)]
         known = {layer.name for layer in spec.layers}
-        schedule = []
-        while pending:
-            progressed = False
-            for item in list(pending):
-                layer, i, call = item
-                refs = list(call.inputs) + list(call.kwargs.get("initial_state") or [])
+        items, waiting, missing = [], {}, []
+        for layer in spec.layers:
+            if layer.name in input_layers:
+                continue
+            for i, call in enumerate(layer.calls):
+                initial = call.kwargs.get("initial_state")
+                if initial is not None and not isinstance(initial, list):
+                    raise ConversionError(path, f"call {i} has a malformed initial_state", layer.name)
+                refs = list(call.inputs) + list(initial or [])
                 mask_refs = call.kwargs.get("mask") if isinstance(call.kwargs.get("mask"), list) else None
                 needed = refs + (mask_refs or [])
                 for r in needed:
-                    if isinstance(r, Ref) and r.layer not in known:
-                        raise ConversionError(path, f"call {i} reads layer '{r.layer}', which the model does not have", layer.name)
-                if all(isinstance(r, Ref) and (r.layer, r.call, r.output) in ready
-                       or (isinstance(r, Ref) and (r.layer, r.call, -1) in ready) for r in needed):
-                    schedule.append((layer.name, _module_key(layer.name), i, [(r.layer, r.call, r.output) for r in refs],
-                                     [(r.layer, r.call, r.output) for r in mask_refs] if mask_refs else None))
-                    ready.add((layer.name, i, -1))  # all outputs of this call
-                    pending.remove(item)
-                    progressed = True
-            if not progressed:
-                names = sorted({layer.name for layer, _, _ in pending})
-                raise ConversionError(path, f"the graph cannot be ordered: layers {names} wait on inputs that never come")
+                    if not isinstance(r, Ref):
+                        raise ConversionError(path, f"call {i} has an input that is not a tensor reference: "
+                                                    f"{str(r)[:80]}", layer.name)
+                    if r.layer not in known:
+                        raise ConversionError(path, f"call {i} reads layer '{r.layer[:100]}', which the model does not have",
+                                              layer.name)
+                deps = {(r.layer, r.call) for r in needed} - produced
+                for d in deps:
+                    waiting.setdefault(d, []).append(len(items))
+                missing.append(len(deps))
+                items.append((layer.name, _module_key(layer.name), i, [(r.layer, r.call, r.output) for r in refs],
+                              [(r.layer, r.call, r.output) for r in mask_refs] if mask_refs else None))
+        ready = deque(k for k, n in enumerate(missing) if n == 0)
+        schedule = []
+        while ready:
+            k = ready.popleft()
+            schedule.append(items[k])
+            for j in waiting.get((items[k][0], items[k][2]), ()):
+                missing[j] -= 1
+                if missing[j] == 0:
+                    ready.append(j)
+        if len(schedule) < len(items):
+            names = sorted({items[k][0] for k, n in enumerate(missing) if n > 0})
+            raise ConversionError(path, f"the graph cannot be ordered: layers {few(names)} wait on inputs that never come")
         return schedule
 
     def forward_with_masks(self, *inputs: Tensor, masks: Optional[List[Optional[Tensor]]] = None):

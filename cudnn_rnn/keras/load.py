@@ -1,0 +1,183 @@
+"""load_keras and rebuild: a parsed checkpoint -> the layer modules -> one KerasModel, checked.
+
+What comes out has been validated as a whole before it is returned: every layer's config values
+(types and ranges) and weight shapes when its builder runs, the graph when it is scheduled, and
+then the model is run once on inputs of its declared shape (batch 2, free time steps 3), so that a
+model that loads also runs. Any failure on the way, whatever raised it, is one ConversionError
+naming the file and the layer.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Optional, Union
+
+import numpy as np
+import torch
+
+from .builders import BUILDERS, BuildContext, build_op
+from .containers import load_json, open_keras_file
+from .errors import ConversionError
+from .graph import ModelSpec, parse_model
+from .model import KerasModel, NestedModel
+from .weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
+
+# Layers that hold no weights: how Keras 2 matched a weights-only file's groups to layers by order.
+_NO_WEIGHTS = frozenset({
+    "InputLayer", "Dropout", "SpatialDropout1D", "Activation", "Flatten", "Reshape", "Permute", "RepeatVector",
+    "Masking", "GlobalAveragePooling1D", "GlobalMaxPooling1D", "MaxPooling1D", "AveragePooling1D", "Concatenate",
+    "Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum", "ReLU", "Softmax", "GaussianNoise",
+    "GaussianDropout", "AlphaDropout", "ActivityRegularization"})
+
+
+def load_keras(path, architecture: Optional[Union[str, dict]] = None, dtype: torch.dtype = torch.float32,
+               progress: Optional[Callable] = None) -> KerasModel:
+    """A torch module computing what the Keras model in `path` computes.
+
+    `path`: a `.keras` archive, a full-model legacy `.h5`, or a weights-only file
+    (`.weights.h5`, legacy weights `.h5`) together with `architecture`: a `.keras` / full `.h5`
+    file or a model config dict (`model.get_config()` wrapped as {"class_name", "config"}, or a
+    JSON string of it). Nothing from TensorFlow or Keras is needed, and nothing is unpickled.
+    `progress(i, n, layer_name)` is called as layers are converted.
+
+    The returned model keeps `keras_config` and `keras_version` (what save_keras and the CLI
+    use) and `keras_weights` (the arrays as read, by layer, in Keras order). A file that cannot
+    be converted raises ConversionError (README: "Loading files you did not write")."""
+    kf = open_keras_file(path)
+    config, version = kf.config, kf.keras_version
+    if architecture is not None:
+        config, arch_version = _architecture_config(architecture, kf.path)
+        version = version or arch_version
+    if config is None:
+        raise ConversionError(kf.path, "holds weights only; pass architecture= (a .keras / .h5 model file or a config)")
+    with _boundary(kf.path):
+        if isinstance(config, dict) and "class_name" not in config and "config" not in config and "layers" in config:
+            config = {"class_name": "Functional" if "input_layers" in config else "Sequential", "config": config}
+        spec = parse_model(config, kf.path)
+        source = weight_source(kf, spec)
+        if isinstance(source, LegacySource) and kf.config is None:
+            source.match_by_order([l.name for l in spec.layers if l.class_name not in _NO_WEIGHTS])
+        records: dict = {}
+        model = _build(spec, kf.path, version, RecordingSource(source, records), dtype, spec.name, progress)
+        model.keras_config, model.keras_version, model.keras_weights = config, version, records
+        return check_runs(model.eval(), kf.path)
+
+
+def rebuild(config: dict, keras_version: Optional[str], keras_weights: dict, dtype=torch.float32,
+            where: str = "<converted>") -> KerasModel:
+    """The model load_keras built, from what it recorded (config, version, weights)."""
+    with _boundary(where):
+        spec = parse_model(config, where)
+        model = _build(spec, where, keras_version, ReplaySource(keras_weights, where), dtype, spec.name, None)
+        model.keras_config, model.keras_version, model.keras_weights = config, keras_version, keras_weights
+        return check_runs(model.eval(), where)
+
+
+class _boundary:
+    """Turns whatever a malformed config makes a builder raise into ConversionError."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if error is None or isinstance(error, ConversionError) or not isinstance(error, Exception):
+            return False
+        if isinstance(error, MemoryError):
+            raise ConversionError(self.path, "converting it ran out of memory") from None
+        if isinstance(error, RecursionError):
+            raise ConversionError(self.path, "its model config nests too deeply") from None
+        raise ConversionError(self.path, f"the model config cannot be converted ({type(error).__name__}: "
+                                         f"{str(error)[:300]})") from None
+
+
+MAX_CHECK_VALUES = 1 << 26   # per sample: a declared input larger than this is refused
+
+
+def check_runs(model: KerasModel, path) -> KerasModel:
+    """Runs the model once on inputs of its declared shapes; a model that cannot is refused.
+    Free time dimensions get 8 steps, then 128 and 1024 (convolutions and pooling need a
+    minimum length) before the model is declared broken."""
+    if any(len(shape) < 2 for _, shape in model.input_specs):
+        return model  # no declared input shape to try (an unbuilt Sequential): nothing to run
+    error = None
+    for time in (8, 128, 1024):
+        sizes = [int(np.prod([time if d is None else d for d in shape[1:]], dtype=np.int64))
+                 for _, shape in model.input_specs]
+        if max(sizes, default=0) > MAX_CHECK_VALUES:
+            if time == 8:
+                raise ConversionError(path, f"declares inputs of {max(sizes)} values per sample (limit {MAX_CHECK_VALUES})")
+            break
+        try:
+            with torch.no_grad():
+                model(*model.example_inputs(batch=2, time=time))
+            return model
+        except Exception as e:  # noqa: BLE001 - any failure means the config and weights disagree
+            error = error or e
+            if not any(d is None for _, shape in model.input_specs for d in shape[1:]):
+                break
+    shapes = [tuple(shape) for _, shape in model.input_specs]
+    raise ConversionError(path, f"the converted model does not run on inputs of its declared shape {shapes} "
+                                f"({type(error).__name__}: {str(error)[:300]}); the config and the weights disagree")
+
+
+def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, where: str, progress) -> KerasModel:
+    modules = {}
+    for i, layer in enumerate(spec.layers):
+        if progress is not None:
+            progress(i, len(spec.layers), f"{where}/{layer.name}")
+        if layer.model is not None:
+            child = source.for_layer(layer).child_source(layer.model)
+            modules[layer.name] = NestedModel(_build(layer.model, path, version, child, dtype, f"{where}/{layer.name}", progress))
+            continue
+        ctx = BuildContext(path, version, layer, source.for_layer(layer), dtype)
+        if layer.is_op:
+            modules[layer.name] = build_op(layer, ctx)
+            continue
+        build = BUILDERS.get(layer.class_name)
+        if build is None:
+            raise ConversionError(path, f"layer class {layer.class_name[:100]} is not supported (at {where}/{layer.name}; "
+                                        f"supported: {', '.join(sorted(BUILDERS))})", layer.name)
+        try:
+            modules[layer.name] = build(layer.config, ctx)
+        except ConversionError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a config value of the wrong type or range
+            raise ConversionError(path, f"{layer.class_name} config cannot be converted ({type(e).__name__}: "
+                                        f"{str(e)[:300]})", layer.name) from None
+    return KerasModel(spec, modules, path, [_input_spec(spec, ref, path) for ref in spec.inputs])
+
+
+def _input_spec(spec: ModelSpec, ref, path) -> tuple:
+    """(Keras dtype name, batch shape with None for free dims) of one model input."""
+    layer = next((l for l in spec.layers if l.name == ref.layer), None)
+    cfg = layer.config if layer is not None else {}
+    dtype_cfg = cfg.get("dtype") or "float32"
+    if isinstance(dtype_cfg, dict):  # a DTypePolicy
+        inner = dtype_cfg.get("config")
+        dtype_cfg = inner.get("name", "float32") if isinstance(inner, dict) else "float32"
+    shape = cfg.get("batch_shape") or cfg.get("batch_input_shape") or [None]
+    if not isinstance(shape, list) or len(shape) > 8 or not all(
+            d is None or (isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1 << 16) for d in shape):
+        raise ConversionError(path, f"input {ref.layer} declares the shape {str(shape)[:80]}; expected a list of "
+                                    "positive sizes or None", ref.layer)
+    return (str(dtype_cfg), tuple(shape))
+
+
+def _architecture_config(architecture, path):
+    """(config, keras_version or None) from a config dict, a JSON string or a model file."""
+    if isinstance(architecture, dict):
+        version = architecture.get("keras_version")
+        return architecture, version if isinstance(version, str) else None
+    if isinstance(architecture, str) and architecture.lstrip().startswith("{"):
+        config = load_json(path, architecture, "the architecture JSON")
+        version = config.get("keras_version") if isinstance(config, dict) else None
+        return config, version if isinstance(version, str) else None
+    if isinstance(architecture, (str, os.PathLike)):
+        arch = open_keras_file(architecture, config_only=True)
+        if arch.config is None:
+            raise ConversionError(architecture, "has no model config to take the architecture from")
+        return arch.config, arch.keras_version
+    raise TypeError(f"architecture must be a path, a config dict or a JSON string; got {type(architecture).__name__}")

@@ -1,0 +1,786 @@
+"""A seeded mutation fuzzer for the checkpoint loaders (load_keras, load_converted).
+
+It mutates real Keras-written files (the committed fixtures, and a converted .pt made from one)
+at every level: bytes (flips, truncation, zeroed / duplicated / deleted ranges), zip (header
+size and CRC lies, compression methods, encryption flags, bombs, duplicated and traversal
+members), HDF5 (shapes, dtypes, huge declared datasets, soft / external / cyclic links, external
+raw storage and virtual datasets pointing at a canary file, duplicated layer_names, filters) and
+the config JSON (type confusion, depth, huge and non-finite numbers, lone surrogates, unknown
+names). hypothesis draws every choice, so a run is reproducible from its seed.
+
+Each mutant is loaded in a worker process (a fresh one after a hang or a crash), then, if it
+loaded, called once on inputs of its declared shape and on the fixture's own inputs. Outcomes:
+  clean      loaded and ran
+  refused    cudnn_rnn.ConversionError
+  escape     any other exception from the loader          (a failure)
+  first-call loaded, then failed on its first call        (a failure)
+  outside    loaded although it reads data outside the file (a failure)
+  memory     the worker or the parser helper grew by more than MEMORY_LIMIT (a failure)
+  hang       no answer within the time limit              (a failure)
+  crash      the worker died                              (a failure)
+
+    python -m tests.fuzz_checkpoints --minutes 30 [--seed N] [--save DIR]   # the long run
+The test suite (tests/test_fuzz_checkpoints.py) runs a short budget.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+import zlib
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "tests", "fixtures", "data")
+MEMORY_LIMIT = 1 << 30
+MUTANT_TIMEOUT_S = 20.0
+PARSE_TIMEOUT_S = "2"      # the loader's own limit inside the worker: hangs end as ConversionError
+CANARY = struct.pack("<4f", 1234.5, -4321.25, 777.0, 31337.0) * 64   # what must never be read
+
+# (name, file, architecture, fixture npz, loader)
+BASES = [
+    ("keras-sequential", "k3_sequential.keras", None, "k3_sequential.npz", "keras"),
+    ("keras-functional", "k3_functional.keras", None, "k3_functional.npz", "keras"),
+    ("legacy-k3", "k3_functional.h5", None, "k3_functional.npz", "keras"),
+    ("legacy-tfk", "tfk_sequential.h5", None, "tfk_sequential.npz", "keras"),
+    ("legacy-cudnn", "tfk_cudnn.h5", None, "tfk_cudnn.npz", "keras"),
+    ("weights-k3", "k3_sequential.weights.h5", "k3_sequential.keras", "k3_sequential.npz", "keras"),
+    ("weights-legacy", "tfk_sequential_weights.h5", "tfk_sequential.json", "tfk_sequential.npz", "keras"),
+    ("converted", "k3_functional.pt", None, "k3_functional.npz", "converted"),
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# mutations: each takes (bytes of the file, draw) and returns (new bytes, description, must_refuse)
+# `draw` is a hypothesis `data.draw`; strategies come from hypothesis.strategies
+# ------------------------------------------------------------------------------------------------
+def _st():
+    from hypothesis import strategies as st
+
+    return st
+
+
+def _int(draw, lo, hi, label):
+    return draw(_st().integers(lo, hi), label=label)
+
+
+def _nonempty(fn):
+    def mutate(data: bytes, draw, ctx):
+        return fn(data, draw, ctx) if data else (b"\xff", "an empty file given one byte", False)
+
+    mutate.__name__ = fn.__name__
+    return mutate
+
+
+@_nonempty
+def m_flip(data: bytes, draw, ctx):
+    out = bytearray(data)
+    n = _int(draw, 1, 16, "flips")
+    for _ in range(n):
+        i = _int(draw, 0, len(out) - 1, "at")
+        out[i] ^= 1 << _int(draw, 0, 7, "bit")
+    return bytes(out), f"{n} bit flips", False
+
+
+@_nonempty
+def m_bytes(data: bytes, draw, ctx):
+    out = bytearray(data)
+    i = _int(draw, 0, len(out) - 1, "at")
+    n = _int(draw, 1, 8, "n")
+    out[i:i + n] = bytes(draw(_st().sampled_from([0x00, 0xFF, 0x7F, 0x80]), label="v") for _ in range(n))
+    return bytes(out), f"{n} bytes set at {i}", False
+
+
+@_nonempty
+def m_truncate(data: bytes, draw, ctx):
+    k = _int(draw, 0, len(data) - 1, "keep")
+    return data[:k], f"truncated to {k}", False
+
+
+@_nonempty
+def m_zero(data: bytes, draw, ctx):
+    i = _int(draw, 0, len(data) - 1, "at")
+    n = _int(draw, 1, 4096, "n")
+    return data[:i] + b"\0" * min(n, len(data) - i) + data[i + n:], f"zeroed {n} at {i}", False
+
+
+@_nonempty
+def m_splice(data: bytes, draw, ctx):
+    i = _int(draw, 0, len(data) - 1, "at")
+    n = _int(draw, 1, 2048, "n")
+    if draw(_st().booleans(), label="delete"):
+        return data[:i] + data[i + n:], f"deleted {n} at {i}", False
+    return data[:i] + data[i:i + n] + data[i:], f"duplicated {n} at {i}", False
+
+
+BYTE_MUTATIONS = [m_flip, m_bytes, m_truncate, m_zero, m_splice]
+
+
+def _zip_members(data: bytes) -> List[Tuple[zipfile.ZipInfo, bytes]]:
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        return [(i, z.read(i.filename)) for i in z.infolist()]
+
+
+def _write_zip(members, compression=zipfile.ZIP_STORED) -> bytes:
+    buf = io.BytesIO()
+    import warnings
+
+    with warnings.catch_warnings(), zipfile.ZipFile(buf, "w", compression) as z:
+        warnings.simplefilter("ignore")  # duplicated names are the point
+        for name, payload in members:
+            z.writestr(name, payload)
+    return buf.getvalue()
+
+
+def _headers(data: bytes):
+    """Offsets of local (PK\\3\\4) and central (PK\\1\\2) headers."""
+    local, central, i = [], [], 0
+    while True:
+        i = data.find(b"PK", i)
+        if i < 0:
+            return local, central
+        if data[i:i + 4] == b"PK\x03\x04":
+            local.append(i)
+        elif data[i:i + 4] == b"PK\x01\x02":
+            central.append(i)
+        i += 2
+
+
+def m_zip_header(data: bytes, draw, ctx):
+    """Lies in a zip header: sizes, CRC, compression method, flags (encryption)."""
+    local, central = _headers(data)
+    if not local:
+        return m_flip(data, draw, ctx)
+    which = draw(_st().sampled_from(["local", "central"] if central else ["local"]), label="header")
+    at = draw(_st().sampled_from(local if which == "local" else central), label="entry")
+    # field offsets: local: flags 6, method 8, crc 14, csize 18, usize 22; central: +2
+    shift = 0 if which == "local" else 2
+    field = draw(_st().sampled_from(["flags", "method", "crc", "csize", "usize"]), label="field")
+    off, fmt = {"flags": (6, "<H"), "method": (8, "<H"), "crc": (14, "<I"), "csize": (18, "<I"),
+                "usize": (22, "<I")}[field]
+    if field == "flags":
+        value = draw(_st().sampled_from([0x1, 0x41, 0x8, 0x800, 0xFFFF]), label="v")
+    elif field == "method":
+        value = draw(_st().sampled_from([1, 6, 8, 9, 12, 14, 93, 95, 98, 99, 0xFFFF]), label="v")
+    elif field == "crc":
+        value = draw(_st().integers(0, 0xFFFFFFFF), label="v")
+    else:
+        value = draw(_st().sampled_from([0, 1, 100, 1 << 20, 1 << 30, 0xFFFFFFFE, 0xFFFFFFFF]), label="v")
+    out = bytearray(data)
+    struct.pack_into(fmt, out, at + off + shift, value)
+    return bytes(out), f"zip {which} header {field}={value}", False
+
+
+def m_zip_member(data: bytes, draw, ctx):
+    """Whole-member edits: bombs, duplicated and traversal names, a member replaced or dropped."""
+    members = [(i.filename, d) for i, d in _zip_members(data)]
+    kind = draw(_st().sampled_from(["bomb", "ratio", "lying-bomb", "duplicate", "traversal", "drop", "deflate"]),
+                label="kind")
+    names = [n for n, _ in members]
+    target = draw(_st().sampled_from(names), label="member")
+    if kind == "bomb":
+        size = _int(draw, 1, 256, "MiB") << 20
+        members = [(n, b"\0" * size if n == target else d) for n, d in members]
+        return _write_zip(members, zipfile.ZIP_DEFLATED), f"{target} -> {size >> 20} MiB of zeros, deflated", False
+    if kind == "ratio":  # compresses about 100x: repeated short random runs
+        rng = random.Random(_int(draw, 0, 1 << 30, "seed"))
+        unit = bytes(rng.getrandbits(8) for _ in range(64)) + b"\0" * 6000
+        size = _int(draw, 4, 64, "MiB") << 20
+        payload = (unit * (size // len(unit) + 1))[:size]
+        members = [(n, payload if n == target else d) for n, d in members]
+        return _write_zip(members, zipfile.ZIP_DEFLATED), f"{target} -> {size >> 20} MiB at ~100x", False
+    if kind == "lying-bomb":  # the header under-states the size
+        size = _int(draw, 16, 512, "MiB") << 20
+        out = bytearray(_write_zip([(n, b"\0" * size if n == target else d) for n, d in members], zipfile.ZIP_DEFLATED))
+        local, central = _headers(bytes(out))
+        for at in local:
+            struct.pack_into("<I", out, at + 22, 4096)
+        for at in central:
+            struct.pack_into("<I", out, at + 24, 4096)
+        return bytes(out), f"{target} -> {size >> 20} MiB of zeros, headers say 4096", False
+    if kind == "duplicate":
+        extra = draw(_st().sampled_from([d for _, d in members] + [b"{}", b""]), label="payload")
+        return _write_zip(members + [(target, extra)]), f"{target} twice", False
+    if kind == "traversal":
+        name = draw(_st().sampled_from(["../evil", "/etc/evil", "a/../../evil", "C:\\evil", "x\\..\\y"]), label="name")
+        return _write_zip(members + [(name, b"x")]), f"member {name!r}", False
+    if kind == "drop":
+        return _write_zip([(n, d) for n, d in members if n != target]), f"{target} dropped", False
+    return _write_zip(members, zipfile.ZIP_DEFLATED), "all members deflated", False
+
+
+# -- JSON ----------------------------------------------------------------------------------------
+def _json_paths(value, path=()):
+    yield path
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _json_paths(v, path + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _json_paths(v, path + (i,))
+
+
+def _json_set(value, path, new):
+    if not path:
+        return new
+    node = value
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = new
+    return value
+
+
+RAW_MARK = "@@RAW@@"
+ODD_VALUES = [None, True, False, 0, -1, 1, 2, 3, 7, 2147483648, -2147483649, 1 << 63, 1e308, -1e308, 0.5, -0.0,
+              float("inf"), float("-inf"), float("nan"), "", "x", "lstm", "LSTM", "Dense", "sigmoid", "same",
+              "channels_first", [], {}, [None], [1, 2], {"class_name": 5}, {"class_name": "Foo", "config": {}},
+              ["a", 0, 0], RAW_MARK + "1" + "0" * 5000, RAW_MARK + '"\\ud800"', RAW_MARK + '"\\udfff x"']
+
+
+def m_json_value(text: str, draw) -> Tuple[str, str]:
+    value = json.loads(text)
+    paths = list(_json_paths(value))
+    path = draw(_st().sampled_from(paths), label="path")
+    kind = draw(_st().sampled_from(["replace", "replace", "replace", "delete", "deep", "unknown-class"]), label="kind")
+    if kind == "delete" and path:
+        parent = value
+        for p in path[:-1]:
+            parent = parent[p]
+        del parent[path[-1]]
+        return json.dumps(value), f"deleted {list(path)}"
+    if kind == "deep":
+        depth = draw(_st().sampled_from([50, 101, 1000, 5000, 100000]), label="depth")
+        value = _json_set(value, path, RAW_MARK + "[" * depth + "]" * depth)
+        desc = f"{list(path)} nested {depth} deep"
+    elif kind == "unknown-class":
+        classes = [p for p in paths if p and p[-1] == "class_name"]
+        path = draw(_st().sampled_from(classes), label="class") if classes else path
+        value = _json_set(value, path, draw(_st().sampled_from(["ConvLSTM9D", 5, None, ["LSTM"], "Lambda"]), label="v"))
+        desc = f"{list(path)} unknown class"
+    else:
+        new = draw(_st().sampled_from(ODD_VALUES), label="value")
+        value = _json_set(value, path, new)
+        desc = f"{list(path)} = {str(new)[:40]}"
+    text = json.dumps(value, allow_nan=True)
+    # raw fragments (huge integers, lone surrogates, deep nesting) that json.dumps cannot write
+    while RAW_MARK in text:
+        i = text.index('"' + RAW_MARK)
+        j = i + 1
+        while True:  # the end of the JSON string literal that holds the marker
+            j = text.index('"', j + 1)
+            if text[j - 1] != "\\" or text[j - 2] == "\\":
+                break
+        raw = json.loads(text[i:j + 1])[len(RAW_MARK):]
+        text = text[:i] + raw + text[j + 1:]
+    return text, desc
+
+
+def m_config(data: bytes, draw, ctx):
+    """The model config, wherever the file keeps it, with one JSON edit."""
+    if data[:2] == b"PK":
+        members = [(i.filename, d) for i, d in _zip_members(data)]
+        if "config.json" not in [n for n, _ in members]:
+            return m_flip(data, draw, ctx)
+        out = []
+        for n, d in members:
+            if n == "config.json":
+                text, desc = m_json_value(d.decode(), draw)
+                d = text.encode("utf-8", "surrogatepass")
+            out.append((n, d))
+        return _write_zip(out), f"config.json: {desc}", False
+
+    def edit(f, draw):
+        if "model_config" not in f.attrs:
+            raise _Skip
+        raw = f.attrs["model_config"]
+        text, desc = m_json_value(raw.decode() if isinstance(raw, bytes) else str(raw), draw)
+        f.attrs["model_config"] = np.bytes_(text.encode("utf-8", "surrogatepass"))
+        return f"model_config: {desc}", False
+
+    return _h5_edit(data, draw, edit, ctx)
+
+
+# -- HDF5 ----------------------------------------------------------------------------------------
+class _Skip(Exception):
+    pass
+
+
+def _h5_bytes_of(data: bytes) -> Tuple[bytes, Optional[Callable[[bytes], bytes]]]:
+    """The HDF5 image inside a file (the weights member of a .keras) and how to put it back."""
+    if data[:2] != b"PK":
+        return data, None
+    members = [(i.filename, d) for i, d in _zip_members(data)]
+    h5 = dict(members)["model.weights.h5"]
+    return h5, lambda new: _write_zip([(n, new if n == "model.weights.h5" else d) for n, d in members])
+
+
+def _h5_edit(data: bytes, draw, edit, ctx):
+    import h5py
+
+    image, put_back = _h5_bytes_of(data)
+    buf = io.BytesIO(image)
+    try:
+        with h5py.File(buf, "r+") as f:
+            desc, must_refuse = edit(f, draw)
+    except _Skip:
+        return m_flip(data, draw, ctx)
+    new = buf.getvalue()
+    return (put_back(new) if put_back else new), desc, must_refuse
+
+
+def _datasets(f) -> List[str]:
+    import h5py
+
+    out = []
+    f.visititems(lambda n, o: out.append(n) if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+def _groups(f) -> List[str]:
+    import h5py
+
+    out = []
+    f.visititems(lambda n, o: out.append(n) if isinstance(o, h5py.Group) else None)
+    return out
+
+
+def m_h5(data: bytes, draw, ctx):
+    import h5py
+
+    canary = ctx["canary"]
+    kind = draw(_st().sampled_from(["shape", "dtype", "huge", "scalar", "soft", "soft-cycle", "external-link",
+                                    "external-storage", "virtual", "virtual-missing", "hard-cycle", "alias",
+                                    "layer-names", "weight-names", "filter", "delete", "string-data", "attr-type"]),
+                label="kind")
+
+    def edit(f, draw):
+        names = _datasets(f)
+        groups = _groups(f)
+        if not names:
+            raise _Skip
+        target = draw(_st().sampled_from(names), label="dataset")
+        old = f[target]
+        parent = f[target].parent
+        leaf = target.rsplit("/", 1)[-1]
+        if kind in ("shape", "dtype", "huge", "scalar", "filter", "string-data"):
+            arr = old[()]
+            del f[target]
+            if kind == "shape":
+                shape = tuple(max(0, d + draw(_st().integers(-2, 2), label="delta")) for d in np.shape(arr)) or (2,)
+                parent.create_dataset(leaf, data=np.zeros(shape, np.float32))
+                return f"{target} reshaped to {shape}", False
+            if kind == "dtype":
+                dt = draw(_st().sampled_from(["f2", "f8", "i1", "u8", "c8", "S4", "?"]), label="dtype")
+                parent.create_dataset(leaf, data=np.zeros(np.shape(arr), dt))
+                return f"{target} as {dt}", False
+            if kind == "huge":
+                shape = draw(_st().sampled_from([(65536, 32768), (1 << 31,), (1 << 20, 1 << 20), (3, 1 << 40)]), label="shape")
+                parent.create_dataset(leaf, shape=shape, dtype="f4")
+                return f"{target} declared {shape}, never written", False
+            if kind == "scalar":
+                parent.create_dataset(leaf, data=np.float32(1.5))
+                return f"{target} as a scalar", False
+            if kind == "string-data":
+                parent.create_dataset(leaf, data=np.array([b"abc"] * max(1, np.size(arr))))
+                return f"{target} as strings", False
+            parent.create_dataset(leaf, data=arr, compression="gzip", chunks=True)
+            return f"{target} gzip-filtered", False
+        if kind == "soft":
+            del f[target]
+            parent[leaf] = h5py.SoftLink(draw(_st().sampled_from(["/nowhere", "/" + names[0], "."]), label="to"))
+            return f"{target} -> soft link", False
+        if kind == "soft-cycle":
+            del f[target]
+            parent[leaf] = h5py.SoftLink("/" + target)
+            return f"{target} -> soft link to itself", False
+        if kind == "external-link":
+            del f[target]
+            parent[leaf] = h5py.ExternalLink(ctx["canary_h5"], "/data")
+            return f"{target} -> external link", True
+        if kind in ("external-storage", "virtual", "virtual-missing"):
+            shape, dt = old.shape, old.dtype
+            del f[target]
+            if kind == "external-storage":
+                nbytes = int(np.prod(shape)) * dt.itemsize
+                parent.create_dataset(leaf, shape=shape, dtype=dt, external=[(canary, 0, max(nbytes, 1))])
+                return f"{target} -> external raw storage", True
+            layout = h5py.VirtualLayout(shape=shape, dtype=dt)
+            source = ctx["canary_h5"] if kind == "virtual" else "/nonexistent/missing.h5"
+            layout[...] = h5py.VirtualSource(source, "data", shape=shape, dtype=dt) if shape else h5py.VirtualSource(source, "data", shape=(1,))
+            parent.create_virtual_dataset(leaf, layout, fillvalue=0)
+            return f"{target} -> virtual dataset from {source}", True
+        if kind == "hard-cycle":
+            g = draw(_st().sampled_from(groups), label="group") if groups else None
+            if g is None:
+                raise _Skip
+            f[g]["loop"] = f[g]
+            return f"{g}/loop -> {g} (hard)", False
+        if kind == "alias":
+            others = [n for n in names if n != target]
+            if not others:
+                raise _Skip
+            other = draw(_st().sampled_from(others), label="other")
+            del f[target]
+            parent[leaf] = f[other]
+            return f"{target} -> hard link to {other}", False
+        if kind in ("layer-names", "weight-names"):
+            holders = [g for g in ["", "model_weights"] if (f[g] if g else f).attrs.get("layer_names") is not None]
+            if not holders:
+                raise _Skip
+            holder = f[holders[0]] if holders[0] else f
+            names_attr = list(holder.attrs["layer_names"])
+            if kind == "layer-names":
+                how = draw(_st().sampled_from(["dup", "many-dup", "missing", "drop", "reorder"]), label="how")
+                if how == "dup":
+                    names_attr.append(names_attr[0])
+                elif how == "many-dup":
+                    names_attr = names_attr * (20000 // max(1, len(names_attr)))
+                elif how == "missing":
+                    names_attr.append(b"no_such_layer")
+                elif how == "drop":
+                    names_attr = names_attr[1:]
+                else:
+                    names_attr = names_attr[::-1]
+                holder.attrs["layer_names"] = np.array(names_attr, dtype="S")
+                return f"layer_names {how}", False
+            layer = draw(_st().sampled_from(names_attr), label="layer").decode()
+            group = holder[layer]
+            w = list(group.attrs.get("weight_names", []))
+            how = draw(_st().sampled_from(["dup", "missing", "drop", "absolute", "dotdot"]), label="how")
+            if how == "dup" and w:
+                w.append(w[0])
+            elif how == "missing":
+                w.append(b"nowhere:0")
+            elif how == "drop" and w:
+                w = w[1:]
+            elif how == "absolute":
+                w.append(b"/" + target.encode())
+            else:
+                w.append(b"../" + layer.encode())
+            group.attrs["weight_names"] = np.array(w, dtype="S")
+            return f"{layer} weight_names {how}", False
+        if kind == "delete":
+            del f[target]
+            return f"{target} deleted", False
+        # attr-type: a text attribute of the wrong type
+        holders = [o for o in (f, f.get("model_weights")) if o is not None]
+        for h in holders:
+            for a in ("layer_names", "keras_version", "model_config"):
+                if a in h.attrs:
+                    h.attrs[a] = draw(_st().sampled_from([np.arange(3.0), np.int64(5), np.zeros((2, 2), "S3")]), label="v")
+                    return f"{a} attribute retyped", False
+        raise _Skip
+
+    return _h5_edit(data, draw, edit, ctx)
+
+
+def m_pt(data: bytes, draw, ctx):
+    """Edits of a converted .pt's contents (torch.save of plain data)."""
+    import torch
+
+    if data[:2] != b"PK":
+        return m_flip(data, draw, ctx)
+    obj = torch.load(io.BytesIO(data), weights_only=True)
+    kind = draw(_st().sampled_from(["expand", "shape", "config", "drop-key", "state-key", "dtype", "type"]), label="kind")
+    sd = obj["state_dict"]
+    key = draw(_st().sampled_from(sorted(sd)), label="key")
+    if kind == "expand":
+        obj["state_dict"][key] = torch.zeros(1).expand(1 << 16, 1 << 16)
+        desc = f"{key} a zero-stride 16 GiB view"
+    elif kind == "shape":
+        obj["state_dict"][key] = torch.zeros(tuple(d + 1 for d in sd[key].shape) or (3,))
+        desc = f"{key} reshaped"
+    elif kind == "config":
+        text, desc = m_json_value(obj["keras_config"], draw)
+        obj["keras_config"] = text
+    elif kind == "drop-key":
+        k = draw(_st().sampled_from(sorted(obj)), label="k")
+        del obj[k]
+        desc = f"{k} dropped"
+    elif kind == "state-key":
+        obj["state_dict"]["extra.weight"] = torch.zeros(2)
+        desc = "extra state_dict key"
+    elif kind == "dtype":
+        obj["state_dict"][key] = sd[key].to(torch.int64)
+        desc = f"{key} as int64"
+    else:
+        k = draw(_st().sampled_from(sorted(obj)), label="k")
+        obj[k] = draw(_st().sampled_from([5, None, [1, 2], "x", {"a": 1}]), label="v")
+        desc = f"{k} retyped"
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue(), desc, False
+
+
+# ------------------------------------------------------------------------------------------------
+# the worker: loads one mutant at a time and says what happened
+# ------------------------------------------------------------------------------------------------
+def _vm(pid="self", field="VmHWM") -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _reset_peak(pid="self") -> None:
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _worker() -> None:
+    import torch
+
+    from cudnn_rnn.keras import ConversionError, isolation, load_converted, load_keras
+
+    torch.set_num_threads(1)
+    out = sys.stdout
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        job = json.loads(line)
+        helper = isolation._HELPER.pid if isolation._HELPER is not None and isolation._HELPER.pid else None
+        _reset_peak()
+        base = _vm(field="VmRSS")
+        helper_base = 0
+        if helper:
+            _reset_peak(helper)
+            helper_base = _vm(helper, "VmRSS")
+        result = {"outcome": "clean", "detail": ""}
+        try:
+            arch = job["arch"]
+            if arch and arch.endswith(".json"):
+                with open(arch) as f:
+                    arch = f.read()
+            model = load_converted(job["path"]) if job["loader"] == "converted" else load_keras(job["path"], architecture=arch)
+        except ConversionError as e:
+            result = {"outcome": "refused", "detail": str(e)[:300]}
+            if len(str(e)) > 2000:
+                result = {"outcome": "escape", "detail": f"a {len(str(e))}-character message: {str(e)[:200]}"}
+        except BaseException as e:  # noqa: BLE001
+            result = {"outcome": "escape", "detail": f"{type(e).__name__}: {str(e)[:300]}"}
+        else:
+            try:
+                with torch.no_grad():
+                    model(*model.example_inputs())
+                    if job["npz"]:
+                        stored = np.load(job["npz"])
+                        inputs = [torch.as_tensor(stored[f"input_{i}"]) for i in range(len(model.input_specs))
+                                  if f"input_{i}" in stored.files]
+                        if len(inputs) == len(model.input_specs) and all(
+                                len(x.shape) == len(s) and all(d is None or d == n for d, n in zip(s[1:], x.shape[1:]))
+                                for x, (_, s) in zip(inputs, model.input_specs)):
+                            model(*inputs)
+            except BaseException as e:  # noqa: BLE001
+                result = {"outcome": "first-call", "detail": f"{type(e).__name__}: {str(e)[:300]}"}
+            else:
+                if job["must_refuse"]:
+                    result = {"outcome": "outside", "detail": "loaded although it points outside the file"}
+                elif _has_canary(model):
+                    result = {"outcome": "outside", "detail": "the canary file's bytes are in the weights"}
+        grew = _vm() - base
+        if isolation._HELPER is not None and isolation._HELPER.pid:
+            if isolation._HELPER.pid == helper:
+                grew = max(grew, _vm(helper) - helper_base)
+        result["grew_mb"] = grew >> 20
+        if grew > MEMORY_LIMIT and result["outcome"] in ("clean", "refused"):
+            result = {"outcome": "memory", "detail": f"grew by {grew >> 20} MiB ({result['detail'][:200]})",
+                      "grew_mb": grew >> 20}
+        out.write(json.dumps(result) + "\n")
+        out.flush()
+
+
+def _has_canary(model) -> bool:
+    marks = np.frombuffer(CANARY[:16], np.float32)
+    for p in list(model.parameters()) + list(model.buffers()):
+        a = p.detach().float().reshape(-1).numpy()
+        if a.size and np.isin(marks, a).sum() >= 3:
+            return True
+    return False
+
+
+class Worker:
+    def __init__(self):
+        env = dict(os.environ, CUDNN_RNN_PARSE_TIMEOUT=PARSE_TIMEOUT_S, KERAS_BACKEND="torch",
+                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fuzz_checkpoints", "--worker"], cwd=ROOT, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def run(self, job: dict, timeout: float) -> dict:
+        import selectors
+
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        ready = sel.select(timeout)
+        sel.close()
+        if not ready:
+            self.close()
+            return {"outcome": "hang", "detail": f"no answer in {timeout:.0f} s"}
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            return {"outcome": "crash", "detail": f"worker exited with {code}"}
+        return json.loads(line)
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+# ------------------------------------------------------------------------------------------------
+# the driver
+# ------------------------------------------------------------------------------------------------
+MUTATIONS = {
+    "bytes": BYTE_MUTATIONS,
+    "zip-header": [m_zip_header],
+    "zip-member": [m_zip_member],
+    "config": [m_config],
+    "h5": [m_h5],
+    "pt": [m_pt],
+}
+FAILURES = ("escape", "first-call", "outside", "memory", "hang", "crash")
+
+
+def prepare(workdir: str) -> Dict[str, dict]:
+    """The seed files (copied, plus a converted .pt and the canary) in workdir."""
+    import h5py
+
+    bases = {}
+    canary = os.path.join(workdir, "canary.bin")
+    with open(canary, "wb") as f:
+        f.write(CANARY * 64)
+    canary_h5 = os.path.join(workdir, "canary.h5")
+    with h5py.File(canary_h5, "w") as f:
+        f["data"] = np.frombuffer(CANARY * 64, np.float32).reshape(-1)[:4096]
+    for name, file, arch, npz, loader in BASES:
+        path = os.path.join(workdir, file)
+        if loader == "converted":
+            from cudnn_rnn.keras import load_keras, save_converted
+
+            save_converted(load_keras(os.path.join(DATA, file.replace(".pt", ".keras"))), path)
+        else:
+            shutil.copy(os.path.join(DATA, file), path)
+        bases[name] = {"path": path, "arch": os.path.join(DATA, arch) if arch else None,
+                       "npz": os.path.join(DATA, npz) if npz else None, "loader": loader}
+    return {"bases": bases, "canary": canary, "canary_h5": canary_h5}
+
+
+def mutant(ctx: dict, draw) -> Tuple[dict, bytes, str, bool]:
+    from hypothesis import strategies as st
+
+    name = draw(st.sampled_from(sorted(ctx["bases"])), label="base")
+    base = ctx["bases"][name]
+    with open(base["path"], "rb") as f:
+        data = f.read()
+    kinds = ["bytes", "bytes", "config", "h5"]
+    if data[:2] == b"PK":
+        kinds += ["zip-header", "zip-member"]
+    if base["loader"] == "converted":
+        kinds = ["bytes", "bytes", "zip-header", "zip-member", "pt", "pt"]
+    kind = draw(st.sampled_from(kinds), label="kind")
+    fn = draw(st.sampled_from(MUTATIONS[kind]), label="mutation")
+    try:
+        new, desc, must_refuse = fn(data, draw, ctx)
+    except Exception:  # noqa: BLE001 - a mutation that does not apply to this file (h5py refuses the edit)
+        new, desc, must_refuse = m_flip(data, draw, ctx)
+    if draw(st.integers(0, 9), label="twice") == 0:  # sometimes a second, byte-level mutation on top
+        new, more, _ = m_flip(new, draw, ctx)
+        desc += f"; {more}"
+    return base, new, f"{name}: {fn.__name__}: {desc}", must_refuse
+
+
+def fuzz(seconds: float, seed: int, max_examples: Optional[int] = None, save: Optional[str] = None,
+         log=print) -> Tuple[Dict[str, int], List[str]]:
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+    from hypothesis import strategies as st
+
+    counts: Dict[str, int] = {}
+    failures: List[str] = []
+    workdir = tempfile.mkdtemp(prefix="fuzz-ckpt-")
+    ctx = prepare(workdir)
+    worker = [Worker()]
+    deadline = time.monotonic() + seconds
+    done = [0]
+
+    def one(data):
+        if time.monotonic() > deadline or (max_examples is not None and done[0] >= max_examples):
+            return
+        base, new, desc, must_refuse = mutant(ctx, data.draw)
+        ext = os.path.splitext(base["path"])[1]
+        path = os.path.join(workdir, f"mutant{ext}")
+        with open(path, "wb") as f:
+            f.write(new)
+        job = dict(base, path=path, must_refuse=must_refuse)
+        result = worker[0].run(job, MUTANT_TIMEOUT_S)
+        if result["outcome"] in ("hang", "crash"):
+            worker[0] = Worker()
+        done[0] += 1
+        outcome = result["outcome"]
+        counts[outcome] = counts.get(outcome, 0) + 1
+        if outcome in FAILURES:
+            failures.append(f"{outcome}: {desc}: {result['detail']}")
+            log(f"FAIL {failures[-1]}")
+            if save:
+                os.makedirs(save, exist_ok=True)
+                keep = os.path.join(save, f"{len(failures):04d}-{outcome}{ext}")
+                shutil.copy(path, keep)
+                with open(keep + ".txt", "w") as f:
+                    f.write(f"{failures[-1]}\narchitecture: {base['arch']}\n")
+
+    chunk = 0
+    try:
+        while time.monotonic() < deadline and (max_examples is None or done[0] < max_examples):
+            runner = settings(max_examples=200, deadline=None, database=None, phases=[Phase.generate],
+                              suppress_health_check=list(HealthCheck))(hseed(seed * 100_003 + chunk)(given(st.data())(one)))
+            runner()
+            chunk += 1
+            log(f"[{done[0]} mutants] " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    finally:
+        worker[0].close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return counts, failures
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--long", action="store_true", help="30 minutes")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save", help="a directory to keep the failing mutants in")
+    args = parser.parse_args(argv)
+    if args.worker:
+        _worker()
+        return 0
+    minutes = 30.0 if args.long else args.minutes
+    start = time.monotonic()
+    counts, failures = fuzz(minutes * 60, args.seed, save=args.save, log=lambda s: print(s, flush=True))
+    total = sum(counts.values())
+    print(f"{total} mutants in {(time.monotonic() - start) / 60:.1f} min (seed {args.seed}): "
+          + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    for f in failures[:50]:
+        print(f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
