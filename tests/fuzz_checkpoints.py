@@ -75,6 +75,11 @@ def _int(draw, lo, hi, label):
     return draw(_st().integers(lo, hi), label=label)
 
 
+def _pos(ctx, n: int) -> int:
+    """A position in a file of n bytes, uniform (hypothesis's integers favour the small ones)."""
+    return ctx["rng"].randrange(max(n, 1))
+
+
 def _nonempty(fn):
     def mutate(data: bytes, draw, ctx):
         return fn(data, draw, ctx) if data else (b"\xff", "an empty file given one byte", False)
@@ -88,7 +93,7 @@ def m_flip(data: bytes, draw, ctx):
     out = bytearray(data)
     n = _int(draw, 1, 16, "flips")
     for _ in range(n):
-        i = _int(draw, 0, len(out) - 1, "at")
+        i = _pos(ctx, len(out))
         out[i] ^= 1 << _int(draw, 0, 7, "bit")
     return bytes(out), f"{n} bit flips", False
 
@@ -96,7 +101,7 @@ def m_flip(data: bytes, draw, ctx):
 @_nonempty
 def m_bytes(data: bytes, draw, ctx):
     out = bytearray(data)
-    i = _int(draw, 0, len(out) - 1, "at")
+    i = _pos(ctx, len(out))
     n = _int(draw, 1, 8, "n")
     out[i:i + n] = bytes(draw(_st().sampled_from([0x00, 0xFF, 0x7F, 0x80]), label="v") for _ in range(n))
     return bytes(out), f"{n} bytes set at {i}", False
@@ -104,20 +109,20 @@ def m_bytes(data: bytes, draw, ctx):
 
 @_nonempty
 def m_truncate(data: bytes, draw, ctx):
-    k = _int(draw, 0, len(data) - 1, "keep")
+    k = _pos(ctx, len(data))
     return data[:k], f"truncated to {k}", False
 
 
 @_nonempty
 def m_zero(data: bytes, draw, ctx):
-    i = _int(draw, 0, len(data) - 1, "at")
+    i = _pos(ctx, len(data))
     n = _int(draw, 1, 4096, "n")
     return data[:i] + b"\0" * min(n, len(data) - i) + data[i + n:], f"zeroed {n} at {i}", False
 
 
 @_nonempty
 def m_splice(data: bytes, draw, ctx):
-    i = _int(draw, 0, len(data) - 1, "at")
+    i = _pos(ctx, len(data))
     n = _int(draw, 1, 2048, "n")
     if draw(_st().booleans(), label="delete"):
         return data[:i] + data[i + n:], f"deleted {n} at {i}", False
@@ -686,6 +691,7 @@ def prepare(workdir: str) -> Dict[str, dict]:
 def mutant(ctx: dict, draw) -> Tuple[dict, bytes, str, bool]:
     from hypothesis import strategies as st
 
+    ctx = dict(ctx, rng=draw(st.randoms(use_true_random=False), label="rng"))
     name = draw(st.sampled_from(sorted(ctx["bases"])), label="base")
     base = ctx["bases"][name]
     with open(base["path"], "rb") as f:
@@ -708,9 +714,10 @@ def mutant(ctx: dict, draw) -> Tuple[dict, bytes, str, bool]:
 
 
 def fuzz(seconds: float, seed: int, max_examples: Optional[int] = None, save: Optional[str] = None,
-         log=print) -> Tuple[Dict[str, int], List[str]]:
+         log=print, reasons: Optional[Dict[str, int]] = None) -> Tuple[Dict[str, int], List[str]]:
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
+    from hypothesis.errors import HypothesisException
     from hypothesis import strategies as st
 
     counts: Dict[str, int] = {}
@@ -722,8 +729,6 @@ def fuzz(seconds: float, seed: int, max_examples: Optional[int] = None, save: Op
     done = [0]
 
     def one(data):
-        if time.monotonic() > deadline or (max_examples is not None and done[0] >= max_examples):
-            return
         base, new, desc, must_refuse = mutant(ctx, data.draw)
         ext = os.path.splitext(base["path"])[1]
         path = os.path.join(workdir, f"mutant{ext}")
@@ -736,6 +741,9 @@ def fuzz(seconds: float, seed: int, max_examples: Optional[int] = None, save: Op
         done[0] += 1
         outcome = result["outcome"]
         counts[outcome] = counts.get(outcome, 0) + 1
+        if outcome == "refused" and reasons is not None:
+            reason = result["detail"].split(": ", 1)[-1][:70]
+            reasons[reason] = reasons.get(reason, 0) + 1
         if outcome in FAILURES:
             failures.append(f"{outcome}: {desc}: {result['detail']}")
             log(f"FAIL {failures[-1]}")
@@ -749,9 +757,13 @@ def fuzz(seconds: float, seed: int, max_examples: Optional[int] = None, save: Op
     chunk = 0
     try:
         while time.monotonic() < deadline and (max_examples is None or done[0] < max_examples):
-            runner = settings(max_examples=200, deadline=None, database=None, phases=[Phase.generate],
+            n = 50 if max_examples is None else max(1, min(50, max_examples - done[0]))
+            runner = settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate],
                               suppress_health_check=list(HealthCheck))(hseed(seed * 100_003 + chunk)(given(st.data())(one)))
-            runner()
+            try:
+                runner()
+            except HypothesisException as e:  # the generator's own bookkeeping, not a finding
+                log(f"hypothesis: {type(e).__name__}")
             chunk += 1
             log(f"[{done[0]} mutants] " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     finally:
@@ -767,13 +779,18 @@ def main(argv=None) -> int:
     parser.add_argument("--long", action="store_true", help="30 minutes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", help="a directory to keep the failing mutants in")
+    parser.add_argument("--reasons", action="store_true", help="print the most common refusal messages")
     args = parser.parse_args(argv)
     if args.worker:
         _worker()
         return 0
     minutes = 30.0 if args.long else args.minutes
     start = time.monotonic()
-    counts, failures = fuzz(minutes * 60, args.seed, save=args.save, log=lambda s: print(s, flush=True))
+    reasons: Dict[str, int] = {}
+    counts, failures = fuzz(minutes * 60, args.seed, save=args.save, log=lambda s: print(s, flush=True), reasons=reasons)
+    if args.reasons:
+        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:80]:
+            print(f"{n:6d}  {reason}")
     total = sum(counts.values())
     print(f"{total} mutants in {(time.monotonic() - start) / 60:.1f} min (seed {args.seed}): "
           + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))

@@ -58,7 +58,7 @@ def load_json(path, text: str, what: str):
         raise ConversionError(path, f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as e:  # JSONDecodeError, and integers beyond Python's digit limit
         raise ConversionError(path, f"{what} is not valid JSON: {str(e)[:200]}") from None
-    stack = [(value, 1)]
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
     while stack:
         node, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:

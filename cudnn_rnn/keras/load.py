@@ -15,6 +15,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 import torch
 
+from .. import layers as rnn_layers
 from .builders import BUILDERS, BuildContext, build_op
 from .containers import load_json, open_keras_file
 from .errors import ConversionError
@@ -98,10 +99,11 @@ MAX_CHECK_VALUES = 1 << 26   # per sample: a declared input larger than this is 
 
 def check_runs(model: KerasModel, path) -> KerasModel:
     """Runs the model once on inputs of its declared shapes; a model that cannot is refused.
+    An input without a declared shape gets the one its first layer implies.
     Free time dimensions get 8 steps, then 128 and 1024 (convolutions and pooling need a
     minimum length) before the model is declared broken."""
-    if any(len(shape) < 2 for _, shape in model.input_specs):
-        return model  # no declared input shape to try (an unbuilt Sequential): nothing to run
+    model.input_specs = [declared if len(declared[1]) >= 2 else _implied_input(model, ref, declared, path)
+                         for ref, declared in zip(model.spec.inputs, model.input_specs)]
     error = None
     for time in (8, 128, 1024):
         sizes = [int(np.prod([time if d is None else d for d in shape[1:]], dtype=np.int64))
@@ -116,6 +118,10 @@ def check_runs(model: KerasModel, path) -> KerasModel:
             return model
         except Exception as e:  # noqa: BLE001 - any failure means the config and weights disagree
             error = error or e
+        finally:  # the trial run leaves nothing behind in stateful layers
+            for module in model.modules():
+                if isinstance(module, rnn_layers._RNNBase):
+                    module.reset_states()
             if not any(d is None for _, shape in model.input_specs for d in shape[1:]):
                 break
     shapes = [tuple(shape) for _, shape in model.input_specs]
@@ -148,6 +154,33 @@ def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, whe
             raise ConversionError(path, f"{layer.class_name} config cannot be converted ({type(e).__name__}: "
                                         f"{str(e)[:300]})", layer.name) from None
     return KerasModel(spec, modules, path, [_input_spec(spec, ref, path) for ref in spec.inputs])
+
+
+def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:
+    """The input shape a config leaves out (a Sequential built by fit), from the first layer that
+    reads the input: its weights say how wide the input is."""
+    from .builders import ActivationLayer, Conv1D, Dense, Dropout, Embedding, Identity, Masking, Recurrent
+
+    source = (ref.layer, ref.call)
+    for _ in range(8):  # through layers that keep the shape (Masking, Dropout, Activation)
+        reader = next((item for item in model.schedule if any((r[0], r[1]) == source for r in item[3])), None)
+        if reader is None:
+            break
+        module = model.layers[reader[1]]
+        if isinstance(module, Recurrent):
+            layer = module.layer.forward_layer if hasattr(module.layer, "forward_layer") else module.layer
+            return (declared[0], (None, None, layer.input_size))
+        if isinstance(module, Embedding):
+            return ("int32", (None, None))
+        if isinstance(module, Dense):
+            return (declared[0], (None, module.kernel.shape[0]))
+        if isinstance(module, Conv1D):
+            return (declared[0], (None, None, module.weight.shape[1] * module.groups))
+        if not isinstance(module, (Masking, Dropout, ActivationLayer, Identity)):
+            break
+        source = (reader[0], reader[2])
+    raise ConversionError(path, f"input {ref.layer} has no declared shape, and its first layer does not imply one",
+                          ref.layer)
 
 
 def _input_spec(spec: ModelSpec, ref, path) -> tuple:
