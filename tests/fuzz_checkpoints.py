@@ -727,6 +727,7 @@ def fuzz(seconds: float, seed: int, max_examples: Optional[int] = None, save: Op
     worker = [Worker()]
     deadline = time.monotonic() + seconds
     done = [0]
+    peak = [0]
 
     def one(data):
         base, new, desc, must_refuse = mutant(ctx, data.draw)
@@ -741,6 +742,7 @@ def fuzz(seconds: float, seed: int, max_examples: Optional[int] = None, save: Op
         done[0] += 1
         outcome = result["outcome"]
         counts[outcome] = counts.get(outcome, 0) + 1
+        peak[0] = max(peak[0], result.get("grew_mb", 0))
         if outcome == "refused" and reasons is not None:
             reason = result["detail"].split(": ", 1)[-1][:70]
             reasons[reason] = reasons.get(reason, 0) + 1
@@ -765,7 +767,8 @@ def fuzz(seconds: float, seed: int, max_examples: Optional[int] = None, save: Op
             except HypothesisException as e:  # the generator's own bookkeeping, not a finding
                 log(f"hypothesis: {type(e).__name__}")
             chunk += 1
-            log(f"[{done[0]} mutants] " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+            log(f"[{done[0]} mutants] " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+                + f"; largest memory growth {peak[0]} MiB")
     finally:
         worker[0].close()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -206,3 +206,236 @@ def test_tf_keras_2_13_weights_tree_is_found(tmp_path):
     with torch.no_grad():
         out = load_keras(p)(torch.as_tensor(expected["input_0"]))
     np.testing.assert_allclose(out.numpy(), expected["output_0"], atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# hostile files: each class the parser boundary closes (keras/untrusted.py, keras/isolation.py)
+# ------------------------------------------------------------------------------------------------
+def _keras_with_weights(tmp_path, edit, name="h.keras"):
+    p = tmp_path / name
+    data = _weights_h5_bytes(edit)
+    _rewrite_zip(KERAS, p, lambda n, d: data if n == "model.weights.h5" else d)
+    return p
+
+
+def _canary(tmp_path):
+    canary = tmp_path / "secret.bin"
+    canary.write_bytes(np.full(4096, 31337.0, np.float32).tobytes())
+    return canary
+
+
+def test_external_raw_storage_is_refused(tmp_path):
+    canary = _canary(tmp_path)
+
+    def edit(f):
+        shape = f["layers/lstm/cell/vars/2"].shape
+        del f["layers/lstm/cell/vars/2"]
+        f["layers/lstm/cell/vars"].create_dataset("2", shape=shape, dtype="f4", external=[(str(canary), 0, 4 * shape[0])])
+
+    with pytest.raises(ConversionError, match="keeps its data in external files"):
+        load_keras(_keras_with_weights(tmp_path, edit))
+
+
+def test_external_link_is_refused(tmp_path):
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["x"] = np.zeros(24, np.float32)
+
+    def edit(f):
+        del f["layers/lstm/cell/vars/2"]
+        f["layers/lstm/cell/vars"]["2"] = h5py.ExternalLink(str(other), "/x")
+
+    with pytest.raises(ConversionError, match="external link to another file"):
+        load_keras(_keras_with_weights(tmp_path, edit))
+
+
+@pytest.mark.parametrize("source", ["present", "missing"])
+def test_virtual_dataset_is_refused(tmp_path, source):
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["x"] = np.full(24, 31337.0, np.float32)
+
+    def edit(f):
+        del f["layers/lstm/cell/vars/2"]
+        layout = h5py.VirtualLayout(shape=(24,), dtype="f4")
+        layout[...] = h5py.VirtualSource(str(other) if source == "present" else "/nonexistent.h5", "x", shape=(24,))
+        f["layers/lstm/cell/vars"].create_virtual_dataset("2", layout, fillvalue=0)
+
+    with pytest.raises(ConversionError, match="virtual dataset"):
+        load_keras(_keras_with_weights(tmp_path, edit))
+
+
+@pytest.mark.parametrize("target", ["/layers/lstm", "/nowhere"])
+def test_soft_links_are_refused(tmp_path, target):
+    def edit(f):
+        f["layers/lstm/cell/vars"]["loop"] = h5py.SoftLink(target)
+
+    with pytest.raises(ConversionError, match="is a soft link"):
+        load_keras(_keras_with_weights(tmp_path, edit))
+
+
+def test_hard_link_cycle_is_refused(tmp_path):
+    def edit(f):
+        f["layers/lstm/cell"]["loop"] = f["layers/lstm"]
+
+    with pytest.raises(ConversionError, match="already reached by another link"):
+        load_keras(_keras_with_weights(tmp_path, edit))
+
+
+def test_declared_but_unwritten_legacy_dataset(tmp_path):
+    """(65536, 32768) floats declared in a small file: refused before anything is allocated."""
+    p = tmp_path / "big.h5"
+    shutil.copy(LEGACY, p)
+    with h5py.File(p, "r+") as f:
+        group = f["model_weights"]
+        text = lambda n: n.decode() if isinstance(n, bytes) else str(n)  # noqa: E731
+        layer = [text(n) for n in group.attrs["layer_names"] if len(group[text(n)].attrs["weight_names"])][0]
+        first = text(group[layer].attrs["weight_names"][0])
+        del group[layer][first]
+        group[layer].create_dataset(first, shape=(65536, 32768), dtype="f4")
+    with pytest.raises(ConversionError, match=r"declares \(65536, 32768\)"):
+        load_keras(p)
+
+
+def _patch_header(data: bytes, field_offset: int, fmt: str, value) -> bytes:
+    import struct
+
+    out = bytearray(data)
+    for sig, shift in ((b"PK\x03\x04", 0), (b"PK\x01\x02", 2)):
+        at = out.find(sig)
+        while at >= 0:
+            struct.pack_into(fmt, out, at + field_offset + shift, value)
+            at = out.find(sig, at + 4)
+    return bytes(out)
+
+
+def test_zip_header_that_understates_the_size(tmp_path):
+    """A deflated member of 256 MiB whose headers say 4 KiB: reading stops at the limit."""
+    p = tmp_path / "lie.keras"
+    with zipfile.ZipFile(KERAS) as zin, zipfile.ZipFile(p, "w", compression=zipfile.ZIP_DEFLATED) as zout:
+        for item in zin.infolist():
+            zout.writestr(item.filename, b"\0" * (256 << 20) if item.filename == "model.weights.h5" else zin.read(item))
+    p.write_bytes(_patch_header(p.read_bytes(), 22, "<I", 4096))
+    with pytest.raises(ConversionError, match="decompresses beyond|cannot be read"):
+        load_keras(p)
+
+
+@pytest.mark.parametrize("field,value,message", [(6, 0x1, "is encrypted"), (8, 99, "compression method 99")])
+def test_zip_flags_and_methods(tmp_path, field, value, message):
+    p = tmp_path / "z.keras"
+    p.write_bytes(_patch_header(open(KERAS, "rb").read(), field, "<H", value))
+    with pytest.raises(ConversionError, match=message):
+        load_keras(p)
+
+
+def _keras_with_config(tmp_path, edit_text):
+    p = tmp_path / "c.keras"
+    _rewrite_zip(KERAS, p, lambda n, d: edit_text(d.decode()).encode("utf-8", "surrogatepass") if n == "config.json" else d)
+    return p
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: '{"a": ' * 5000 + "1" + "}" * 5000, "nests deeper"),
+    (lambda t: t.replace('"lstm"', '"\\ud800"', 1), "lone surrogate"),
+    (lambda t: t.replace('"units": 6', '"units": 1' + "0" * 5000, 1), "not valid JSON"),
+    (lambda t: t.replace('"units": 6', '"units": 1e999', 1), r"units='inf'"),
+    (lambda t: t.replace('"units": 6', '"units": "6"', 1), r"units='6'"),
+    (lambda t: t.replace('"class_name": "LSTM"', '"class_name": 5', 1), "malformed layer entry"),
+    (lambda t: t.replace('"return_sequences": false', '"return_sequences": [1]', 1), "return_sequences"),
+])
+def test_config_values_of_the_wrong_type_or_range(tmp_path, edit, message):
+    p = _keras_with_config(tmp_path, edit)
+    assert p.read_bytes() != open(KERAS, "rb").read()
+    with pytest.raises(ConversionError, match=message):
+        load_keras(p)
+
+
+def test_dense_bias_of_the_wrong_shape(tmp_path):
+    def edit(f):
+        dense = [k for k in f["layers"] if k.startswith("dense")][0]
+        del f[f"layers/{dense}/vars/1"]
+        f[f"layers/{dense}/vars"].create_dataset("1", data=np.float32(0.5))
+
+    with pytest.raises(ConversionError, match=r"Dense weights have shapes .*\(\)"):
+        load_keras(_keras_with_weights(tmp_path, edit))
+
+
+def test_duplicated_layer_names_are_refused_quickly_and_briefly(tmp_path):
+    import time
+
+    p = tmp_path / "dup.h5"
+    shutil.copy(LEGACY, p)
+    with h5py.File(p, "r+") as f:
+        names = list(f["model_weights"].attrs["layer_names"])
+        dup = np.array(names * (20000 // len(names)), dtype="S")
+        del f["model_weights"].attrs["layer_names"]
+        for i, chunk in enumerate(np.array_split(dup, 20)):  # Keras's chunked form for long lists
+            f["model_weights"].attrs[f"layer_names{i}"] = chunk
+    start = time.perf_counter()
+    with pytest.raises(ConversionError, match="more than once") as info:
+        load_keras(p)
+    assert time.perf_counter() - start < 5.0
+    assert len(str(info.value)) < 500
+
+
+def test_corrupted_global_heap_does_not_hang(tmp_path):
+    """Zeroed bytes in the global heap that holds model_config: libhdf5 loops forever on them."""
+    data = bytearray(open(LEGACY, "rb").read())
+    at = data.find(b"GCOL")
+    data[at + 16:at + 80] = b"\0" * 64
+    p = tmp_path / "loop.h5"
+    p.write_bytes(bytes(data))
+    with pytest.raises(ConversionError, match="global heap collection .* corrupted"):
+        load_keras(p)
+
+
+def test_parser_time_limit(tmp_path, monkeypatch):
+    """Whatever else loops inside the parser is stopped by the helper's time limit."""
+    from cudnn_rnn.keras import isolation, untrusted
+
+    monkeypatch.setenv("CUDNN_RNN_PARSE_TIMEOUT", "1")
+    isolation.shutdown()
+    monkeypatch.setattr(untrusted, "_parse_zip", lambda *a: time_sleep(60))
+    try:
+        with pytest.raises(ConversionError, match="did not finish within 1 s"):
+            load_keras(KERAS)
+    finally:
+        isolation.shutdown()
+
+
+def time_sleep(seconds):
+    import time
+
+    time.sleep(seconds)
+
+
+def test_parser_crash_is_contained(tmp_path, monkeypatch):
+    """A crash inside libhdf5 kills the helper, not the caller."""
+    import signal
+
+    from cudnn_rnn.keras import isolation, untrusted
+
+    isolation.shutdown()
+    monkeypatch.setattr(untrusted, "_parse_zip", lambda *a: os.kill(os.getpid(), signal.SIGSEGV))
+    try:
+        with pytest.raises(ConversionError, match=r"parser process died \(signal 11\)"):
+            load_keras(KERAS)
+    finally:
+        isolation.shutdown()
+    monkeypatch.undo()
+    assert load_keras(KERAS) is not None  # a new helper serves the next load
+
+
+def test_converted_file_with_an_expanded_tensor(tmp_path):
+    import torch
+
+    from cudnn_rnn.keras import load_converted, save_converted
+
+    p = tmp_path / "m.pt"
+    save_converted(load_keras(KERAS), p)
+    data = torch.load(p, weights_only=True)
+    key = sorted(data["state_dict"])[0]
+    data["state_dict"][key] = torch.zeros(1).expand(1 << 16, 1 << 16)  # 16 GiB if materialised
+    torch.save(data, p)
+    with pytest.raises(ConversionError, match="repeats or overruns its storage"):
+        load_converted(p)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import posixpath
+import struct
 import zipfile
 from collections import Counter
 from typing import Dict, List, Optional, Tuple
@@ -156,7 +157,7 @@ def _parse_zip(fobj, size: int, config_only: bool) -> Tuple[dict, bytearray]:
         data = _read_member(archive, size, "model.weights.h5", MAX_MEMBER_BYTES)
     if not data.startswith(HDF5_MAGIC):
         raise ParseError("model.weights.h5 in the archive is not an HDF5 file")
-    header, blob = _H5(io.BytesIO(data), len(data), "model.weights.h5:").parse(False)
+    header, blob = _H5(io.BytesIO(data), len(data), "model.weights.h5:", raw=data).parse(False)
     header.update(container="zip", config=config, metadata=metadata, layout="keras3")
     return header, blob
 
@@ -171,14 +172,51 @@ def _text(data: bytes, what: str) -> str:
 # ------------------------------------------------------------------------------------------------
 # HDF5
 # ------------------------------------------------------------------------------------------------
+def _check_global_heaps(fobj, size: int, prefix: str, raw: Optional[bytes]) -> None:
+    """Refuses global heap collections (where variable-length strings such as model_config
+    live) that libhdf5 would walk forever: a free-space object of size 0 before the end makes
+    H5HG's deserializer stop advancing. The helper's time limit catches such loops anyway; this
+    check names the cause at once, and also protects in-process parsing."""
+    import mmap
+
+    if raw is not None:
+        data, close = raw, None
+    else:
+        if size == 0:
+            return
+        close = data = mmap.mmap(fobj.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        at = data.find(b"GCOL")
+        while at >= 0:
+            if data[at + 4:at + 5] == b"\x01":
+                (total,) = struct.unpack_from("<Q", data, at + 8) if at + 16 <= size else (0,)
+                end = at + total
+                if 16 < total and end <= size:
+                    p, steps = at + 16, 0
+                    while p + 16 <= end and steps < 1 << 20:
+                        idx, _, _, length = struct.unpack_from("<HHIQ", data, p)
+                        if idx == 0 and length == 0:
+                            raise ParseError(f"{prefix}the global heap collection at byte {at} is corrupted (an "
+                                             "empty free-space object, on which libhdf5 loops forever)")
+                        need = length if idx == 0 else 16 + ((length + 7) & ~7)
+                        if need <= 0 or need > end - p:
+                            break
+                        p, steps = p + need, steps + 1
+            at = data.find(b"GCOL", at + 4)
+    finally:
+        if close is not None:
+            close.close()
+
+
 class _H5:
     """One HDF5 file, walked through hard links only, every dataset checked before it is read."""
 
-    def __init__(self, fobj, size: int, prefix: str = ""):
+    def __init__(self, fobj, size: int, prefix: str = "", raw: Optional[bytes] = None):
         import h5py
 
         self.h5py, self.size, self.prefix = h5py, size, prefix
         self.where = "/"
+        _check_global_heaps(fobj, size, prefix, raw)
         try:
             self.file = h5py.File(fobj, "r")
         except Exception as e:  # noqa: BLE001
