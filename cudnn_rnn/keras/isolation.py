@@ -33,7 +33,7 @@ from .untrusted import MAX_CONFIG_BYTES, ParseError, parse
 PARSE_TIMEOUT_S = 5.0
 PARSE_RATE = 10 << 20            # bytes per second of extra time allowed for large files
 MEMORY_BASE = 256 << 20
-BIG_REPLY = 64 << 20             # a helper that sent this much exits, returning its memory
+BIG_REPLY = 64 << 20             # a helper that sent or grew by this much exits, returning its memory
 _FRAME = struct.Struct("<Q")
 
 
@@ -83,8 +83,17 @@ def _limit_memory(size: int) -> None:
         pass
 
 
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
 def _serve(sock: socket.socket) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt stops
+    start_rss = _rss()
     while True:
         try:
             msg, fds, _flags, _addr = socket.recv_fds(sock, 4096, 1)
@@ -103,7 +112,8 @@ def _serve(sock: socket.socket) -> None:
                 header = {"ok": False, "message": e.message, "layer": e.layer}
             except BaseException as e:  # noqa: BLE001 - parse converts everything; this is a bug
                 header = {"ok": False, "message": f"internal parser error ({type(e).__name__}: {e})", "layer": None}
-        header["exiting"] = len(blob) >= BIG_REPLY
+        # a helper that grew (a large file, a refused bomb) exits and gives its memory back
+        header["exiting"] = len(blob) >= BIG_REPLY or _rss() - start_rss >= BIG_REPLY
         _send(sock, header, blob)
         if header["exiting"]:
             return

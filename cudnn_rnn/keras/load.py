@@ -94,7 +94,8 @@ class _boundary:
                                          f"{str(error)[:300]})") from None
 
 
-MAX_CHECK_VALUES = 1 << 26   # per sample: a declared input larger than this is refused
+MAX_CHECK_VALUES = 1 << 24   # per sample: a declared input larger than this is refused
+ONE_SAMPLE_VALUES = 1 << 20  # beyond this the trial run uses a batch of one
 
 
 def check_runs(model: KerasModel, path) -> KerasModel:
@@ -114,7 +115,7 @@ def check_runs(model: KerasModel, path) -> KerasModel:
             break
         try:
             with torch.no_grad():
-                model(*model.example_inputs(batch=2, time=time))
+                model(*model.example_inputs(batch=2 if max(sizes, default=0) <= ONE_SAMPLE_VALUES else 1, time=time))
             return model
         except Exception as e:  # noqa: BLE001 - any failure means the config and weights disagree
             error = error or e
