@@ -685,7 +685,45 @@ def prepare(workdir: str) -> Dict[str, dict]:
             shutil.copy(os.path.join(DATA, file), path)
         bases[name] = {"path": path, "arch": os.path.join(DATA, arch) if arch else None,
                        "npz": os.path.join(DATA, npz) if npz else None, "loader": loader}
+    bases.update(_live_bases(workdir))
     return {"bases": bases, "canary": canary, "canary_h5": canary_h5}
+
+
+def _live_bases(workdir: str) -> Dict[str, dict]:
+    """Four more models written by Keras 3 itself (when it is installed), in each of its formats:
+    a Bidirectional LSTM behind a masking Embedding, GRU(reset_after=False) + SimpleRNN, a
+    two-input functional model, Conv1D / BatchNormalization / LayerNormalization / LSTM."""
+    os.environ.setdefault("KERAS_BACKEND", "torch")
+    try:
+        import keras
+    except ImportError:
+        return {}
+    from keras import layers
+
+    keras.utils.set_random_seed(7)
+    models = {
+        "bilstm": keras.Sequential([keras.Input((7,), dtype="int32"), layers.Embedding(30, 8, mask_zero=True),
+                                    layers.Bidirectional(layers.LSTM(6, return_sequences=True)),
+                                    layers.Bidirectional(layers.LSTM(5)), layers.Dense(3)]),
+        "gru-simple": keras.Sequential([keras.Input((None, 4)), layers.GRU(6, reset_after=False, return_sequences=True),
+                                        layers.SimpleRNN(5), layers.Dense(2, activation="softmax")]),
+        "conv-norm": keras.Sequential([keras.Input((9, 4)), layers.Conv1D(6, 3, padding="causal"),
+                                       layers.BatchNormalization(), layers.LayerNormalization(), layers.LSTM(5),
+                                       layers.Dense(2)]),
+    }
+    a, b = keras.Input((None, 4)), keras.Input((None, 3))
+    x = layers.Concatenate()([layers.LSTM(4, return_sequences=True)(a), layers.GRU(4, return_sequences=True)(b)])
+    models["two-input"] = keras.Model([a, b], [layers.Dense(2)(layers.GlobalAveragePooling1D()(x)), layers.LSTM(3)(x)])
+    bases = {}
+    for name, model in models.items():
+        stem = os.path.join(workdir, f"live-{name}")
+        model.save(stem + ".keras")
+        model.save_weights(stem + ".weights.h5")
+        model.save(stem + ".h5")
+        for fmt, path, arch in (("keras", stem + ".keras", None), ("weights", stem + ".weights.h5", stem + ".keras"),
+                                ("legacy", stem + ".h5", None)):
+            bases[f"live-{name}-{fmt}"] = {"path": path, "arch": arch, "npz": None, "loader": "keras"}
+    return bases
 
 
 def mutant(ctx: dict, draw) -> Tuple[dict, bytes, str, bool]:
