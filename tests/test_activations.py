@@ -28,7 +28,9 @@ def test_activation_matches_keras(name, dtype):
     xk = x.clone().requires_grad_(True)
     yk = fn(xk)
     yk.sum().backward()
-    tol = dict(atol=1e-6, rtol=2e-6) if dtype == torch.float32 else dict(atol=1e-8, rtol=1e-7)  # Keras computes some in float32
+    # Keras computes some in float32; torch's AVX-512 float32 gelu (Keras's) is itself up to 1e-6
+    # from the exact value near x = -3.4 (ours: 4.8e-7), so float32 allows 2e-6
+    tol = dict(atol=2e-6, rtol=2e-6) if dtype == torch.float32 else dict(atol=1e-8, rtol=1e-7)
     torch.testing.assert_close(y, yk.detach(), **tol)
     # derivatives: away from the kinks of the piecewise activations, where both sides pick one side
     kinks = torch.tensor([0.0, -3.0, 3.0, -2.5, 2.5, 6.0])

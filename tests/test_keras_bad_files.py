@@ -439,3 +439,31 @@ def test_converted_file_with_an_expanded_tensor(tmp_path):
     torch.save(data, p)
     with pytest.raises(ConversionError, match="repeats or overruns its storage"):
         load_converted(p)
+
+
+def test_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "pipe.keras"
+    os.mkfifo(fifo)
+    with pytest.raises(ConversionError, match="is not a regular file"):
+        load_keras(fifo)
+
+
+@pytest.mark.parametrize("name", ["k3_functional.keras", "tfk_sequential.h5", "tfk_cudnn.h5"])
+def test_in_process_parsing_gives_the_same_model(name, monkeypatch, tmp_path):
+    """CUDNN_RNN_PARSE_IN_PROCESS=1 (and platforms without fork) parse in the caller: same result,
+    and the same checks (the known libhdf5 loop is named before libhdf5 reaches it)."""
+    import torch
+
+    isolated = load_keras(os.path.join(DATA, name))
+    monkeypatch.setenv("CUDNN_RNN_PARSE_IN_PROCESS", "1")
+    inline = load_keras(os.path.join(DATA, name))
+    assert list(isolated.state_dict()) == list(inline.state_dict())
+    for a, b in zip(isolated.state_dict().values(), inline.state_dict().values()):
+        assert torch.equal(a, b)
+    data = bytearray(open(LEGACY, "rb").read())
+    at = data.find(b"GCOL")
+    data[at + 16:at + 80] = b"\0" * 64
+    p = tmp_path / "loop.h5"
+    p.write_bytes(bytes(data))
+    with pytest.raises(ConversionError, match="global heap collection .* corrupted"):
+        load_keras(p)

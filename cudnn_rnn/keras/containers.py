@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -86,14 +87,22 @@ def check_array(path, name: str, array: np.ndarray, layer: str, expected_shape=N
     return array.astype(np.float32)
 
 
+def open_regular(path: str):
+    """The file opened for reading, if it is a regular file (a FIFO or a device would block or
+    never end)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ConversionError(path, "is not a regular file")
+        return open(path, "rb")
+    except OSError as e:
+        raise ConversionError(path, f"cannot be opened ({e.strerror})") from None
+
+
 def open_keras_file(path, config_only: bool = False) -> KerasFile:
     """Opens any Keras container. Weights-only files have config None; with config_only, no
     weights are read."""
     path = str(path)
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise ConversionError(path, f"cannot be opened ({e.strerror})") from None
+    f = open_regular(path)
     with f:
         try:
             size = os.fstat(f.fileno()).st_size

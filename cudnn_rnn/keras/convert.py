@@ -10,12 +10,13 @@ copied. Every failure is one ConversionError."""
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 
 import numpy as np
 import torch
 
-from .containers import load_json
+from .containers import load_json, open_regular
 from .errors import ConversionError
 
 FORMAT = "cudnn_rnn.keras/1"
@@ -31,12 +32,11 @@ def save_converted(model, path) -> None:
 
 
 def _check_container(path) -> None:
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
     try:
-        size = open(path, "rb").seek(0, 2)
         with zipfile.ZipFile(path) as z:
             infos = z.infolist()
-    except OSError as e:
-        raise ConversionError(path, f"cannot be opened ({e.strerror or e})") from None
     except Exception as e:  # noqa: BLE001 - BadZipFile and friends
         raise ConversionError(path, f"is not a readable converted model ({type(e).__name__}: {str(e)[:200]})") from None
     names = [i.filename for i in infos]
