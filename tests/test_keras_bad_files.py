@@ -467,3 +467,16 @@ def test_in_process_parsing_gives_the_same_model(name, monkeypatch, tmp_path):
     p.write_bytes(bytes(data))
     with pytest.raises(ConversionError, match="global heap collection .* corrupted"):
         load_keras(p)
+
+
+def test_a_helper_killed_from_outside_is_replaced():
+    import signal
+
+    from cudnn_rnn.keras import isolation
+
+    load_keras(KERAS)
+    helper = isolation._HELPER
+    assert helper is not None and helper.pid  # Linux: the parse runs in the forked helper
+    os.kill(helper.pid, signal.SIGKILL)
+    assert load_keras(KERAS) is not None
+    assert isolation._HELPER.pid != helper.pid

@@ -28,7 +28,7 @@ import time
 import warnings
 from typing import Optional, Tuple
 
-from .untrusted import MAX_CONFIG_BYTES, ParseError, parse
+from .untrusted import ALIGN, MAX_CONFIG_BYTES, MAX_ZIP_RATIO, ParseError, parse
 
 PARSE_TIMEOUT_S = 5.0
 PARSE_RATE = 10 << 20            # bytes per second of extra time allowed for large files
@@ -50,12 +50,19 @@ def timeout_for(size: int) -> float:
     return base_s + size / PARSE_RATE
 
 
+class _Restart(Exception):
+    pass
+
+
 def parse_file(f, size: int, config_only: bool) -> Tuple[dict, bytearray]:
     """(header, blob) of the open binary file f: in the helper, or in-process (see module doc)."""
     if in_process():
         return parse(f, size, config_only)
     with _LOCK:
-        return _helper().request(f.fileno(), size, config_only)
+        try:
+            return _helper().request(f.fileno(), size, config_only)
+        except _Restart:
+            return _helper().request(f.fileno(), size, config_only)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -190,12 +197,16 @@ class _Helper:
         deadline = time.monotonic() + limit
         try:
             socket.send_fds(self.sock, [json.dumps({"size": size, "config_only": config_only}).encode()], [fd])
+        except OSError:  # the helper ended between requests (killed from outside): not the file's fault
+            self.stop()
+            raise _Restart from None
+        try:
             (n,) = _FRAME.unpack(self._recv_exact(_FRAME.size, deadline))
             if n > MAX_CONFIG_BYTES * 4:
                 raise EOFError
             header = json.loads(self._recv_exact(n, deadline).decode())
             (m,) = _FRAME.unpack(self._recv_exact(_FRAME.size, deadline))
-            if m > max(size, 0) + (1 << 20) + 64 * len(header.get("arrays", ())):
+            if m > MAX_ZIP_RATIO * size + (1 << 20) + ALIGN * len(header.get("arrays", ())):
                 raise EOFError
             blob = self._recv_exact(m, deadline)
         except (TimeoutError, socket.timeout):
