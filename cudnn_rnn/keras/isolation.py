@@ -60,8 +60,9 @@ def parse_file(f, size: int, config_only: bool) -> Tuple[dict, bytearray]:
         return parse(f, size, config_only)
     with _LOCK:
         try:
-            return _helper().request(f.fileno(), size, config_only)
-        except _Restart:
+            return _helper().request(f.fileno(), size, config_only, retry=True)
+        except _Restart:  # a helper that dies twice on the same file died of the file
+            f.seek(0)
             return _helper().request(f.fileno(), size, config_only)
 
 
@@ -192,7 +193,9 @@ class _Helper:
             got += k
         return buf
 
-    def request(self, fd: int, size: int, config_only: bool) -> Tuple[dict, bytearray]:
+    def request(self, fd: int, size: int, config_only: bool, retry: bool = False) -> Tuple[dict, bytearray]:
+        """One parse. With `retry`, a helper that dies is reported as _Restart (it may have been
+        killed from outside before it read the request); the caller tries once more."""
         limit = timeout_for(size)
         deadline = time.monotonic() + limit
         try:
@@ -215,6 +218,8 @@ class _Helper:
                              "forever on corrupted metadata; CUDNN_RNN_PARSE_TIMEOUT sets the limit)") from None
         except (EOFError, OSError, ValueError):
             status = self.stop()
+            if retry:
+                raise _Restart from None
             how = f"signal {os.WTERMSIG(status)}" if status is not None and os.WIFSIGNALED(status) else "exited"
             raise ParseError(f"the parser process died ({how}) while reading it: the file is corrupted in a "
                              "way that crashes libhdf5") from None

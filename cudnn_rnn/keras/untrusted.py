@@ -62,6 +62,7 @@ def few(names, k: int = 5) -> str:
 def parse(fobj, size: int, config_only: bool = False) -> Tuple[dict, bytearray]:
     """(header, blob) of the checkpoint in the binary file object `fobj` of `size` bytes."""
     try:
+        fobj.seek(0)
         head = fobj.read(8)
         fobj.seek(0)
         if head.startswith(b"PK"):
