@@ -480,3 +480,21 @@ def test_a_helper_killed_from_outside_is_replaced():
     os.kill(helper.pid, signal.SIGKILL)
     assert load_keras(KERAS) is not None
     assert isolation._HELPER.pid != helper.pid
+
+
+def test_normalization_weights_that_would_broadcast(tmp_path):
+    """LayerNormalization gamma/beta of shape (1,) agree with each other but not with the input."""
+    p = tmp_path / "ln.keras"
+    data = open(os.path.join(DATA, "k3_functional.keras"), "rb").read()
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        h5 = z.read("model.weights.h5")
+    buf = io.BytesIO(h5)
+    with h5py.File(buf, "r+") as f:
+        group = f["layers/layer_normalization/vars"]
+        for key in list(group):
+            del group[key]
+            group.create_dataset(key, data=np.ones(1, np.float32))
+    _rewrite_zip(os.path.join(DATA, "k3_functional.keras"), p,
+                 lambda n, d: buf.getvalue() if n == "model.weights.h5" else d)
+    with pytest.raises(ConversionError, match="does not run on inputs of its declared shape.*1 features"):
+        load_keras(p)

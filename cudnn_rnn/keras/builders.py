@@ -342,6 +342,9 @@ class Normalization(_Single):
         return [("", own)]
 
     def apply(self, x):
+        width = next((t.shape[-1] for t in (self.gamma, self.beta, self.moving_mean) if t is not None), x.shape[-1])
+        if width != x.shape[-1]:  # a (1,) weight would broadcast silently
+            raise ValueError(f"{self.kind} normalization weights have {width} features; the input has {x.shape[-1]}")
         if self.kind == "batch":
             y = (x - self.moving_mean) * torch.rsqrt(self.moving_variance + self.epsilon)
         else:
