@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -53,28 +55,30 @@ def load_json(path, text: str, what: str):
         raise ConversionError(path, f"{what} exceeds {MAX_CONFIG_BYTES} bytes")
     if text.count("{") + text.count("[") + text.count(",") > MAX_JSON_NODES:
         raise ConversionError(path, f"{what} holds more than {MAX_JSON_NODES} values")
+    # nesting depth from the brackets outside strings, before the parser recurses into them
+    brackets = _NOT_BRACKET.sub("", _STRINGS.sub("", text))
+    if len(brackets) > MAX_JSON_DEPTH and max(accumulate(1 if c in "[{" else -1 for c in brackets)) > MAX_JSON_DEPTH:
+        raise ConversionError(path, f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         value = json.loads(text)
     except RecursionError:
         raise ConversionError(path, f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as e:  # JSONDecodeError, and integers beyond Python's digit limit
         raise ConversionError(path, f"{what} is not valid JSON: {str(e)[:200]}") from None
-    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise ConversionError(path, f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
-        children = node.values() if isinstance(node, dict) else node
-        for child in children:
-            if isinstance(child, (dict, list)):
-                stack.append((child, depth + 1))
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConversionError(path, f"{what} holds a string that is not valid Unicode (a lone surrogate)") from None
-    except ValueError:  # circular references cannot come from json.loads
-        raise ConversionError(path, f"{what} cannot be re-encoded") from None
+    if _SURROGATE.search(text):  # an escaped surrogate: fine in a pair, refused alone
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConversionError(path, f"{what} holds a string that is not valid Unicode (a lone surrogate)") from None
+    if _RAW_SURROGATE.search(text):  # a str handed in by the caller (architecture=...)
+        raise ConversionError(path, f"{what} holds a string that is not valid Unicode (a lone surrogate)")
     return value
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+_RAW_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def check_array(path, name: str, array: np.ndarray, layer: str, expected_shape=None) -> np.ndarray:

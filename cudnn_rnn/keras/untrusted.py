@@ -223,6 +223,7 @@ class _H5:
         except Exception as e:  # noqa: BLE001
             raise ParseError(f"{prefix or 'the file'} is not a readable HDF5 file ({type(e).__name__}: {_short(e)})") from None
         self.seen: set = set()
+        self.resolved: Dict[str, object] = {}   # intermediate groups of weight paths, by path
         self.objects = 0
         self.entries: List[list] = []      # [key, dsid, dtype, shape, nbytes]
         self.declared = 0
@@ -324,12 +325,19 @@ class _H5:
         parts = relative.split("/")
         obj = gid
         for i, part in enumerate(parts):
+            child = f"{path}/{part}" if path else part
+            cached = self.resolved.get(child) if i < len(parts) - 1 else None
+            if cached is not None:  # weight names share their leading groups
+                obj, path = cached, child
+                continue
             if i and self._kind(obj) != "group":
                 raise ParseError(f"{self.where} is not a group")
             obj = self._child(obj, path, part, once=False)
             if obj is None:
                 return None
-            path = f"{path}/{part}" if path else part
+            path = child
+            if i < len(parts) - 1:
+                self.resolved[child] = obj
         if self._kind(obj) == "dataset":  # a dataset listed twice would be read twice
             self._once(obj)
         return obj
