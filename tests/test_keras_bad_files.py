@@ -378,15 +378,20 @@ def test_duplicated_layer_names_are_refused_quickly_and_briefly(tmp_path):
     assert len(str(info.value)) < 500
 
 
-def test_corrupted_global_heap_does_not_hang(tmp_path):
-    """Zeroed bytes in the global heap that holds model_config: libhdf5 loops forever on them."""
+def _looping_h5(tmp_path):
+    """The legacy fixture with zeroed bytes in the global heap that holds model_config: libhdf5
+    loops forever on them."""
     data = bytearray(open(LEGACY, "rb").read())
     at = data.find(b"GCOL")
     data[at + 16:at + 80] = b"\0" * 64
     p = tmp_path / "loop.h5"
     p.write_bytes(bytes(data))
+    return p
+
+
+def test_corrupted_global_heap_does_not_hang(tmp_path):
     with pytest.raises(ConversionError, match="global heap collection .* corrupted"):
-        load_keras(p)
+        load_keras(_looping_h5(tmp_path))
 
 
 def test_parser_time_limit(tmp_path, monkeypatch):
@@ -460,13 +465,8 @@ def test_in_process_parsing_gives_the_same_model(name, monkeypatch, tmp_path):
     assert list(isolated.state_dict()) == list(inline.state_dict())
     for a, b in zip(isolated.state_dict().values(), inline.state_dict().values()):
         assert torch.equal(a, b)
-    data = bytearray(open(LEGACY, "rb").read())
-    at = data.find(b"GCOL")
-    data[at + 16:at + 80] = b"\0" * 64
-    p = tmp_path / "loop.h5"
-    p.write_bytes(bytes(data))
     with pytest.raises(ConversionError, match="global heap collection .* corrupted"):
-        load_keras(p)
+        load_keras(_looping_h5(tmp_path))
 
 
 def test_a_helper_killed_from_outside_is_replaced():
