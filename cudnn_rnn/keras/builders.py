@@ -594,35 +594,33 @@ def _last_axis(cfg, ctx, what):
         raise ctx.error(f"{what} axis={str(axis)[:40]} is not supported (last axis only)")
 
 
-@builder("BatchNormalization")
-def build_batchnorm(cfg, ctx):
-    _last_axis(cfg, ctx, "BatchNormalization")
-    v = Values(cfg, ctx)
-    scale, center = v.bool("scale", True), v.bool("center", True)
-    epsilon = v.float("epsilon", 1e-3, 0.0, 1.0)
-    (w,) = ctx.weights.take([("", int(scale) + int(center) + 2)])
-    check_shapes(ctx, "BatchNormalization", w, [("features",)] * len(w))
-    w = list(w)
-    gamma = ctx.tensor(w.pop(0)) if scale else None
-    beta = ctx.tensor(w.pop(0)) if center else None
-    mean, var = (torch.as_tensor(a, dtype=ctx.dtype) for a in w)
-    return Normalization("batch", gamma, beta, mean, var, epsilon, None)
-
-
-@builder("LayerNormalization")
-def build_layernorm(cfg, ctx):
-    _last_axis(cfg, ctx, "LayerNormalization")
+def _normalization(cfg, ctx, kind: str, statistics: int):
+    """The shared part of BatchNormalization / LayerNormalization: last axis only, optional
+    gamma and beta, then `statistics` more vectors (moving mean and variance), all (features,)."""
+    what = ctx.spec.class_name
+    _last_axis(cfg, ctx, what)
     v = Values(cfg, ctx)
     scale, center = v.bool("scale", True), v.bool("center", True)
     epsilon = v.float("epsilon", 1e-3, 0.0, 1.0)
     if v.bool("rms_scaling", False):
-        raise ctx.error("LayerNormalization rms_scaling=True is not supported")
-    (w,) = ctx.weights.take([("", int(scale) + int(center))])
-    check_shapes(ctx, "LayerNormalization", w, [("features",)] * len(w))
+        raise ctx.error(f"{what} rms_scaling=True is not supported")
+    (w,) = ctx.weights.take([("", int(scale) + int(center) + statistics)])
+    check_shapes(ctx, what, w, [("features",)] * len(w))
     w = list(w)
     gamma = ctx.tensor(w.pop(0)) if scale else None
     beta = ctx.tensor(w.pop(0)) if center else None
-    return Normalization("layer", gamma, beta, None, None, epsilon, (-1,))
+    mean, var = (torch.as_tensor(a, dtype=ctx.dtype) for a in w) if statistics else (None, None)
+    return Normalization(kind, gamma, beta, mean, var, epsilon, None if statistics else (-1,))
+
+
+@builder("BatchNormalization")
+def build_batchnorm(cfg, ctx):
+    return _normalization(cfg, ctx, "batch", 2)
+
+
+@builder("LayerNormalization")
+def build_layernorm(cfg, ctx):
+    return _normalization(cfg, ctx, "layer", 0)
 
 
 _MERGES = {"Concatenate": "concatenate", "Add": "add", "Subtract": "subtract", "Multiply": "multiply",

@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import ConversionError
 from .isolation import parse_file
-from .untrusted import MAX_CONFIG_BYTES, ParseError, few
+from .untrusted import MAX_CONFIG_BYTES, ParseError
 
 MAX_JSON_NODES = 2_000_000
 MAX_JSON_DEPTH = 100
@@ -44,9 +44,6 @@ class KerasFile:
     groups: frozenset = frozenset()
     layer_names: List[str] = field(default_factory=list)
     layer_weights: Dict[str, List[Tuple[str, np.ndarray]]] = field(default_factory=dict)
-
-    def close(self) -> None:  # nothing is held open; kept for callers of the old interface
-        pass
 
 
 def load_json(path, text: str, what: str):
@@ -153,4 +150,4 @@ def _array(path, blob: bytearray, entry) -> np.ndarray:
     return np.frombuffer(blob, dtype=dt, count=count, offset=offset).reshape(shape)
 
 
-__all__ = ["KerasFile", "open_keras_file", "load_json", "check_array", "few"]
+__all__ = ["KerasFile", "open_keras_file", "open_regular", "load_json", "check_array"]

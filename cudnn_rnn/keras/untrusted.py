@@ -257,15 +257,16 @@ class _H5:
             header["layout"] = None
             return header, bytearray()
         weights_root, where = root, ""
-        if not (self._has_attr(root, "/", "layer_names") or self._has_attr(root, "/", "layer_names0")):
+        legacy = self._has_attr(root, "/", "layer_names") or self._has_attr(root, "/", "layer_names0")
+        if not legacy:
             model_weights = self._child(root, "", "model_weights")
             if model_weights is not None:
                 if self._kind(model_weights) != "group":
                     raise ParseError("model_weights is not a group")
-                weights_root, where = model_weights, "model_weights"
+                weights_root, where, legacy = model_weights, "model_weights", True
                 if version is None:
                     header["keras_version"] = self._attr_text(weights_root, where, "keras_version")
-        if weights_root is not root or self._has_attr(root, "/", "layer_names") or self._has_attr(root, "/", "layer_names0"):
+        if legacy:
             header.update(layout="legacy", **self._legacy(weights_root, where))
         else:
             tops = [n for n in ("layers", "_layer_checkpoint_dependencies", "vars") if self._exists(root, n)]

@@ -20,9 +20,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .containers import KerasFile, check_array, few
+from .containers import KerasFile, check_array
 from .errors import ConversionError
 from .graph import LayerSpec, ModelSpec, snake_case
+from .untrusted import few
 
 Groups = Sequence[Tuple[str, int]]
 
