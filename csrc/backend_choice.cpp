@@ -26,22 +26,33 @@ std::vector<int32_t> right_padded_lengths(const at::Tensor& mask) {
   return lengths;
 }
 
+std::vector<std::pair<std::string, std::string>> standard_departures(const RnnConfig& cfg) {
+  const auto& names = activation_names();
+  auto setting = [&](const char* what, Activation a) {
+    return std::string(what) + "='" + names[static_cast<size_t>(a)] + "'";
+  };
+  std::vector<std::pair<std::string, std::string>> out;
+  if (cfg.cell == CellKind::SimpleRNN) {
+    if (cfg.activation != Activation::Tanh && cfg.activation != Activation::Relu)
+      out.emplace_back(setting("activation", cfg.activation), "tanh or relu only");
+    return out;
+  }
+  if (cfg.activation != Activation::Tanh) out.emplace_back(setting("activation", cfg.activation), "tanh only");
+  if (cfg.recurrent_activation != Activation::Sigmoid)
+    out.emplace_back(setting("recurrent_activation", cfg.recurrent_activation), "sigmoid only");
+  if (cfg.cell == CellKind::GRU && !cfg.reset_after)
+    out.emplace_back("GRU reset_after=False", "the reset gate applies after the recurrent matmul");
+  return out;
+}
+
 BackendChoice choose_backend(const RnnConfig& cfg, const c10::optional<at::Tensor>& mask_cpu,
                              at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
                              at::ScalarType dtype, int64_t cudnn_version) {
-  const auto& names = activation_names();
-  auto act = [&](Activation a) { return "'" + names[static_cast<size_t>(a)] + "'"; };
   auto no = [](std::string why) { return BackendChoice{false, std::move(why), {}}; };
-  if (cfg.cell == CellKind::SimpleRNN) {
-    if (cfg.activation != Activation::Tanh && cfg.activation != Activation::Relu)
-      return no("activation=" + act(cfg.activation) + " is not supported by cuDNN (RNN_TANH / RNN_RELU only)");
-  } else {
-    if (cfg.activation != Activation::Tanh)
-      return no("activation=" + act(cfg.activation) + " is not supported by cuDNN (tanh only)");
-    if (cfg.recurrent_activation != Activation::Sigmoid)
-      return no("recurrent_activation=" + act(cfg.recurrent_activation) + " is not supported by cuDNN (sigmoid only)");
-    if (cfg.cell == CellKind::GRU && !cfg.reset_after)
-      return no("GRU reset_after=False is not supported by cuDNN");
+  const auto departures = standard_departures(cfg);
+  if (!departures.empty()) {
+    const auto& d = departures.front();
+    return no(d.first + " is not supported by cuDNN (" + d.second + ")");
   }
   if (!recurrent_dropout_masks.empty()) return no("recurrent_dropout masks h inside the step, which cuDNN cannot");
   if (!dropout_masks.empty()) {

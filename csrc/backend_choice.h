@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "rnn_config.h"
@@ -12,6 +13,11 @@ namespace cudnn_rnn {
 // Per-row lengths of a right-padded mask (each row: real steps, then only padding), or, when
 // the mask is not right-padded, an empty vector. mask: [B, T] bool on the CPU.
 std::vector<int32_t> right_padded_lengths(const at::Tensor& mask);
+
+// How the cell departs from the one cuDNN (and torch.nn) implements -- tanh/sigmoid LSTM, GRU
+// with the reset gate after the recurrent matmul, tanh/relu SimpleRNN: (setting, what the
+// standard cell has) per departure, empty for a standard cell.
+std::vector<std::pair<std::string, std::string>> standard_departures(const RnnConfig& cfg);
 
 struct BackendChoice {
   bool cudnn;

@@ -68,6 +68,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "How many calls on CUDA tensors did not run on cuDNN since the process started");
   m.def("activation_names", &cudnn_rnn::activation_names,
         "Keras activation names the kernels implement, in the order of the C++ Activation enum");
+  m.def("cell_gates", [] {
+        std::vector<std::pair<std::string, int64_t>> out;
+        for (size_t i = 0; i < cudnn_rnn::cell_names().size(); ++i)
+          out.emplace_back(cudnn_rnn::cell_names()[i], cudnn_rnn::gates_of(static_cast<cudnn_rnn::CellKind>(i)));
+        return out;
+      }, "(cell name, gate blocks) for every cell the op has");
+  m.def("standard_departures", [](const std::string& cell, const std::string& activation,
+                                  const std::string& recurrent_activation, bool reset_after) {
+        cudnn_rnn::RnnConfig cfg{};
+        cfg.cell = cudnn_rnn::parse_cell(cell);
+        cfg.activation = cudnn_rnn::parse_activation(activation, "activation");
+        cfg.recurrent_activation = cudnn_rnn::parse_activation(recurrent_activation, "recurrent_activation");
+        cfg.reset_after = reset_after;
+        return cudnn_rnn::standard_departures(cfg);
+      }, "(setting, what the standard cell has) for each way a cell departs from cuDNN's / torch.nn's");
   m.def("cudnn_lin_layer", [](const std::string& cell, int64_t id) {
         auto lin = cudnn_rnn::cudnn_lin_layer(cudnn_rnn::parse_cell(cell), id);
         return std::make_pair(lin.keras_gate, lin.recurrent);

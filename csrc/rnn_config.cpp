@@ -26,10 +26,16 @@ Activation parse_activation(const std::string& name, const char* argument) {
   TORCH_CHECK_VALUE(false, argument, " must be one of ", known.str(), "; got '", name, "'");
 }
 
+const std::vector<std::string>& cell_names() {
+  static const std::vector<std::string> names = {"lstm", "gru", "simple_rnn"};  // index = CellKind
+  return names;
+}
+
 CellKind parse_cell(const std::string& name) {
-  if (name == "lstm") return CellKind::LSTM;
-  if (name == "gru") return CellKind::GRU;
-  if (name == "simple_rnn") return CellKind::SimpleRNN;
+  const auto& names = cell_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return static_cast<CellKind>(i);
+  }
   TORCH_CHECK_VALUE(false, "cell must be 'lstm', 'gru' or 'simple_rnn'; got '", name, "'");
 }
 

@@ -19,6 +19,10 @@ namespace cudnn_rnn {
 const std::vector<std::string>& activation_names();
 Activation parse_activation(const std::string& name, const char* argument);
 CellKind parse_cell(const std::string& name);
+// The op's cell names, indexed by CellKind, and the gate blocks of each (Keras column order:
+// LSTM i, f, c, o; GRU z, r, h; SimpleRNN one).
+const std::vector<std::string>& cell_names();
+constexpr int64_t gates_of(CellKind cell) { return cell == CellKind::LSTM ? 4 : (cell == CellKind::GRU ? 3 : 1); }
 
 struct RnnConfig {
   CellKind cell;
@@ -38,7 +42,7 @@ struct RnnConfig {
   int64_t input_size;
   int64_t units;
 
-  int64_t gates() const { return cell == CellKind::LSTM ? 4 : (cell == CellKind::GRU ? 3 : 1); }
+  int64_t gates() const { return gates_of(cell); }
   int64_t tensors_per_direction() const { return use_bias ? 3 : 2; }
   int64_t layer_input_size(int64_t layer) const { return layer == 0 ? input_size : num_directions * units; }
   bool has_cell_state() const { return cell == CellKind::LSTM; }

@@ -12,23 +12,11 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from . import ops
-from ._C import activation_names
-
-# Keras names that are spelled differently in Keras's own registry.
-_ACTIVATION_ALIASES = {None: "linear", "swish": "silu", "hard_swish": "hard_silu"}
-_KNOWN_ACTIVATIONS = frozenset(activation_names())
+from . import cells, ops
+from .cells import canonical_activation
 
 _INITIALIZERS = ("glorot_uniform", "glorot_normal", "orthogonal", "zeros", "ones", "he_uniform", "he_normal",
                  "lecun_uniform", "lecun_normal", "random_uniform", "random_normal")
-
-
-def canonical_activation(name, argument: str = "activation") -> str:
-    """The kernel name of a Keras activation name (None means linear); ValueError if unknown."""
-    name = _ACTIVATION_ALIASES.get(name, name)
-    if not isinstance(name, str) or name not in _KNOWN_ACTIVATIONS:
-        raise ValueError(f"{argument} must be one of {sorted(_KNOWN_ACTIVATIONS)} or None; got {name!r}")
-    return name
 
 
 def _init_(tensor: Tensor, name: str, argument: str) -> None:
@@ -126,11 +114,11 @@ class _RNNBase(nn.Module):
     # -- parameters ---------------------------------------------------------------------------
     @property
     def gates(self) -> int:
-        return ops.CELL_GATES[self.cell]
+        return cells.GATES[self.cell]
 
     @property
     def state_count(self) -> int:
-        return 2 if self.cell == "lstm" else 1
+        return cells.STATES[self.cell]
 
     @staticmethod
     def _name(kind: str, layer: int) -> str:
@@ -177,20 +165,8 @@ class _RNNBase(nn.Module):
 
     def nonstandard_settings(self) -> List[tuple]:
         """(setting, what the standard cell has) for each way this cell departs from the one
-        cuDNN and torch.nn implement (tanh/sigmoid LSTM and GRU with the reset gate after the
-        matmul, tanh/relu SimpleRNN)."""
-        out = []
-        if self.cell == "simple_rnn":
-            if self.activation not in ("tanh", "relu"):
-                out.append((f"activation={self.activation!r}", "tanh or relu only"))
-            return out
-        if self.activation != "tanh":
-            out.append((f"activation={self.activation!r}", "tanh only"))
-        if self.recurrent_activation != "sigmoid":
-            out.append((f"recurrent_activation={self.recurrent_activation!r}", "sigmoid only"))
-        if self.cell == "gru" and not self.reset_after:
-            out.append(("GRU reset_after=False", "the reset gate applies after the recurrent matmul"))
-        return out
+        cuDNN and torch.nn implement (cells.standard_departures)."""
+        return cells.standard_departures(self.cell, self.activation, self.recurrent_activation, self.reset_after)
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.units}"

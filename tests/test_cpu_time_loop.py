@@ -9,11 +9,11 @@ import torch
 
 import cudnn_rnn
 from cudnn_rnn import _C
+from cudnn_rnn.cells import GATES
 from test_torch_parity import _grads_as_module
 
 B, T, I, U = 64, 6, 24, 100  # U = 100: blocks of 32, 16, 32 and 20 units on 4 threads
 LAYERS = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU, "simple_rnn": cudnn_rnn.SimpleRNN}
-GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
 BATCH = {"lstm": B, "gru": B, "simple_rnn": 4 * B}  # enough work per step to split
 
 

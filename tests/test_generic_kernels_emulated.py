@@ -12,8 +12,8 @@ import torch
 
 from cudnn_rnn import _C
 from cudnn_rnn import ops
+from cudnn_rnn.cells import GATES
 
-GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
 
 
 def _case(seed):

@@ -7,8 +7,8 @@ import torch
 
 import cudnn_rnn
 from cudnn_rnn import ops
+from cudnn_rnn.cells import GATES as CELLS
 
-CELLS = {"lstm": 4, "gru": 3, "simple_rnn": 1}
 
 
 def _weights(cell, reset_after, use_bias, num_layers, dirs, in_size, units, gen):
