@@ -109,9 +109,12 @@ def extension():
     else:
         with_cuda = torch_cuda and nvcc
 
-    sources = [os.path.join(CSRC, f) for f in ("ops.cpp", "autograd.cpp", "rnn_config.cpp", "keras_layout.cpp", "backend_choice.cpp", "kernel_emulation.cpp",
-                                                "module.cpp")]
-    sources += sorted(glob.glob(os.path.join(CSRC, "cpu", "*.cpp")))
+    # csrc's rooms, bottom up (README, "Architecture"): core/ knows no backend; cpu/ and
+    # cudnn_host/ (the cuDNN logic that runs on the host, tested on the CPU) build on it; cuda/
+    # only in a CUDA build; bindings/ (the _C module and its _testing hooks) on top.
+    sources = [os.path.join(CSRC, "core", f) for f in ("ops.cpp", "autograd.cpp", "rnn_config.cpp")]
+    for room in ("cpu", "cudnn_host", "bindings"):
+        sources += sorted(glob.glob(os.path.join(CSRC, room, "*.cpp")))
     warn = ["-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"]
     # -fno-trapping-math lets GCC vectorise the branch-free activation loops (csrc/cpu/vec_loops*).
     cxx = ["-O3", "-fno-trapping-math", "-fvisibility=hidden"] + warn
@@ -146,14 +149,15 @@ def extension():
         ext = cpp_extension.CUDAExtension(
             "cudnn_rnn._C",
             sources,
-            include_dirs=[inc],
+            include_dirs=[os.path.join(ROOT, CSRC), inc],
             extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-Werror=all-warnings", "-Xcompiler", ",".join(warn)]},
             extra_link_args=_cudnn_link_args(lib) + link,
         )
     else:
-        sources.append(os.path.join(CSRC, "build_info_cpu.cpp"))
+        sources.append(os.path.join(CSRC, "core", "build_info_cpu_only.cpp"))
         config["backend"] = "CppExtension (CPU only)"
-        ext = cpp_extension.CppExtension("cudnn_rnn._C", sources, extra_compile_args={"cxx": cxx},
+        ext = cpp_extension.CppExtension("cudnn_rnn._C", sources, include_dirs=[os.path.join(ROOT, CSRC)],
+                                         extra_compile_args={"cxx": cxx},
                                          extra_link_args=link)
     print("cudnn_rnn build configuration:")
     for k, v in config.items():

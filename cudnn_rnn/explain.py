@@ -30,17 +30,22 @@ class Explanation:
 
 
 def _side_choice(layer: _RNNBase, dtype: torch.dtype, training: bool, bidirectional: bool, go_backwards: bool):
-    """The C++ backend choice (csrc/backend_choice.cpp) for one op call of `layer`, without a mask."""
-    from ._C import choose_backend
+    """The C++ backend choice (csrc/cudnn_host/backend_choice.cpp) for one op call of `layer`
+    without a mask, asked with the call's own arguments as meta tensors."""
+    from ._C import cuda_backend_choice
 
-    dropout = training and 0.0 < layer.dropout < 1.0
-    recurrent = training and 0.0 < layer.recurrent_dropout < 1.0
-    dropout_gates = (layer.gates if recurrent else 1) if dropout else 0
-    dtype_name = str(dtype).replace("torch.", "")
-    cudnn, reason, _ = choose_backend(layer.cell, layer.activation, layer.recurrent_activation, layer.reset_after,
-                                      layer.num_layers, bidirectional, go_backwards, 1, 1, None, dropout_gates,
-                                      recurrent, dtype_name, torch.backends.cudnn.version() or 0)
-    return cudnn, reason
+    def meta(shape):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    directions = 2 if bidirectional else 1
+    x = meta((1, 1, layer.input_size))
+    weights = [meta(w.shape) for l in range(layer.num_layers) for _ in range(directions)
+               for w in layer.layer_weights(l)]
+    inputs, recurrent = layer.dropout_shapes(1, training)
+    dropout = [meta(shape) for shape, _ in inputs for _ in range(directions)]
+    recurrent_dropout = [meta(shape) for shape, _ in recurrent for _ in range(directions)]
+    spec = layer.op_spec(bidirectional=bidirectional, go_backwards=go_backwards)
+    return cuda_backend_choice(x, weights, None, None, None, dropout, recurrent_dropout, *spec.args(), False)
 
 
 def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, training: Optional[bool] = None) -> Explanation:
@@ -77,7 +82,7 @@ def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, tra
 
     major = torch.cuda.get_device_capability(device)[0] if torch.cuda.is_available() else 8
     side = sides[0]
-    algorithm = choose_algorithm(side.cell, side.units, str(ref.dtype).replace("torch.", ""), True, major)
+    algorithm = choose_algorithm(side.cell, side.units, ref.dtype, True, major)
     if algorithm != "STANDARD":
         notes.append("with a mask (variable lengths): STANDARD; a persistent algorithm cuDNN refuses falls back to "
                      "STANDARD")

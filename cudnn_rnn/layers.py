@@ -6,6 +6,7 @@ the work is one call of the ``cudnn_rnn::rnn_forward`` op per stack. Input is ba
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import List, Optional, Sequence
 
@@ -153,15 +154,13 @@ class _RNNBase(nn.Module):
         names = ("kernel", "recurrent_kernel", "bias") if self.use_bias else ("kernel", "recurrent_kernel")
         return [getattr(self, self._name(n, layer)) for n in names]
 
-    def op_config(self) -> dict:
-        """The op's keyword arguments that describe this layer's cell."""
-        return {
-            "cell": self.cell,
-            "activation": self.activation,
-            "recurrent_activation": self.recurrent_activation,
-            "use_bias": self.use_bias,
-            "reset_after": self.reset_after,
-        }
+    def op_spec(self, **overrides) -> ops.RnnSpec:
+        """The op's options for this layer's stack (one direction, as configured); keyword
+        overrides replace fields (a Bidirectional sets bidirectional=True)."""
+        spec = ops.RnnSpec(cell=self.cell, activation=self.activation, recurrent_activation=self.recurrent_activation,
+                           use_bias=self.use_bias, reset_after=self.reset_after, num_layers=self.num_layers,
+                           go_backwards=self.go_backwards, zero_output_for_mask=self.zero_output_for_mask)
+        return dataclasses.replace(spec, **overrides) if overrides else spec
 
     def nonstandard_settings(self) -> List[tuple]:
         """(setting, what the standard cell has) for each way this cell departs from the one
@@ -195,13 +194,13 @@ class _RNNBase(nn.Module):
         bits = torch.rand(shape, device=like.device, dtype=like.dtype, generator=self._rng(like.device)) < keep
         return bits.to(like.dtype) / keep
 
-    def dropout_masks(self, x: Tensor, training: bool):
-        """Keras's masks: one per sequence, shared by every step. With recurrent_dropout Keras
-        switches to implementation=1, where each gate draws its own mask.
+    def dropout_shapes(self, batch: int, training: bool):
+        """Keras's masks as (shape, rate) pairs: one per sequence, shared by every step. With
+        recurrent_dropout Keras switches to implementation=1, where each gate draws its own mask.
 
-        Returns (input masks, recurrent masks), one [1 or G, B, width] tensor per layer, or []."""
-        batch = x.shape[0]
+        Returns (input masks, recurrent masks), one ([1 or G, B, width], rate) per layer, or []."""
         per_gate = self.gates if self.recurrent_dropout > 0 else 1
+
         def applies(rate: float) -> bool:
             # Keras's LSTM/GRU cells skip a rate of 1; its SimpleRNN cell applies it (all zeros).
             return training and (0.0 < rate <= 1.0 if self.cell == "simple_rnn" else 0.0 < rate < 1.0)
@@ -211,10 +210,18 @@ class _RNNBase(nn.Module):
         for layer in range(self.num_layers):
             width = self.input_size if layer == 0 else self.inner_input_size
             if drop_in:
-                inputs.append(self._dropout_mask((per_gate, batch, width), self.dropout, x))
+                inputs.append(((per_gate, batch, width), self.dropout))
             if drop_rec:
-                recurrent.append(self._dropout_mask((per_gate, batch, self.units), self.recurrent_dropout, x))
+                recurrent.append(((per_gate, batch, self.units), self.recurrent_dropout))
         return inputs, recurrent
+
+    def dropout_masks(self, x: Tensor, training: bool):
+        """The masks of dropout_shapes, drawn (from the layer's generator when it has a seed).
+
+        Returns (input masks, recurrent masks), one [1 or G, B, width] tensor per layer, or []."""
+        inputs, recurrent = self.dropout_shapes(x.shape[0], training)
+        return ([self._dropout_mask(shape, rate, x) for shape, rate in inputs],
+                [self._dropout_mask(shape, rate, x) for shape, rate in recurrent])
 
     # -- input checks -------------------------------------------------------------------------
     def _check_input(self, x: Tensor, argument: str = "x") -> None:
@@ -286,11 +293,7 @@ class _RNNBase(nn.Module):
         h0, c0 = self._initial_states(initial_state, x, 1)
         dropout_masks, recurrent_masks = self.dropout_masks(x, training)
         weights = [w for layer in range(self.num_layers) for w in self.layer_weights(layer)]
-        y, h_n, c_n, _ = ops.rnn_forward(
-            x, weights, mask, h0, c0, dropout_masks, recurrent_masks, **self.op_config(),
-            num_layers=self.num_layers, bidirectional=False, go_backwards=self.go_backwards,
-            zero_output_for_mask=self.zero_output_for_mask,
-        )
+        y, h_n, c_n, _ = ops.rnn_forward(x, weights, mask, h0, c0, dropout_masks, recurrent_masks, self.op_spec())
         if self.stateful:
             self._states = [h_n.detach()] + ([c_n.detach()] if self.cell == "lstm" else [])
         return y, h_n, c_n
@@ -429,8 +432,8 @@ class Bidirectional(nn.Module):
     def fused(self) -> bool:
         """Do both directions run as one op call (same cell configuration, not stateful)?"""
         f, b = self.forward_layer, self.backward_layer
-        return (type(f) is type(b) and f.op_config() == b.op_config() and f.units == b.units
-                and f.num_layers == b.num_layers and not f.stateful and not b.stateful)
+        return (f.op_spec(go_backwards=False) == b.op_spec(go_backwards=False) and f.units == b.units
+                and not f.stateful and not b.stateful)
 
     def _merge(self, y_f: Tensor, y_b: Tensor):
         if self.merge_mode == "concat":
@@ -480,10 +483,8 @@ class Bidirectional(nn.Module):
         weights = []
         for layer in range(f.num_layers):
             weights += f.layer_weights(layer) + b.layer_weights(layer)
-        y, h_n, c_n, _ = ops.rnn_forward(
-            x, weights, mask, h0, c0, input_masks, recurrent_masks, **f.op_config(), num_layers=f.num_layers,
-            bidirectional=True, go_backwards=f.go_backwards, zero_output_for_mask=self.return_sequences,
-        )
+        spec = f.op_spec(bidirectional=True, zero_output_for_mask=self.return_sequences)
+        y, h_n, c_n, _ = ops.rnn_forward(x, weights, mask, h0, c0, input_masks, recurrent_masks, spec)
         u = f.units
         if self.return_sequences:
             y_f, y_b = y[..., :u], y[..., u:]

@@ -1,21 +1,48 @@
 """The typed wrapper of the dispatcher ops and their fake kernels.
 
-The ops themselves are defined in csrc/ops.cpp (schemas) and implemented per backend in C++;
-their autograd (rnn_forward's backward is the rnn_backward op) is C++ too (csrc/autograd.cpp).
-This module only gives the typed wrapper and teaches PyTorch how to trace the ops (register_fake).
+The ops themselves are defined in csrc/core/ops.cpp (schemas) and implemented per backend in
+C++; their autograd (rnn_forward's backward is the rnn_backward op) is C++ too
+(csrc/core/autograd.cpp). This module gives the one Python description of the op's options
+(`RnnSpec`, fields in schema order), the typed wrapper, and teaches PyTorch how to trace the ops
+(register_fake) through one parser of their argument lists.
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from . import _C  # noqa: F401  (loads the library that registers the ops)
+from .cells import GATES
 
-# Gates per cell, in Keras column order (LSTM i, f, c, o; GRU z, r, h).
-CELL_GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
 
+@dataclass(frozen=True)
+class RnnSpec:
+    """The op's options (every argument after the tensors), in schema order (csrc/core/ops.cpp)."""
+
+    cell: str
+    activation: str = "tanh"
+    recurrent_activation: str = "sigmoid"
+    use_bias: bool = True
+    reset_after: bool = True
+    num_layers: int = 1
+    bidirectional: bool = False
+    go_backwards: bool = False
+    zero_output_for_mask: bool = False
+
+    def args(self) -> tuple:
+        """The options as the op takes them, positionally."""
+        return dataclasses.astuple(self)
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+
+_N_OPTIONS = len(dataclasses.fields(RnnSpec))
 _forward_op = torch.ops.cudnn_rnn.rnn_forward.default
 
 
@@ -27,46 +54,44 @@ def rnn_forward(
     c0: Optional[Tensor],
     dropout_masks: Sequence[Tensor],
     recurrent_dropout_masks: Sequence[Tensor],
-    *,
-    cell: str,
-    activation: str,
-    recurrent_activation: str,
-    use_bias: bool,
-    reset_after: bool,
-    num_layers: int,
-    bidirectional: bool,
-    go_backwards: bool,
-    zero_output_for_mask: bool,
+    spec: Optional[RnnSpec] = None,
+    **options,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Runs a stack of num_layers x (1 or 2) recurrent layers; see csrc/ops.cpp for shapes.
+    """Runs a stack of num_layers x (1 or 2) recurrent layers; see csrc/core/ops.cpp for shapes.
+    The options are `spec`, or RnnSpec's fields as keywords.
 
     Returns (y [B, T, D*u], h_n [L*D, B, u], c_n [L*D, B, u] or [0], reserve)."""
+    if spec is None:
+        spec = RnnSpec(**options)
+    elif options:
+        raise TypeError(f"rnn_forward takes spec or its fields as keywords, not both; got {sorted(options)}")
     need_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, h0, c0, *weights))
-    return _forward_op(
-        x, list(weights), mask, h0, c0, list(dropout_masks), list(recurrent_dropout_masks), cell, activation,
-        recurrent_activation, use_bias, reset_after, num_layers, bidirectional, go_backwards, zero_output_for_mask,
-        need_grad,
-    )
+    return _forward_op(x, list(weights), mask, h0, c0, list(dropout_masks), list(recurrent_dropout_masks),
+                       *spec.args(), need_grad)
+
+
+def _spec(options: tuple) -> RnnSpec:
+    """The RnnSpec of an op call's trailing arguments (rnn_forward's need_grad, when present, follows)."""
+    return RnnSpec(*options[:_N_OPTIONS])
 
 
 @torch.library.register_fake("cudnn_rnn::rnn_forward")
-def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, cell, activation,
-                      recurrent_activation, use_bias, reset_after, num_layers, bidirectional, go_backwards,
-                      zero_output_for_mask, need_grad=True):
+def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, *options):
+    spec = _spec(options)
     torch._check(x.dim() == 3, lambda: f"x must have shape (batch, time, features); got {tuple(x.shape)}")
-    torch._check(cell in CELL_GATES, lambda: f"cell must be 'lstm', 'gru' or 'simple_rnn'; got '{cell}'")
-    per_dir = 3 if use_bias else 2
-    directions = 2 if bidirectional else 1
+    torch._check(spec.cell in GATES, lambda: f"cell must be one of {sorted(GATES)}; got '{spec.cell}'")
+    per_dir = 3 if spec.use_bias else 2
     torch._check(
-        len(weights) == num_layers * directions * per_dir,
-        lambda: f"weights must hold {num_layers * directions * per_dir} tensors; got {len(weights)}",
+        len(weights) == spec.num_layers * spec.directions * per_dir,
+        lambda: f"weights must hold {spec.num_layers * spec.directions * per_dir} tensors; got {len(weights)}",
     )
     batch, time, _ = x.shape
     units = weights[1].shape[0]
-    y = x.new_empty((batch, time, directions * units))
-    h_n = x.new_empty((num_layers * directions, batch, units))
-    c_n = x.new_empty((num_layers * directions, batch, units)) if cell == "lstm" else x.new_empty((0,))
+    stacks = spec.num_layers * spec.directions
+    y = x.new_empty((batch, time, spec.directions * units))
+    h_n = x.new_empty((stacks, batch, units))
+    c_n = x.new_empty((stacks, batch, units)) if spec.cell == "lstm" else x.new_empty((0,))
     # The reserve's size depends on the backend (CPU saved activations, cuDNN's reserve space).
     reserve = x.new_empty((torch.library.get_ctx().new_dynamic_size(),), dtype=torch.uint8)
     return y, h_n, c_n, reserve
@@ -74,8 +99,7 @@ def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout
 
 @torch.library.register_fake("cudnn_rnn::rnn_backward")
 def _rnn_backward_fake(grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_masks, recurrent_dropout_masks,
-                       reserve, cell, activation, recurrent_activation, use_bias, reset_after, num_layers,
-                       bidirectional, go_backwards, zero_output_for_mask):
+                       reserve, *options):
     # The kernels return contiguous gradients whatever the inputs' strides: new_empty, not empty_like.
     grad_weights = [w.new_empty(w.shape) for w in weights]
     return x.new_empty(x.shape), grad_weights, grad_h_n.new_empty(grad_h_n.shape), grad_c_n.new_empty(grad_c_n.shape)

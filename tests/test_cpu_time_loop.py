@@ -27,19 +27,19 @@ def threads():
 def test_parallel_for_runs_on_torch_threads(threads):
     # at::parallel_for compiles to a serial loop in an extension built without OpenMP.
     threads(2)
-    assert _C.parallel_for_threads() == 2
+    assert _C._testing.parallel_for_threads() == 2
     threads(1)
-    assert _C.parallel_for_threads() == 1
+    assert _C._testing.parallel_for_threads() == 1
 
 
 def test_unit_blocks_split_on_threads(threads):
     threads(4)
-    bounds = _C.cpu_unit_blocks(B, U, 4)
+    bounds = _C._testing.cpu_unit_blocks(B, U, 4)
     assert bounds == [0, 32, 48, 80, 100]  # multiples of 16 (the packed GEMM's panels), nearest the even split
     threads(1)
-    assert _C.cpu_unit_blocks(B, U, 4) == [0, U]
+    assert _C._testing.cpu_unit_blocks(B, U, 4) == [0, U]
     threads(4)
-    assert _C.cpu_unit_blocks(1, 16, 4) == [0, 16]  # too little work to split
+    assert _C._testing.cpu_unit_blocks(1, 16, 4) == [0, 16]  # too little work to split
 
 
 def _layer(cell, bidirectional=False, units=U, **kwargs):
@@ -65,7 +65,7 @@ def _run(layer, x, mask=None):
 @pytest.mark.parametrize("cell", ["lstm", "gru", "simple_rnn"])
 def test_split_loop_matches_torch_nn(cell, threads):
     threads(4)
-    assert len(_C.cpu_unit_blocks(BATCH[cell], U, GATES[cell])) > 2
+    assert len(_C._testing.cpu_unit_blocks(BATCH[cell], U, GATES[cell])) > 2
     ours = _layer(cell, num_layers=2)
     ref = ours.to_torch()
     x = torch.randn(BATCH[cell], T, I, dtype=torch.float64, requires_grad=True)
@@ -105,7 +105,7 @@ def test_split_loop_matches_one_block_with_masks(cell, kwargs, bidirectional, th
     threads(1)
     out1, grads1 = _run(layer, x, mask)
     threads(4)
-    assert len(_C.cpu_unit_blocks(BATCH[cell], U, GATES[cell])) > 2
+    assert len(_C._testing.cpu_unit_blocks(BATCH[cell], U, GATES[cell])) > 2
     out4, grads4 = _run(layer, x, mask)
     for a, b in zip(out4 + list(grads4), out1 + list(grads1)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
@@ -177,7 +177,7 @@ def test_blas_gemm_path_matches_packed(tmp_path):
     packed = torch.load(runs["packed"][1], weights_only=True)
     for a, b in zip(blas, packed):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    if _C.cpu_packed_gemm():
+    if _C._testing.cpu_packed_gemm():
         assert any(not torch.equal(a, b) for a, b in zip(blas, packed))
 
 

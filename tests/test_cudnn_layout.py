@@ -49,41 +49,41 @@ def test_packing_reproduces_torch_flat_weights(cell, num_layers, bidirectional):
     weights = [w.detach() for l in range(num_layers) for s in sides for w in s.layer_weights(l)]
     dirs = 2 if bidirectional else 1
     offsets, size = torch_like_offsets(cell, num_layers, dirs, 5, 3)
-    space = _C.pack_keras_weights(cell, True, True, num_layers, bidirectional, 5, 3, weights, offsets, size)
+    space = _C._testing.pack_keras_weights(cell, True, True, num_layers, bidirectional, 5, 3, weights, offsets, size)
     torch.testing.assert_close(space, flat, rtol=0, atol=0)
 
     # Gradients come back the same way: unpacking the packed buffer returns the Keras tensors.
-    back = _C.unpack_keras_gradients(cell, True, True, num_layers, bidirectional, 5, 3, weights, offsets, space)
+    back = _C._testing.unpack_keras_gradients(cell, True, True, num_layers, bidirectional, 5, 3, weights, offsets, space)
     for a, b in zip(back, weights):
         torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
 
 
 def test_gate_tables():
-    assert [_C.cudnn_lin_layer("lstm", i) for i in range(8)] == [(0, False), (1, False), (2, False), (3, False),
+    assert [_C._testing.cudnn_lin_layer("lstm", i) for i in range(8)] == [(0, False), (1, False), (2, False), (3, False),
                                                                   (0, True), (1, True), (2, True), (3, True)]
     # cuDNN GRU is r, z, h; Keras is z, r, h
-    assert [_C.cudnn_lin_layer("gru", i) for i in range(6)] == [(1, False), (0, False), (2, False),
+    assert [_C._testing.cudnn_lin_layer("gru", i) for i in range(6)] == [(1, False), (0, False), (2, False),
                                                                  (1, True), (0, True), (2, True)]
-    assert [_C.cudnn_lin_layer("simple_rnn", i) for i in range(2)] == [(0, False), (0, True)]
+    assert [_C._testing.cudnn_lin_layer("simple_rnn", i) for i in range(2)] == [(0, False), (0, True)]
     with pytest.raises(RuntimeError, match="out of range"):
-        _C.cudnn_lin_layer("gru", 6)
+        _C._testing.cudnn_lin_layer("gru", 6)
 
 
 def test_no_bias_packs_zeros_and_bad_offsets_are_refused():
     weights = [torch.randn(5, 12), torch.randn(3, 12)]
     offsets, size = torch_like_offsets("lstm", 1, 1, 5, 3)
-    space = _C.pack_keras_weights("lstm", False, False, 1, False, 5, 3, weights, offsets, size)
+    space = _C._testing.pack_keras_weights("lstm", False, False, 1, False, 5, 3, weights, offsets, size)
     bias_part = space[4 * 3 * 5 + 4 * 3 * 3:]
     assert bool((bias_part == 0).all()) and bias_part.numel() == 24
     with pytest.raises(RuntimeError, match="fall outside the weight space"):
-        _C.pack_keras_weights("lstm", False, False, 1, False, 5, 3, weights, offsets, size - 1)
+        _C._testing.pack_keras_weights("lstm", False, False, 1, False, 5, 3, weights, offsets, size - 1)
 
 
 def _choose(mask=None, cell="lstm", activation="tanh", recurrent_activation="sigmoid", reset_after=True,
             num_layers=1, bidirectional=False, go_backwards=False, dropout_gates=0, recurrent_dropout=False,
-            dtype="float32", cudnn_version=92400):
+            dtype=torch.float32, cudnn_version=92400):
     b, t = (mask.shape if mask is not None else (3, 5))
-    return _C.choose_backend(cell, activation, recurrent_activation, reset_after, num_layers, bidirectional,
+    return _C._testing.choose_backend(cell, activation, recurrent_activation, reset_after, num_layers, bidirectional,
                              go_backwards, b, t, mask, dropout_gates, recurrent_dropout, dtype, cudnn_version)
 
 
@@ -108,27 +108,27 @@ def test_mask_to_lengths_and_backend_choice():
     assert "go_backwards with a mask" in _choose(m, go_backwards=True)[1]
     assert "go_backwards in a stack" in _choose(go_backwards=True, num_layers=2)[1]
     assert _choose(bidirectional=True, num_layers=3)[0]
-    assert "9.13" in _choose(dtype="bfloat16", cudnn_version=91200)[1]
-    assert _choose(dtype="bfloat16", cudnn_version=91300)[0]
+    assert "9.13" in _choose(dtype=torch.bfloat16, cudnn_version=91200)[1]
+    assert _choose(dtype=torch.bfloat16, cudnn_version=91300)[0]
 
 
 def test_algorithm_preference_and_choice():
     import cudnn_rnn
 
     assert cudnn_rnn.cudnn_algorithm() == "standard"
-    assert _C.choose_algorithm("lstm", 64, "float32", True, 9) == "STANDARD"
+    assert _C.choose_algorithm("lstm", 64, torch.float32, True, 9) == "STANDARD"
     try:
         cudnn_rnn.set_cudnn_algorithm("auto")
-        assert _C.choose_algorithm("lstm", 64, "float32", True, 9) == "PERSIST_STATIC_SMALL_H"
-        assert _C.choose_algorithm("lstm", 64, "float32", False, 9) == "STANDARD"  # variable lengths
-        assert _C.choose_algorithm("lstm", 256, "float32", True, 9) == "STANDARD"
-        assert _C.choose_algorithm("simple_rnn", 256, "float16", True, 9) == "PERSIST_STATIC_SMALL_H"
-        assert _C.choose_algorithm("gru", 64, "float64", True, 9) == "STANDARD"
-        assert _C.choose_algorithm("gru", 64, "bfloat16", True, 9) == "STANDARD"
-        assert _C.choose_algorithm("gru", 64, "float32", True, 5) == "STANDARD"  # compute capability < 6
+        assert _C.choose_algorithm("lstm", 64, torch.float32, True, 9) == "PERSIST_STATIC_SMALL_H"
+        assert _C.choose_algorithm("lstm", 64, torch.float32, False, 9) == "STANDARD"  # variable lengths
+        assert _C.choose_algorithm("lstm", 256, torch.float32, True, 9) == "STANDARD"
+        assert _C.choose_algorithm("simple_rnn", 256, torch.float16, True, 9) == "PERSIST_STATIC_SMALL_H"
+        assert _C.choose_algorithm("gru", 64, torch.float64, True, 9) == "STANDARD"
+        assert _C.choose_algorithm("gru", 64, torch.bfloat16, True, 9) == "STANDARD"
+        assert _C.choose_algorithm("gru", 64, torch.float32, True, 5) == "STANDARD"  # compute capability < 6
         assert "algorithm PERSIST_STATIC_SMALL_H" in str(cudnn_rnn.explain(cudnn_rnn.GRU(3, 64), "cuda"))
         cudnn_rnn.set_cudnn_algorithm("persist_static")
-        assert _C.choose_algorithm("lstm", 512, "float32", True, 9) == "PERSIST_STATIC"
+        assert _C.choose_algorithm("lstm", 512, torch.float32, True, 9) == "PERSIST_STATIC"
         with pytest.raises(ValueError, match="algorithm must be 'standard', 'auto'"):
             cudnn_rnn.set_cudnn_algorithm("fastest")
     finally:

@@ -58,14 +58,15 @@ def _case(seed):
 def test_emulated_cuda_kernels_reproduce_the_cpu_backend(seed, order):
     x, weights, mask, h0, c0, dm, rdm, config = _case(seed)
     expected = torch.ops.cudnn_rnn.rnn_forward(x, weights, mask, h0, c0, dm, rdm, *config)
-    got = _C.emulated_generic_forward(order, x, weights, mask, h0, c0, dm, rdm, *config)
+    _C._testing.set_emulation_order(order)
+    got = _C._testing.emulated_generic_forward(x, weights, mask, h0, c0, dm, rdm, *config, True)
     for name, a, b in zip(("y", "h_n", "c_n", "reserve"), got, expected):
         if name == "reserve":
             a, b = a.view(torch.float64), b.view(torch.float64)
         _close(a, b, name)
     grads = [torch.randn_like(expected[0]), torch.randn_like(expected[1]), torch.randn_like(expected[2])]
     expected_b = torch.ops.cudnn_rnn.rnn_backward(*grads, x, weights, mask, dm, rdm, expected[3], *config)
-    got_b = _C.emulated_generic_backward(order, *grads, x, weights, mask, dm, rdm, expected[3], *config)
+    got_b = _C._testing.emulated_generic_backward(*grads, x, weights, mask, dm, rdm, expected[3], *config)
     _close(got_b[0], expected_b[0], "grad_x")
     for i, (a, b) in enumerate(zip(got_b[1], expected_b[1])):
         _close(a, b, f"grad_weights[{i}]")

@@ -1,9 +1,9 @@
-#include "activation_arrays.h"
+#include "cpu/activation_arrays.h"
 
 #include <cmath>
 #include <cstring>
 
-#include "vec_loops.h"
+#include "cpu/vec_loops.h"
 
 namespace cudnn_rnn {
 namespace cpu {

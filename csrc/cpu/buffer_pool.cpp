@@ -1,4 +1,4 @@
-#include "buffer_pool.h"
+#include "cpu/buffer_pool.h"
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>

@@ -21,8 +21,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../cell_math.h"
-#include "activation_arrays.h"
+#include "core/cell_math.h"
+#include "cpu/activation_arrays.h"
 
 namespace cudnn_rnn {
 namespace cpu {

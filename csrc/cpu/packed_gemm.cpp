@@ -3,7 +3,7 @@
 // order: K in blocks of kKc, then the panels of B, then the rows of A in tiles, so one panel
 // block (kKc x 16 floats, 32 KiB) stays in L1/L2 while every row tile streams past it, and
 // the A rows of one K block (M x kKc) stay in L2.
-#include "packed_gemm.h"
+#include "cpu/packed_gemm.h"
 
 #include <algorithm>
 

@@ -14,15 +14,21 @@
 #include <utility>
 #include <vector>
 
-#include "../rnn_driver.h"
-#include "cell_rows.h"
-#include "packed_gemm.h"
-#include "time_loop.h"
+#include "core/rnn_driver.h"
+#include "cpu/buffer_pool.h"
+#include "cpu/cell_rows.h"
+#include "cpu/packed_gemm.h"
+#include "cpu/time_loop.h"
 
 namespace cudnn_rnn {
 namespace {
 
 using at::Tensor;
+
+// Large per-call buffers come from the buffer pool (no page faults on reuse).
+Tensor workspace(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  return cpu::pooled_empty(sizes, opts.dtype().toScalarType());
+}
 
 int64_t grain(int64_t units, int64_t gates) { return std::max<int64_t>(1, 16384 / (units * gates)); }
 
@@ -271,7 +277,7 @@ struct TimeLoops {
     // (and the recurrent bias's). Per block also the GEMM's output [B, G*w] and the row
     // kernel's scratch.
     const int64_t gate_panels = cpu::packed_size(u, u);
-    Tensor panels = packed ? driver::workspace({G * gate_panels}, a.x3.options()) : Tensor();
+    Tensor panels = packed ? workspace({G * gate_panels}, a.x3.options()) : Tensor();
     if (packed) {
       for (int64_t g = 0; g < G; ++g) {
         pack_panels<T>(a.w.recurrent.data_ptr<T>() + g * u, G * u, false, u, u, panels.data_ptr<T>() + g * gate_panels);
@@ -366,7 +372,7 @@ struct TimeLoops {
     Tensor compact = step.mask && !packed ? at::empty({B, G * u}, dxw.options()) : Tensor();
     T* compact_p = compact.defined() ? compact.data_ptr<T>() : nullptr;
     const T* R = a.w.recurrent.data_ptr<T>();  // [u, G*u]
-    Tensor panels = packed ? driver::workspace({cpu::packed_size(G * u, u)}, dxw.options()) : Tensor();
+    Tensor panels = packed ? workspace({cpu::packed_size(G * u, u)}, dxw.options()) : Tensor();
     if (packed) pack_panels<T>(R, G * u, true, G * u, u, panels.data_ptr<T>());
     const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
     auto time_of = [&](int64_t s) { return cfg.reversed(a.dir) ? Tn - 1 - s : s; };
@@ -434,6 +440,10 @@ struct TimeLoops {
 };
 
 struct CpuPolicy : TimeLoops {
+  static Tensor workspace(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+    return cudnn_rnn::workspace(sizes, opts);
+  }
+
   // The packed kernel for the input projection and the input gradient (float32, AVX2): W packed
   // once (its panels split across threads), then the rows in blocks of 6-row tiles across
   // threads, listed rows read and written in place (no gather, no scatter).
@@ -448,7 +458,7 @@ struct CpuPolicy : TimeLoops {
     const int64_t M = rows.defined() ? rows.numel() : in2.size(0);
     if (M == 0) return true;
     const int64_t np = cpu::panel_count(N), panel = cpu::packed_size(K, cpu::kPanel);
-    Tensor panels = driver::workspace({np * panel}, in2.options());
+    Tensor panels = workspace({np * panel}, in2.options());
     const T* w = W.data_ptr<T>();
     T* pp = panels.data_ptr<T>();
     at::parallel_for(0, np, std::max<int64_t>(1, 4096 / K), [&](int64_t q0, int64_t q1) {
@@ -527,33 +537,15 @@ struct CpuPolicy : TimeLoops {
   }
 };
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_forward_cpu(
-    const Tensor& x, at::TensorList weights, const c10::optional<Tensor>& mask, const c10::optional<Tensor>& h0,
-    const c10::optional<Tensor>& c0, at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
-    c10::string_view cell, c10::string_view activation, c10::string_view recurrent_activation, bool use_bias,
-    bool reset_after, int64_t num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask,
-    bool need_grad) {
-  RnnConfig cfg = make_config(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, cell,
-                              activation, recurrent_activation, use_bias, reset_after,
-                              num_layers, bidirectional, go_backwards, zero_output_for_mask);
-  cfg.keep_saved = need_grad;  // inference: no per-step activations to keep (and no pages to fault in)
-  return driver::forward_any_precision<CpuPolicy>(cfg, x, weights, mask, h0, c0, dropout_masks,
-                                                  recurrent_dropout_masks);
-}
-
-std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> rnn_backward_cpu(
-    const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x, at::TensorList weights,
-    const c10::optional<Tensor>& mask, at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
-    const Tensor& reserve, c10::string_view cell, c10::string_view activation,
-    c10::string_view recurrent_activation, bool use_bias, bool reset_after, int64_t num_layers, bool bidirectional,
-    bool go_backwards, bool zero_output_for_mask) {
-  const RnnConfig cfg = make_config(x, weights, mask, c10::nullopt, c10::nullopt, dropout_masks,
-                                    recurrent_dropout_masks, cell, activation,
-                                    recurrent_activation, use_bias, reset_after, num_layers,
-                                    bidirectional, go_backwards, zero_output_for_mask);
-  return driver::backward_any_precision<CpuPolicy>(cfg, grad_y, grad_h_n, grad_c_n, x, weights, mask,
-                                                   dropout_masks, recurrent_dropout_masks, reserve);
-}
+struct CpuBackend {
+  static ForwardResult forward(RnnConfig cfg, const ForwardCall& call) {
+    cfg.keep_saved = call.need_grad;  // inference: no per-step activations to keep (and no pages to fault in)
+    return driver::forward_any_precision<CpuPolicy>(cfg, call);
+  }
+  static BackwardResult backward(const RnnConfig& cfg, const BackwardCall& call) {
+    return driver::backward_any_precision<CpuPolicy>(cfg, call);
+  }
+};
 
 }  // namespace
 
@@ -563,9 +555,6 @@ cpu::UnitBlocks::UnitBlocks(int64_t batch, int64_t units, int64_t gates) {
   for (int64_t k = 0; k <= n; ++k) start.push_back(k == n ? units : (units * k / n + 8) / 16 * 16);
 }
 
-TORCH_LIBRARY_IMPL(cudnn_rnn, CPU, m) {
-  m.impl("rnn_forward", &rnn_forward_cpu);
-  m.impl("rnn_backward", &rnn_backward_cpu);
-}
+TORCH_LIBRARY_IMPL(cudnn_rnn, CPU, m) { OpAdapter<Validated<CpuBackend>>::register_kernels(m); }
 
 }  // namespace cudnn_rnn

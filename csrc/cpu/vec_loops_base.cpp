@@ -1,4 +1,4 @@
-#include "vec_loops.h"
+#include "cpu/vec_loops.h"
 
 #define CUDNN_RNN_VEC_NS vec_base
-#include "vec_loops_impl.h"
+#include "cpu/vec_loops_impl.h"

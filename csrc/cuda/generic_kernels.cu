@@ -2,8 +2,8 @@
 // functions of generic_kernels_body.h.
 #include <c10/macros/Macros.h>
 
-#include "generic_kernels.h"
-#include "generic_kernels_body.h"
+#include "cuda/generic_kernels.h"
+#include "cuda/generic_kernels_body.h"
 
 namespace cudnn_rnn {
 namespace cuda {

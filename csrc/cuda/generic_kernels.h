@@ -5,7 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "../step_args.h"
+#include "core/step_args.h"
 
 namespace cudnn_rnn {
 namespace cuda {

@@ -10,7 +10,7 @@
 
 #include <c10/macros/Macros.h>
 
-#include "../step_args.h"
+#include "core/step_args.h"
 
 namespace cudnn_rnn {
 namespace cuda {

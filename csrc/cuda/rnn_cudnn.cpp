@@ -1,4 +1,5 @@
-// The cuDNN path of the recurrent stack op (cuDNN 9 v8 API), and the CUDA registration.
+// The cuDNN path of the recurrent stack op (cuDNN 9 v8 API). The CUDA registration, which picks
+// this path or the generic one per call, is register.cpp.
 //
 // Call sequence (see cudnn_adv.h):
 //   per call: cudnnSetDropoutDescriptor (p = 0, no state), cudnnSetRNNDescriptor_v8 with the
@@ -25,9 +26,7 @@
 #include <cuda_runtime_api.h>
 #include <ATen/cudnn/Handle.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
 
-#include <atomic>
 #include <map>
 #include <set>
 #include <memory>
@@ -35,12 +34,9 @@
 #include <mutex>
 #include <tuple>
 
-#include "../backend_choice.h"
-#include "../build_info.h"
-#include "../keras_layout.h"
-#include "../rnn_config.h"
-#include "cudnn_descriptors.h"
-#include "rnn_generic.h"
+#include "cuda/cudnn_descriptors.h"
+#include "cuda/rnn_cudnn.h"
+#include "cudnn_host/keras_layout.h"
 
 namespace cudnn_rnn {
 namespace {
@@ -284,12 +280,15 @@ bool needs_carry(const RnnConfig& cfg, const c10::optional<Tensor>& mask) {
 // ------------------------------------------------------------------------------------------
 // forward / backward
 // ------------------------------------------------------------------------------------------
-std::tuple<Tensor, Tensor, Tensor, Tensor> cudnn_forward_with(cudnnRNNAlgo_t algo, const RnnConfig& cfg,
-                                                              const BackendChoice& choice, const Tensor& x_in,
-                                                              at::TensorList weights, const c10::optional<Tensor>& mask,
-                                                              const c10::optional<Tensor>& h0,
-                                                              const c10::optional<Tensor>& c0,
-                                                              at::TensorList dropout_masks, bool need_grad) {
+ForwardResult cudnn_forward_with(cudnnRNNAlgo_t algo, const RnnConfig& cfg, const BackendChoice& choice,
+                                 const ForwardCall& c) {
+  const Tensor& x_in = c.in.x;
+  const auto& weights = c.in.weights;
+  const auto& mask = c.in.mask;
+  const auto& h0 = c.h0;
+  const auto& c0 = c.c0;
+  const auto& dropout_masks = c.in.dropout_masks;
+  const bool need_grad = c.need_grad;
   Call call;
   prepare(call, cfg, x_in, mask, choice.lengths, algo);
   Tensor x = cudnn_input(cfg, x_in, dropout_masks);
@@ -346,33 +345,32 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> cudnn_forward_with(cudnnRNNAlgo_t alg
   return {y, h_n, c_n, reserve};
 }
 
+}  // namespace
+
 // Forward with the call's algorithm; a persistent algorithm cuDNN refuses (NOT_SUPPORTED
 // anywhere before the forward kernel ran) falls back to STANDARD, remembered for the
 // configuration, so its backward uses STANDARD too.
-std::tuple<Tensor, Tensor, Tensor, Tensor> cudnn_forward(const RnnConfig& cfg, const BackendChoice& choice,
-                                                         const Tensor& x, at::TensorList weights,
-                                                         const c10::optional<Tensor>& mask,
-                                                         const c10::optional<Tensor>& h0,
-                                                         const c10::optional<Tensor>& c0,
-                                                         at::TensorList dropout_masks, bool need_grad) {
-  const cudnnRNNAlgo_t algo = algorithm_for(cfg, x, mask);
-  if (algo == CUDNN_RNN_ALGO_STANDARD) {
-    return cudnn_forward_with(algo, cfg, choice, x, weights, mask, h0, c0, dropout_masks, need_grad);
-  }
+ForwardResult cudnn_forward(const RnnConfig& cfg, const BackendChoice& choice, const ForwardCall& call) {
+  const cudnnRNNAlgo_t algo = algorithm_for(cfg, call.in.x, call.in.mask);
+  if (algo == CUDNN_RNN_ALGO_STANDARD) return cudnn_forward_with(algo, cfg, choice, call);
   try {
-    return cudnn_forward_with(algo, cfg, choice, x, weights, mask, h0, c0, dropout_masks, need_grad);
+    return cudnn_forward_with(algo, cfg, choice, call);
   } catch (const c10::Error& e) {
     if (std::string(e.what()).find("CUDNN_STATUS_NOT_SUPPORTED") == std::string::npos) throw;
-    refuse(cfg, x, algo);
-    return cudnn_forward_with(CUDNN_RNN_ALGO_STANDARD, cfg, choice, x, weights, mask, h0, c0, dropout_masks,
-                              need_grad);
+    refuse(cfg, call.in.x, algo);
+    return cudnn_forward_with(CUDNN_RNN_ALGO_STANDARD, cfg, choice, call);
   }
 }
 
-std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> cudnn_backward(
-    const RnnConfig& cfg, const BackendChoice& choice, const Tensor& grad_y, const Tensor& grad_h_n,
-    const Tensor& grad_c_n, const Tensor& x_in, at::TensorList weights, const c10::optional<Tensor>& mask,
-    at::TensorList dropout_masks, const Tensor& reserve) {
+BackwardResult cudnn_backward(const RnnConfig& cfg, const BackendChoice& choice, const BackwardCall& c) {
+  const Tensor& x_in = c.in.x;
+  const auto& weights = c.in.weights;
+  const auto& mask = c.in.mask;
+  const auto& dropout_masks = c.in.dropout_masks;
+  const Tensor& grad_y = c.grad_y;
+  const Tensor& grad_h_n = c.grad_h_n;
+  const Tensor& grad_c_n = c.grad_c_n;
+  const Tensor& reserve = c.reserve;
   Call call;
   prepare(call, cfg, x_in, mask, choice.lengths, algorithm_for(cfg, x_in, mask));
   Tensor x = cudnn_input(cfg, x_in, dropout_masks);
@@ -431,76 +429,6 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> cudnn_backward(
   if (!dropout_masks.empty()) dx = dx * dropout_masks[0][0].unsqueeze(1);
   if (padded.defined()) dx.masked_fill_(padded, 0);
   return {dx, grad_weights, dhx, dcx};
-}
-
-// ------------------------------------------------------------------------------------------
-// CUDA registration: cuDNN where backend_choice says so, the generic CUDA backend otherwise
-// ------------------------------------------------------------------------------------------
-std::atomic<int64_t>& fallback_counter() {
-  static std::atomic<int64_t> n{0};
-  return n;
-}
-
-BackendChoice choose(const RnnConfig& cfg, const c10::optional<Tensor>& mask, at::TensorList dropout_masks,
-                     at::TensorList recurrent_dropout_masks, const Tensor& x) {
-  c10::optional<Tensor> mask_cpu;
-  if (mask.has_value()) mask_cpu = mask->to(at::kCPU);  // lengths go to cuDNN as a host array
-  return choose_backend(cfg, mask_cpu, dropout_masks, recurrent_dropout_masks, x.scalar_type(),
-                        static_cast<int64_t>(cudnnGetVersion()));
-}
-
-
-std::tuple<Tensor, Tensor, Tensor, Tensor> rnn_forward_cuda(
-    const Tensor& x, at::TensorList weights, const c10::optional<Tensor>& mask, const c10::optional<Tensor>& h0,
-    const c10::optional<Tensor>& c0, at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
-    c10::string_view cell, c10::string_view activation, c10::string_view recurrent_activation, bool use_bias,
-    bool reset_after, int64_t num_layers, bool bidirectional, bool go_backwards, bool zero_output_for_mask,
-    bool need_grad) {
-  const RnnConfig cfg = make_config(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks,
-                                    cell, activation, recurrent_activation,
-                                    use_bias, reset_after, num_layers, bidirectional, go_backwards,
-                                    zero_output_for_mask);
-  c10::cuda::CUDAGuard guard(x.device());
-  const BackendChoice choice = choose(cfg, mask, dropout_masks, recurrent_dropout_masks, x);
-  if (!choice.cudnn) {
-    fallback_counter()++;
-    return generic_cuda_forward(cfg, x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks);
-  }
-  return cudnn_forward(cfg, choice, x, weights, mask, h0, c0, dropout_masks, need_grad);
-}
-
-std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> rnn_backward_cuda(
-    const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x, at::TensorList weights,
-    const c10::optional<Tensor>& mask, at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks,
-    const Tensor& reserve, c10::string_view cell, c10::string_view activation,
-    c10::string_view recurrent_activation, bool use_bias, bool reset_after, int64_t num_layers, bool bidirectional,
-    bool go_backwards, bool zero_output_for_mask) {
-  const RnnConfig cfg = make_config(x, weights, mask, c10::nullopt, c10::nullopt, dropout_masks,
-                                    recurrent_dropout_masks, cell, activation,
-                                    recurrent_activation, use_bias, reset_after, num_layers,
-                                    bidirectional, go_backwards, zero_output_for_mask);
-  c10::cuda::CUDAGuard guard(x.device());
-  const BackendChoice choice = choose(cfg, mask, dropout_masks, recurrent_dropout_masks, x);
-  if (!choice.cudnn) {
-    return generic_cuda_backward(cfg, grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_masks,
-                                 recurrent_dropout_masks, reserve);
-  }
-  return cudnn_backward(cfg, choice, grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_masks, reserve);
-}
-
-}  // namespace
-
-int64_t cudnn_fallback_count() { return fallback_counter().load(); }
-
-std::map<std::string, std::string> accelerator_build_info() {
-  return {{"cuda", std::to_string(CUDART_VERSION)},
-          {"cudnn", std::to_string(CUDNN_VERSION)},
-          {"cudnn_runtime", std::to_string(cudnnGetVersion())}};
-}
-
-TORCH_LIBRARY_IMPL(cudnn_rnn, CUDA, m) {
-  m.impl("rnn_forward", &rnn_forward_cuda);
-  m.impl("rnn_backward", &rnn_backward_cuda);
 }
 
 }  // namespace cudnn_rnn

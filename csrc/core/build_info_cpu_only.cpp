@@ -1,4 +1,4 @@
-#include "build_info.h"
+#include "core/build_info.h"
 
 namespace cudnn_rnn {
 std::map<std::string, std::string> accelerator_build_info() { return {{"cuda", "no"}, {"cudnn", "no"}}; }

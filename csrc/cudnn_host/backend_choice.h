@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "rnn_config.h"
+#include "core/rnn_config.h"
 
 namespace cudnn_rnn {
 

@@ -1,4 +1,4 @@
-#include "backend_choice.h"
+#include "cudnn_host/backend_choice.h"
 
 #include <ATen/ATen.h>
 

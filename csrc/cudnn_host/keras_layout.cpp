@@ -1,4 +1,4 @@
-#include "keras_layout.h"
+#include "cudnn_host/keras_layout.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -1,6 +1,6 @@
 // What the extension was built with, and how often the CUDA backend left cuDNN. One
-// implementation per build flavour: build_info_cpu.cpp in a CPU-only build, cuda/rnn_cudnn.cpp
-// in a CUDA build (setup.py picks the files).
+// implementation per build flavour: core/build_info_cpu_only.cpp in a CPU-only build,
+// cuda/register.cpp in a CUDA build (setup.py picks the files).
 #pragma once
 
 #include <cstdint>

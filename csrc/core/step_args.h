@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "cell_math.h"
+#include "core/cell_math.h"
 
 namespace cudnn_rnn {
 

@@ -1,4 +1,4 @@
-#include "rnn_config.h"
+#include "core/rnn_config.h"
 
 #include <c10/util/Exception.h>
 
@@ -58,26 +58,20 @@ std::string weight_name(int64_t layer, int64_t dir, const char* kind) {
   return s.str();
 }
 
-}  // namespace
-
-RnnConfig make_config(const at::Tensor& x, at::TensorList weights, const c10::optional<at::Tensor>& mask,
-                      const c10::optional<at::Tensor>& h0, const c10::optional<at::Tensor>& c0,
-                      at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks, c10::string_view cell_name,
-                      c10::string_view activation, c10::string_view recurrent_activation, bool use_bias,
-                      bool reset_after, int64_t num_layers, bool bidirectional, bool go_backwards,
-                      bool zero_output_for_mask) {
-  const std::string cell(cell_name);
+RnnConfig config_of(const RnnInputs& in, const RnnOptions& o) {
+  const at::Tensor& x = in.x;
+  const auto& weights = in.weights;
   RnnConfig cfg;
-  cfg.cell = parse_cell(cell);
-  cfg.activation = parse_activation(std::string(activation), "activation");
-  cfg.recurrent_activation = parse_activation(std::string(recurrent_activation), "recurrent_activation");
-  cfg.use_bias = use_bias;
-  cfg.reset_after = cfg.cell == CellKind::GRU && reset_after;
-  TORCH_CHECK_VALUE(num_layers >= 1, "num_layers must be >= 1; got ", num_layers);
-  cfg.num_layers = num_layers;
-  cfg.num_directions = bidirectional ? 2 : 1;
-  cfg.go_backwards = go_backwards;
-  cfg.zero_output_for_mask = zero_output_for_mask;
+  cfg.cell = parse_cell(o.cell);
+  cfg.activation = parse_activation(o.activation, "activation");
+  cfg.recurrent_activation = parse_activation(o.recurrent_activation, "recurrent_activation");
+  cfg.use_bias = o.use_bias;
+  cfg.reset_after = cfg.cell == CellKind::GRU && o.reset_after;
+  TORCH_CHECK_VALUE(o.num_layers >= 1, "num_layers must be >= 1; got ", o.num_layers);
+  cfg.num_layers = o.num_layers;
+  cfg.num_directions = o.bidirectional ? 2 : 1;
+  cfg.go_backwards = o.go_backwards;
+  cfg.zero_output_for_mask = o.zero_output_for_mask;
 
   TORCH_CHECK_VALUE(x.dim() == 3, "x must have shape (batch, time, features); got ", x.sizes());
   TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble || x.scalar_type() == at::kHalf ||
@@ -92,7 +86,7 @@ RnnConfig make_config(const at::Tensor& x, at::TensorList weights, const c10::op
   const int64_t stacks = cfg.num_layers * cfg.num_directions;
   TORCH_CHECK_VALUE(static_cast<int64_t>(weights.size()) == stacks * per_dir, "weights must hold ",
                     stacks * per_dir, " tensors (", cfg.num_layers, " layer(s) x ", cfg.num_directions,
-                    " direction(s) x ", per_dir, " [kernel, recurrent_kernel", use_bias ? ", bias" : "",
+                    " direction(s) x ", per_dir, " [kernel, recurrent_kernel", o.use_bias ? ", bias" : "",
                     "]); got ", weights.size());
   TORCH_CHECK_VALUE(weights[1].dim() == 2, "weights[layer 0, direction 0].recurrent_kernel must be 2-D; got ",
                     weights[1].sizes());
@@ -109,7 +103,7 @@ RnnConfig make_config(const at::Tensor& x, at::TensorList weights, const c10::op
       const auto rname = weight_name(l, d, "recurrent_kernel");
       check_like(weights[base + 1], x, rname);
       check_shape(weights[base + 1], {cfg.units, gu}, rname);
-      if (use_bias) {
+      if (o.use_bias) {
         const auto bname = weight_name(l, d, "bias");
         check_like(weights[base + 2], x, bname);
         if (cfg.reset_after) {
@@ -121,27 +115,19 @@ RnnConfig make_config(const at::Tensor& x, at::TensorList weights, const c10::op
     }
   }
 
+  const auto& mask = in.mask;
   if (mask.has_value()) {
     TORCH_CHECK_TYPE(mask->scalar_type() == at::kBool, "mask must be a bool tensor; got ", mask->scalar_type());
     TORCH_CHECK(mask->device() == x.device(), "mask must be on ", x.device(), "; got ", mask->device());
     check_shape(*mask, {cfg.batch, cfg.time}, "mask");
-  }
-  if (h0.has_value()) {
-    check_like(*h0, x, "h0");
-    check_shape(*h0, {stacks, cfg.batch, cfg.units}, "h0");
-  }
-  if (c0.has_value()) {
-    TORCH_CHECK_VALUE(cfg.has_cell_state(), "c0 is only accepted by the LSTM cell; got cell '", cell, "'");
-    check_like(*c0, x, "c0");
-    check_shape(*c0, {stacks, cfg.batch, cfg.units}, "c0");
   }
   struct DropoutList {
     at::TensorList masks;
     const char* name;
     bool recurrent;
   };
-  for (const DropoutList& list : {DropoutList{dropout_masks, "dropout_masks", false},
-                                  DropoutList{recurrent_dropout_masks, "recurrent_dropout_masks", true}}) {
+  for (const DropoutList& list : {DropoutList{in.dropout_masks, "dropout_masks", false},
+                                  DropoutList{in.recurrent_dropout_masks, "recurrent_dropout_masks", true}}) {
     if (list.masks.empty()) continue;
     TORCH_CHECK_VALUE(static_cast<int64_t>(list.masks.size()) == stacks, list.name, " must be empty or hold ",
                       stacks, " tensors (one per layer and direction); got ", list.masks.size());
@@ -158,6 +144,40 @@ RnnConfig make_config(const at::Tensor& x, at::TensorList weights, const c10::op
                           "); got ", m.sizes());
       }
     }
+  }
+  return cfg;
+}
+
+}  // namespace
+
+RnnConfig make_config(const ForwardCall& call) {
+  RnnConfig cfg = config_of(call.in, call.options);
+  const at::Tensor& x = call.in.x;
+  const int64_t stacks = cfg.num_layers * cfg.num_directions;
+  if (call.h0.has_value()) {
+    check_like(*call.h0, x, "h0");
+    check_shape(*call.h0, {stacks, cfg.batch, cfg.units}, "h0");
+  }
+  if (call.c0.has_value()) {
+    TORCH_CHECK_VALUE(cfg.has_cell_state(), "c0 is only accepted by the LSTM cell; got cell '", call.options.cell,
+                      "'");
+    check_like(*call.c0, x, "c0");
+    check_shape(*call.c0, {stacks, cfg.batch, cfg.units}, "c0");
+  }
+  return cfg;
+}
+
+RnnConfig make_config(const BackwardCall& call) {
+  RnnConfig cfg = config_of(call.in, call.options);
+  const at::Tensor& x = call.in.x;
+  const int64_t B = cfg.batch, LD = cfg.num_layers * cfg.num_directions, u = cfg.units;
+  check_like(call.grad_y, x, "grad_y");
+  check_shape(call.grad_y, {B, cfg.time, cfg.num_directions * u}, "grad_y");
+  check_like(call.grad_h_n, x, "grad_h_n");
+  check_shape(call.grad_h_n, {LD, B, u}, "grad_h_n");
+  if (cfg.has_cell_state()) {
+    check_like(call.grad_c_n, x, "grad_c_n");
+    check_shape(call.grad_c_n, {LD, B, u}, "grad_c_n");
   }
   return cfg;
 }

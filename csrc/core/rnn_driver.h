@@ -10,7 +10,9 @@
 //   gru_before_backward_b<T>(const BackwardStep<T>&)  GRU reset_after=False phase B (r gate)
 //   time_loop_forward<T>, time_loop_backward<T>   a backend's own whole time loop for the
 //                                                 configurations it takes (returns false for the
-//                                                 rest); GenericTimeLoops declines every one
+//                                                 rest); PolicyDefaults declines every one
+//   workspace(sizes, options)                     large per-call buffers (PolicyDefaults: at::empty)
+//   row_gemm<T>(...)                              a backend's own row GEMM (PolicyDefaults: none)
 //
 // Layouts: x and y are batch-major [B, T, F]; the outputs of inner layers live in the reserve
 // time-major [T, B, D*u]. A "sequence" below is a 3-D tensor in either layout.
@@ -22,24 +24,18 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/buffer_pool.h"
-#include "rnn_config.h"
-#include "step_args.h"
+#include "core/rnn_config.h"
+#include "core/step_args.h"
 
 namespace cudnn_rnn {
 namespace driver {
 
 using at::Tensor;
 
-// Large buffers: on the CPU from the buffer pool (no page faults on reuse), elsewhere at::empty
-// (the CUDA caching allocator already reuses).
-inline Tensor workspace(at::IntArrayRef sizes, const at::TensorOptions& opts) {
-  return opts.device().is_cpu() ? cpu::pooled_empty(sizes, opts.dtype().toScalarType()) : at::empty(sizes, opts);
-}
-
 // rows idx (int64) of a 2-D tensor, into a workspace buffer.
-inline Tensor select_rows(const Tensor& m2, const Tensor& idx) {
-  Tensor out = workspace({idx.numel(), m2.size(1)}, m2.options());
+template <typename Policy>
+Tensor select_rows(const Tensor& m2, const Tensor& idx) {
+  Tensor out = Policy::workspace({idx.numel(), m2.size(1)}, m2.options());
   at::index_select_out(out, m2, 0, idx);
   return out;
 }
@@ -123,7 +119,7 @@ Tensor input_projection(const RnnConfig& cfg, const Tensor& x3, bool batch_major
                         const Tensor& dmask, const Tensor& real) {
   const int64_t u = cfg.units, G = cfg.gates();
   const auto rows = x3.size(0) * x3.size(1);
-  Tensor xw = workspace({x3.size(0), x3.size(1), G * u}, x3.options());
+  Tensor xw = Policy::workspace({x3.size(0), x3.size(1), G * u}, x3.options());
   Tensor xw2 = xw.view({rows, G * u});
   if (!dmask.defined() && x3.is_contiguous() &&
       Policy::template row_gemm<T>(x3.view({rows, x3.size(2)}), real, w.kernel, false, w.bias_in, false, xw2)) {
@@ -131,8 +127,8 @@ Tensor input_projection(const RnnConfig& cfg, const Tensor& x3, bool batch_major
   }
   if (real.defined()) {
     TORCH_INTERNAL_ASSERT(!dmask.defined(), "input_projection: per-row compaction with dropout masks");
-    Tensor x_real = select_rows(x3.view({rows, x3.size(2)}), real);
-    Tensor out = workspace({real.numel(), G * u}, x3.options());
+    Tensor x_real = select_rows<Policy>(x3.view({rows, x3.size(2)}), real);
+    Tensor out = Policy::workspace({real.numel(), G * u}, x3.options());
     if (w.bias_in.defined()) {
       at::addmm_out(out, w.bias_in, x_real, w.kernel);
     } else {
@@ -323,10 +319,11 @@ inline RealRows real_rows(const RnnConfig& cfg, const Tensor& mask, bool batch_m
 // [A_1 | A_2 | ... (| 1)]^T · D: the weight gradients of several inputs (rows `rows_k` of each
 // 2-D A_k) and, with `ones`, the bias's as the last row, in one GEMM over the rows of D. Returns
 // the [sum of widths (+ 1), N] product.
-inline Tensor stacked_weight_grad(const std::vector<std::pair<Tensor, Tensor>>& parts, bool ones, const Tensor& D) {
+template <typename Policy>
+Tensor stacked_weight_grad(const std::vector<std::pair<Tensor, Tensor>>& parts, bool ones, const Tensor& D) {
   int64_t width = ones ? 1 : 0;
   for (const auto& part : parts) width += part.first.size(1);
-  Tensor A = workspace({D.size(0), width}, D.options());
+  Tensor A = Policy::workspace({D.size(0), width}, D.options());
   int64_t col = 0;
   for (const auto& [src, rows] : parts) {
     A.narrow(1, col, src.size(1)).copy_(src.index_select(0, rows));
@@ -336,8 +333,12 @@ inline Tensor stacked_weight_grad(const std::vector<std::pair<Tensor, Tensor>>& 
   return at::mm(A.t(), D);
 }
 
-// Policies without time loops of their own inherit this.
-struct GenericTimeLoops {
+// What a Policy may leave out: policies derive from this and override what they have.
+struct PolicyDefaults {
+  // Large per-call buffers (the CPU backend keeps a pool of them; at::empty reuses through the
+  // CUDA caching allocator).
+  static Tensor workspace(at::IntArrayRef sizes, const at::TensorOptions& opts) { return at::empty(sizes, opts); }
+
   // out2[r] = (accumulate ? out2[r] : bias, or 0) + in2[r] · op(W) for the rows r listed in
   // `rows` (int64; every row when undefined), op(W) = W [K, N] or, with trans_w, the transpose
   // of W [N, K]: the hoisted input projection and the input-gradient GEMM. false leaves it to
@@ -417,8 +418,8 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
 
   // dxw: input-side pre-activation gradients, in the layer input's layout.
   // drec: recurrent-side gradients in processing order (the weight GEMM's right operand).
-  Tensor dxw = workspace({a.x3.size(0), a.x3.size(1), G * u}, opts);
-  Tensor drec = gru_after ? workspace({Tn, B, G * u}, opts) : Tensor();
+  Tensor dxw = Policy::workspace({a.x3.size(0), a.x3.size(1), G * u}, opts);
+  Tensor drec = gru_after ? Policy::workspace({Tn, B, G * u}, opts) : Tensor();
   Tensor first = first_real_step(cfg, a.mask, reversed, opts);
 
   Tensor dh = dhn.defined() ? dhn.clone() : at::zeros({B, u}, opts);
@@ -466,25 +467,25 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   // separate GEMMs below measured faster: no copy of x.)
   if (!a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask)) {
     const RealRows real = real_rows(cfg, a.mask, a.in_batch_major, reversed);
-    const Tensor d = select_rows(dxw2, real.in_layout);
+    const Tensor d = select_rows<Policy>(dxw2, real.in_layout);
     // dx3's real rows += d · K^T: in place, or gathered, one GEMM, scattered back
     Tensor dx2 = g.dx3.view({rows, in});
     if (!Policy::template row_gemm<T>(dxw2, real.in_layout, a.w.kernel, true, Tensor(), true, dx2)) {
-      dx2.index_copy_(0, real.in_layout, select_rows(dx2, real.in_layout).addmm_(d, a.w.kernel.t()));
+      dx2.index_copy_(0, real.in_layout, select_rows<Policy>(dx2, real.in_layout).addmm_(d, a.w.kernel.t()));
     }
     const Tensor x2 = a.x3.reshape({rows, in});
     const Tensor h2 = a.rs.h.narrow(0, 0, Tn).reshape({Tn * B, u});  // processing order
     if (gru_after) {
       const Tensor drec2 = drec.view({Tn * B, G * u});
-      const Tensor in_side = stacked_weight_grad({{x2, real.in_layout}}, cfg.use_bias, d);
-      const Tensor rec_side = stacked_weight_grad({{h2, real.processing}}, cfg.use_bias,
-                                                  select_rows(drec2, real.processing));
+      const Tensor in_side = stacked_weight_grad<Policy>({{x2, real.in_layout}}, cfg.use_bias, d);
+      const Tensor rec_side = stacked_weight_grad<Policy>({{h2, real.processing}}, cfg.use_bias,
+                                                  select_rows<Policy>(drec2, real.processing));
       g.dkernel = in_side.narrow(0, 0, in);
       g.drecurrent = rec_side.narrow(0, 0, u);
       if (cfg.use_bias) g.dbias = at::stack({in_side[in], rec_side[u]});
     } else {
       const Tensor both =
-          stacked_weight_grad({{x2, real.in_layout}, {h2, real.processing_of_in_layout}}, cfg.use_bias, d);
+          stacked_weight_grad<Policy>({{x2, real.in_layout}, {h2, real.processing_of_in_layout}}, cfg.use_bias, d);
       g.dkernel = both.narrow(0, 0, in);  // owns the product; the others are copies of their rows
       g.drecurrent = both.narrow(0, in, u).clone();
       if (cfg.use_bias) g.dbias = both[in + u].clone();
@@ -515,7 +516,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
     Tensor hprev = a.rs.h.narrow(0, 0, Tn);  // [T, B, u], processing order
     auto in_input_layout = [&](const Tensor& p) {  // [T, B, k] processing order -> [rows, k]
       if (!a.in_batch_major && !reversed) return p.reshape({rows, p.size(2)});
-      Tensor out = workspace(a.in_batch_major ? at::IntArrayRef({B, Tn, p.size(2)}) : p.sizes(), opts);
+      Tensor out = Policy::workspace(a.in_batch_major ? at::IntArrayRef({B, Tn, p.size(2)}) : p.sizes(), opts);
       const Tensor by_time = reversed ? p.flip(0) : p;  // [T, B, k] in time order
       out.copy_(a.in_batch_major ? by_time.transpose(0, 1) : by_time);  // one strided copy, not T
       return out.view({rows, p.size(2)});
@@ -551,17 +552,21 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
 // The whole stack, forward. The reserve is this driver's (saved activations, states, inner
 // layer outputs), as bytes.
 template <typename Policy>
-std::tuple<Tensor, Tensor, Tensor, Tensor> forward(const RnnConfig& cfg, const Tensor& x, at::TensorList weights,
-                                                   const c10::optional<Tensor>& mask, const c10::optional<Tensor>& h0,
-                                                   const c10::optional<Tensor>& c0, at::TensorList dropout_masks,
-                                                   at::TensorList recurrent_dropout_masks) {
+ForwardResult forward(const RnnConfig& cfg, const ForwardCall& call) {
+  const Tensor& x = call.in.x;
+  const auto& weights = call.in.weights;
+  const auto& mask = call.in.mask;
+  const auto& h0 = call.h0;
+  const auto& c0 = call.c0;
+  const auto& dropout_masks = call.in.dropout_masks;
+  const auto& recurrent_dropout_masks = call.in.recurrent_dropout_masks;
   const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, D = cfg.num_directions, L = cfg.num_layers;
   Tensor xc = x.contiguous();
-  Tensor y = workspace({B, Tn, D * u}, x.options());
+  Tensor y = Policy::workspace({B, Tn, D * u}, x.options());
   Tensor h_n = at::empty({L * D, B, u}, x.options());
   Tensor c_n = cfg.has_cell_state() ? at::empty({L * D, B, u}, x.options()) : at::empty({0}, x.options());
   // The reserve travels as bytes (its layout is each backend's own business; see ops.cpp).
-  Tensor reserve_bytes = workspace({cfg.reserve_size() * static_cast<int64_t>(x.element_size())}, x.options().dtype(at::kByte));
+  Tensor reserve_bytes = Policy::workspace({cfg.reserve_size() * static_cast<int64_t>(x.element_size())}, x.options().dtype(at::kByte));
   Tensor reserve = reserve_bytes.view(x.scalar_type());
   Tensor mask_c = mask.has_value() ? mask->contiguous() : Tensor();
 
@@ -590,17 +595,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward(const RnnConfig& cfg, const T
 }
 
 template <typename Policy>
-std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> backward(
-    const RnnConfig& cfg, const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x,
-    at::TensorList weights, const c10::optional<Tensor>& mask, at::TensorList dropout_masks,
-    at::TensorList recurrent_dropout_masks, const Tensor& reserve) {
-  const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, D = cfg.num_directions, L = cfg.num_layers;
-  TORCH_CHECK_VALUE(grad_y.sizes() == at::IntArrayRef({B, Tn, D * u}), "grad_y must have shape ",
-                    at::IntArrayRef({B, Tn, D * u}), "; got ", grad_y.sizes());
-  TORCH_CHECK_VALUE(grad_h_n.sizes() == at::IntArrayRef({L * D, B, u}), "grad_h_n must have shape ",
-                    at::IntArrayRef({L * D, B, u}), "; got ", grad_h_n.sizes());
-  TORCH_CHECK_VALUE(!cfg.has_cell_state() || grad_c_n.sizes() == at::IntArrayRef({L * D, B, u}),
-                    "grad_c_n must have shape ", at::IntArrayRef({L * D, B, u}), "; got ", grad_c_n.sizes());
+BackwardResult backward(const RnnConfig& cfg, const BackwardCall& call) {
+  const Tensor& x = call.in.x;
+  const auto& weights = call.in.weights;
+  const auto& mask = call.in.mask;
+  const auto& dropout_masks = call.in.dropout_masks;
+  const auto& recurrent_dropout_masks = call.in.recurrent_dropout_masks;
+  const Tensor& grad_y = call.grad_y;
+  const Tensor& grad_h_n = call.grad_h_n;
+  const Tensor& grad_c_n = call.grad_c_n;
+  const Tensor& reserve = call.reserve;
+  const int64_t B = cfg.batch, u = cfg.units, D = cfg.num_directions, L = cfg.num_layers;
   const int64_t reserve_bytes = cfg.reserve_size() * static_cast<int64_t>(x.element_size());
   TORCH_CHECK_VALUE(reserve.dim() == 1 && reserve.scalar_type() == at::kByte && reserve.size(0) == reserve_bytes,
                     "reserve must be the uint8 tensor of ", reserve_bytes, " bytes rnn_forward returned for this "
@@ -619,7 +624,7 @@ std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> backward(
     for (int64_t l = L - 1; l >= 0; --l) {
       const bool last = l == L - 1;
       Tensor x3 = l == 0 ? xc : inner_layer_output(cfg, rc, l - 1);
-      Tensor dx3 = workspace(x3.sizes(), x3.options()).zero_();
+      Tensor dx3 = Policy::workspace(x3.sizes(), x3.options()).zero_();
       for (int64_t d = 0; d < D; ++d) {
         const int64_t ld = l * D + d;
         DirectionArgs a{l, d, x3, l == 0, dir_weights(cfg, weights, ld), mask_c,
@@ -650,41 +655,34 @@ inline bool low_precision(const Tensor& t) {
   return t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
 }
 inline Tensor to_float(const Tensor& t) { return low_precision(t) ? t.to(at::kFloat) : t; }
-inline std::vector<Tensor> to_float(at::TensorList ts) {
+inline OptTensor to_float(const OptTensor& t) { return t.has_value() ? OptTensor(to_float(*t)) : c10::nullopt; }
+inline std::vector<Tensor> to_float(const std::vector<Tensor>& ts) {
   std::vector<Tensor> out;
   for (const auto& t : ts) out.push_back(to_float(t));
   return out;
 }
-inline c10::optional<Tensor> to_float(const c10::optional<Tensor>& t) {
-  return t.has_value() ? c10::optional<Tensor>(to_float(*t)) : c10::nullopt;
+inline RnnInputs to_float(const RnnInputs& in) {
+  return {to_float(in.x), to_float(in.weights), in.mask, to_float(in.dropout_masks),
+          to_float(in.recurrent_dropout_masks)};
 }
 
 template <typename Policy>
-std::tuple<Tensor, Tensor, Tensor, Tensor> forward_any_precision(
-    const RnnConfig& cfg, const Tensor& x, at::TensorList weights, const c10::optional<Tensor>& mask,
-    const c10::optional<Tensor>& h0, const c10::optional<Tensor>& c0, at::TensorList dropout_masks,
-    at::TensorList recurrent_dropout_masks) {
-  if (!low_precision(x)) return forward<Policy>(cfg, x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks);
-  auto [y, h_n, c_n, reserve] = forward<Policy>(cfg, to_float(x), to_float(weights), mask, to_float(h0), to_float(c0),
-                                                 to_float(dropout_masks), to_float(recurrent_dropout_masks));
-  const auto dtype = x.scalar_type();
+ForwardResult forward_any_precision(const RnnConfig& cfg, const ForwardCall& call) {
+  if (!low_precision(call.in.x)) return forward<Policy>(cfg, call);
+  const ForwardCall f{to_float(call.in), to_float(call.h0), to_float(call.c0), call.options, call.need_grad};
+  auto [y, h_n, c_n, reserve] = forward<Policy>(cfg, f);
+  const auto dtype = call.in.x.scalar_type();
   return {y.to(dtype), h_n.to(dtype), c_n.to(dtype), reserve};
 }
 
 template <typename Policy>
-std::tuple<Tensor, std::vector<Tensor>, Tensor, Tensor> backward_any_precision(
-    const RnnConfig& cfg, const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x,
-    at::TensorList weights, const c10::optional<Tensor>& mask, at::TensorList dropout_masks,
-    at::TensorList recurrent_dropout_masks, const Tensor& reserve) {
-  if (!low_precision(x)) {
-    return backward<Policy>(cfg, grad_y, grad_h_n, grad_c_n, x, weights, mask, dropout_masks, recurrent_dropout_masks,
-                            reserve);
-  }
-  auto [dx, dw, dh0, dc0] = backward<Policy>(cfg, to_float(grad_y), to_float(grad_h_n), to_float(grad_c_n),
-                                              to_float(x), to_float(weights), mask, to_float(dropout_masks),
-                                              to_float(recurrent_dropout_masks), reserve);
-  const auto dtype = x.scalar_type();
-  for (size_t i = 0; i < dw.size(); ++i) dw[i] = dw[i].to(weights[i].scalar_type());
+BackwardResult backward_any_precision(const RnnConfig& cfg, const BackwardCall& call) {
+  if (!low_precision(call.in.x)) return backward<Policy>(cfg, call);
+  const BackwardCall f{to_float(call.grad_y), to_float(call.grad_h_n), to_float(call.grad_c_n), to_float(call.in),
+                       call.reserve, call.options};
+  auto [dx, dw, dh0, dc0] = backward<Policy>(cfg, f);
+  const auto dtype = call.in.x.scalar_type();
+  for (size_t i = 0; i < dw.size(); ++i) dw[i] = dw[i].to(call.in.weights[i].scalar_type());
   return {dx.to(dtype), dw, dh0.to(dtype), dc0.to(dtype)};
 }
 

@@ -16,7 +16,7 @@
 
 #include <vector>
 
-#include "rnn_config.h"
+#include "core/rnn_config.h"
 
 namespace cudnn_rnn {
 

@@ -1,6 +1,7 @@
 // The one description of a recurrent stack (cell, activations, sizes, layers, directions) and
-// the layout of its reserve buffer. Every backend builds an RnnConfig from the op arguments and
-// validates the op's tensors against it, so error messages are the same everywhere.
+// the layout of its reserve buffer. Every device backend gets an RnnConfig built from the op's
+// arguments by make_config, which validates the call once (Validated below), so error messages
+// are the same everywhere.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "cell_math.h"
+#include "core/cell_math.h"
+#include "core/rnn_call.h"
 
 namespace cudnn_rnn {
 
@@ -35,7 +37,8 @@ struct RnnConfig {
   bool go_backwards;  // direction 0 runs reversed; direction 1 runs the other way
   bool zero_output_for_mask;
   // Keep every step's saved activations for backward (false: no backward will run, so one
-  // step's worth of scratch is reused and the reserve holds only the states).
+  // step's worth of scratch is reused and the reserve holds only the states). A backend sets it
+  // from ForwardCall::need_grad when its driver may skip them (the CPU backend does).
   bool keep_saved = true;
   int64_t batch;
   int64_t time;
@@ -72,14 +75,18 @@ struct RnnConfig {
   }
 };
 
-// Builds the config from the op's arguments and checks every tensor against it. Errors name the
-// argument and give the expected and the actual shape / dtype / device.
-// The names are the op's string arguments as the dispatcher passes them.
-RnnConfig make_config(const at::Tensor& x, at::TensorList weights, const c10::optional<at::Tensor>& mask,
-                      const c10::optional<at::Tensor>& h0, const c10::optional<at::Tensor>& c0,
-                      at::TensorList dropout_masks, at::TensorList recurrent_dropout_masks, c10::string_view cell,
-                      c10::string_view activation, c10::string_view recurrent_activation, bool use_bias,
-                      bool reset_after, int64_t num_layers, bool bidirectional, bool go_backwards,
-                      bool zero_output_for_mask);
+// Builds the config from a call and checks every tensor against it. Errors name the argument
+// and give the expected and the actual shape / dtype / device. The backward call's gradients
+// are checked too; its reserve belongs to the backend, which checks it.
+RnnConfig make_config(const ForwardCall& call);
+RnnConfig make_config(const BackwardCall& call);
+
+// The kernels of a device backend: the call checked once, then Backend::forward(cfg, call) /
+// Backend::backward(cfg, call). Registered as OpAdapter<Validated<Backend>>.
+template <class Backend>
+struct Validated {
+  static auto forward(ForwardCall&& call) { return Backend::forward(make_config(call), call); }
+  static auto backward(BackwardCall&& call) { return Backend::backward(make_config(call), call); }
+};
 
 }  // namespace cudnn_rnn

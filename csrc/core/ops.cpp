@@ -1,6 +1,6 @@
-// Every schema of the cudnn_rnn namespace, and nothing else. Implementations register per
-// dispatch key in cpu/ and cuda/; autograd and fake (meta) kernels are registered from Python
-// (cudnn_rnn/ops.py).
+// Every schema of the cudnn_rnn namespace, and nothing else. Kernels register per dispatch key
+// through one adapter (core/rnn_call.h): CPU in cpu/rnn_cpu.cpp, CUDA in cuda/register.cpp,
+// Autograd in core/autograd.cpp; the fake (meta) kernels are Python's (cudnn_rnn/ops.py).
 //
 // rnn_forward runs a whole stack (num_layers x 1 or 2 directions) in one call.
 //   x        [B, T, I]  batch-major, as in Keras

@@ -1,0 +1,86 @@
+// The pybind11 module cudnn_rnn._C: build information and the helpers the package uses that are
+// not ops; the test hooks live in its submodule _C._testing (testing.cpp). Importing it also
+// loads the library that registers the ops (core/ops.cpp and the per-backend files).
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <torch/extension.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings/op_bindings.h"
+#include "core/build_info.h"
+#include "core/rnn_config.h"
+#include "cpu/buffer_pool.h"
+#include "cudnn_host/backend_choice.h"
+
+namespace cudnn_rnn {
+namespace bindings {
+
+void register_testing(pybind11::module_& m);  // testing.cpp
+
+namespace {
+
+// Which CUDA backend a call would run on and why not cuDNN, from the op's own arguments (meta
+// tensors will do: only shapes, dtypes and a mask's values are read), checked as the op checks
+// them. cuDNN's version is the runtime's, as torch.backends.cudnn.version() reports it.
+struct CudaChoiceProbe {
+  static std::pair<bool, std::string> forward(const RnnConfig& cfg, const ForwardCall& call) {
+    const auto& hooks = at::detail::getCUDAHooks();
+    const int64_t version = hooks.hasCuDNN() ? hooks.versionCuDNN() : 0;
+    c10::optional<at::Tensor> mask_cpu;
+    if (call.in.mask.has_value()) mask_cpu = call.in.mask->to(at::kCPU);
+    const BackendChoice c = choose_backend(cfg, mask_cpu, call.in.dropout_masks, call.in.recurrent_dropout_masks,
+                                           call.in.x.scalar_type(), version);
+    return {c.cudnn, c.reason};
+  }
+};
+
+}  // namespace
+}  // namespace bindings
+}  // namespace cudnn_rnn
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace cr = cudnn_rnn;
+  m.doc() = "cudnn_rnn native extension";
+  m.def("build_info", &cr::accelerator_build_info,
+        "What the extension was compiled with: {'cuda': version or 'no', 'cudnn': version or 'no', ...}");
+  m.def("cudnn_fallback_count", &cr::cudnn_fallback_count,
+        "How many calls on CUDA tensors did not run on cuDNN since the process started");
+  m.def("activation_names", &cr::activation_names,
+        "Keras activation names the kernels implement, in the order of the C++ Activation enum");
+  m.def("cell_gates", [] {
+        std::vector<std::pair<std::string, int64_t>> out;
+        for (size_t i = 0; i < cr::cell_names().size(); ++i)
+          out.emplace_back(cr::cell_names()[i], cr::gates_of(static_cast<cr::CellKind>(i)));
+        return out;
+      }, "(cell name, gate blocks) for every cell the op has");
+  m.def("standard_departures", [](const std::string& cell, const std::string& activation,
+                                  const std::string& recurrent_activation, bool reset_after) {
+        cr::RnnConfig cfg{};
+        cfg.cell = cr::parse_cell(cell);
+        cfg.activation = cr::parse_activation(activation, "activation");
+        cfg.recurrent_activation = cr::parse_activation(recurrent_activation, "recurrent_activation");
+        cfg.reset_after = reset_after;
+        return cr::standard_departures(cfg);
+      }, "(setting, what the standard cell has) for each way a cell departs from cuDNN's / torch.nn's");
+  using Probe = cr::OpAdapter<cr::Validated<cr::bindings::CudaChoiceProbe>>;
+  m.def("cuda_backend_choice", &cr::bindings::PyOp<&Probe::forward>::call,
+        "(runs on cuDNN, why not) for rnn_forward's arguments, were they on a CUDA device");
+  m.def("set_cudnn_algorithm", &cr::set_algorithm_preference,
+        "'standard' (default), 'auto', 'persist_static' or 'persist_static_small_h'");
+  m.def("cudnn_algorithm", &cr::algorithm_preference, "the cuDNN algorithm preference");
+  m.def("choose_algorithm", [](const std::string& cell, int64_t units, at::ScalarType dtype, bool uniform_lengths,
+                               int device_major) {
+        cr::RnnConfig cfg{};
+        cfg.cell = cr::parse_cell(cell);
+        cfg.units = units;
+        static const char* kNames[] = {"STANDARD", "PERSIST_STATIC", "PERSIST_DYNAMIC", "PERSIST_STATIC_SMALL_H"};
+        return std::string(kNames[static_cast<int>(cr::choose_algorithm(cfg, dtype, uniform_lengths, device_major))]);
+      }, "the cuDNN algorithm a call would use (before any refusal by cuDNN)");
+  m.def("cpu_cache_info", [] { return std::make_pair(cr::cpu::cached_bytes(), cr::cpu::cache_limit_bytes()); },
+        "(bytes idle in the CPU buffer pool, its limit)");
+  m.def("empty_cpu_cache", &cr::cpu::empty_cache, "frees the CPU buffer pool's idle buffers");
+  auto testing = m.def_submodule("_testing", "hooks into the C++ internals, for the tests");
+  cr::bindings::register_testing(testing);
+}

@@ -1,0 +1,130 @@
+// cudnn_rnn._C._testing: hooks into the C++ internals for the tests (the CPU kernels' activation
+// arrays and thread split, the cuDNN weight-space plan, the backend choice, the generic CUDA
+// kernels emulated on the CPU). Nothing in the package calls them.
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "bindings/kernel_emulation.h"
+#include "bindings/op_bindings.h"
+#include "core/rnn_config.h"
+#include "cpu/activation_arrays.h"
+#include "cpu/packed_gemm.h"
+#include "cpu/time_loop.h"
+#include "cudnn_host/backend_choice.h"
+#include "cudnn_host/keras_layout.h"
+
+namespace cudnn_rnn {
+namespace bindings {
+namespace {
+
+// f(x) and f'(x) through the CPU backend's array kernels: lets the tests hold every activation
+// (vectorised or scalar) to Keras's own definition.
+std::pair<at::Tensor, at::Tensor> apply_activation(const std::string& name, const at::Tensor& x) {
+  const auto a = parse_activation(name, "name");
+  TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor; got ", x.device());
+  at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty_like(xc);
+  at::Tensor g = at::empty_like(xc);
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "apply_activation", [&] {
+    cpu::activate_array(a, xc.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), xc.numel());
+    cpu::activate_grad_array(a, xc.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), g.data_ptr<scalar_t>(), xc.numel());
+  });
+  return {y, g};
+}
+
+// The cuDNN weight-space plan on the CPU: offsets is an [n, 2] int64 tensor of (matrix, bias)
+// element offsets, one row per (pseudo-layer, linLayerID).
+RnnConfig layout_config(const std::string& cell, bool reset_after, bool use_bias, int64_t num_layers,
+                        bool bidirectional, int64_t input_size, int64_t units) {
+  RnnConfig cfg{};
+  cfg.cell = parse_cell(cell);
+  cfg.use_bias = use_bias;
+  cfg.reset_after = cfg.cell == CellKind::GRU && reset_after;
+  cfg.num_layers = num_layers;
+  cfg.num_directions = bidirectional ? 2 : 1;
+  cfg.input_size = input_size;
+  cfg.units = units;
+  return cfg;
+}
+
+WeightOffsetTable offset_table(const at::Tensor& offsets) {
+  TORCH_CHECK(offsets.dim() == 2 && offsets.size(1) == 2 && offsets.scalar_type() == at::kLong,
+              "offsets must be an int64 tensor of shape (n, 2)");
+  WeightOffsetTable table;
+  auto acc = offsets.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < offsets.size(0); ++i) table.push_back({acc[i][0], acc[i][1]});
+  return table;
+}
+
+}  // namespace
+
+void register_testing(pybind11::module_& m) {
+  m.def("apply_activation", &apply_activation, "(f(x), f'(x)) of a Keras activation by the CPU kernels");
+  m.def("cudnn_lin_layer", [](const std::string& cell, int64_t id) {
+        auto lin = cudnn_lin_layer(parse_cell(cell), id);
+        return std::make_pair(lin.keras_gate, lin.recurrent);
+      }, "(Keras gate block, is recurrent) of a cuDNN linLayerID");
+  m.def("pack_keras_weights", [](const std::string& cell, bool reset_after, bool use_bias, int64_t num_layers,
+                                 bool bidirectional, int64_t input_size, int64_t units,
+                                 const std::vector<at::Tensor>& weights, const at::Tensor& offsets, int64_t space_size) {
+        auto cfg = layout_config(cell, reset_after, use_bias, num_layers, bidirectional, input_size, units);
+        at::Tensor space = at::full({space_size}, std::nan(""), weights[0].options());
+        pack_keras_weights(cfg, weights, offset_table(offsets), space);
+        return space;
+      }, "cuDNN weight-space packing on any device");
+  m.def("unpack_keras_gradients", [](const std::string& cell, bool reset_after, bool use_bias, int64_t num_layers,
+                                     bool bidirectional, int64_t input_size, int64_t units,
+                                     const std::vector<at::Tensor>& weights, const at::Tensor& offsets,
+                                     const at::Tensor& grad_space) {
+        auto cfg = layout_config(cell, reset_after, use_bias, num_layers, bidirectional, input_size, units);
+        return unpack_keras_gradients(cfg, weights, offset_table(offsets), grad_space);
+      }, "the inverse of pack_keras_weights for gradients");
+  m.def("choose_backend", [](const std::string& cell, const std::string& activation,
+                             const std::string& recurrent_activation, bool reset_after, int64_t num_layers,
+                             bool bidirectional, bool go_backwards, int64_t batch, int64_t time,
+                             const c10::optional<at::Tensor>& mask, int64_t dropout_gates, bool recurrent_dropout,
+                             at::ScalarType dtype, int64_t cudnn_version) {
+        RnnConfig cfg{};
+        cfg.cell = parse_cell(cell);
+        cfg.activation = parse_activation(activation, "activation");
+        cfg.recurrent_activation = parse_activation(recurrent_activation, "recurrent_activation");
+        cfg.reset_after = reset_after;
+        cfg.num_layers = num_layers;
+        cfg.num_directions = bidirectional ? 2 : 1;
+        cfg.go_backwards = go_backwards;
+        cfg.batch = batch;
+        cfg.time = time;
+        std::vector<at::Tensor> dm, rdm;
+        if (dropout_gates > 0) dm.push_back(at::ones({dropout_gates, batch, 1}));
+        if (recurrent_dropout) rdm.push_back(at::ones({1, batch, 1}));
+        auto c = choose_backend(cfg, mask, dm, rdm, dtype, cudnn_version);
+        return std::make_tuple(c.cudnn, c.reason, c.lengths);
+      }, "the CUDA backend choice for a configuration, at a given cuDNN version");
+  using Emulated = OpAdapter<Validated<EmulatedCudaBackend>>;
+  m.def("set_emulation_order", &set_emulation_order,
+        "element order of the emulated CUDA kernels: 0 ascending, 1 descending, 2 shuffled");
+  m.def("emulated_generic_forward", &PyOp<&Emulated::forward>::call,
+        "rnn_forward (same arguments) through the generic CUDA kernels' element functions, run on the CPU");
+  m.def("emulated_generic_backward", &PyOp<&Emulated::backward>::call,
+        "rnn_backward (same arguments) through the generic CUDA kernels' element functions, run on the CPU");
+  m.def("cpu_unit_blocks", [](int64_t batch, int64_t units, int64_t gates) {
+    return cpu::UnitBlocks(batch, units, gates).start;
+  }, "bounds of the unit blocks the CPU time loop gives its threads");
+  m.def("cpu_packed_gemm", &cpu::packed_gemm_available,
+        "whether this CPU runs the packed float32 GEMM kernel (AVX2 + FMA)");
+  m.def("parallel_for_threads", [] {
+    // How many distinct threads at::parallel_for runs 64 one-item tasks on (1 when the extension
+    // was compiled without OpenMP, whatever torch's thread count).
+    std::vector<int> seen(at::get_num_threads(), 0);
+    at::parallel_for(0, 64, 1, [&](int64_t, int64_t) { seen[at::get_thread_num()] = 1; });
+    return std::count(seen.begin(), seen.end(), 1);
+  }, "distinct threads at::parallel_for uses");
+}
+
+}  // namespace bindings
+}  // namespace cudnn_rnn
