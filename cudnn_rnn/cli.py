@@ -58,11 +58,10 @@ def cmd_convert(args) -> int:
 
 def _describe(module) -> str:
     from .explain import explain
-    from .keras.builders import Recurrent
+    from .keras import recurrent_layer
 
-    if isinstance(module, Recurrent):
-        return str(explain(module.layer, "cuda"))
-    return "-"
+    layer = recurrent_layer(module)
+    return str(explain(layer, "cuda")) if layer is not None else "-"
 
 
 def cmd_inspect(args) -> int:

@@ -15,8 +15,7 @@ import numpy as np
 import torch
 
 import cudnn_rnn
-from cudnn_rnn.keras import load_converted, save_converted
-from cudnn_rnn.keras.builders import Recurrent
+from cudnn_rnn.keras import load_converted, recurrent_layer, save_converted
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -37,9 +36,10 @@ def main():
     print(f"input {tuple(tokens.shape)} -> output {tuple(probabilities.shape)} in {elapsed:.1f} ms; "
           f"max |ours - Keras| = {error:.2e}")
     for name, module in model.layers.items():
-        if isinstance(module, Recurrent):
-            print(f"  {name:14s} backend {cudnn_rnn.explain(module.layer, tokens.device)}; "
-                  f"on a GPU: {cudnn_rnn.explain(module.layer, 'cuda').backend}")
+        layer = recurrent_layer(module)
+        if layer is not None:
+            print(f"  {name:14s} backend {cudnn_rnn.explain(layer, tokens.device)}; "
+                  f"on a GPU: {cudnn_rnn.explain(layer, 'cuda').backend}")
 
     out = os.path.join(HERE, "sentiment_converted.pt")
     save_converted(model, out)

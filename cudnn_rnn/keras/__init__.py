@@ -1,7 +1,8 @@
 """Keras checkpoints (.keras, .weights.h5, legacy .h5) into torch modules, with only h5py.
 
 The public face: load_keras / rebuild (load.py), save_keras (export.py), load_converted /
-save_converted (convert.py), ConversionError, KerasModel and the layer registry BUILDERS."""
+save_converted (convert.py), ConversionError, KerasModel, the layer registry BUILDERS
+(builders.py) and recurrent_layer (the cudnn_rnn layer a converted model's module runs, or None)."""
 from __future__ import annotations
 
 from .builders import BUILDERS
@@ -10,5 +11,7 @@ from .errors import ConversionError
 from .export import save_keras
 from .load import load_keras, rebuild
 from .model import KerasModel
+from .recurrent import recurrent_layer
 
-__all__ = ["load_keras", "save_keras", "rebuild", "load_converted", "save_converted", "ConversionError", "KerasModel", "BUILDERS"]
+__all__ = ["load_keras", "save_keras", "rebuild", "load_converted", "save_converted", "ConversionError", "KerasModel",
+           "BUILDERS", "recurrent_layer"]

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from .. import layers as rnn_layers
-from .builders import keras_groups
 from .errors import ConversionError
 from .graph import ModelSpec, parse_model, snake_case
 from .model import KerasModel, NestedModel
+from .registry import keras_groups
 
 KERAS_VERSION = "3.15.1"  # the format written (Keras 3 saving_lib layout)
 

@@ -16,11 +16,13 @@ import numpy as np
 import torch
 
 from .. import layers as rnn_layers
-from .builders import BUILDERS, BuildContext, build_op
+from .builders import BUILDERS
 from .containers import load_json, open_keras_file
 from .errors import ConversionError
 from .graph import ModelSpec, parse_model
 from .model import KerasModel, NestedModel
+from .recorded_ops import build_op
+from .registry import BuildContext
 from .weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
 
 # Layers that hold no weights: how Keras 2 matched a weights-only file's groups to layers by order.
@@ -160,7 +162,9 @@ def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, whe
 def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:
     """The input shape a config leaves out (a Sequential built by fit), from the first layer that
     reads the input: its weights say how wide the input is."""
-    from .builders import ActivationLayer, Conv1D, Dense, Dropout, Embedding, Identity, Masking, Recurrent
+    from .basic_layers import ActivationLayer, Dense, Dropout, Embedding, Identity, Masking
+    from .recurrent import Recurrent
+    from .sequence_layers import Conv1D
 
     source = (ref.layer, ref.call)
     for _ in range(8):  # through layers that keep the shape (Masking, Dropout, Activation)
