@@ -4,8 +4,7 @@ import torch  # noqa: F401  (loads libtorch, which _C links against)
 from . import _C, ops
 from .explain import Explanation, explain
 from .keras import ConversionError, load_keras, save_keras
-from .layers import GRU, LSTM, Bidirectional, SimpleRNN
-from .torch_conversion import from_torch, to_torch
+from .layers import GRU, LSTM, Bidirectional, SimpleRNN, from_torch, to_torch
 
 __version__ = "0.1.0"
 

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from . import cells, ops
+from . import cells, ops, torch_conversion
 from .cells import canonical_activation
 
 _INITIALIZERS = ("glorot_uniform", "glorot_normal", "orthogonal", "zeros", "ones", "he_uniform", "he_normal",
@@ -309,16 +309,12 @@ class _RNNBase(nn.Module):
     # -- torch.nn conversion ------------------------------------------------------------------
     def to_torch(self) -> nn.Module:
         """An equivalent torch.nn.LSTM / GRU / RNN (batch_first=True) with copied weights."""
-        from .torch_conversion import to_torch
-
-        return to_torch(self)
+        return torch_conversion.to_torch([self], torch_conversion.torch_incompatibilities([self]))
 
     @classmethod
     def from_torch(cls, module: nn.Module, **kwargs) -> "nn.Module":
         """A layer (or a Bidirectional for a bidirectional module) with the module's weights.
         Defaults to return_sequences=True, like torch's output; kwargs override."""
-        from .torch_conversion import from_torch
-
         layer = from_torch(module, **kwargs)
         converted = layer.forward_layer if isinstance(layer, Bidirectional) else layer
         if not isinstance(converted, cls):
@@ -497,9 +493,37 @@ class Bidirectional(nn.Module):
         return y_f, y_b, states_f, states_b
 
     def to_torch(self) -> nn.Module:
-        from .torch_conversion import to_torch
+        """An equivalent bidirectional torch.nn.LSTM / GRU / RNN (batch_first=True) with copied weights."""
+        sides = [self.forward_layer, self.backward_layer]
+        reasons = torch_conversion.torch_incompatibilities(sides, self.merge_mode, self.fused)
+        return torch_conversion.to_torch(sides, reasons)
 
-        return to_torch(self)
+
+def to_torch(layer: nn.Module) -> nn.Module:
+    """torch.nn.LSTM / GRU / RNN with batch_first=True computing what `layer` computes (as
+    return_sequences=True output). Dropout settings are not carried over (they differ in kind)."""
+    if not isinstance(layer, (_RNNBase, Bidirectional)):
+        raise TypeError(f"layer must be a cudnn_rnn LSTM, GRU, SimpleRNN or Bidirectional; got {type(layer).__name__}")
+    return layer.to_torch()
+
+
+def from_torch(module: nn.Module, **kwargs) -> nn.Module:
+    """Our layer (a Bidirectional for a bidirectional module) with `module`'s weights.
+    return_sequences defaults to True, as torch returns every step; kwargs override."""
+    cell, options = torch_conversion.keras_options(module)
+    options.update(kwargs)
+    cls = {"lstm": LSTM, "gru": GRU, "simple_rnn": SimpleRNN}[cell]
+
+    def side(go_backwards: bool, suffix: str) -> _RNNBase:
+        layer = cls(module.input_size, module.hidden_size, go_backwards=go_backwards, **options)
+        if module.bidirectional:
+            layer._widen_for_bidirectional()
+        torch_conversion.copy_from_torch(layer, module, suffix)
+        return layer
+
+    if not module.bidirectional:
+        return side(False, "")
+    return Bidirectional(side(False, ""), merge_mode="concat", backward_layer=side(True, "_reverse"))
 
 
 def _interleave(masks_f: List[Tensor], masks_b: List[Tensor], layer: _RNNBase, x: Tensor, recurrent: bool):
