@@ -12,8 +12,8 @@ namespace cudnn_rnn {
 
 enum class CellKind : int32_t { LSTM = 0, GRU = 1, SimpleRNN = 2 };
 
-// Keras activation names map onto this enum in rnn_config.cpp (kActivationNames); the order here
-// is that table's order.
+// Keras activation names map onto this enum in rnn_config.cpp (activation_names(), which is
+// indexed by it and asserts that it has NumActivations names).
 enum class Activation : int32_t {
   Tanh = 0,
   Sigmoid,

@@ -59,8 +59,11 @@ struct RnnConfig {
   bool reversed(int64_t d) const { return d == 0 ? go_backwards : !go_backwards; }
 
   // Reserve layout, per (layer, direction), in elements of the input dtype:
-  //   saved  [T, B, S]      what the cell's backward needs (see cell_math.h), processing order
-  //                         (absent when !keep_saved)
+  //   saved  [T, B, S]      what the cell's backward needs, processing order (absent when
+  //                         !keep_saved); each backend fills it its own way: the CPU keeps the
+  //                         activated gates for float32 tanh/sigmoid cells and pre-activations
+  //                         otherwise (cpu/cell_rows.h), the generic CUDA kernels keep
+  //                         pre-activations (cuda/generic_kernels_body.h)
   //   h      [T + 1, B, u]  hidden state before step 0 .. after step T-1
   //   c      [T + 1, B, u]  LSTM only
   // then, for layers 0 .. L-2, that layer's output [T, B, D*u] (the next layer's input).

@@ -1,8 +1,9 @@
 // Activations over contiguous arrays, for the CPU cell updates.
 //
 // float32 tanh / sigmoid / exp use branch-free Cephes-style approximations (about 1-2 ulp) that
-// GCC vectorises; the loops are compiled for AVX2+FMA and for baseline x86-64 and picked at load
-// time (target_clones). Every other activation, and float64 throughout, uses the scalar
+// GCC vectorises; the loops are compiled twice (vec_loops_avx2.cpp for AVX2+FMA,
+// vec_loops_base.cpp for baseline x86-64) and activation_arrays.cpp picks one at load time from
+// the CPU's features. Every other activation, and float64 throughout, uses the scalar
 // definitions of cell_math.h, which are the reference the tests hold these to.
 #pragma once
 
