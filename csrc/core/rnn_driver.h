@@ -218,6 +218,16 @@ struct DirectionArgs {
   DirReserve rs;
 };
 
+// Direction d of layer l of a call: x3 its input, mask the call's mask made contiguous (or
+// undefined), reserve the driver's reserve (in the input dtype).
+inline DirectionArgs direction_args(const RnnConfig& cfg, const RnnInputs& in, const Tensor& mask,
+                                    const Tensor& reserve, int64_t l, int64_t d, const Tensor& x3) {
+  const int64_t ld = l * cfg.num_directions + d;
+  auto per_direction = [&](const std::vector<Tensor>& masks) { return masks.empty() ? Tensor() : masks[ld].contiguous(); };
+  return {l, d, x3, l == 0, dir_weights(cfg, in.weights, ld), mask, per_direction(in.dropout_masks),
+          per_direction(in.recurrent_dropout_masks), dir_reserve(cfg, reserve, ld)};
+}
+
 // The fields a forward and a backward step share: the cell and where this direction writes.
 template <typename Step>
 void fill_common(Step& step, const RnnConfig& cfg, const DirectionArgs& a) {
@@ -554,21 +564,16 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
 template <typename Policy>
 ForwardResult forward(const RnnConfig& cfg, const ForwardCall& call) {
   const Tensor& x = call.in.x;
-  const auto& weights = call.in.weights;
-  const auto& mask = call.in.mask;
-  const auto& h0 = call.h0;
-  const auto& c0 = call.c0;
-  const auto& dropout_masks = call.in.dropout_masks;
-  const auto& recurrent_dropout_masks = call.in.recurrent_dropout_masks;
   const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, D = cfg.num_directions, L = cfg.num_layers;
   Tensor xc = x.contiguous();
   Tensor y = Policy::workspace({B, Tn, D * u}, x.options());
   Tensor h_n = at::empty({L * D, B, u}, x.options());
   Tensor c_n = cfg.has_cell_state() ? at::empty({L * D, B, u}, x.options()) : at::empty({0}, x.options());
   // The reserve travels as bytes (its layout is each backend's own business; see ops.cpp).
-  Tensor reserve_bytes = Policy::workspace({cfg.reserve_size() * static_cast<int64_t>(x.element_size())}, x.options().dtype(at::kByte));
+  Tensor reserve_bytes =
+      Policy::workspace({cfg.reserve_size() * static_cast<int64_t>(x.element_size())}, x.options().dtype(at::kByte));
   Tensor reserve = reserve_bytes.view(x.scalar_type());
-  Tensor mask_c = mask.has_value() ? mask->contiguous() : Tensor();
+  Tensor mask = call.in.mask.has_value() ? call.in.mask->contiguous() : Tensor();
 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cudnn_rnn::rnn_forward", [&] {
     for (int64_t l = 0; l < L; ++l) {
@@ -576,14 +581,11 @@ ForwardResult forward(const RnnConfig& cfg, const ForwardCall& call) {
       Tensor out3 = last ? y : inner_layer_output(cfg, reserve, l);
       for (int64_t d = 0; d < D; ++d) {
         const int64_t ld = l * D + d;
-        DirectionArgs a{l, d, l == 0 ? xc : inner_layer_output(cfg, reserve, l - 1), l == 0,
-                        dir_weights(cfg, weights, ld), mask_c,
-                        dropout_masks.empty() ? Tensor() : dropout_masks[ld].contiguous(),
-                        recurrent_dropout_masks.empty() ? Tensor() : recurrent_dropout_masks[ld].contiguous(),
-                        dir_reserve(cfg, reserve, ld)};
-        if (h0.has_value()) a.rs.h[0].copy_((*h0)[ld]); else a.rs.h[0].zero_();
+        DirectionArgs a =
+            direction_args(cfg, call.in, mask, reserve, l, d, l == 0 ? xc : inner_layer_output(cfg, reserve, l - 1));
+        if (call.h0.has_value()) a.rs.h[0].copy_((*call.h0)[ld]); else a.rs.h[0].zero_();
         if (cfg.has_cell_state()) {
-          if (c0.has_value()) a.rs.c[0].copy_((*c0)[ld]); else a.rs.c[0].zero_();
+          if (call.c0.has_value()) a.rs.c[0].copy_((*call.c0)[ld]); else a.rs.c[0].zero_();
         }
         direction_forward<Policy, scalar_t>(cfg, a, out3, last);
         h_n[ld].copy_(a.rs.h[Tn]);
@@ -594,47 +596,39 @@ ForwardResult forward(const RnnConfig& cfg, const ForwardCall& call) {
   return {y, h_n, c_n, reserve_bytes};
 }
 
+// The whole stack, backward, from the reserve forward returned (checked here: it is this
+// driver's layout; make_config checked the rest).
 template <typename Policy>
 BackwardResult backward(const RnnConfig& cfg, const BackwardCall& call) {
   const Tensor& x = call.in.x;
-  const auto& weights = call.in.weights;
-  const auto& mask = call.in.mask;
-  const auto& dropout_masks = call.in.dropout_masks;
-  const auto& recurrent_dropout_masks = call.in.recurrent_dropout_masks;
-  const Tensor& grad_y = call.grad_y;
-  const Tensor& grad_h_n = call.grad_h_n;
-  const Tensor& grad_c_n = call.grad_c_n;
-  const Tensor& reserve = call.reserve;
   const int64_t B = cfg.batch, u = cfg.units, D = cfg.num_directions, L = cfg.num_layers;
   const int64_t reserve_bytes = cfg.reserve_size() * static_cast<int64_t>(x.element_size());
-  TORCH_CHECK_VALUE(reserve.dim() == 1 && reserve.scalar_type() == at::kByte && reserve.size(0) == reserve_bytes,
+  TORCH_CHECK_VALUE(call.reserve.dim() == 1 && call.reserve.scalar_type() == at::kByte &&
+                        call.reserve.size(0) == reserve_bytes,
                     "reserve must be the uint8 tensor of ", reserve_bytes, " bytes rnn_forward returned for this "
-                    "configuration; got ", reserve.scalar_type(), " of shape ", reserve.sizes());
+                    "configuration; got ", call.reserve.scalar_type(), " of shape ", call.reserve.sizes());
 
   Tensor xc = x.contiguous();
-  Tensor rc = reserve.contiguous().view(x.scalar_type());
-  Tensor mask_c = mask.has_value() ? mask->contiguous() : Tensor();
-  std::vector<Tensor> grad_weights(weights.size());
+  Tensor reserve = call.reserve.contiguous().view(x.scalar_type());
+  Tensor mask = call.in.mask.has_value() ? call.in.mask->contiguous() : Tensor();
+  std::vector<Tensor> grad_weights(call.in.weights.size());
   Tensor grad_h0 = at::empty({L * D, B, u}, x.options());
   Tensor grad_c0 = cfg.has_cell_state() ? at::empty({L * D, B, u}, x.options()) : at::empty({0}, x.options());
   Tensor grad_x;
 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cudnn_rnn::rnn_backward", [&] {
-    Tensor dout = grad_y.contiguous();  // gradient of the current layer's output
+    Tensor dout = call.grad_y.contiguous();  // gradient of the current layer's output
     for (int64_t l = L - 1; l >= 0; --l) {
       const bool last = l == L - 1;
-      Tensor x3 = l == 0 ? xc : inner_layer_output(cfg, rc, l - 1);
+      Tensor x3 = l == 0 ? xc : inner_layer_output(cfg, reserve, l - 1);
       Tensor dx3 = Policy::workspace(x3.sizes(), x3.options()).zero_();
       for (int64_t d = 0; d < D; ++d) {
         const int64_t ld = l * D + d;
-        DirectionArgs a{l, d, x3, l == 0, dir_weights(cfg, weights, ld), mask_c,
-                        dropout_masks.empty() ? Tensor() : dropout_masks[ld].contiguous(),
-                        recurrent_dropout_masks.empty() ? Tensor() : recurrent_dropout_masks[ld].contiguous(),
-                        dir_reserve(cfg, rc, ld)};
+        DirectionArgs a = direction_args(cfg, call.in, mask, reserve, l, d, x3);
         DirectionGrads g;
         g.dx3 = dx3;
-        direction_backward<Policy, scalar_t>(cfg, a, dout, last, grad_h_n[ld].contiguous(),
-                                     cfg.has_cell_state() ? grad_c_n[ld].contiguous() : Tensor(), g);
+        direction_backward<Policy, scalar_t>(cfg, a, dout, last, call.grad_h_n[ld].contiguous(),
+                                             cfg.has_cell_state() ? call.grad_c_n[ld].contiguous() : Tensor(), g);
         const int64_t base = ld * cfg.tensors_per_direction();
         grad_weights[base] = g.dkernel;
         grad_weights[base + 1] = g.drecurrent;

@@ -364,12 +364,8 @@ ForwardResult cudnn_forward(const RnnConfig& cfg, const BackendChoice& choice, c
 
 BackwardResult cudnn_backward(const RnnConfig& cfg, const BackendChoice& choice, const BackwardCall& c) {
   const Tensor& x_in = c.in.x;
-  const auto& weights = c.in.weights;
   const auto& mask = c.in.mask;
   const auto& dropout_masks = c.in.dropout_masks;
-  const Tensor& grad_y = c.grad_y;
-  const Tensor& grad_h_n = c.grad_h_n;
-  const Tensor& grad_c_n = c.grad_c_n;
   const Tensor& reserve = c.reserve;
   Call call;
   prepare(call, cfg, x_in, mask, choice.lengths, algorithm_for(cfg, x_in, mask));
@@ -391,7 +387,7 @@ BackwardResult cudnn_backward(const RnnConfig& cfg, const BackendChoice& choice,
   // BackwardData rewrites cuDNN's reserve space: work on a copy so backward can run again.
   Tensor cudnn_reserve = reserve.narrow(0, layout.cudnn, static_cast<int64_t>(cudnn_reserve_bytes)).clone();
 
-  Tensor dy = grad_y.contiguous();
+  Tensor dy = c.grad_y.contiguous();
   if (needs_carry(cfg, mask)) {
     // The adjoint of the carry gather: padded positions' gradients go to the last real output.
     Tensor fwd = at::zeros({B, T, u}, dy.options());
@@ -403,8 +399,8 @@ BackwardResult cudnn_backward(const RnnConfig& cfg, const BackendChoice& choice,
   // gradient enters cuDNN there, and none leaves for x.
   Tensor padded = mask.has_value() ? mask->logical_not().unsqueeze(2) : Tensor();
   if (padded.defined()) dy = dy.masked_fill(padded, 0);
-  Tensor dhy = grad_h_n.contiguous();
-  Tensor dcy = cfg.has_cell_state() ? grad_c_n.contiguous() : Tensor();
+  Tensor dhy = c.grad_h_n.contiguous();
+  Tensor dcy = cfg.has_cell_state() ? c.grad_c_n.contiguous() : Tensor();
   Tensor dx = at::zeros_like(x);
   Tensor dhx = at::empty({LD, B, u}, x.options());
   Tensor dcx = cfg.has_cell_state() ? at::empty({LD, B, u}, x.options()) : at::empty({0}, x.options());
@@ -424,7 +420,7 @@ BackwardResult cudnn_backward(const RnnConfig& cfg, const BackendChoice& choice,
       call.x_desc.get(), x.data_ptr(), call.h_desc.get(), hx.data_ptr(), call.y_desc.get(), y_raw.data_ptr(),
       call.plan->weight_bytes, dspace.data_ptr(), work_bytes, work.data_ptr(), cudnn_reserve_bytes,
       cudnn_reserve.data_ptr()));
-  std::vector<Tensor> grad_weights = unpack_keras_gradients(cfg, weights, call.plan->offsets, dspace);
+  std::vector<Tensor> grad_weights = unpack_keras_gradients(cfg, c.in.weights, call.plan->offsets, dspace);
   if (cfg.go_backwards) dx = dx.flip(1);
   if (!dropout_masks.empty()) dx = dx * dropout_masks[0][0].unsqueeze(1);
   if (padded.defined()) dx.masked_fill_(padded, 0);

@@ -16,26 +16,23 @@ namespace {
 
 using at::Tensor;
 
+// Each pointwise step is one kernel launch on the current stream, checked.
+template <typename Step, typename Launch>
+void launch_checked(Launch launch, const Step& p) {
+  launch(p, at::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 struct CudaPolicy : driver::PolicyDefaults {
   template <typename T>
-  static void forward_step(const ForwardStep<T>& p) {
-    cuda::launch_forward_step<T>(p, at::cuda::getCurrentCUDAStream());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  static void forward_step(const ForwardStep<T>& p) { launch_checked(&cuda::launch_forward_step<T>, p); }
   template <typename T>
-  static void gru_before_gates(const ForwardStep<T>& p) {
-    cuda::launch_gru_before_gates<T>(p, at::cuda::getCurrentCUDAStream());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  static void gru_before_gates(const ForwardStep<T>& p) { launch_checked(&cuda::launch_gru_before_gates<T>, p); }
   template <typename T>
-  static void backward_step(const BackwardStep<T>& p) {
-    cuda::launch_backward_step<T>(p, at::cuda::getCurrentCUDAStream());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  static void backward_step(const BackwardStep<T>& p) { launch_checked(&cuda::launch_backward_step<T>, p); }
   template <typename T>
   static void gru_before_backward_b(const BackwardStep<T>& p) {
-    cuda::launch_gru_before_backward_b<T>(p, at::cuda::getCurrentCUDAStream());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_checked(&cuda::launch_gru_before_backward_b<T>, p);
   }
 };
 

@@ -97,6 +97,9 @@ class Masking(nn.Module):
         return [x * mask.unsqueeze(-1).to(x.dtype)], [mask]
 
 
+# Reshape, Flatten, Permute and RepeatVector look alike on purpose: each is the smallest form of
+# the call protocol (a stored argument and one tensor method in apply); a shared base taking the
+# method would save a few lines and hide what each one does.
 class Reshape(_Single):
     keeps_mask = False
 
