@@ -152,7 +152,8 @@ def test_opcheck_and_compile_on_cuda():
     mask = _right_padded(3, 5).cuda()
     sides = [gpu.forward_layer, gpu.backward_layer]
     weights = [w for s in sides for w in s.layer_weights(0)]
-    args = (x, weights, mask, None, None, [], [], "lstm", "tanh", "sigmoid", True, True, 1, True, False, True, True)
+    spec = ops.RnnSpec(cell="lstm", bidirectional=True, zero_output_for_mask=True)
+    args = (x, weights, mask, None, None, [], [], *spec.args(), True)
     torch.library.opcheck(torch.ops.cudnn_rnn.rnn_forward.default, args)
     compiled = torch.compile(lambda x: gpu(x, mask=mask)[0].sum(), fullgraph=True)
     torch.testing.assert_close(compiled(x), gpu(x, mask=mask)[0].sum())

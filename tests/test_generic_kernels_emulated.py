@@ -48,8 +48,10 @@ def _case(seed):
                 dm.append((torch.rand(k, B, I if l == 0 else dirs * u, generator=gen) > 0.3).double() / 0.7)
                 rdm.append((torch.rand(k, B, u, generator=gen) > 0.3).double() / 0.7)
     acts = ["tanh", "relu", "gelu", "softsign"]
-    config = (cell, str(rng.choice(acts)), str(rng.choice(["sigmoid", "hard_sigmoid", "hard_sigmoid_keras2"])),
-              use_bias, reset_after, layers, dirs == 2, bool(rng.rand() < 0.3), bool(rng.rand() < 0.3))
+    config = ops.RnnSpec(cell=cell, activation=str(rng.choice(acts)),
+                         recurrent_activation=str(rng.choice(["sigmoid", "hard_sigmoid", "hard_sigmoid_keras2"])),
+                         use_bias=use_bias, reset_after=reset_after, num_layers=layers, bidirectional=dirs == 2,
+                         go_backwards=bool(rng.rand() < 0.3), zero_output_for_mask=bool(rng.rand() < 0.3))
     x = r(B, T, I)
     return x, weights, mask, h0, c0, dm, rdm, config
 
@@ -57,16 +59,16 @@ def _case(seed):
 @pytest.mark.parametrize("seed,order", list(itertools.product(range(60), [0, 1, 2]))[::2])
 def test_emulated_cuda_kernels_reproduce_the_cpu_backend(seed, order):
     x, weights, mask, h0, c0, dm, rdm, config = _case(seed)
-    expected = torch.ops.cudnn_rnn.rnn_forward(x, weights, mask, h0, c0, dm, rdm, *config)
+    expected = torch.ops.cudnn_rnn.rnn_forward(x, weights, mask, h0, c0, dm, rdm, *config.args())
     _C._testing.set_emulation_order(order)
-    got = _C._testing.emulated_generic_forward(x, weights, mask, h0, c0, dm, rdm, *config, True)
+    got = _C._testing.emulated_generic_forward(x, weights, mask, h0, c0, dm, rdm, *config.args(), True)
     for name, a, b in zip(("y", "h_n", "c_n", "reserve"), got, expected):
         if name == "reserve":
             a, b = a.view(torch.float64), b.view(torch.float64)
         _close(a, b, name)
     grads = [torch.randn_like(expected[0]), torch.randn_like(expected[1]), torch.randn_like(expected[2])]
-    expected_b = torch.ops.cudnn_rnn.rnn_backward(*grads, x, weights, mask, dm, rdm, expected[3], *config)
-    got_b = _C._testing.emulated_generic_backward(*grads, x, weights, mask, dm, rdm, expected[3], *config)
+    expected_b = torch.ops.cudnn_rnn.rnn_backward(*grads, x, weights, mask, dm, rdm, expected[3], *config.args())
+    got_b = _C._testing.emulated_generic_backward(*grads, x, weights, mask, dm, rdm, expected[3], *config.args())
     _close(got_b[0], expected_b[0], "grad_x")
     for i, (a, b) in enumerate(zip(got_b[1], expected_b[1])):
         _close(a, b, f"grad_weights[{i}]")
@@ -82,9 +84,9 @@ def test_the_sweep_covers_what_it_should():
     seen = set()
     for s in range(60):
         x, weights, mask, h0, c0, dm, rdm, config = _case(s)
-        cell, reset_after = config[0], config[4]
-        seen.add(f"gru-{reset_after}" if cell == "gru" else cell)
-        seen |= {f"mask={mask is not None}", f"dropout={bool(dm)}", f"bidirectional={config[6]}",
-                 f"go_backwards={config[7]}", f"zero_output={config[8]}", f"layers={config[5]}"}
+        seen.add(f"gru-{config.reset_after}" if config.cell == "gru" else config.cell)
+        seen |= {f"mask={mask is not None}", f"dropout={bool(dm)}", f"bidirectional={config.bidirectional}",
+                 f"go_backwards={config.go_backwards}", f"zero_output={config.zero_output_for_mask}",
+                 f"layers={config.num_layers}"}
     assert {"lstm", "simple_rnn", "gru-True", "gru-False", "mask=True", "dropout=True", "bidirectional=True",
             "go_backwards=True", "zero_output=True", "layers=2"} <= seen

@@ -99,7 +99,7 @@ def test_gradcheck_variants(cell, reset_after, variant):
 def test_opcheck(cell, reset_after):
     for kwargs in (dict(mask_kind="holes"), dict(bidirectional=True, num_layers=2, dropout=True, with_state=False)):
         x, ws, mask, h0, c0, dm, rdm, config = _case(cell, reset_after=reset_after, **kwargs)
-        args = (x, ws, mask, h0, c0, dm, rdm, *config.values())
+        args = (x, ws, mask, h0, c0, dm, rdm, *ops.RnnSpec(**config).args())
         torch.library.opcheck(torch.ops.cudnn_rnn.rnn_forward.default, args)
         no_grad = tuple(a.detach() if isinstance(a, torch.Tensor) else
                         ([t.detach() for t in a] if isinstance(a, list) else a) for a in args)
@@ -110,7 +110,7 @@ def test_opcheck_backward_op():
     x, ws, mask, h0, c0, dm, rdm, config = _case("gru", reset_after=False, mask_kind="holes", dropout=True)
     y, h_n, c_n, reserve = ops.rnn_forward(x, ws, mask, h0, c0, dm, rdm, **config)
     args = (torch.randn_like(y), torch.randn_like(h_n), c_n.new_zeros(c_n.shape), x.detach(), [w.detach() for w in ws],
-            mask, dm, rdm, reserve.detach(), *config.values())
+            mask, dm, rdm, reserve.detach(), *ops.RnnSpec(**config).args())
     torch.library.opcheck(torch.ops.cudnn_rnn.rnn_backward.default, args)
 
 
@@ -188,7 +188,7 @@ def test_non_contiguous_inputs_compile_and_opcheck():
     y, h_n, c_n, reserve = ops.rnn_forward(x, ws, mask, h0, c0, dm, rdm, **config)
     xt_nc = x.detach().transpose(0, 1).contiguous().transpose(0, 1)  # dense, not contiguous
     args = (torch.randn_like(y), torch.randn_like(h_n), torch.randn_like(c_n), xt_nc, [w.detach() for w in ws],
-            mask, dm, rdm, reserve.detach(), *config.values())
+            mask, dm, rdm, reserve.detach(), *ops.RnnSpec(**config).args())
     torch.library.opcheck(torch.ops.cudnn_rnn.rnn_backward.default, args)
 
 
