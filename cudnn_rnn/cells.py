@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from . import _C
+from ._C import activation_names, cell_gates
+from ._C import standard_departures as _standard_departures
 
 # Gates per cell, in Keras column order (LSTM i, f, c, o; GRU z, r, h; SimpleRNN one block).
-GATES = dict(_C.cell_gates())
+GATES = dict(cell_gates())
 CELLS = tuple(GATES)
 # States a layer returns and takes per direction (LSTM h and c; the others h).
 STATES = {cell: 2 if cell == "lstm" else 1 for cell in CELLS}
 
 # The Keras activation names the kernels implement, in the order of the C++ Activation enum.
-ACTIVATIONS = tuple(_C.activation_names())
+ACTIVATIONS = tuple(activation_names())
 # Keras names that are spelled differently in Keras's own registry (None means linear).
 ACTIVATION_ALIASES = {None: "linear", "swish": "silu", "hard_swish": "hard_silu"}
 
@@ -35,5 +36,5 @@ def standard_departures(cell: str, activation: str, recurrent_activation: Option
     """(setting, what the standard cell has) for each way a cell departs from the one cuDNN and
     torch.nn implement; empty for a standard cell. Asked of csrc/cudnn_host/backend_choice.cpp,
     the same rules that send a call to cuDNN or not."""
-    return [tuple(d) for d in _C.standard_departures(cell, activation, recurrent_activation or "sigmoid",
+    return [tuple(d) for d in _standard_departures(cell, activation, recurrent_activation or "sigmoid",
                                                      bool(reset_after))]

@@ -13,8 +13,9 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from . import cells, ops, torch_conversion
-from .cells import canonical_activation
+from .cells import GATES, STATES, canonical_activation, standard_departures
+from .ops import RnnSpec, rnn_forward
+from .torch_conversion import copy_from_torch, keras_options, to_torch as _to_torch, torch_incompatibilities
 
 _INITIALIZERS = ("glorot_uniform", "glorot_normal", "orthogonal", "zeros", "ones", "he_uniform", "he_normal",
                  "lecun_uniform", "lecun_normal", "random_uniform", "random_normal")
@@ -115,11 +116,11 @@ class _RNNBase(nn.Module):
     # -- parameters ---------------------------------------------------------------------------
     @property
     def gates(self) -> int:
-        return cells.GATES[self.cell]
+        return GATES[self.cell]
 
     @property
     def state_count(self) -> int:
-        return cells.STATES[self.cell]
+        return STATES[self.cell]
 
     @staticmethod
     def _name(kind: str, layer: int) -> str:
@@ -154,18 +155,18 @@ class _RNNBase(nn.Module):
         names = ("kernel", "recurrent_kernel", "bias") if self.use_bias else ("kernel", "recurrent_kernel")
         return [getattr(self, self._name(n, layer)) for n in names]
 
-    def op_spec(self, **overrides) -> ops.RnnSpec:
+    def op_spec(self, **overrides) -> RnnSpec:
         """The op's options for this layer's stack (one direction, as configured); keyword
         overrides replace fields (a Bidirectional sets bidirectional=True)."""
-        spec = ops.RnnSpec(cell=self.cell, activation=self.activation, recurrent_activation=self.recurrent_activation,
+        spec = RnnSpec(cell=self.cell, activation=self.activation, recurrent_activation=self.recurrent_activation,
                            use_bias=self.use_bias, reset_after=self.reset_after, num_layers=self.num_layers,
                            go_backwards=self.go_backwards, zero_output_for_mask=self.zero_output_for_mask)
         return dataclasses.replace(spec, **overrides) if overrides else spec
 
     def nonstandard_settings(self) -> List[tuple]:
         """(setting, what the standard cell has) for each way this cell departs from the one
-        cuDNN and torch.nn implement (cells.standard_departures)."""
-        return cells.standard_departures(self.cell, self.activation, self.recurrent_activation, self.reset_after)
+        cuDNN and torch.nn implement (standard_departures)."""
+        return standard_departures(self.cell, self.activation, self.recurrent_activation, self.reset_after)
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.units}"
@@ -293,7 +294,7 @@ class _RNNBase(nn.Module):
         h0, c0 = self._initial_states(initial_state, x, 1)
         dropout_masks, recurrent_masks = self.dropout_masks(x, training)
         weights = [w for layer in range(self.num_layers) for w in self.layer_weights(layer)]
-        y, h_n, c_n, _ = ops.rnn_forward(x, weights, mask, h0, c0, dropout_masks, recurrent_masks, self.op_spec())
+        y, h_n, c_n, _ = rnn_forward(x, weights, mask, h0, c0, dropout_masks, recurrent_masks, self.op_spec())
         if self.stateful:
             self._states = [h_n.detach()] + ([c_n.detach()] if self.cell == "lstm" else [])
         return y, h_n, c_n
@@ -309,7 +310,7 @@ class _RNNBase(nn.Module):
     # -- torch.nn conversion ------------------------------------------------------------------
     def to_torch(self) -> nn.Module:
         """An equivalent torch.nn.LSTM / GRU / RNN (batch_first=True) with copied weights."""
-        return torch_conversion.to_torch([self], torch_conversion.torch_incompatibilities([self]))
+        return _to_torch([self], torch_incompatibilities([self]))
 
     @classmethod
     def from_torch(cls, module: nn.Module, **kwargs) -> "nn.Module":
@@ -480,7 +481,7 @@ class Bidirectional(nn.Module):
         for layer in range(f.num_layers):
             weights += f.layer_weights(layer) + b.layer_weights(layer)
         spec = f.op_spec(bidirectional=True, zero_output_for_mask=self.return_sequences)
-        y, h_n, c_n, _ = ops.rnn_forward(x, weights, mask, h0, c0, input_masks, recurrent_masks, spec)
+        y, h_n, c_n, _ = rnn_forward(x, weights, mask, h0, c0, input_masks, recurrent_masks, spec)
         u = f.units
         if self.return_sequences:
             y_f, y_b = y[..., :u], y[..., u:]
@@ -495,8 +496,8 @@ class Bidirectional(nn.Module):
     def to_torch(self) -> nn.Module:
         """An equivalent bidirectional torch.nn.LSTM / GRU / RNN (batch_first=True) with copied weights."""
         sides = [self.forward_layer, self.backward_layer]
-        reasons = torch_conversion.torch_incompatibilities(sides, self.merge_mode, self.fused)
-        return torch_conversion.to_torch(sides, reasons)
+        reasons = torch_incompatibilities(sides, self.merge_mode, self.fused)
+        return _to_torch(sides, reasons)
 
 
 def to_torch(layer: nn.Module) -> nn.Module:
@@ -510,7 +511,7 @@ def to_torch(layer: nn.Module) -> nn.Module:
 def from_torch(module: nn.Module, **kwargs) -> nn.Module:
     """Our layer (a Bidirectional for a bidirectional module) with `module`'s weights.
     return_sequences defaults to True, as torch returns every step; kwargs override."""
-    cell, options = torch_conversion.keras_options(module)
+    cell, options = keras_options(module)
     options.update(kwargs)
     cls = {"lstm": LSTM, "gru": GRU, "simple_rnn": SimpleRNN}[cell]
 
@@ -518,7 +519,7 @@ def from_torch(module: nn.Module, **kwargs) -> nn.Module:
         layer = cls(module.input_size, module.hidden_size, go_backwards=go_backwards, **options)
         if module.bidirectional:
             layer._widen_for_bidirectional()
-        torch_conversion.copy_from_torch(layer, module, suffix)
+        copy_from_torch(layer, module, suffix)
         return layer
 
     if not module.bidirectional:

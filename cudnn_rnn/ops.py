@@ -15,8 +15,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from . import _C  # noqa: F401  (loads the library that registers the ops)
-from .cells import GATES
+from .cells import GATES  # (cells loads cudnn_rnn._C, the library that registers the ops)
 
 
 @dataclass(frozen=True)
