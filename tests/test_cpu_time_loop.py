@@ -90,6 +90,19 @@ def _random_mask(seed, batch):
     return mask
 
 
+def _engines():
+    """The float32 GEMM engines this machine and torch can run (csrc/cpu/gemm_engine.h)."""
+    return (["packed"] if _C._testing.cpu_packed_gemm() else []) + (["brgemm"] if _C._testing.cpu_brgemm() else []) \
+        + ["blas"]
+
+
+@pytest.fixture
+def engine(request):
+    _C._testing.override_cpu_gemm_engine(request.param)
+    yield request.param
+    _C._testing.override_cpu_gemm_engine("")
+
+
 @pytest.mark.parametrize("cell,kwargs", [
     ("lstm", {}),
     ("lstm", {"go_backwards": True, "zero_output_for_mask": True}),
@@ -118,14 +131,16 @@ def test_split_loop_matches_one_block_with_masks(cell, kwargs, bidirectional, th
     ("gru", {"go_backwards": True}),
     ("simple_rnn", {}),
 ])
+@pytest.mark.parametrize("engine", _engines(), indirect=True)
 @pytest.mark.parametrize("units,batch,bidirectional", [(U, None, False), (U, None, True), (199, 5, False)])
 @pytest.mark.parametrize("n_threads", [1, 4])
-def test_float32_loop_matches_float64(cell, kwargs, units, batch, bidirectional, n_threads, threads):
-    """float32 runs the recurrent GEMMs on the packed AVX2 kernel where the CPU has it
-    (csrc/cpu/packed_gemm.cpp: row tiles of 1 to 6 rows, panels of 16 with a partial last one,
-    odd K (U = 199) for the tiles that split k in interleaved sums, K blocks of 512 in the
-    backward at U = 199, masked rows read and written in place);
-    float64 runs them on BLAS and is held to torch.nn above. Same weights, inputs and mask."""
+def test_float32_loop_matches_float64(cell, kwargs, units, batch, bidirectional, n_threads, threads, engine):
+    """float32 runs the recurrent GEMMs, the input projection and the input gradient on each
+    engine: the packed AVX2 kernel (csrc/cpu/packed_gemm.cpp: row tiles of 1 to 6 rows, panels of
+    16 with a partial last one, odd K (U = 199) for the tiles that split k in interleaved sums,
+    K blocks of 512 in the backward at U = 199, masked rows read and written in place), oneDNN's
+    brgemm (gate by gate, gathered rows) and BLAS; float64 runs them on BLAS and is held to
+    torch.nn above. Same weights, inputs and mask."""
     batch = batch or BATCH[cell]
     layer = _layer(cell, bidirectional, units, **kwargs)
     layer32 = copy.deepcopy(layer).float()
@@ -166,25 +181,25 @@ def _run_gemm_path(tmp_path, value):
     return run, out
 
 
-def test_blas_gemm_path_matches_packed(tmp_path):
-    """CUDNN_RNN_CPU_GEMM=blas runs the float32 GEMMs on BLAS, the path of CPUs without AVX2
-    (per-block kernel copies, gathered rows, scattered products); it must agree with the packed
-    kernel, and differ from it in the last bits (else the switch did nothing)."""
-    runs = {v: _run_gemm_path(tmp_path, v) for v in ("blas", "packed")}
+def test_gemm_engine_from_the_environment(tmp_path):
+    """CUDNN_RNN_CPU_GEMM picks the float32 GEMM engine for the process (read once): each one
+    this machine can run agrees with the others, and they differ in the last bits (else the
+    switch did nothing)."""
+    runs = {v: _run_gemm_path(tmp_path, v) for v in _engines()}
     for value, (run, _) in runs.items():
         assert run.returncode == 0, f"{value}: {run.stderr}"
-    blas = torch.load(runs["blas"][1], weights_only=True)
-    packed = torch.load(runs["packed"][1], weights_only=True)
-    for a, b in zip(blas, packed):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    if _C._testing.cpu_packed_gemm():
-        assert any(not torch.equal(a, b) for a, b in zip(blas, packed))
+    results = {v: torch.load(out, weights_only=True) for v, (_, out) in runs.items()}
+    for value, got in results.items():
+        for a, b in zip(got, results["blas"]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{value} vs blas: {m}")
+        if value != "blas":
+            assert any(not torch.equal(a, b) for a, b in zip(got, results["blas"])), value
 
 
-def test_gemm_path_from_the_environment_is_checked(tmp_path):
+def test_gemm_engine_from_the_environment_is_checked(tmp_path):
     run, _ = _run_gemm_path(tmp_path, "fast")
     assert run.returncode != 0
-    assert "CUDNN_RNN_CPU_GEMM must be 'packed' or 'blas'; got fast" in run.stderr
+    assert "CUDNN_RNN_CPU_GEMM must be 'packed', 'brgemm' or 'blas'; got 'fast'" in run.stderr
 
 
 def test_buffer_pool_reuses_and_frees():

@@ -12,6 +12,7 @@
 #include "core/build_info.h"
 #include "core/rnn_config.h"
 #include "cpu/buffer_pool.h"
+#include "cpu/gemm_engine.h"
 #include "cudnn_host/backend_choice.h"
 
 namespace cudnn_rnn {
@@ -80,6 +81,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       }, "the cuDNN algorithm a call would use (before any refusal by cuDNN)");
   m.def("cpu_cache_info", [] { return std::make_pair(cr::cpu::cached_bytes(), cr::cpu::cache_limit_bytes()); },
         "(bytes idle in the CPU buffer pool, its limit)");
+  m.def("cpu_gemm_engine", [] { return std::string(cr::cpu::gemm_engine_name(cr::cpu::float_gemm_engine())); },
+        "the engine of the CPU backend's float32 GEMMs: 'packed', 'brgemm' or 'blas' (CUDNN_RNN_CPU_GEMM)");
   m.def("empty_cpu_cache", &cr::cpu::empty_cache, "frees the CPU buffer pool's idle buffers");
   auto testing = m.def_submodule("_testing", "hooks into the C++ internals, for the tests");
   cr::bindings::register_testing(testing);

@@ -13,6 +13,7 @@
 #include "bindings/op_bindings.h"
 #include "core/rnn_config.h"
 #include "cpu/activation_arrays.h"
+#include "cpu/gemm_engine.h"
 #include "cpu/packed_gemm.h"
 #include "cpu/time_loop.h"
 #include "cudnn_host/backend_choice.h"
@@ -116,7 +117,10 @@ void register_testing(pybind11::module_& m) {
     return cpu::UnitBlocks(batch, units, gates).start;
   }, "bounds of the unit blocks the CPU time loop gives its threads");
   m.def("cpu_packed_gemm", &cpu::packed_gemm_available,
-        "whether this CPU runs the packed float32 GEMM kernel (AVX2 + FMA)");
+        "whether this CPU can run the packed float32 GEMM kernel (AVX2 + FMA)");
+  m.def("cpu_brgemm", &cpu::brgemm_available, "whether this torch has cpublas::brgemm for float32");
+  m.def("override_cpu_gemm_engine", &cpu::override_gemm_engine,
+        "run the CPU GEMMs on 'packed', 'brgemm' or 'blas' from now on ('' for the chosen engine)");
   m.def("parallel_for_threads", [] {
     // How many distinct threads at::parallel_for runs 64 one-item tasks on (1 when the extension
     // was compiled without OpenMP, whatever torch's thread count).

@@ -4,12 +4,14 @@
 // are activated as arrays (cell_rows.h, vectorised). float16 and bfloat16 compute in float32.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "core/rnn_driver.h"
 #include "cpu/buffer_pool.h"
 #include "cpu/cell_rows.h"
+#include "cpu/gemm_engine.h"
 #include "cpu/packed_gemm.h"
 #include "cpu/time_loop.h"
 
@@ -65,23 +68,29 @@ void gemm(bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda
   }
 }
 
-// CUDNN_RNN_CPU_GEMM=blas runs those GEMMs on BLAS even where the packed kernel applies (what
-// CPUs without AVX2 run); unset or "packed": the default. Read once.
-bool blas_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv("CUDNN_RNN_CPU_GEMM");
-    if (v == nullptr || *v == '\0' || std::strcmp(v, "packed") == 0) return false;
-    TORCH_CHECK_VALUE(std::strcmp(v, "blas") == 0, "CUDNN_RNN_CPU_GEMM must be 'packed' or 'blas'; got ", v);
-    return true;
-  }();
-  return forced;
+// The engine of this call's GEMMs (cpu/gemm_engine.h): float32's, or BLAS for float64.
+template <typename T>
+cpu::GemmEngine gemm_engine() {
+  return std::is_same_v<T, float> ? cpu::float_gemm_engine() : cpu::GemmEngine::Blas;
 }
 
-// Whether the CPU backend's own GEMMs (the time loop's recurrent products, the input projection,
-// the input gradient) run on the packed kernel (float32 on AVX2 + FMA CPUs) instead of BLAS.
 template <typename T>
 bool use_packed() {
-  return std::is_same_v<T, float> && cpu::packed_gemm_available() && !blas_forced();
+  return gemm_engine<T>() == cpu::GemmEngine::Packed;
+}
+
+// Row-major C[M, N] (leading dimension ldc) = A[M, K] · B[K, N] (+ C with add_C) through
+// oneDNN's micro-kernel, on the calling thread.
+template <typename T>
+void brgemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* Bm, int64_t ldb, bool add_C, T* C,
+            int64_t ldc) {
+#if defined(CPUBLAS_BRGEMM_F32F32F32)
+  if constexpr (std::is_same_v<T, float>) {
+    at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add_C, A, Bm, C);
+    return;
+  }
+#endif
+  TORCH_INTERNAL_ASSERT(false, "brgemm: float32 with a torch that has cpublas::brgemm only");
 }
 
 // cpu::packed_gemm for T = float (the only type use_packed<T>() lets through).
@@ -139,17 +148,29 @@ struct ActiveRows {
 // null. tmp: [B, w] scratch for the compact product before it is scattered into dh's rows.
 // With `panels` (R^T packed, K = G*u), the product reads D's and writes dh's active rows in
 // place instead (compact and tmp unused).
+//
+// With `RT` (R^T, [G*u, u] contiguous: brgemm reads no transposed operand), oneDNN's micro-kernel
+// runs the product instead of BLAS.
 template <typename T>
 void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t G, const T* D, int64_t ld,
-                        const T* compact, const T* R, const T* panels, int64_t j0, int64_t w, T* tmp, T* dh) {
+                        const T* compact, const T* R, const T* RT, const T* panels, int64_t j0, int64_t w, T* tmp,
+                        T* dh) {
   if (panels) {
     const int64_t* rows = act.n < B ? act.rows.data() : nullptr;
     const int64_t from_j0 = j0 / cpu::kPanel * cpu::packed_size(G * u, cpu::kPanel);  // panel of unit j0
     packed_product<T>(act.n, w, G * u, D, {rows, ld}, panels + from_j0, nullptr, true, dh + j0, {rows, u});
   } else if (act.n == B) {
-    gemm<T>(true, B, w, G * u, D, ld, R + j0 * G * u, G * u, T(1), dh + j0, u);
+    if (RT) {
+      brgemm<T>(B, w, G * u, D, ld, RT + j0, u, true, dh + j0, u);
+    } else {
+      gemm<T>(true, B, w, G * u, D, ld, R + j0 * G * u, G * u, T(1), dh + j0, u);
+    }
   } else if (act.n > 0) {
-    gemm<T>(true, act.n, w, G * u, compact, G * u, R + j0 * G * u, G * u, T(0), tmp, w);
+    if (RT) {
+      brgemm<T>(act.n, w, G * u, compact, G * u, RT + j0, u, false, tmp, w);
+    } else {
+      gemm<T>(true, act.n, w, G * u, compact, G * u, R + j0 * G * u, G * u, T(0), tmp, w);
+    }
     for (int64_t i = 0; i < act.n; ++i) {
       T* d = dh + act.rows[i] * u + j0;
       for (int64_t j = 0; j < w; ++j) d[j] += tmp[i * w + j];
@@ -271,11 +292,12 @@ struct TimeLoops {
     if (!fused_loop_applies<T>(cfg, a)) return false;
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates();
     const cpu::UnitBlocks blocks(B, u, G);
-    const bool packed = use_packed<T>();
+    const cpu::GemmEngine engine = gemm_engine<T>();
+    const bool packed = engine == cpu::GemmEngine::Packed, blas = engine == cpu::GemmEngine::Blas;
     // The recurrent kernel as the GEMMs read it: packed, gate by gate (gate g's columns as the
-    // panels of a [u, u] matrix), or for BLAS per block its gate columns as one [u, G*w] matrix
-    // (and the recurrent bias's). Per block also the GEMM's output [B, G*w] and the row
-    // kernel's scratch.
+    // panels of a [u, u] matrix); for BLAS per block its gate columns as one [u, G*w] matrix
+    // (and the recurrent bias's); brgemm reads gate g's columns in place (leading dimension G*u).
+    // Per block also the GEMM's output [B, G*w] and the row kernel's scratch.
     const int64_t gate_panels = cpu::packed_size(u, u);
     Tensor panels = packed ? workspace({G * gate_panels}, a.x3.options()) : Tensor();
     if (packed) {
@@ -286,7 +308,7 @@ struct TimeLoops {
     std::vector<Tensor> kernel(blocks.n), bias(blocks.n), rec(blocks.n), scratch(blocks.n);
     for (int64_t k = 0; k < blocks.n; ++k) {
       const int64_t j0 = blocks.start[k], w = blocks.width(k);
-      if (!packed) {
+      if (blas) {
         kernel[k] = blocks.n == 1 ? a.w.recurrent
                                   : a.w.recurrent.view({u, G, u}).narrow(2, j0, w).reshape({u, G * w}).contiguous();
         if (a.w.bias_rec.defined()) bias[k] = a.w.bias_rec.view({G, u}).narrow(1, j0, w).reshape({G * w}).contiguous();
@@ -297,6 +319,7 @@ struct TimeLoops {
     // Raw pointers, taken here: the worker threads make no ATen calls.
     const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
     const T* bias_rec = a.w.bias_rec.defined() ? a.w.bias_rec.data_ptr<T>() : nullptr;
+    const T* R = a.w.recurrent.data_ptr<T>();
     std::vector<const T*> kernel_p(blocks.n), bias_p(blocks.n);
     std::vector<T*> rec_p(blocks.n), scratch_p(blocks.n);
     for (int64_t k = 0; k < blocks.n; ++k) {
@@ -306,7 +329,7 @@ struct TimeLoops {
       scratch_p[k] = scratch[k].data_ptr<T>();
     }
     ActiveRows<T> act(B);
-    // BLAS reads the active rows of h_prev gathered; the packed kernel reads them in place.
+    // BLAS and brgemm read the active rows of h_prev gathered; the packed kernel reads them in place.
     Tensor h_active = step.mask && !packed ? at::empty({B, u}, a.x3.options()) : Tensor();
     for (int64_t s = 0; s < cfg.time; ++s) {
       driver::set_forward_step(step, cfg, a, s);
@@ -328,6 +351,14 @@ struct TimeLoops {
             for (int64_t g = 0; g < G; ++g) {
               packed_product<T>(act.n, w, u, h_in, {rows, u}, panels_p + g * gate_panels + from_j0,
                                 bias_rec ? bias_rec + g * u + j0 : nullptr, false, r + g * w, {nullptr, ldr});
+            }
+          } else if (act.n > 0 && !blas) {
+            for (int64_t g = 0; g < G; ++g) {
+              T* c = r + g * w;
+              if (bias_rec) {
+                for (int64_t i = 0; i < act.n; ++i) std::copy(bias_rec + g * u + j0, bias_rec + g * u + j0 + w, c + i * ldr);
+              }
+              brgemm<T>(act.n, w, u, h_in, u, R + g * u + j0, G * u, bias_rec != nullptr, c, ldr);
             }
           } else if (act.n > 0) {
             if (bias_p[k]) {
@@ -355,7 +386,8 @@ struct TimeLoops {
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates(), Tn = cfg.time;
     const bool gru = cfg.cell == CellKind::GRU;
     const cpu::UnitBlocks blocks(B, u, G);
-    const bool packed = use_packed<T>();
+    const cpu::GemmEngine engine = gemm_engine<T>();
+    const bool packed = engine == cpu::GemmEngine::Packed;
     std::vector<Tensor> scratch(blocks.n), tmp(blocks.n);
     for (int64_t k = 0; k < blocks.n; ++k) {
       scratch[k] = at::empty({cpu::row_scratch_size(blocks.width(k))}, dxw.options());
@@ -375,6 +407,8 @@ struct TimeLoops {
     Tensor panels = packed ? workspace({cpu::packed_size(G * u, u)}, dxw.options()) : Tensor();
     if (packed) pack_panels<T>(R, G * u, true, G * u, u, panels.data_ptr<T>());
     const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
+    Tensor RT = engine == cpu::GemmEngine::Brgemm ? a.w.recurrent.t().contiguous() : Tensor();  // [G*u, u]
+    const T* RT_p = RT.defined() ? RT.data_ptr<T>() : nullptr;
     auto time_of = [&](int64_t s) { return cfg.reversed(a.dir) ? Tn - 1 - s : s; };
     // The recurrent-side gate gradients of step s, [B, G*u] rows: GRU's own, else the input side's.
     auto grads_of = [&](int64_t s) -> std::pair<const T*, int64_t> {
@@ -399,8 +433,8 @@ struct TimeLoops {
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t j0 = blocks.start[k], w = blocks.width(k);
           if (later.first) {
-            add_recurrent_grad<T>(act_later, B, u, G, later.first, later.second, compact_p, R, panels_p, j0, w,
-                                  tmp_p[k], step.dh);
+            add_recurrent_grad<T>(act_later, B, u, G, later.first, later.second, compact_p, R, RT_p, panels_p, j0,
+                                  w, tmp_p[k], step.dh);
           }
           backward_block<T>(step, j0, w, scratch_p[k]);
         }
@@ -412,7 +446,7 @@ struct TimeLoops {
     T* dh0 = dh.data_ptr<T>();
     at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
-        add_recurrent_grad<T>(act_later, B, u, G, first.first, first.second, compact_p, R, panels_p,
+        add_recurrent_grad<T>(act_later, B, u, G, first.first, first.second, compact_p, R, RT_p, panels_p,
                               blocks.start[k], blocks.width(k), tmp_p[k], dh0);
       }
     });
