@@ -208,6 +208,32 @@ def _cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
+_ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+
+
+def _machine(device_name: str) -> Dict:
+    """What the CPU timings depend on: the CPU and its vector ISA, what ATen dispatches to, the
+    ISA limits set for oneDNN / ATen, and the engine of our own float32 GEMMs."""
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": _cpu_name(),
+        "device": device_name,
+        "isa_flags": [f for f in _ISA_FLAGS if f in flags],
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY"),
+        "DNNL_MAX_CPU_ISA": os.environ.get("DNNL_MAX_CPU_ISA"),
+        "cudnn_rnn_cpu_gemm": cudnn_rnn._C.cpu_gemm_engine(),
+    }
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (1 warm-up, 3 timed; 2 for Keras peers)")
@@ -255,6 +281,11 @@ def main(argv=None) -> Dict:
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else _cpu_name()
     print(f"cudnn_rnn {cudnn_rnn.__version__}, torch {torch.__version__}, {device_name}, "
           f"{args.threads} thread(s){', smoke sizes' if args.smoke else ''}{', quick' if args.quick else ''}")
+    machine = _machine(device_name)
+    limits = ", ".join(f"{k}={machine[k]}" for k in ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA") if machine[k])
+    print(f"cpu: {machine['cpu']}; ISA {' '.join(machine['isa_flags']) or '?'}; ATen dispatches "
+          f"{machine['aten_cpu_capability']}{'; ' + limits if limits else ''}; our float32 GEMMs: "
+          f"{machine['cudnn_rnn_cpu_gemm']}")
     for key, status in peer_status.items():
         print(f"peer {key}: {status}")
 
@@ -293,7 +324,7 @@ def main(argv=None) -> Dict:
         print("warning: some results exceed the measured GEMM peak: the machine was probably busy while it was measured")
     report = dict(
         device=args.device, device_name=device_name, threads=args.threads, quick=args.quick, smoke=args.smoke,
-        versions=_versions(), build=cudnn_rnn.build_info(), gemm=gemm, peers=peer_status,
+        machine=machine, versions=_versions(), build=cudnn_rnn.build_info(), gemm=gemm, peers=peer_status,
         tolerance={"atol": ATOL, "rtol": RTOL}, elapsed_s=elapsed,
         workloads={w.name: as_dict(w) for w in workloads}, rows=rows,
     )

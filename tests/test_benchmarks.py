@@ -134,3 +134,16 @@ def test_tf_keras_peer_in_a_fresh_process(tmp_path):
     else:
         assert [r["mode"] for r in tf_rows] == list(MODES)
         assert all(r["status"] == "ok" and r["time_ms"]["median"] > 0 for r in tf_rows)
+
+
+def test_report_names_the_machine(smoke_run):
+    """Timings are only comparable on the same machine: the report says which CPU, the ISA
+    level ATen dispatches to, and which engine ran our float32 GEMMs."""
+    import torch
+
+    import cudnn_rnn
+
+    _, report = smoke_run
+    machine = report["machine"]
+    assert machine["cpu"] and machine["aten_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert machine["cudnn_rnn_cpu_gemm"] == cudnn_rnn._C.cpu_gemm_engine() in ("packed", "brgemm", "blas")
