@@ -1,6 +1,7 @@
 #include "cpu/gemm_engine.h"
 
 #include <ATen/native/CPUBlas.h>
+#include <ATen/Version.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -25,7 +26,10 @@ namespace {
 GemmEngine machine_default() {
   if (!packed_gemm_available()) return GemmEngine::Blas;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_is("intel") && __builtin_cpu_supports("avx512f")) return GemmEngine::Blas;
+  // ATen's level (ATEN_CPU_CAPABILITY lowers it) stands for what the libraries may use.
+  const std::string level = at::get_cpu_capability();  // "DEFAULT", "AVX2", "AVX512", ...
+  const bool avx512 = level.rfind("AVX512", 0) == 0;
+  if (__builtin_cpu_is("intel") && avx512) return GemmEngine::Blas;
 #endif
   return GemmEngine::Packed;
 }

@@ -7,8 +7,8 @@
 //           the input projection and gradient on ATen's GEMM
 //   blas    the BLAS ATen calls (MKL in the x86-64 wheels), the rows of a masked step gathered
 // CUDNN_RNN_CPU_GEMM=packed|brgemm|blas picks one (read once). The default follows the machine,
-// as measured by benchmarks/run.py (README, "Performance"): BLAS on Intel CPUs with AVX-512,
-// where MKL runs its own AVX-512 kernels and the AVX2 kernel has half their width (fastrnns
+// as measured by benchmarks/run.py (README, "Performance"): BLAS on Intel CPUs at ATen's AVX-512
+// level (ATEN_CPU_CAPABILITY=avx2 lowers it), where MKL runs its own AVX-512 kernels and the AVX2 kernel has half their width (fastrnns
 // 1.2-1.55x faster); the packed kernel on the other AVX2 CPUs (it beat BLAS on AVX2 and on
 // MKL's paths for other vendors); BLAS without AVX2. brgemm is opt-in: called on the recurrent
 // products as they are (B unpacked: could_pack is false for float32) it ran between the two on
