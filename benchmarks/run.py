@@ -230,7 +230,8 @@ def _machine(device_name: str) -> Dict:
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY"),
         "DNNL_MAX_CPU_ISA": os.environ.get("DNNL_MAX_CPU_ISA"),
-        "cudnn_rnn_cpu_gemm": cudnn_rnn._C.cpu_gemm_engine(),
+        "cudnn_rnn_cpu_gemm": cudnn_rnn._C.cpu_gemm_engine(),  # a fastrnns-sized GEMM's
+        "cudnn_rnn_cpu_gemm_small": cudnn_rnn._C.cpu_gemm_engine(64, 256),  # a Keras-typical one's
     }
 
 
@@ -285,7 +286,7 @@ def main(argv=None) -> Dict:
     limits = ", ".join(f"{k}={machine[k]}" for k in ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA") if machine[k])
     print(f"cpu: {machine['cpu']}; ISA {' '.join(machine['isa_flags']) or '?'}; ATen dispatches "
           f"{machine['aten_cpu_capability']}{'; ' + limits if limits else ''}; our float32 GEMMs: "
-          f"{machine['cudnn_rnn_cpu_gemm']}")
+          f"{machine['cudnn_rnn_cpu_gemm']} (small ones: {machine['cudnn_rnn_cpu_gemm_small']})")
     for key, status in peer_status.items():
         print(f"peer {key}: {status}")
 

@@ -23,15 +23,18 @@ bool brgemm_available() {
 
 namespace {
 
-GemmEngine machine_default() {
-  if (!packed_gemm_available()) return GemmEngine::Blas;
+// What the machine runs best when nothing is forced: kBlasFromSize means BLAS from K x N = 2^18 on.
+enum class Default { Packed, Blas, BlasFromSize };
+
+Default machine_default() {
+  if (!packed_gemm_available()) return Default::Blas;
 #if defined(__x86_64__) && defined(__GNUC__)
   // ATen's level (ATEN_CPU_CAPABILITY lowers it) stands for what the libraries may use.
   const std::string level = at::get_cpu_capability();  // "DEFAULT", "AVX2", "AVX512", ...
   const bool avx512 = level.rfind("AVX512", 0) == 0;
-  if (__builtin_cpu_is("intel") && avx512) return GemmEngine::Blas;
+  if (__builtin_cpu_is("intel") && avx512) return Default::BlasFromSize;
 #endif
-  return GemmEngine::Packed;
+  return Default::Packed;
 }
 
 std::atomic<int>& override_slot() {
@@ -51,14 +54,21 @@ GemmEngine parse_engine(const std::string& name) {
 
 }  // namespace
 
-GemmEngine float_gemm_engine() {
+GemmEngine float_gemm_engine(int64_t k, int64_t n) {
   const int forced = override_slot().load(std::memory_order_relaxed);
   if (forced >= 0) return static_cast<GemmEngine>(forced);
-  static const GemmEngine engine = [] {
+  static const int from_environment = [] {
     const char* v = std::getenv("CUDNN_RNN_CPU_GEMM");
-    return v && *v ? parse_engine(v) : machine_default();
+    return v && *v ? static_cast<int>(parse_engine(v)) : -1;
   }();
-  return engine;
+  if (from_environment >= 0) return static_cast<GemmEngine>(from_environment);
+  static const Default machine = machine_default();
+  switch (machine) {
+    case Default::Packed: return GemmEngine::Packed;
+    case Default::Blas: return GemmEngine::Blas;
+    case Default::BlasFromSize: return k * n >= (int64_t(1) << 18) ? GemmEngine::Blas : GemmEngine::Packed;
+  }
+  return GemmEngine::Blas;
 }
 
 void override_gemm_engine(const std::string& name) {

@@ -6,15 +6,18 @@
 //           ISA; BLAS where torch built no oneDNN ukernels): the recurrent products gate by gate;
 //           the input projection and gradient on ATen's GEMM
 //   blas    the BLAS ATen calls (MKL in the x86-64 wheels), the rows of a masked step gathered
-// CUDNN_RNN_CPU_GEMM=packed|brgemm|blas picks one (read once). The default follows the machine,
-// as measured by benchmarks/run.py (README, "Performance"): BLAS on Intel CPUs at ATen's AVX-512
-// level (ATEN_CPU_CAPABILITY=avx2 lowers it), where MKL runs its own AVX-512 kernels and the AVX2 kernel has half their width (fastrnns
-// 1.2-1.55x faster); the packed kernel on the other AVX2 CPUs (it beat BLAS on AVX2 and on
-// MKL's paths for other vendors); BLAS without AVX2. brgemm is opt-in: called on the recurrent
-// products as they are (B unpacked: could_pack is false for float32) it ran between the two on
-// the Intel AVX-512 host.
+// CUDNN_RNN_CPU_GEMM=packed|brgemm|blas picks one for every GEMM (read once). The default follows
+// the machine and the GEMM, as measured by benchmarks/run.py (README, "Performance"): on Intel
+// CPUs at ATen's AVX-512 level (ATEN_CPU_CAPABILITY=avx2 lowers it) BLAS for the GEMMs whose
+// operand B has at least 2^18 elements (K x N), where MKL's own AVX-512 kernels beat the AVX2
+// kernel's half-width tiles by 1.2-1.55x (fastrnns, PTB sizes), and the packed kernel below that,
+// where it still won (the masked Keras-typical B=32, H=64 workload: BLAS 1.03-1.16x slower); the
+// packed kernel on the other AVX2 CPUs (it beat BLAS on AVX2 and on MKL's paths for other
+// vendors); BLAS without AVX2. brgemm is opt-in: called on the recurrent products as they are
+// (B unpacked: could_pack is false for float32) it ran between the two on the Intel host.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace cudnn_rnn {
@@ -22,7 +25,10 @@ namespace cpu {
 
 enum class GemmEngine { Packed, Brgemm, Blas };
 
-GemmEngine float_gemm_engine();
+// The engine of a float32 GEMM whose operand B is K x N.
+GemmEngine float_gemm_engine(int64_t k, int64_t n);
+// The engine of a large float32 GEMM (what benchmarks report).
+inline GemmEngine float_gemm_engine() { return float_gemm_engine(1 << 12, 1 << 12); }
 // Tests only: run `name` ('packed', 'brgemm', 'blas') from now on, or "" for the chosen engine again.
 void override_gemm_engine(const std::string& name);
 const char* gemm_engine_name(GemmEngine engine);

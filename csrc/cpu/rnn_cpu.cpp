@@ -68,15 +68,10 @@ void gemm(bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda
   }
 }
 
-// The engine of this call's GEMMs (cpu/gemm_engine.h): float32's, or BLAS for float64.
+// The engine of a GEMM whose operand B is K x N (cpu/gemm_engine.h): float32's, or BLAS for float64.
 template <typename T>
-cpu::GemmEngine gemm_engine() {
-  return std::is_same_v<T, float> ? cpu::float_gemm_engine() : cpu::GemmEngine::Blas;
-}
-
-template <typename T>
-bool use_packed() {
-  return gemm_engine<T>() == cpu::GemmEngine::Packed;
+cpu::GemmEngine gemm_engine(int64_t k, int64_t n) {
+  return std::is_same_v<T, float> ? cpu::float_gemm_engine(k, n) : cpu::GemmEngine::Blas;
 }
 
 // Row-major C[M, N] (leading dimension ldc) = A[M, K] · B[K, N] (+ C with add_C) through
@@ -93,7 +88,7 @@ void brgemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B
   TORCH_INTERNAL_ASSERT(false, "brgemm: float32 with a torch that has cpublas::brgemm only");
 }
 
-// cpu::packed_gemm for T = float (the only type use_packed<T>() lets through).
+// cpu::packed_gemm for T = float (the only type the packed engine runs).
 template <typename T>
 void packed_product(int64_t M, int64_t N, int64_t K, const T* A, cpu::Rows a, const T* panels, const T* bias,
                     bool accumulate, T* C, cpu::Rows c) {
@@ -292,7 +287,7 @@ struct TimeLoops {
     if (!fused_loop_applies<T>(cfg, a)) return false;
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates();
     const cpu::UnitBlocks blocks(B, u, G);
-    const cpu::GemmEngine engine = gemm_engine<T>();
+    const cpu::GemmEngine engine = gemm_engine<T>(u, G * u);
     const bool packed = engine == cpu::GemmEngine::Packed, blas = engine == cpu::GemmEngine::Blas;
     // The recurrent kernel as the GEMMs read it: packed, gate by gate (gate g's columns as the
     // panels of a [u, u] matrix); for BLAS per block its gate columns as one [u, G*w] matrix
@@ -386,7 +381,7 @@ struct TimeLoops {
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates(), Tn = cfg.time;
     const bool gru = cfg.cell == CellKind::GRU;
     const cpu::UnitBlocks blocks(B, u, G);
-    const cpu::GemmEngine engine = gemm_engine<T>();
+    const cpu::GemmEngine engine = gemm_engine<T>(G * u, u);
     const bool packed = engine == cpu::GemmEngine::Packed;
     std::vector<Tensor> scratch(blocks.n), tmp(blocks.n);
     for (int64_t k = 0; k < blocks.n; ++k) {
@@ -484,11 +479,11 @@ struct CpuPolicy : TimeLoops {
   template <typename T>
   static bool row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W, bool trans_w, const Tensor& bias,
                        bool accumulate, const Tensor& out2) {
-    if (!use_packed<T>() || !in2.is_contiguous() || !out2.is_contiguous() || !W.is_contiguous() ||
+    const int64_t K = in2.size(1), N = out2.size(1);
+    if (gemm_engine<T>(K, N) != cpu::GemmEngine::Packed || !in2.is_contiguous() || !out2.is_contiguous() || !W.is_contiguous() ||
         (bias.defined() && !bias.is_contiguous())) {
       return false;
     }
-    const int64_t K = in2.size(1), N = out2.size(1);
     const int64_t M = rows.defined() ? rows.numel() : in2.size(0);
     if (M == 0) return true;
     const int64_t np = cpu::panel_count(N), panel = cpu::packed_size(K, cpu::kPanel);
