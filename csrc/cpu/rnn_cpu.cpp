@@ -47,6 +47,56 @@ void dgemm_(const char* ta, const char* tb, const int* m, const int* n, const in
             const int* ldc) __attribute__((weak));
 }
 
+// MKL's packed GEMM (what oneDNN's RNNs use on Intel; torch's x86-64 wheels export it): the
+// recurrent kernel is packed once per call instead of inside every step's sgemm (6-8 % of a
+// fastrnns LSTM forward went to that repacking). Weak: without it the steps call sgemm_.
+extern "C" {
+size_t cblas_sgemm_pack_get_size(int identifier, int m, int n, int k) __attribute__((weak));
+void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n, int k, float alpha, const float* src,
+                      int ld, float* dest) __attribute__((weak));
+void cblas_sgemm_compute(int layout, int transa, int transb, int m, int n, int k, const float* a, int lda,
+                         const float* b, int ldb, float beta, float* c, int ldc) __attribute__((weak));
+}
+constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112, kCblasPacked = 151, kCblasBMatrix = 162;
+
+template <typename T>
+bool have_mkl_packed() {
+  return std::is_same_v<T, float> && cblas_sgemm_pack_get_size != nullptr && cblas_sgemm_pack != nullptr &&
+         cblas_sgemm_compute != nullptr;
+}
+
+// MKL's packed form of a K x N op(B) for products of up to M rows: a buffer of the size MKL asks
+// (allocated on the calling thread), then mkl_pack on the thread that will compute (MKL wants
+// the same thread count for packing and computing). op(B) is B [K, N], or with trans the
+// transpose of B [N, K]; ld its leading dimension.
+template <typename T>
+Tensor mkl_pack_buffer(int64_t M, int64_t N, int64_t K) {
+  const size_t bytes = cblas_sgemm_pack_get_size(kCblasBMatrix, int(M), int(N), int(K));
+  return at::empty({static_cast<int64_t>(bytes / sizeof(float)) + 16}, at::kFloat);
+}
+
+template <typename T>
+void mkl_pack(int64_t M, int64_t N, int64_t K, const T* Bm, int64_t ld, bool trans, T* dest) {
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm_pack(kCblasRowMajor, kCblasBMatrix, trans ? kCblasTrans : kCblasNoTrans, int(M), int(N), int(K), 1.0f,
+                     Bm, int(ld), dest);
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(false, "mkl_pack: float32 only");
+}
+
+// Row-major C[M, N] = A[M, K] · op(B) + beta · C with op(B) packed by mkl_pack.
+template <typename T>
+void mkl_packed_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* packed, T beta, T* C,
+                     int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm_compute(kCblasRowMajor, kCblasNoTrans, kCblasPacked, int(M), int(N), int(K), A, int(lda), packed,
+                        int(N), beta, C, int(ldc));
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(false, "mkl_packed_gemm: float32 only");
+}
+
 template <typename T>
 bool have_blas() {
   return std::is_same_v<T, float> ? sgemm_ != nullptr : dgemm_ != nullptr;
@@ -146,10 +196,11 @@ struct ActiveRows {
 //
 // With `RT` (R^T, [G*u, u] contiguous: brgemm reads no transposed operand), oneDNN's micro-kernel
 // runs the product instead of BLAS.
+// With `mkl` (this block's R[j0 : j0 + w, :]^T packed by mkl_pack), BLAS reads it packed.
 template <typename T>
 void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t G, const T* D, int64_t ld,
-                        const T* compact, const T* R, const T* RT, const T* panels, int64_t j0, int64_t w, T* tmp,
-                        T* dh) {
+                        const T* compact, const T* R, const T* RT, const T* mkl, const T* panels, int64_t j0,
+                        int64_t w, T* tmp, T* dh) {
   if (panels) {
     const int64_t* rows = act.n < B ? act.rows.data() : nullptr;
     const int64_t from_j0 = j0 / cpu::kPanel * cpu::packed_size(G * u, cpu::kPanel);  // panel of unit j0
@@ -157,12 +208,16 @@ void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t 
   } else if (act.n == B) {
     if (RT) {
       brgemm<T>(B, w, G * u, D, ld, RT + j0, u, true, dh + j0, u);
+    } else if (mkl) {
+      mkl_packed_gemm<T>(B, w, G * u, D, ld, mkl, T(1), dh + j0, u);
     } else {
       gemm<T>(true, B, w, G * u, D, ld, R + j0 * G * u, G * u, T(1), dh + j0, u);
     }
   } else if (act.n > 0) {
     if (RT) {
       brgemm<T>(act.n, w, G * u, compact, G * u, RT + j0, u, false, tmp, w);
+    } else if (mkl) {
+      mkl_packed_gemm<T>(act.n, w, G * u, compact, G * u, mkl, T(0), tmp, w);
     } else {
       gemm<T>(true, act.n, w, G * u, compact, G * u, R + j0 * G * u, G * u, T(0), tmp, w);
     }
@@ -311,10 +366,26 @@ struct TimeLoops {
       rec[k] = at::empty({B, G * w}, a.x3.options());
       scratch[k] = at::empty({cpu::row_scratch_size(w)}, a.x3.options());
     }
+    // BLAS with MKL's packed API: each block's kernel packed once, by the task that will use it.
+    std::vector<Tensor> mkl(blocks.n);
+    if (blas && have_mkl_packed<T>()) {
+      std::vector<std::pair<const T*, T*>> work(blocks.n);
+      for (int64_t k = 0; k < blocks.n; ++k) {
+        mkl[k] = mkl_pack_buffer<T>(B, G * blocks.width(k), u);
+        work[k] = {kernel[k].data_ptr<T>(), mkl[k].data_ptr<T>()};
+      }
+      at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
+        for (int64_t k = k0; k < k1; ++k) {
+          mkl_pack<T>(B, G * blocks.width(k), u, work[k].first, G * blocks.width(k), false, work[k].second);
+        }
+      });
+    }
     // Raw pointers, taken here: the worker threads make no ATen calls.
     const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
     const T* bias_rec = a.w.bias_rec.defined() ? a.w.bias_rec.data_ptr<T>() : nullptr;
     const T* R = a.w.recurrent.data_ptr<T>();
+    std::vector<const T*> mkl_p(blocks.n, nullptr);
+    for (int64_t k = 0; k < blocks.n; ++k) mkl_p[k] = mkl[k].defined() ? mkl[k].data_ptr<T>() : nullptr;
     std::vector<const T*> kernel_p(blocks.n), bias_p(blocks.n);
     std::vector<T*> rec_p(blocks.n), scratch_p(blocks.n);
     for (int64_t k = 0; k < blocks.n; ++k) {
@@ -359,7 +430,11 @@ struct TimeLoops {
             if (bias_p[k]) {
               for (int64_t i = 0; i < act.n; ++i) std::copy(bias_p[k], bias_p[k] + ldr, r + i * ldr);
             }
-            gemm<T>(false, act.n, ldr, u, h_in, u, kernel_p[k], ldr, bias_p[k] ? T(1) : T(0), r, ldr);
+            if (mkl_p[k]) {
+              mkl_packed_gemm<T>(act.n, ldr, u, h_in, u, mkl_p[k], bias_p[k] ? T(1) : T(0), r, ldr);
+            } else {
+              gemm<T>(false, act.n, ldr, u, h_in, u, kernel_p[k], ldr, bias_p[k] ? T(1) : T(0), r, ldr);
+            }
           }
           forward_block<T>(step, j0, w, r, scratch_p[k]);
         }
@@ -404,6 +479,22 @@ struct TimeLoops {
     const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
     Tensor RT = engine == cpu::GemmEngine::Brgemm ? a.w.recurrent.t().contiguous() : Tensor();  // [G*u, u]
     const T* RT_p = RT.defined() ? RT.data_ptr<T>() : nullptr;
+    // BLAS with MKL's packed API: each block's R[j0 : j0 + w, :]^T packed once, by its task.
+    std::vector<Tensor> mkl(blocks.n);
+    std::vector<const T*> mkl_p(blocks.n, nullptr);
+    if (engine == cpu::GemmEngine::Blas && have_mkl_packed<T>()) {
+      std::vector<T*> dest(blocks.n);
+      for (int64_t k = 0; k < blocks.n; ++k) {
+        mkl[k] = mkl_pack_buffer<T>(B, blocks.width(k), G * u);
+        dest[k] = mkl[k].data_ptr<T>();
+        mkl_p[k] = dest[k];
+      }
+      at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
+        for (int64_t k = k0; k < k1; ++k) {
+          mkl_pack<T>(B, blocks.width(k), G * u, R + blocks.start[k] * G * u, G * u, true, dest[k]);
+        }
+      });
+    }
     auto time_of = [&](int64_t s) { return cfg.reversed(a.dir) ? Tn - 1 - s : s; };
     // The recurrent-side gate gradients of step s, [B, G*u] rows: GRU's own, else the input side's.
     auto grads_of = [&](int64_t s) -> std::pair<const T*, int64_t> {
@@ -428,8 +519,8 @@ struct TimeLoops {
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t j0 = blocks.start[k], w = blocks.width(k);
           if (later.first) {
-            add_recurrent_grad<T>(act_later, B, u, G, later.first, later.second, compact_p, R, RT_p, panels_p, j0,
-                                  w, tmp_p[k], step.dh);
+            add_recurrent_grad<T>(act_later, B, u, G, later.first, later.second, compact_p, R, RT_p, mkl_p[k],
+                                  panels_p, j0, w, tmp_p[k], step.dh);
           }
           backward_block<T>(step, j0, w, scratch_p[k]);
         }
@@ -441,8 +532,8 @@ struct TimeLoops {
     T* dh0 = dh.data_ptr<T>();
     at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
-        add_recurrent_grad<T>(act_later, B, u, G, first.first, first.second, compact_p, R, RT_p, panels_p,
-                              blocks.start[k], blocks.width(k), tmp_p[k], dh0);
+        add_recurrent_grad<T>(act_later, B, u, G, first.first, first.second, compact_p, R, RT_p, mkl_p[k],
+                              panels_p, blocks.start[k], blocks.width(k), tmp_p[k], dh0);
       }
     });
     return true;
