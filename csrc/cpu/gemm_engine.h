@@ -5,7 +5,9 @@
 //   brgemm  oneDNN's micro-kernel through at::native::cpublas::brgemm (JIT for the machine's
 //           ISA; BLAS where torch built no oneDNN ukernels): the recurrent products gate by gate;
 //           the input projection and gradient on ATen's GEMM
-//   blas    the BLAS ATen calls (MKL in the x86-64 wheels), the rows of a masked step gathered
+//   blas    the BLAS ATen calls (MKL in the x86-64 wheels), the rows of a masked step gathered;
+//           the recurrent products read the kernel packed once per call through MKL's packed
+//           GEMM API where torch exports it (cpu/rnn_cpu.cpp)
 // CUDNN_RNN_CPU_GEMM=packed|brgemm|blas picks one for every GEMM (read once). The default follows
 // the machine and the GEMM, as measured by benchmarks/run.py (README, "Performance"): on Intel
 // CPUs at ATen's AVX-512 level (ATEN_CPU_CAPABILITY=avx2 lowers it) BLAS for the GEMMs whose
