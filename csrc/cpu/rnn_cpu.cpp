@@ -9,9 +9,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -65,27 +62,36 @@ bool have_mkl_packed() {
          cblas_sgemm_compute != nullptr;
 }
 
-// MKL's packed form of a K x N op(B) for products of up to M rows: a buffer of the size MKL asks
-// (allocated on the calling thread), then mkl_pack on the thread that will compute (MKL wants
-// the same thread count for packing and computing). op(B) is B [K, N], or with trans the
-// transpose of B [N, K]; ld its leading dimension.
-template <typename T>
-Tensor mkl_pack_buffer(int64_t M, int64_t N, int64_t K) {
-  const size_t bytes = cblas_sgemm_pack_get_size(kCblasBMatrix, int(M), int(N), int(K));
-  return at::empty({static_cast<int64_t>(bytes / sizeof(float)) + 16}, at::kFloat);
-}
+// One MKL-packed B per unit block of the time loop, for products of up to M rows: block k's
+// op(B) is K x n, read from src with leading dimension ld (B [K, n], or with trans the transpose
+// of B [n, K]), where {n, src, ld} = operand(k). The buffers are allocated here; each is packed
+// by the task that will compute with it (MKL wants the same thread count for both).
+struct PackSource {
+  int64_t n;
+  const float* src;
+  int64_t ld;
+};
 
-template <typename T>
-void mkl_pack(int64_t M, int64_t N, int64_t K, const T* Bm, int64_t ld, bool trans, T* dest) {
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm_pack(kCblasRowMajor, kCblasBMatrix, trans ? kCblasTrans : kCblasNoTrans, int(M), int(N), int(K), 1.0f,
-                     Bm, int(ld), dest);
-    return;
+template <typename Operand>
+std::vector<Tensor> mkl_pack_blocks(const cpu::UnitBlocks& blocks, int64_t M, int64_t K, bool trans, Operand operand) {
+  std::vector<Tensor> packed(blocks.n);
+  std::vector<float*> dest(blocks.n);
+  for (int64_t k = 0; k < blocks.n; ++k) {
+    const size_t bytes = cblas_sgemm_pack_get_size(kCblasBMatrix, int(M), int(operand(k).n), int(K));
+    packed[k] = at::empty({static_cast<int64_t>(bytes / sizeof(float)) + 16}, at::kFloat);
+    dest[k] = packed[k].data_ptr<float>();
   }
-  TORCH_INTERNAL_ASSERT(false, "mkl_pack: float32 only");
+  at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const PackSource b = operand(k);
+      cblas_sgemm_pack(kCblasRowMajor, kCblasBMatrix, trans ? kCblasTrans : kCblasNoTrans, int(M), int(b.n), int(K),
+                       1.0f, b.src, int(b.ld), dest[k]);
+    }
+  });
+  return packed;
 }
 
-// Row-major C[M, N] = A[M, K] · op(B) + beta · C with op(B) packed by mkl_pack.
+// Row-major C[M, N] = A[M, K] · op(B) + beta · C with op(B) packed by mkl_pack_blocks.
 template <typename T>
 void mkl_packed_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* packed, T beta, T* C,
                      int64_t ldc) {
@@ -196,7 +202,7 @@ struct ActiveRows {
 //
 // With `RT` (R^T, [G*u, u] contiguous: brgemm reads no transposed operand), oneDNN's micro-kernel
 // runs the product instead of BLAS.
-// With `mkl` (this block's R[j0 : j0 + w, :]^T packed by mkl_pack), BLAS reads it packed.
+// With `mkl` (this block's R[j0 : j0 + w, :]^T packed by mkl_pack_blocks), BLAS reads it packed.
 template <typename T>
 void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t G, const T* D, int64_t ld,
                         const T* compact, const T* R, const T* RT, const T* mkl, const T* panels, int64_t j0,
@@ -366,19 +372,14 @@ struct TimeLoops {
       rec[k] = at::empty({B, G * w}, a.x3.options());
       scratch[k] = at::empty({cpu::row_scratch_size(w)}, a.x3.options());
     }
-    // BLAS with MKL's packed API: each block's kernel packed once, by the task that will use it.
+    // BLAS with MKL's packed API: each block's kernel [u, G*w] packed once.
     std::vector<Tensor> mkl(blocks.n);
-    if (blas && have_mkl_packed<T>()) {
-      std::vector<std::pair<const T*, T*>> work(blocks.n);
-      for (int64_t k = 0; k < blocks.n; ++k) {
-        mkl[k] = mkl_pack_buffer<T>(B, G * blocks.width(k), u);
-        work[k] = {kernel[k].data_ptr<T>(), mkl[k].data_ptr<T>()};
+    if constexpr (std::is_same_v<T, float>) {
+      if (blas && have_mkl_packed<T>()) {
+        mkl = mkl_pack_blocks(blocks, B, u, false, [&](int64_t k) {
+          return PackSource{G * blocks.width(k), kernel[k].data_ptr<float>(), G * blocks.width(k)};
+        });
       }
-      at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
-        for (int64_t k = k0; k < k1; ++k) {
-          mkl_pack<T>(B, G * blocks.width(k), u, work[k].first, G * blocks.width(k), false, work[k].second);
-        }
-      });
     }
     // Raw pointers, taken here: the worker threads make no ATen calls.
     const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
@@ -479,22 +480,17 @@ struct TimeLoops {
     const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
     Tensor RT = engine == cpu::GemmEngine::Brgemm ? a.w.recurrent.t().contiguous() : Tensor();  // [G*u, u]
     const T* RT_p = RT.defined() ? RT.data_ptr<T>() : nullptr;
-    // BLAS with MKL's packed API: each block's R[j0 : j0 + w, :]^T packed once, by its task.
+    // BLAS with MKL's packed API: each block's R[j0 : j0 + w, :]^T packed once.
     std::vector<Tensor> mkl(blocks.n);
-    std::vector<const T*> mkl_p(blocks.n, nullptr);
-    if (engine == cpu::GemmEngine::Blas && have_mkl_packed<T>()) {
-      std::vector<T*> dest(blocks.n);
-      for (int64_t k = 0; k < blocks.n; ++k) {
-        mkl[k] = mkl_pack_buffer<T>(B, blocks.width(k), G * u);
-        dest[k] = mkl[k].data_ptr<T>();
-        mkl_p[k] = dest[k];
+    if constexpr (std::is_same_v<T, float>) {
+      if (engine == cpu::GemmEngine::Blas && have_mkl_packed<T>()) {
+        mkl = mkl_pack_blocks(blocks, B, G * u, true, [&](int64_t k) {
+          return PackSource{blocks.width(k), R + blocks.start[k] * G * u, G * u};
+        });
       }
-      at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
-        for (int64_t k = k0; k < k1; ++k) {
-          mkl_pack<T>(B, blocks.width(k), G * u, R + blocks.start[k] * G * u, G * u, true, dest[k]);
-        }
-      });
     }
+    std::vector<const T*> mkl_p(blocks.n, nullptr);
+    for (int64_t k = 0; k < blocks.n; ++k) mkl_p[k] = mkl[k].defined() ? mkl[k].data_ptr<T>() : nullptr;
     auto time_of = [&](int64_t s) { return cfg.reversed(a.dir) ? Tn - 1 - s : s; };
     // The recurrent-side gate gradients of step s, [B, G*u] rows: GRU's own, else the input side's.
     auto grads_of = [&](int64_t s) -> std::pair<const T*, int64_t> {
