@@ -221,8 +221,15 @@ class _RNNBase(nn.Module):
 
         Returns (input masks, recurrent masks), one [1 or G, B, width] tensor per layer, or []."""
         inputs, recurrent = self.dropout_shapes(x.shape[0], training)
-        return ([self._dropout_mask(shape, rate, x) for shape, rate in inputs],
-                [self._dropout_mask(shape, rate, x) for shape, rate in recurrent])
+        # Drawn layer by layer, the input mask before the recurrent one: the order a seeded
+        # layer's generator has always been consumed in.
+        drawn_in, drawn_rec = [], []
+        for layer in range(self.num_layers):
+            if inputs:
+                drawn_in.append(self._dropout_mask(*inputs[layer], x))
+            if recurrent:
+                drawn_rec.append(self._dropout_mask(*recurrent[layer], x))
+        return drawn_in, drawn_rec
 
     # -- input checks -------------------------------------------------------------------------
     def _check_input(self, x: Tensor, argument: str = "x") -> None:

@@ -34,14 +34,15 @@ class RnnSpec:
 
     def args(self) -> tuple:
         """The options as the op takes them, positionally."""
-        return dataclasses.astuple(self)
+        return tuple(getattr(self, name) for name in _FIELD_NAMES)
 
     @property
     def directions(self) -> int:
         return 2 if self.bidirectional else 1
 
 
-_N_OPTIONS = len(dataclasses.fields(RnnSpec))
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RnnSpec))
+_N_OPTIONS = len(_FIELD_NAMES)
 _forward_op = torch.ops.cudnn_rnn.rnn_forward.default
 
 
