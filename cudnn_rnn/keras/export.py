@@ -15,7 +15,7 @@ from torch import nn
 
 from .. import layers as rnn_layers
 from .errors import ConversionError
-from .graph import ModelSpec, parse_model, snake_case
+from .graph import ModelSpec, snake_case
 from .model import KerasModel, NestedModel
 from .registry import keras_groups
 

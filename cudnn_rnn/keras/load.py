@@ -8,7 +8,6 @@ naming the file and the layer.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Callable, Optional, Union
 

@@ -49,7 +49,6 @@ def recurrent_layer(module: nn.Module) -> Optional[nn.Module]:
 
 _RNN_CLASSES = {"LSTM": "lstm", "GRU": "gru", "SimpleRNN": "simple_rnn", "CuDNNLSTM": "lstm", "CuDNNGRU": "gru",
                 "LSTMV1": "lstm", "GRUV1": "gru"}
-_TRAINING_ONLY = ("kernel_initializer", "recurrent_initializer", "bias_initializer", "unit_forget_bias")
 
 
 def _rnn_options(class_name: str, cfg: dict, ctx: BuildContext) -> dict:
