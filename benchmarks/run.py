@@ -232,6 +232,7 @@ def _machine(device_name: str) -> Dict:
         "DNNL_MAX_CPU_ISA": os.environ.get("DNNL_MAX_CPU_ISA"),
         "cudnn_rnn_cpu_gemm": cudnn_rnn._C.cpu_gemm_engine(),  # a fastrnns-sized GEMM's
         "cudnn_rnn_cpu_gemm_small": cudnn_rnn._C.cpu_gemm_engine(64, 256),  # a Keras-typical one's
+        "cudnn_rnn_cpu_loops": cudnn_rnn._C.cpu_loops_isa(),  # the activation and fused cell loops'
     }
 
 
@@ -286,7 +287,8 @@ def main(argv=None) -> Dict:
     limits = ", ".join(f"{k}={machine[k]}" for k in ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA") if machine[k])
     print(f"cpu: {machine['cpu']}; ISA {' '.join(machine['isa_flags']) or '?'}; ATen dispatches "
           f"{machine['aten_cpu_capability']}{'; ' + limits if limits else ''}; our float32 GEMMs: "
-          f"{machine['cudnn_rnn_cpu_gemm']} (small ones: {machine['cudnn_rnn_cpu_gemm_small']})")
+          f"{machine['cudnn_rnn_cpu_gemm']} (small ones: {machine['cudnn_rnn_cpu_gemm_small']}); cell loops: "
+          f"{machine['cudnn_rnn_cpu_loops']}")
     for key, status in peer_status.items():
         print(f"peer {key}: {status}")
 

@@ -13,6 +13,7 @@
 #include "core/rnn_config.h"
 #include "cpu/buffer_pool.h"
 #include "cpu/gemm_engine.h"
+#include "cpu/vec_loops.h"
 #include "cudnn_host/backend_choice.h"
 
 namespace cudnn_rnn {
@@ -86,6 +87,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       }, pybind11::arg("k") = 4096, pybind11::arg("n") = 4096,
       "the engine of the CPU backend's float32 GEMMs with a K x N operand B: 'packed', 'brgemm' or 'blas' "
       "(CUDNN_RNN_CPU_GEMM forces one)");
+  m.def("cpu_loops_isa", [] { return std::string(cr::cpu::float_loops().isa); },
+        "the instruction set of the CPU backend's float32 activation and fused cell loops: 'avx512', 'avx2' or "
+        "'baseline' (the widest the CPU and ATen's level allow; ATEN_CPU_CAPABILITY lowers it)");
   m.def("empty_cpu_cache", &cr::cpu::empty_cache, "frees the CPU buffer pool's idle buffers");
   auto testing = m.def_submodule("_testing", "hooks into the C++ internals, for the tests");
   cr::bindings::register_testing(testing);

@@ -1,31 +1,41 @@
 #include "cpu/activation_arrays.h"
 
+#include <ATen/Version.h>
+
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "cpu/vec_loops.h"
 
 namespace cudnn_rnn {
 namespace cpu {
-namespace {
 
-// The float loops, compiled once per instruction set (vec_loops_*.cpp) and picked at load time.
-struct FloatLoops {
-  void (*tanh)(const float*, float*, int64_t);
-  void (*sigmoid)(const float*, float*, int64_t);
-  void (*clip_ramp)(const float*, float*, int64_t, float);
-};
+#define CUDNN_RNN_LOOPS(ns, name)                                                                         \
+  FloatLoops {                                                                                             \
+    name, ns::tanh_loop, ns::sigmoid_loop, ns::clip_ramp_loop, ns::lstm_forward_row, ns::lstm_backward_row, \
+        ns::gru_forward_row, ns::gru_backward_row                                                          \
+  }
 
 const FloatLoops& float_loops() {
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const FloatLoops loops = (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-                                      ? FloatLoops{vec_avx2::tanh_loop, vec_avx2::sigmoid_loop, vec_avx2::clip_ramp_loop}
-                                      : FloatLoops{vec_base::tanh_loop, vec_base::sigmoid_loop, vec_base::clip_ramp_loop};
+  static const FloatLoops loops = [] {
+    const std::string level = at::get_cpu_capability();  // "DEFAULT", "AVX2", "AVX512", ...
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && level != "DEFAULT";
+    const bool avx512 = avx2 && level.rfind("AVX512", 0) == 0 && __builtin_cpu_supports("avx512f") &&
+                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                        __builtin_cpu_supports("avx512vl");
+    return avx512 ? CUDNN_RNN_LOOPS(vec_avx512, "avx512")
+                  : avx2 ? CUDNN_RNN_LOOPS(vec_avx2, "avx2") : CUDNN_RNN_LOOPS(vec_base, "baseline");
+  }();
 #else
-  static const FloatLoops loops{vec_base::tanh_loop, vec_base::sigmoid_loop, vec_base::clip_ramp_loop};
+  static const FloatLoops loops = CUDNN_RNN_LOOPS(vec_base, "baseline");
 #endif
   return loops;
 }
+#undef CUDNN_RNN_LOOPS
+
+namespace {
 
 template <typename T>
 void scalar_activate(Activation a, const T* x, T* y, int64_t n) {

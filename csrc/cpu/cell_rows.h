@@ -13,6 +13,8 @@
 // (LSTM still one: tanh(c_new)). The same function computes them either way, so outputs and
 // gradients are the same bits; only the reserve's content differs (float64, the reference the
 // generic CUDA kernels' emulation is compared with reserve and all, keeps pre-activations).
+// Those float32 rows (LSTM, GRU reset_after) run as one fused pass over the units, compiled for
+// the machine's instruction set (vec_loops.h); the array form below serves the rest.
 // Backward gets dh (and dc) w.r.t. the step's new state and writes the input-side gate
 // gradients (dx), the recurrent-side ones (drec, where they differ) and the direct part of
 // the gradient w.r.t. h_prev (dh_prev; the recurrent matmul's part is added by the caller).
@@ -23,6 +25,7 @@
 
 #include "core/cell_math.h"
 #include "cpu/activation_arrays.h"
+#include "cpu/vec_loops.h"
 
 namespace cudnn_rnn {
 namespace cpu {
@@ -81,6 +84,12 @@ template <typename T>
 void lstm_row_forward(Activation act, Activation ract, int64_t n, Gates<const T> xw, Gates<const T> rec,
                       const T* c_prev, Gates<T> saved, T* h_new, T* c_new, T* scratch) {
   const bool activated = saves_activated<T>(act, ract);
+  if constexpr (std::is_same_v<T, float>) {
+    if (activated) {
+      return float_loops().lstm_forward_row(act == Activation::Tanh, ract == Activation::Tanh, n, xw.p, xw.stride,
+                                            rec.p, rec.stride, c_prev, saved.p, saved.stride, h_new, c_new);
+    }
+  }
   // the activated gates i, f, c~, o: in place in saved, or in scratch
   const Gates<T> g = activated ? saved : Gates<T>{scratch, n};
   T* tc = scratch + 4 * n;
@@ -97,6 +106,12 @@ void lstm_row_forward(Activation act, Activation ract, int64_t n, Gates<const T>
 template <typename T>
 void lstm_row_backward(Activation act, Activation ract, int64_t n, Gates<const T> saved, const T* c_prev,
                        const T* c_new, const T* dh, T* dc, Gates<T> dx, T* scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (saves_activated<T>(act, ract)) {
+      return float_loops().lstm_backward_row(act == Activation::Tanh, ract == Activation::Tanh, n, saved.p,
+                                             saved.stride, c_prev, c_new, dh, dc, dx.p, dx.stride);
+    }
+  }
   T* ga = scratch + 4 * n;   // the gates' derivatives
   T* tc = scratch + 8 * n;   // act(c_new)
   T* tca = scratch + 9 * n;  // act'(c_new)
@@ -123,6 +138,12 @@ template <typename T>
 void gru_after_row_forward(Activation act, Activation ract, int64_t n, Gates<const T> xw, Gates<const T> rec,
                            const T* h_prev, Gates<T> saved, T* h_new, T* scratch) {
   const bool activated = saves_activated<T>(act, ract);
+  if constexpr (std::is_same_v<T, float>) {
+    if (activated) {
+      return float_loops().gru_forward_row(act == Activation::Tanh, ract == Activation::Tanh, n, xw.p, xw.stride,
+                                           rec.p, rec.stride, h_prev, saved.p, saved.stride, h_new);
+    }
+  }
   // the activated z, r, n: in place in saved, or in scratch
   const Gates<T> g = activated ? saved : Gates<T>{scratch, n};
   for (int64_t q = 0; q < 2; ++q) {
@@ -138,6 +159,12 @@ void gru_after_row_forward(Activation act, Activation ract, int64_t n, Gates<con
 template <typename T>
 void gru_after_row_backward(Activation act, Activation ract, int64_t n, Gates<const T> saved, const T* h_prev,
                             const T* dh, Gates<T> dx, Gates<T> drec, T* dh_prev, T* scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (saves_activated<T>(act, ract)) {
+      return float_loops().gru_backward_row(act == Activation::Tanh, ract == Activation::Tanh, n, saved.p,
+                                            saved.stride, h_prev, dh, dx.p, dx.stride, drec.p, drec.stride, dh_prev);
+    }
+  }
   T* ga = scratch + 3 * n;  // the derivatives of z, r, n
   const Gates<const T> g = activated_gates(act, ract, n, 3, saved, scratch, ga);
   for (int64_t j = 0; j < n; ++j) {

@@ -46,6 +46,99 @@ inline float tanh_f32(float x) {
 
 inline float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
 
+// A gate's activation (tanh when Tanh, else sigmoid) and its derivative from its output.
+template <bool Tanh>
+inline float gate_f32(float x) {
+  if constexpr (Tanh) {
+    return tanh_f32(x);
+  } else {
+    return sigmoid_f32(x);
+  }
+}
+template <bool Tanh>
+inline float gate_grad_f32(float y) {
+  if constexpr (Tanh) {
+    return 1.0f - y * y;
+  } else {
+    return y * (1.0f - y);
+  }
+}
+
+// The fused cell rows (vec_loops.h): one pass over the units, every stream restrict-qualified
+// so that GCC vectorises without alias checks. A: act is tanh, R: ract is tanh (else sigmoid).
+template <bool A, bool R>
+void lstm_forward(int64_t n, const float* __restrict__ xw, int64_t xs, const float* __restrict__ rec, int64_t rs,
+                  const float* __restrict__ c_prev, float* __restrict__ saved, int64_t ss, float* __restrict__ h_new,
+                  float* __restrict__ c_new) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float i = gate_f32<R>(xw[j] + rec[j]);
+    const float f = gate_f32<R>(xw[xs + j] + rec[rs + j]);
+    const float g = gate_f32<A>(xw[2 * xs + j] + rec[2 * rs + j]);
+    const float o = gate_f32<R>(xw[3 * xs + j] + rec[3 * rs + j]);
+    saved[j] = i;
+    saved[ss + j] = f;
+    saved[2 * ss + j] = g;
+    saved[3 * ss + j] = o;
+    const float c = f * c_prev[j] + i * g;
+    c_new[j] = c;
+    h_new[j] = o * gate_f32<A>(c);
+  }
+}
+
+template <bool A, bool R>
+void lstm_backward(int64_t n, const float* __restrict__ saved, int64_t ss, const float* __restrict__ c_prev,
+                   const float* __restrict__ c_new, const float* __restrict__ dh, float* __restrict__ dc,
+                   float* __restrict__ dx, int64_t dxs) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float i = saved[j], f = saved[ss + j], g = saved[2 * ss + j], o = saved[3 * ss + j];
+    const float tc = gate_f32<A>(c_new[j]);
+    const float dcc = dc[j] + dh[j] * o * gate_grad_f32<A>(tc);
+    dx[j] = dcc * g * gate_grad_f32<R>(i);
+    dx[dxs + j] = dcc * c_prev[j] * gate_grad_f32<R>(f);
+    dx[2 * dxs + j] = dcc * i * gate_grad_f32<A>(g);
+    dx[3 * dxs + j] = dh[j] * tc * gate_grad_f32<R>(o);
+    dc[j] = dcc * f;
+  }
+}
+
+template <bool A, bool R>
+void gru_forward(int64_t n, const float* __restrict__ xw, int64_t xs, const float* __restrict__ rec, int64_t rs,
+                 const float* __restrict__ h_prev, float* __restrict__ saved, int64_t ss, float* __restrict__ h_new) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float z = gate_f32<R>(xw[j] + rec[j]);
+    const float r = gate_f32<R>(xw[xs + j] + rec[rs + j]);
+    const float hh = rec[2 * rs + j];
+    const float c = gate_f32<A>(xw[2 * xs + j] + r * hh);
+    saved[j] = z;
+    saved[ss + j] = r;
+    saved[2 * ss + j] = c;
+    saved[3 * ss + j] = hh;
+    h_new[j] = z * h_prev[j] + (1.0f - z) * c;
+  }
+}
+
+template <bool A, bool R>
+void gru_backward(int64_t n, const float* __restrict__ saved, int64_t ss, const float* __restrict__ h_prev,
+                  const float* __restrict__ dh, float* __restrict__ dx, int64_t dxs, float* __restrict__ drec,
+                  int64_t drs, float* __restrict__ dh_prev) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float z = saved[j], r = saved[ss + j], c = saved[2 * ss + j], hh = saved[3 * ss + j];
+    const float dn = dh[j] * (1.0f - z) * gate_grad_f32<A>(c);
+    const float dz = dh[j] * (h_prev[j] - c) * gate_grad_f32<R>(z);
+    const float dr = dn * hh * gate_grad_f32<R>(r);
+    dx[j] = drec[j] = dz;
+    dx[dxs + j] = drec[drs + j] = dr;
+    dx[2 * dxs + j] = dn;
+    drec[2 * drs + j] = dn * r;
+    dh_prev[j] = dh[j] * z;
+  }
+}
+
+// Calls F<A, R> for the runtime pair (act_tanh, ract_tanh).
+#define CUDNN_RNN_PICK(F, a, r, ...) \
+  ((a) ? ((r) ? F<true, true>(__VA_ARGS__) : F<true, false>(__VA_ARGS__)) \
+       : ((r) ? F<false, true>(__VA_ARGS__) : F<false, false>(__VA_ARGS__)))
+
 }  // namespace
 
 void tanh_loop(const float* x, float* y, int64_t n) {
@@ -62,6 +155,28 @@ void clip_ramp_loop(const float* x, float* y, int64_t n, float slope) {
     y[i] = v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v);
   }
 }
+
+void lstm_forward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* xw, int64_t xs, const float* rec,
+                      int64_t rs, const float* c_prev, float* saved, int64_t ss, float* h_new, float* c_new) {
+  CUDNN_RNN_PICK(lstm_forward, act_tanh, ract_tanh, n, xw, xs, rec, rs, c_prev, saved, ss, h_new, c_new);
+}
+
+void lstm_backward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* saved, int64_t ss, const float* c_prev,
+                       const float* c_new, const float* dh, float* dc, float* dx, int64_t dxs) {
+  CUDNN_RNN_PICK(lstm_backward, act_tanh, ract_tanh, n, saved, ss, c_prev, c_new, dh, dc, dx, dxs);
+}
+
+void gru_forward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* xw, int64_t xs, const float* rec,
+                     int64_t rs, const float* h_prev, float* saved, int64_t ss, float* h_new) {
+  CUDNN_RNN_PICK(gru_forward, act_tanh, ract_tanh, n, xw, xs, rec, rs, h_prev, saved, ss, h_new);
+}
+
+void gru_backward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* saved, int64_t ss, const float* h_prev,
+                      const float* dh, float* dx, int64_t dxs, float* drec, int64_t drs, float* dh_prev) {
+  CUDNN_RNN_PICK(gru_backward, act_tanh, ract_tanh, n, saved, ss, h_prev, dh, dx, dxs, drec, drs, dh_prev);
+}
+
+#undef CUDNN_RNN_PICK
 
 }  // namespace CUDNN_RNN_VEC_NS
 }  // namespace cpu
