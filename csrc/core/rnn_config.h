@@ -44,6 +44,11 @@ struct RnnConfig {
   int64_t time;
   int64_t input_size;
   int64_t units;
+  // The caller's dtype when float16 / bfloat16 tensors run through a float32 driver (float
+  // otherwise, set by driver::*_any_precision): a backend may feed its GEMMs in it, accumulating
+  // in float32, while the cell update stays float32 (the CPU backend does for bfloat16 where
+  // oneDNN packs it: cpu/bf16_gemm.h).
+  at::ScalarType gemm_dtype = at::kFloat;
 
   int64_t gates() const { return gates_of(cell); }
   int64_t tensors_per_direction() const { return use_bias ? 3 : 2; }

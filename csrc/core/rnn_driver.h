@@ -122,7 +122,7 @@ Tensor input_projection(const RnnConfig& cfg, const Tensor& x3, bool batch_major
   Tensor xw = Policy::workspace({x3.size(0), x3.size(1), G * u}, x3.options());
   Tensor xw2 = xw.view({rows, G * u});
   if (!dmask.defined() && x3.is_contiguous() &&
-      Policy::template row_gemm<T>(x3.view({rows, x3.size(2)}), real, w.kernel, false, w.bias_in, false, xw2)) {
+      Policy::template row_gemm<T>(cfg, x3.view({rows, x3.size(2)}), real, w.kernel, false, w.bias_in, false, xw2)) {
     return xw;
   }
   if (real.defined()) {
@@ -354,7 +354,8 @@ struct PolicyDefaults {
   // of W [N, K]: the hoisted input projection and the input-gradient GEMM. false leaves it to
   // the driver's ATen GEMMs.
   template <typename T>
-  static bool row_gemm(const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&, bool, const Tensor&) {
+  static bool row_gemm(const RnnConfig&, const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&, bool,
+                       const Tensor&) {
     return false;
   }
   template <typename T>
@@ -480,7 +481,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
     const Tensor d = select_rows<Policy>(dxw2, real.in_layout);
     // dx3's real rows += d · K^T: in place, or gathered, one GEMM, scattered back
     Tensor dx2 = g.dx3.view({rows, in});
-    if (!Policy::template row_gemm<T>(dxw2, real.in_layout, a.w.kernel, true, Tensor(), true, dx2)) {
+    if (!Policy::template row_gemm<T>(cfg, dxw2, real.in_layout, a.w.kernel, true, Tensor(), true, dx2)) {
       dx2.index_copy_(0, real.in_layout, select_rows<Policy>(dx2, real.in_layout).addmm_(d, a.w.kernel.t()));
     }
     const Tensor x2 = a.x3.reshape({rows, in});
@@ -506,7 +507,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       g.dkernel = at::mm(xd.reshape({rows, in}).t(), dxw2);
       if (a.dmask.defined()) {
         g.dx3.add_(at::mm(dxw2, a.w.kernel.t()).view(a.x3.sizes()) * over_time(a.dmask[0], a.in_batch_major));
-      } else if (!Policy::template row_gemm<T>(dxw2, Tensor(), a.w.kernel, true, Tensor(), true,
+      } else if (!Policy::template row_gemm<T>(cfg, dxw2, Tensor(), a.w.kernel, true, Tensor(), true,
                                                  g.dx3.view({rows, in}))) {
         g.dx3.view({rows, in}).addmm_(dxw2, a.w.kernel.t());
       }
@@ -664,7 +665,9 @@ template <typename Policy>
 ForwardResult forward_any_precision(const RnnConfig& cfg, const ForwardCall& call) {
   if (!low_precision(call.in.x)) return forward<Policy>(cfg, call);
   const ForwardCall f{to_float(call.in), to_float(call.h0), to_float(call.c0), call.options, call.need_grad};
-  auto [y, h_n, c_n, reserve] = forward<Policy>(cfg, f);
+  RnnConfig c = cfg;
+  c.gemm_dtype = call.in.x.scalar_type();
+  auto [y, h_n, c_n, reserve] = forward<Policy>(c, f);
   const auto dtype = call.in.x.scalar_type();
   return {y.to(dtype), h_n.to(dtype), c_n.to(dtype), reserve};
 }
@@ -674,7 +677,9 @@ BackwardResult backward_any_precision(const RnnConfig& cfg, const BackwardCall& 
   if (!low_precision(call.in.x)) return backward<Policy>(cfg, call);
   const BackwardCall f{to_float(call.grad_y), to_float(call.grad_h_n), to_float(call.grad_c_n), to_float(call.in),
                        call.reserve, call.options};
-  auto [dx, dw, dh0, dc0] = backward<Policy>(cfg, f);
+  RnnConfig c = cfg;
+  c.gemm_dtype = call.in.x.scalar_type();
+  auto [dx, dw, dh0, dc0] = backward<Policy>(c, f);
   const auto dtype = call.in.x.scalar_type();
   for (size_t i = 0; i < dw.size(); ++i) dw[i] = dw[i].to(call.in.weights[i].scalar_type());
   return {dx.to(dtype), dw, dh0.to(dtype), dc0.to(dtype)};

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/rnn_driver.h"
+#include "cpu/bf16_gemm.h"
 #include "cpu/buffer_pool.h"
 #include "cpu/cell_rows.h"
 #include "cpu/gemm_engine.h"
@@ -164,6 +165,72 @@ void pack_panels(const T* src, int64_t ld, bool trans, int64_t K, int64_t N, T* 
   }
 }
 
+// bfloat16 GEMMs (cpu/bf16_gemm.h) for a float32 run of a bfloat16 call, where oneDNN packs them.
+template <typename T>
+bool bf16_gemms(const RnnConfig& cfg) {
+  return std::is_same_v<T, float> && cfg.gemm_dtype == at::kBFloat16 && cpu::bf16_gemm_available();
+}
+
+// cpu::to_bf16 and cpu::bf16_gemm for T = float (the only type bf16_gemms takes).
+template <typename T>
+void to_bf16(const T* src, at::BFloat16* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    cpu::to_bf16(src, dst, n);
+  } else {
+    TORCH_INTERNAL_ASSERT(false, "to_bf16: float32 only");
+  }
+}
+
+template <typename T>
+void bf16_product(int64_t M, const at::BFloat16* A, int64_t lda, const cpu::Bf16Panels& B, int64_t nw, T* C,
+                  int64_t ldc, bool add_C) {
+  if constexpr (std::is_same_v<T, float>) {
+    cpu::bf16_gemm(M, A, lda, B, 0, nw, C, ldc, add_C);
+  } else {
+    TORCH_INTERNAL_ASSERT(false, "bf16_product: float32 only");
+  }
+}
+
+// out2[r] = (accumulate ? out2[r] : bias, or 0) + in2[r] · op(W) (CpuPolicy::row_gemm) with
+// bfloat16 operands: tiles of 64 rows across threads, each converted to bfloat16, multiplied
+// into a float32 tile and written to its rows.
+inline bool bf16_row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W, bool trans_w, const Tensor& bias,
+                          bool accumulate, const Tensor& out2) {
+  if (!in2.is_contiguous() || !out2.is_contiguous() || (bias.defined() && !bias.is_contiguous())) return false;
+  const int64_t K = in2.size(1), N = out2.size(1);
+  const int64_t M = rows.defined() ? rows.numel() : in2.size(0);
+  if (M == 0) return true;
+  const cpu::Bf16Panels panels = cpu::pack_bf16(trans_w ? W.t() : W);
+  const int64_t Kp = panels.Kp;
+  const int64_t* r = rows.defined() ? rows.data_ptr<int64_t>() : nullptr;
+  const float* a = in2.data_ptr<float>();
+  const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  float* c = out2.data_ptr<float>();
+  constexpr int64_t tile = 64;
+  at::parallel_for(0, (M + tile - 1) / tile, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<at::BFloat16> at_(tile * Kp);  // zeros: the pad column of an odd K stays zero
+    std::vector<float> ct(tile * N);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t m0 = t * tile, m = std::min(tile, M - m0);
+      for (int64_t i = 0; i < m; ++i) cpu::to_bf16(a + (r ? r[m0 + i] : m0 + i) * K, at_.data() + i * Kp, K);
+      cpu::bf16_gemm(m, at_.data(), Kp, panels, 0, N, ct.data(), N, false);
+      for (int64_t i = 0; i < m; ++i) {
+        float* d = c + (r ? r[m0 + i] : m0 + i) * N;
+        const float* p = ct.data() + i * N;
+        if (accumulate) {
+          for (int64_t j = 0; j < N; ++j) d[j] += p[j];
+        } else if (b) {
+          for (int64_t j = 0; j < N; ++j) d[j] = p[j] + b[j];
+        } else {
+          std::copy(p, p + N, d);
+        }
+      }
+    }
+    cpu::bf16_release();
+  });
+  return true;
+}
+
 // Whether the time loops below take a configuration; every size must also fit BLAS's int.
 template <typename T>
 bool fused_loop_applies(const RnnConfig& cfg, const driver::DirectionArgs& a) {
@@ -203,11 +270,23 @@ struct ActiveRows {
 // With `RT` (R^T, [G*u, u] contiguous: brgemm reads no transposed operand), oneDNN's micro-kernel
 // runs the product instead of BLAS.
 // With `mkl` (this block's R[j0 : j0 + w, :]^T packed by mkl_pack_blocks), BLAS reads it packed.
+// With `bf` (this block's R[j0 : j0 + w, :]^T packed for bfloat16), Db (D's active rows in
+// bfloat16, [n, bf16_depth(G*u)]) is multiplied on oneDNN's micro-kernel.
 template <typename T>
 void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t G, const T* D, int64_t ld,
-                        const T* compact, const T* R, const T* RT, const T* mkl, const T* panels, int64_t j0,
-                        int64_t w, T* tmp, T* dh) {
-  if (panels) {
+                        const T* compact, const T* R, const T* RT, const T* mkl, const T* panels,
+                        const cpu::Bf16Panels* bf, const at::BFloat16* Db, int64_t j0, int64_t w, T* tmp, T* dh) {
+  if (bf) {
+    if (act.n == B) {
+      bf16_product<T>(B, Db, bf->Kp, *bf, w, dh + j0, u, true);
+    } else if (act.n > 0) {
+      bf16_product<T>(act.n, Db, bf->Kp, *bf, w, tmp, w, false);
+      for (int64_t i = 0; i < act.n; ++i) {
+        T* d = dh + act.rows[i] * u + j0;
+        for (int64_t j = 0; j < w; ++j) d[j] += tmp[i * w + j];
+      }
+    }
+  } else if (panels) {
     const int64_t* rows = act.n < B ? act.rows.data() : nullptr;
     const int64_t from_j0 = j0 / cpu::kPanel * cpu::packed_size(G * u, cpu::kPanel);  // panel of unit j0
     packed_product<T>(act.n, w, G * u, D, {rows, ld}, panels + from_j0, nullptr, true, dh + j0, {rows, u});
@@ -348,11 +427,13 @@ struct TimeLoops {
     if (!fused_loop_applies<T>(cfg, a)) return false;
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates();
     const cpu::UnitBlocks blocks(B, u, G);
+    const bool bf16 = bf16_gemms<T>(cfg);
     const cpu::GemmEngine engine = gemm_engine<T>(u, G * u);
-    const bool packed = engine == cpu::GemmEngine::Packed, blas = engine == cpu::GemmEngine::Blas;
+    const bool packed = !bf16 && engine == cpu::GemmEngine::Packed, blas = !bf16 && engine == cpu::GemmEngine::Blas;
     // The recurrent kernel as the GEMMs read it: packed, gate by gate (gate g's columns as the
-    // panels of a [u, u] matrix); for BLAS per block its gate columns as one [u, G*w] matrix
-    // (and the recurrent bias's); brgemm reads gate g's columns in place (leading dimension G*u).
+    // panels of a [u, u] matrix); for BLAS and bfloat16 per block its gate columns as one
+    // [u, G*w] matrix (and the recurrent bias's); brgemm reads gate g's columns in place
+    // (leading dimension G*u).
     // Per block also the GEMM's output [B, G*w] and the row kernel's scratch.
     const int64_t gate_panels = cpu::packed_size(u, u);
     Tensor panels = packed ? workspace({G * gate_panels}, a.x3.options()) : Tensor();
@@ -364,7 +445,7 @@ struct TimeLoops {
     std::vector<Tensor> kernel(blocks.n), bias(blocks.n), rec(blocks.n), scratch(blocks.n);
     for (int64_t k = 0; k < blocks.n; ++k) {
       const int64_t j0 = blocks.start[k], w = blocks.width(k);
-      if (blas) {
+      if (blas || bf16) {
         kernel[k] = blocks.n == 1 ? a.w.recurrent
                                   : a.w.recurrent.view({u, G, u}).narrow(2, j0, w).reshape({u, G * w}).contiguous();
         if (a.w.bias_rec.defined()) bias[k] = a.w.bias_rec.view({G, u}).narrow(1, j0, w).reshape({G * w}).contiguous();
@@ -381,6 +462,16 @@ struct TimeLoops {
         });
       }
     }
+    // bfloat16: each block's kernel packed for oneDNN, and the state as the GEMMs read it, in two
+    // buffers (step s reads one while its tasks write the other).
+    std::vector<cpu::Bf16Panels> bf(blocks.n);
+    for (int64_t k = 0; k < blocks.n && bf16; ++k) bf[k] = cpu::pack_bf16(kernel[k]);
+    // Rows of up = bf16_depth(u) values, the pad (odd u) zero.
+    const int64_t up = cpu::bf16_depth(u);
+    Tensor hb = bf16 ? at::zeros({2, B, up}, a.x3.options().dtype(at::kBFloat16)) : Tensor();
+    Tensor hb_rows = bf16 && step.mask ? at::zeros({B, up}, hb.options()) : Tensor();
+    at::BFloat16* hb_p = bf16 ? hb.data_ptr<at::BFloat16>() : nullptr;
+    for (int64_t b = 0; b < B && bf16; ++b) to_bf16<T>(a.rs.h[0].data_ptr<T>() + b * u, hb_p + b * up, u);
     // Raw pointers, taken here: the worker threads make no ATen calls.
     const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
     const T* bias_rec = a.w.bias_rec.defined() ? a.w.bias_rec.data_ptr<T>() : nullptr;
@@ -397,13 +488,19 @@ struct TimeLoops {
     }
     ActiveRows<T> act(B);
     // BLAS and brgemm read the active rows of h_prev gathered; the packed kernel reads them in place.
-    Tensor h_active = step.mask && !packed ? at::empty({B, u}, a.x3.options()) : Tensor();
+    Tensor h_active = step.mask && !packed && !bf16 ? at::empty({B, u}, a.x3.options()) : Tensor();
     for (int64_t s = 0; s < cfg.time; ++s) {
       driver::set_forward_step(step, cfg, a, s);
       act.collect(step.mask, B, cfg.time, step.t);
       const T* h_in = step.h_prev;
       const int64_t* rows = act.n < B ? act.rows.data() : nullptr;
-      if (rows && !packed) {
+      const at::BFloat16* hb_in = bf16 ? hb_p + (s % 2) * B * up : nullptr;
+      at::BFloat16* hb_out = bf16 ? hb_p + ((s + 1) % 2) * B * up : nullptr;
+      if (rows && bf16) {
+        at::BFloat16* dst = hb_rows.data_ptr<at::BFloat16>();
+        for (int64_t i = 0; i < act.n; ++i) std::copy(hb_in + rows[i] * up, hb_in + rows[i] * up + up, dst + i * up);
+        hb_in = dst;
+      } else if (rows && !packed) {
         act.gather(step.h_prev, u, u, h_active.data_ptr<T>());
         h_in = h_active.data_ptr<T>();
         rows = nullptr;
@@ -413,7 +510,12 @@ struct TimeLoops {
           const int64_t j0 = blocks.start[k], w = blocks.width(k), ldr = G * w;
           T* r = rec_p[k];
           // r[i, g*w + j] = recurrent pre-activation of gate g, unit j0 + j, for the i-th active row
-          if (act.n > 0 && packed) {
+          if (act.n > 0 && bf16) {
+            if (bias_p[k]) {
+              for (int64_t i = 0; i < act.n; ++i) std::copy(bias_p[k], bias_p[k] + ldr, r + i * ldr);
+            }
+            bf16_product<T>(act.n, hb_in, up, bf[k], ldr, r, ldr, bias_p[k] != nullptr);
+          } else if (act.n > 0 && packed) {
             const int64_t from_j0 = j0 / cpu::kPanel * cpu::packed_size(u, cpu::kPanel);  // panel of unit j0
             for (int64_t g = 0; g < G; ++g) {
               packed_product<T>(act.n, w, u, h_in, {rows, u}, panels_p + g * gate_panels + from_j0,
@@ -438,7 +540,11 @@ struct TimeLoops {
             }
           }
           forward_block<T>(step, j0, w, r, scratch_p[k]);
+          if (bf16) {
+            for (int64_t b = 0; b < B; ++b) to_bf16<T>(step.h_next + b * u + j0, hb_out + b * up + j0, w);
+          }
         }
+        if (bf16) cpu::bf16_release();
       });
       if (step.mask) {
         for (int64_t b = 0; b < B; ++b) step.seen[b] |= step.mask[b * cfg.time + step.t];
@@ -457,8 +563,9 @@ struct TimeLoops {
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates(), Tn = cfg.time;
     const bool gru = cfg.cell == CellKind::GRU;
     const cpu::UnitBlocks blocks(B, u, G);
+    const bool bf16 = bf16_gemms<T>(cfg);
     const cpu::GemmEngine engine = gemm_engine<T>(G * u, u);
-    const bool packed = engine == cpu::GemmEngine::Packed;
+    const bool packed = !bf16 && engine == cpu::GemmEngine::Packed;
     std::vector<Tensor> scratch(blocks.n), tmp(blocks.n);
     for (int64_t k = 0; k < blocks.n; ++k) {
       scratch[k] = at::empty({cpu::row_scratch_size(blocks.width(k))}, dxw.options());
@@ -472,18 +579,27 @@ struct TimeLoops {
     Tensor dh_next = at::empty({B, u}, dxw.options());
     // BLAS reads the active rows of the gate gradients gathered (compact); the packed kernel
     // reads R^T's panels (K = G*u) and the rows in place.
-    Tensor compact = step.mask && !packed ? at::empty({B, G * u}, dxw.options()) : Tensor();
+    Tensor compact = step.mask && !packed && !bf16 ? at::empty({B, G * u}, dxw.options()) : Tensor();
     T* compact_p = compact.defined() ? compact.data_ptr<T>() : nullptr;
     const T* R = a.w.recurrent.data_ptr<T>();  // [u, G*u]
     Tensor panels = packed ? workspace({cpu::packed_size(G * u, u)}, dxw.options()) : Tensor();
     if (packed) pack_panels<T>(R, G * u, true, G * u, u, panels.data_ptr<T>());
     const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
-    Tensor RT = engine == cpu::GemmEngine::Brgemm ? a.w.recurrent.t().contiguous() : Tensor();  // [G*u, u]
+    Tensor RT = !bf16 && engine == cpu::GemmEngine::Brgemm ? a.w.recurrent.t().contiguous() : Tensor();  // [G*u, u]
+    // bfloat16: each block's R[j0 : j0 + w, :]^T packed for oneDNN, and the gate gradients' rows
+    // as the GEMMs read them.
+    std::vector<cpu::Bf16Panels> bf(blocks.n);
+    for (int64_t k = 0; k < blocks.n && bf16; ++k) {
+      bf[k] = cpu::pack_bf16(a.w.recurrent.narrow(0, blocks.start[k], blocks.width(k)).t());
+    }
+    const int64_t gup = cpu::bf16_depth(G * u);  // Db's row length, the pad zero
+    Tensor Db = bf16 ? at::zeros({B, gup}, dxw.options().dtype(at::kBFloat16)) : Tensor();
+    at::BFloat16* Db_p = bf16 ? Db.data_ptr<at::BFloat16>() : nullptr;
     const T* RT_p = RT.defined() ? RT.data_ptr<T>() : nullptr;
     // BLAS with MKL's packed API: each block's R[j0 : j0 + w, :]^T packed once.
     std::vector<Tensor> mkl(blocks.n);
     if constexpr (std::is_same_v<T, float>) {
-      if (engine == cpu::GemmEngine::Blas && have_mkl_packed<T>()) {
+      if (!bf16 && engine == cpu::GemmEngine::Blas && have_mkl_packed<T>()) {
         mkl = mkl_pack_blocks(blocks, B, G * u, true, [&](int64_t k) {
           return PackSource{blocks.width(k), R + blocks.start[k] * G * u, G * u};
         });
@@ -502,6 +618,7 @@ struct TimeLoops {
     auto gather_grads = [&](const ActiveRows<T>& act, int64_t s) {
       const auto [D, ld] = grads_of(s);
       if (compact_p && act.n < B) act.gather(D, ld, G * u, compact_p);
+      for (int64_t i = 0; i < act.n && bf16; ++i) to_bf16<T>(D + act.rows[i] * ld, Db_p + i * gup, G * u);
       return std::pair<const T*, int64_t>{D, ld};
     };
     ActiveRows<T> act(B), act_later(B);  // rows of step s and of step s + 1
@@ -516,10 +633,11 @@ struct TimeLoops {
           const int64_t j0 = blocks.start[k], w = blocks.width(k);
           if (later.first) {
             add_recurrent_grad<T>(act_later, B, u, G, later.first, later.second, compact_p, R, RT_p, mkl_p[k],
-                                  panels_p, j0, w, tmp_p[k], step.dh);
+                                  panels_p, bf16 ? &bf[k] : nullptr, Db_p, j0, w, tmp_p[k], step.dh);
           }
           backward_block<T>(step, j0, w, scratch_p[k]);
         }
+        if (bf16) cpu::bf16_release();
       });
       std::swap(dh, dh_next);
       std::swap(act, act_later);
@@ -529,8 +647,10 @@ struct TimeLoops {
     at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
         add_recurrent_grad<T>(act_later, B, u, G, first.first, first.second, compact_p, R, RT_p, mkl_p[k],
-                              panels_p, blocks.start[k], blocks.width(k), tmp_p[k], dh0);
+                              panels_p, bf16 ? &bf[k] : nullptr, Db_p, blocks.start[k], blocks.width(k), tmp_p[k],
+                              dh0);
       }
+      if (bf16) cpu::bf16_release();
     });
     return true;
   }
@@ -564,8 +684,9 @@ struct CpuPolicy : TimeLoops {
   // once (its panels split across threads), then the rows in blocks of 6-row tiles across
   // threads, listed rows read and written in place (no gather, no scatter).
   template <typename T>
-  static bool row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W, bool trans_w, const Tensor& bias,
-                       bool accumulate, const Tensor& out2) {
+  static bool row_gemm(const RnnConfig& cfg, const Tensor& in2, const Tensor& rows, const Tensor& W, bool trans_w,
+                       const Tensor& bias, bool accumulate, const Tensor& out2) {
+    if (bf16_gemms<T>(cfg)) return bf16_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2);
     const int64_t K = in2.size(1), N = out2.size(1);
     if (gemm_engine<T>(K, N) != cpu::GemmEngine::Packed || !in2.is_contiguous() || !out2.is_contiguous() || !W.is_contiguous() ||
         (bias.defined() && !bias.is_contiguous())) {

@@ -1,0 +1,83 @@
+#include "cpu/bf16_gemm.h"
+
+#include <ATen/native/CPUBlas.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace cudnn_rnn {
+namespace cpu {
+
+bool bf16_gemm_available() {
+#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
+  static const bool available = [] {
+    const char* v = std::getenv("CUDNN_RNN_CPU_BF16");
+    if (v && *v) {
+      const std::string s(v);
+      TORCH_CHECK_VALUE(s == "bfloat16" || s == "float32",
+                        "CUDNN_RNN_CPU_BF16 must be 'bfloat16' or 'float32'; got '", s, "'");
+      if (s == "float32") return false;
+    }
+    return at::native::cpublas::could_pack(at::kBFloat16);
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
+
+Bf16Panels pack_bf16(const at::Tensor& b) {
+  TORCH_INTERNAL_ASSERT(b.dim() == 2, "pack_bf16: a matrix");
+  Bf16Panels out;
+  out.K = b.size(0);
+  out.Kp = bf16_depth(out.K);
+  out.N = b.size(1);
+  const int64_t panels = (out.N + kBf16Panel - 1) / kBf16Panel;
+  at::Tensor padded = at::zeros({out.Kp, panels * kBf16Panel}, b.options().dtype(at::kBFloat16));
+  padded.narrow(0, 0, out.K).narrow(1, 0, out.N).copy_(b);
+  out.data = at::empty({panels * out.Kp * kBf16Panel + kBf16Panel}, padded.options());
+#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
+  const at::BFloat16* src = padded.data_ptr<at::BFloat16>();
+  at::BFloat16* dst = out.data.data_ptr<at::BFloat16>();
+  for (int64_t p = 0; p < panels; ++p) {
+    at::native::cpublas::pack(out.Kp, kBf16Panel, panels * kBf16Panel, kBf16Panel, at::kBFloat16, at::kBFloat16,
+                              src + p * kBf16Panel, dst + p * out.Kp * kBf16Panel);
+  }
+#else
+  TORCH_INTERNAL_ASSERT(false, "pack_bf16: this torch has no bfloat16 brgemm");
+#endif
+  return out;
+}
+
+void bf16_gemm(int64_t M, const at::BFloat16* A, int64_t lda, const Bf16Panels& B, int64_t n0, int64_t nw, float* C,
+               int64_t ldc, bool add_C) {
+#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
+  TORCH_INTERNAL_ASSERT(n0 % kBf16Panel == 0 && lda >= B.Kp, "bf16_gemm: n0 on a panel, A as deep as B's panels");
+  constexpr int64_t kRows = 64;
+  for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+    const int64_t m = std::min(kRows, M - m0);
+    for (int64_t c0 = 0; c0 < nw; c0 += kBf16Panel) {
+      const int64_t n = std::min(kBf16Panel, nw - c0);
+      at::native::cpublas::brgemm(m, n, B.Kp, lda, kBf16Panel, ldc, add_C, A + m0 * lda, B.panel((n0 + c0) / kBf16Panel),
+                                  C + m0 * ldc + c0, /*is_vnni=*/true);
+    }
+  }
+#else
+  TORCH_INTERNAL_ASSERT(false, "bf16_gemm: this torch has no bfloat16 brgemm");
+#endif
+}
+
+void bf16_release() {
+#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
+  at::native::cpublas::brgemm_release(true);
+#endif
+}
+
+void to_bf16(const float* src, at::BFloat16* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = at::BFloat16(src[i]);
+}
+
+}  // namespace cpu
+}  // namespace cudnn_rnn

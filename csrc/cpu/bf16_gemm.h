@@ -1,0 +1,52 @@
+// bfloat16 GEMMs with float32 accumulation, for calls whose tensors are bfloat16 (the driver
+// runs them in float32, RnnConfig::gemm_dtype says what they were): oneDNN's micro-kernel
+// through at::native::cpublas::brgemm, which runs on AMX tiles (or AVX512_BF16) where the CPU
+// has them. B is packed once per call into oneDNN's VNNI layout, in panels of kBf16Panel
+// columns (pack needs a panel width oneDNN knows); A is converted to bfloat16 by the caller.
+// Values that came in as bfloat16 (x, the weights) survive the float32 round trip exactly, so
+// only the recurrent state and the gradients are rounded to feed the GEMMs, as torch.nn's
+// oneDNN RNN rounds them; the cell update stays float32.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace cudnn_rnn {
+namespace cpu {
+
+constexpr int64_t kBf16Panel = 64;
+
+// Whether this torch and CPU pack bfloat16 for oneDNN's micro-kernel (CPUBLAS_BRGEMM_BF16BF16F32
+// and cpublas::could_pack(kBFloat16): AMX or AVX512_BF16). CUDNN_RNN_CPU_BF16=float32 (read
+// once) turns it off: bfloat16 calls then compute in float32 throughout.
+bool bf16_gemm_available();
+
+// The depth the micro-kernel multiplies for a product of depth K: even (VNNI pairs rows of B).
+// Operand A needs that many columns, the last one zero where K is odd.
+inline int64_t bf16_depth(int64_t K) { return (K + 1) / 2 * 2; }
+
+// op(B) [K, N] in panels: panel p holds columns p * kBf16Panel .. + kBf16Panel, zero-padded to
+// Kp = bf16_depth(K) rows.
+struct Bf16Panels {
+  at::Tensor data;
+  int64_t K = 0, Kp = 0, N = 0;
+  const at::BFloat16* panel(int64_t p) const { return data.data_ptr<at::BFloat16>() + p * Kp * kBf16Panel; }
+};
+
+// Packs b ([K, N] float32, any strides: pass a transposed view for op(B) = B^T). ATen calls:
+// the calling thread must be the caller's, not a worker's.
+Bf16Panels pack_bf16(const at::Tensor& b);
+
+// C[M, 0 : nw] (leading dimension ldc; + C with add_C) = A[M, Kp] (bfloat16, lda) · op(B)[:, n0 : n0 + nw],
+// n0 a multiple of kBf16Panel, on the calling thread. Call bf16_release() when the thread's
+// task is done.
+void bf16_gemm(int64_t M, const at::BFloat16* A, int64_t lda, const Bf16Panels& B, int64_t n0, int64_t nw, float* C,
+               int64_t ldc, bool add_C);
+void bf16_release();
+
+// dst[i] = src[i] rounded to the nearest bfloat16 (ties to even), on the calling thread.
+void to_bf16(const float* src, at::BFloat16* dst, int64_t n);
+
+}  // namespace cpu
+}  // namespace cudnn_rnn
