@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string>
 
+#include "cpu/vec_loops.h"
+
 namespace cudnn_rnn {
 namespace cpu {
 
@@ -76,7 +78,8 @@ void bf16_release() {
 }
 
 void to_bf16(const float* src, at::BFloat16* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = at::BFloat16(src[i]);
+  static_assert(sizeof(at::BFloat16) == sizeof(uint16_t), "at::BFloat16 is its bits");
+  float_loops().to_bf16(src, reinterpret_cast<uint16_t*>(dst), n);
 }
 
 }  // namespace cpu

@@ -209,13 +209,19 @@ inline bool bf16_row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W
   constexpr int64_t tile = 64;
   at::parallel_for(0, (M + tile - 1) / tile, 1, [&](int64_t t0, int64_t t1) {
     std::vector<at::BFloat16> at_(tile * Kp);  // zeros: the pad column of an odd K stays zero
-    std::vector<float> ct(tile * N);
+    std::vector<float> ct(r ? tile * N : 0);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t m0 = t * tile, m = std::min(tile, M - m0);
       for (int64_t i = 0; i < m; ++i) cpu::to_bf16(a + (r ? r[m0 + i] : m0 + i) * K, at_.data() + i * Kp, K);
+      if (!r) {  // consecutive rows: straight into out2, over the bias or what it holds
+        float* d = c + m0 * N;
+        for (int64_t i = 0; i < m && b && !accumulate; ++i) std::copy(b, b + N, d + i * N);
+        cpu::bf16_gemm(m, at_.data(), Kp, panels, 0, N, d, N, accumulate || b);
+        continue;
+      }
       cpu::bf16_gemm(m, at_.data(), Kp, panels, 0, N, ct.data(), N, false);
       for (int64_t i = 0; i < m; ++i) {
-        float* d = c + (r ? r[m0 + i] : m0 + i) * N;
+        float* d = c + r[m0 + i] * N;
         const float* p = ct.data() + i * N;
         if (accumulate) {
           for (int64_t j = 0; j < N; ++j) d[j] += p[j];
@@ -356,6 +362,21 @@ void forward_row(const ForwardStep<T>& p, int64_t b, int64_t j0, int64_t w, cons
       break;
   }
   std::copy(hn, hn + w, outr);
+}
+
+// Time t's input projection for units [j0, j0 + w) (every gate, every row) on its way to L2
+// while the step before it multiplies: a step's rows lie a sequence apart, each unit block's
+// piece of a gate only w values, too short a stream for the hardware prefetchers (the cell's
+// loads of it were the time loop's hottest instructions).
+template <typename T>
+void prefetch_projection(const ForwardStep<T>& p, int64_t t, int64_t j0, int64_t w) {
+  constexpr int64_t line = 64 / sizeof(T);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const T* row = p.xw.row(t, b) + j0;
+    for (int64_t q = 0; q < p.gates; ++q) {
+      for (int64_t j = 0; j < w; j += line) __builtin_prefetch(row + q * p.units + j, 0, 2);
+    }
+  }
 }
 
 // Backward. Writes the input-side gate gradients (dxw), the direct part of dh_next and, where
@@ -509,6 +530,7 @@ struct TimeLoops {
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t j0 = blocks.start[k], w = blocks.width(k), ldr = G * w;
           T* r = rec_p[k];
+          if (s + 1 < cfg.time) prefetch_projection<T>(step, cfg.reversed(a.dir) ? step.t - 1 : step.t + 1, j0, w);
           // r[i, g*w + j] = recurrent pre-activation of gate g, unit j0 + j, for the i-th active row
           if (act.n > 0 && bf16) {
             if (bias_p[k]) {

@@ -1,5 +1,5 @@
 // float32 loops that GCC vectorises (no libm calls, no branches): the activations (tanh,
-// sigmoid, clipped ramps) over arrays, and the fused cell rows of LSTM and GRU reset_after=True
+// sigmoid, clipped ramps) and the rounding to bfloat16 over arrays, and the fused cell rows of LSTM and GRU reset_after=True
 // whose activations are tanh or sigmoid (every gate activated, combined and saved in one pass
 // over the units). vec_loops_impl.h is compiled once per instruction set: namespace vec_base
 // (baseline x86-64, or the target's baseline elsewhere), vec_avx2 (AVX2 + FMA) and vec_avx512
@@ -19,6 +19,7 @@ namespace cpu {
   void tanh_loop(const float* x, float* y, int64_t n);                                                               \
   void sigmoid_loop(const float* x, float* y, int64_t n);                                                            \
   void clip_ramp_loop(const float* x, float* y, int64_t n, float slope); /* clip(x * slope + 0.5, 0, 1) */           \
+  void to_bf16_loop(const float* x, uint16_t* y, int64_t n); /* bfloat16 bits, to nearest (ties to even) */           \
   void lstm_forward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* xw, int64_t xs, const float* rec,     \
                         int64_t rs, const float* c_prev, float* saved, int64_t ss, float* h_new, float* c_new);      \
   /* dc: in the gradient w.r.t. c_new, out the one w.r.t. c_prev */                                                  \
@@ -41,6 +42,7 @@ struct FloatLoops {
   void (*tanh)(const float*, float*, int64_t);
   void (*sigmoid)(const float*, float*, int64_t);
   void (*clip_ramp)(const float*, float*, int64_t, float);
+  void (*to_bf16)(const float*, uint16_t*, int64_t);
   decltype(&vec_base::lstm_forward_row) lstm_forward_row;
   decltype(&vec_base::lstm_backward_row) lstm_backward_row;
   decltype(&vec_base::gru_forward_row) gru_forward_row;

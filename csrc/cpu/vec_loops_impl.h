@@ -156,6 +156,15 @@ void clip_ramp_loop(const float* x, float* y, int64_t n, float slope) {
   }
 }
 
+void to_bf16_loop(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, sizeof(b));
+    const uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;  // to nearest, ties to even
+    y[i] = (b & 0x7FFFFFFFu) > 0x7F800000u ? uint16_t(0x7FC0) : static_cast<uint16_t>(rounded);  // NaN stays NaN
+  }
+}
+
 void lstm_forward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* xw, int64_t xs, const float* rec,
                       int64_t rs, const float* c_prev, float* saved, int64_t ss, float* h_new, float* c_new) {
   CUDNN_RNN_PICK(lstm_forward, act_tanh, ract_tanh, n, xw, xs, rec, rs, c_prev, saved, ss, h_new, c_new);
