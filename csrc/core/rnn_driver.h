@@ -13,6 +13,7 @@
 //                                                 rest); PolicyDefaults declines every one
 //   workspace(sizes, options)                     large per-call buffers (PolicyDefaults: at::empty)
 //   row_gemm<T>(...)                              a backend's own row GEMM (PolicyDefaults: none)
+//   low_precision_weight_grads<T>(cfg)            weight-gradient GEMMs in cfg.gemm_dtype (PolicyDefaults: no)
 //
 // Layouts: x and y are batch-major [B, T, F]; the outputs of inner layers live in the reserve
 // time-major [T, B, D*u]. A "sequence" below is a 3-D tensor in either layout.
@@ -326,11 +327,25 @@ inline RealRows real_rows(const RnnConfig& cfg, const Tensor& mask, bool batch_m
   return r;
 }
 
+// The weight-gradient products A^T · D (A: [rows, k], D: [rows, N]) in the precision the
+// backend asks for: float32, or the caller's float16 / bfloat16 (Policy::low_precision_weight_grads)
+// with ATen's GEMM (float32 accumulation; oneDNN's AMX kernels on the CPU), the float32 result
+// rounded to it as the caller's weight gradients will be. D_low: D already converted, or undefined.
+struct WeightProducts {
+  bool low = false;
+  at::ScalarType dtype = at::kFloat;
+  Tensor operator()(const Tensor& A, const Tensor& D, const Tensor& D_low = Tensor()) const {
+    if (!low) return at::mm(A.t(), D);
+    return at::mm(A.t().to(dtype), D_low.defined() ? D_low : D.to(dtype)).to(at::kFloat);
+  }
+};
+
 // [A_1 | A_2 | ... (| 1)]^T · D: the weight gradients of several inputs (rows `rows_k` of each
 // 2-D A_k) and, with `ones`, the bias's as the last row, in one GEMM over the rows of D. Returns
 // the [sum of widths (+ 1), N] product.
 template <typename Policy>
-Tensor stacked_weight_grad(const std::vector<std::pair<Tensor, Tensor>>& parts, bool ones, const Tensor& D) {
+Tensor stacked_weight_grad(const std::vector<std::pair<Tensor, Tensor>>& parts, bool ones, const Tensor& D,
+                           const WeightProducts& product) {
   int64_t width = ones ? 1 : 0;
   for (const auto& part : parts) width += part.first.size(1);
   Tensor A = Policy::workspace({D.size(0), width}, D.options());
@@ -340,7 +355,7 @@ Tensor stacked_weight_grad(const std::vector<std::pair<Tensor, Tensor>>& parts, 
     col += src.size(1);
   }
   if (ones) A.narrow(1, col, 1).fill_(1);
-  return at::mm(A.t(), D);
+  return product(A, D);
 }
 
 // What a Policy may leave out: policies derive from this and override what they have.
@@ -360,6 +375,11 @@ struct PolicyDefaults {
   }
   template <typename T>
   static bool takes_time_loop(const RnnConfig&, const DirectionArgs&) {
+    return false;
+  }
+  // Whether the weight-gradient GEMMs of a low-precision call (RnnConfig::gemm_dtype) run in it.
+  template <typename T>
+  static bool low_precision_weight_grads(const RnnConfig&) {
     return false;
   }
   template <typename T>
@@ -476,6 +496,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   // the kernel, recurrent kernel and bias gradients in one GEMM, [x | h_prev | 1]^T · d (GRU
   // reset_after: two, its recurrent side having gradients of its own). (Over every row, the
   // separate GEMMs below measured faster: no copy of x.)
+  const WeightProducts product{Policy::template low_precision_weight_grads<T>(cfg), cfg.gemm_dtype};
   if (!a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask)) {
     const RealRows real = real_rows(cfg, a.mask, a.in_batch_major, reversed);
     const Tensor d = select_rows<Policy>(dxw2, real.in_layout);
@@ -488,23 +509,25 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
     const Tensor h2 = a.rs.h.narrow(0, 0, Tn).reshape({Tn * B, u});  // processing order
     if (gru_after) {
       const Tensor drec2 = drec.view({Tn * B, G * u});
-      const Tensor in_side = stacked_weight_grad<Policy>({{x2, real.in_layout}}, cfg.use_bias, d);
+      const Tensor in_side = stacked_weight_grad<Policy>({{x2, real.in_layout}}, cfg.use_bias, d, product);
       const Tensor rec_side = stacked_weight_grad<Policy>({{h2, real.processing}}, cfg.use_bias,
-                                                  select_rows<Policy>(drec2, real.processing));
+                                                          select_rows<Policy>(drec2, real.processing), product);
       g.dkernel = in_side.narrow(0, 0, in);
       g.drecurrent = rec_side.narrow(0, 0, u);
       if (cfg.use_bias) g.dbias = at::stack({in_side[in], rec_side[u]});
     } else {
       const Tensor both =
-          stacked_weight_grad<Policy>({{x2, real.in_layout}, {h2, real.processing_of_in_layout}}, cfg.use_bias, d);
+          stacked_weight_grad<Policy>({{x2, real.in_layout}, {h2, real.processing_of_in_layout}}, cfg.use_bias, d,
+                                      product);
       g.dkernel = both.narrow(0, 0, in);  // owns the product; the others are copies of their rows
       g.drecurrent = both.narrow(0, in, u).clone();
       if (cfg.use_bias) g.dbias = both[in + u].clone();
     }
   } else {
+    const Tensor dxw2_low = product.low ? dxw2.to(product.dtype) : Tensor();  // read by two products
     if (!a.dmask.defined() || a.dmask.size(0) == 1) {
       Tensor xd = a.dmask.defined() ? a.x3 * over_time(a.dmask[0], a.in_batch_major) : a.x3;
-      g.dkernel = at::mm(xd.reshape({rows, in}).t(), dxw2);
+      g.dkernel = product(xd.reshape({rows, in}), dxw2, dxw2_low);
       if (a.dmask.defined()) {
         g.dx3.add_(at::mm(dxw2, a.w.kernel.t()).view(a.x3.sizes()) * over_time(a.dmask[0], a.in_batch_major));
       } else if (!Policy::template row_gemm<T>(cfg, dxw2, Tensor(), a.w.kernel, true, Tensor(), true,
@@ -516,7 +539,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       for (int64_t k = 0; k < G; ++k) {
         Tensor mk = over_time(a.dmask[k], a.in_batch_major);
         Tensor dk = dxw2.narrow(1, k * u, u);
-        g.dkernel.narrow(1, k * u, u).copy_(at::mm((a.x3 * mk).reshape({rows, in}).t(), dk));
+        g.dkernel.narrow(1, k * u, u).copy_(product((a.x3 * mk).reshape({rows, in}), dk));
         g.dx3.add_(at::mm(dk, a.w.kernel.narrow(1, k * u, u).t()).view(a.x3.sizes()) * mk);
       }
     }
@@ -537,7 +560,8 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
     auto rec_grad = [&](const Tensor& hin, int64_t g0, int64_t g1) {
       const Tensor h2 = gru_after ? hin.reshape({Tn * B, u}) : in_input_layout(hin);
       const Tensor d2 = (gru_after ? drec.view({Tn * B, G * u}) : dxw2).narrow(1, g0 * u, (g1 - g0) * u);
-      g.drecurrent.narrow(1, g0 * u, (g1 - g0) * u).copy_(at::mm(h2.t(), d2));
+      const Tensor d2_low = gru_after || !dxw2_low.defined() ? Tensor() : dxw2_low.narrow(1, g0 * u, (g1 - g0) * u);
+      g.drecurrent.narrow(1, g0 * u, (g1 - g0) * u).copy_(product(h2, d2, d2_low));
     };
     if (!a.rmask.defined()) {
       rec_grad(hprev, 0, hr_gates);

@@ -444,6 +444,11 @@ struct TimeLoops {
   }
 
   template <typename T>
+  static bool low_precision_weight_grads(const RnnConfig& cfg) {
+    return bf16_gemms<T>(cfg);
+  }
+
+  template <typename T>
   static bool time_loop_forward(const RnnConfig& cfg, const driver::DirectionArgs& a, ForwardStep<T>& step) {
     if (!fused_loop_applies<T>(cfg, a)) return false;
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates();
