@@ -14,6 +14,7 @@
 //   workspace(sizes, options)                     large per-call buffers (PolicyDefaults: at::empty)
 //   row_gemm<T>(...)                              a backend's own row GEMM (PolicyDefaults: none)
 //   low_precision_weight_grads<T>(cfg)            weight-gradient GEMMs in cfg.gemm_dtype (PolicyDefaults: no)
+//   projects_input_in_loop<T>(cfg, a)             the time loop projects each step's input (PolicyDefaults: no)
 //
 // Layouts: x and y are batch-major [B, T, F]; the outputs of inner layers live in the reserve
 // time-major [T, B, D*u]. A "sequence" below is a 3-D tensor in either layout.
@@ -377,6 +378,11 @@ struct PolicyDefaults {
   static bool takes_time_loop(const RnnConfig&, const DirectionArgs&) {
     return false;
   }
+  // Whether time_loop_forward will project each step's input itself (and take the loop).
+  template <typename T>
+  static bool projects_input_in_loop(const RnnConfig&, const DirectionArgs&) {
+    return false;
+  }
   // Whether the weight-gradient GEMMs of a low-precision call (RnnConfig::gemm_dtype) run in it.
   template <typename T>
   static bool low_precision_weight_grads(const RnnConfig&) {
@@ -399,22 +405,27 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
   const bool gru_before = cfg.cell == CellKind::GRU && !cfg.reset_after;
 
   const bool compact = !a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask);
-  Tensor xw = input_projection<Policy, T>(cfg, a.x3, a.in_batch_major, a.w, a.dmask,
-                               compact ? real_rows_in_layout(cfg, a.mask, a.in_batch_major) : Tensor());
-  Tensor seen = a.mask.defined() ? at::zeros({B}, xw.options().dtype(at::kByte)) : at::ones({B}, xw.options().dtype(at::kByte));
+  // A time loop that projects each step's input itself gets no hoisted projection (step.xw empty).
+  const bool in_loop = Policy::template projects_input_in_loop<T>(cfg, a);
+  Tensor xw = in_loop ? Tensor()
+                      : input_projection<Policy, T>(cfg, a.x3, a.in_batch_major, a.w, a.dmask,
+                                                    compact ? real_rows_in_layout(cfg, a.mask, a.in_batch_major) : Tensor());
+  const auto opts = a.x3.options();
+  Tensor seen = a.mask.defined() ? at::zeros({B}, opts.dtype(at::kByte)) : at::ones({B}, opts.dtype(at::kByte));
 
   ForwardStep<T> step{};
   fill_common(step, cfg, a);
-  step.xw = const_seq_of<T>(xw, a.in_batch_major);
+  if (xw.defined()) step.xw = const_seq_of<T>(xw, a.in_batch_major);
   step.out = seq_of<T>(out3, out_batch_major);
   step.mask = a.mask.defined() ? a.mask.data_ptr<bool>() : nullptr;
   step.seen = seen.data_ptr<uint8_t>();
   if (Policy::template time_loop_forward<T>(cfg, a, step)) return;
+  TORCH_INTERNAL_ASSERT(!in_loop, "direction_forward: a policy that projects in its loop must take the loop");
 
-  Tensor rec = at::empty({B, G * u}, xw.options());
-  Tensor hd_buf = at::empty({B, u}, xw.options());
-  Tensor rh = gru_before ? at::empty({B, u}, xw.options()) : Tensor();
-  Tensor rec_h = gru_before ? at::empty({B, u}, xw.options()) : Tensor();
+  Tensor rec = at::empty({B, G * u}, opts);
+  Tensor hd_buf = at::empty({B, u}, opts);
+  Tensor rh = gru_before ? at::empty({B, u}, opts) : Tensor();
+  Tensor rec_h = gru_before ? at::empty({B, u}, opts) : Tensor();
   step.rec = rec.data_ptr<T>();
   step.rec_h = gru_before ? rec_h.data_ptr<T>() : nullptr;
   step.rh = gru_before ? rh.data_ptr<T>() : nullptr;

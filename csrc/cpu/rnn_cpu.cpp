@@ -322,10 +322,11 @@ void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t 
 // One row b of a step, units [j0, j0 + w): the row loops of CpuPolicy (all units, parallel
 // over rows) and the time loop of TimeLoops (a unit block, every row) share these.
 
-// Forward. rec: the row's recurrent projection for these units with gate stride rs (unused on
-// masked rows); `seen` is the caller's to update.
+// Forward. xwr, rec: the row's input and recurrent projections for these units with gate
+// strides xs, rs (unused on masked rows); `seen` is the caller's to update.
 template <typename T>
-void forward_row(const ForwardStep<T>& p, int64_t b, int64_t j0, int64_t w, const T* rec, int64_t rs, T* scratch) {
+void forward_row(const ForwardStep<T>& p, int64_t b, int64_t j0, int64_t w, const T* xwr, int64_t xs, const T* rec,
+                 int64_t rs, T* scratch) {
   const int64_t u = p.units, S = p.saved_width;
   const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
   const T* hp = p.h_prev + b * u + j0;
@@ -344,15 +345,14 @@ void forward_row(const ForwardStep<T>& p, int64_t b, int64_t j0, int64_t w, cons
     for (int64_t q = 0; q < S / u; ++q) std::fill(sv + q * u, sv + q * u + w, T(0));
     return;
   }
-  const T* xwr = p.xw.row(p.t, b) + j0;
   switch (p.cell) {
     case CellKind::LSTM:
-      cpu::lstm_row_forward<T>(p.act, p.ract, w, {xwr, u}, {rec, rs}, p.c_prev + b * u + j0, {sv, u}, hn,
+      cpu::lstm_row_forward<T>(p.act, p.ract, w, {xwr, xs}, {rec, rs}, p.c_prev + b * u + j0, {sv, u}, hn,
                                p.c_next + b * u + j0, scratch);
       break;
     case CellKind::GRU:
       if (p.reset_after) {
-        cpu::gru_after_row_forward<T>(p.act, p.ract, w, {xwr, u}, {rec, rs}, hp, {sv, u}, hn, scratch);
+        cpu::gru_after_row_forward<T>(p.act, p.ract, w, {xwr, xs}, {rec, rs}, hp, {sv, u}, hn, scratch);
       } else {  // row loops only (j0 = 0, w = u)
         cpu::gru_before_row_update<T>(p.act, p.ract, u, xwr, p.rec_h + b * u, hp, sv, hn, scratch);
       }
@@ -448,6 +448,13 @@ struct TimeLoops {
     return bf16_gemms<T>(cfg);
   }
 
+  // bfloat16: each step's input projected in the loop (x converted once, a block's kernel
+  // columns packed), never written out as a [T, B, G*u] float32 array and read back.
+  template <typename T>
+  static bool projects_input_in_loop(const RnnConfig& cfg, const driver::DirectionArgs& a) {
+    return bf16_gemms<T>(cfg) && fused_loop_applies<T>(cfg, a) && !a.dmask.defined();
+  }
+
   template <typename T>
   static bool time_loop_forward(const RnnConfig& cfg, const driver::DirectionArgs& a, ForwardStep<T>& step) {
     if (!fused_loop_applies<T>(cfg, a)) return false;
@@ -498,6 +505,31 @@ struct TimeLoops {
     Tensor hb_rows = bf16 && step.mask ? at::zeros({B, up}, hb.options()) : Tensor();
     at::BFloat16* hb_p = bf16 ? hb.data_ptr<at::BFloat16>() : nullptr;
     for (int64_t b = 0; b < B && bf16; ++b) to_bf16<T>(a.rs.h[0].data_ptr<T>() + b * u, hb_p + b * up, u);
+    // The input projected in the loop (projects_input_in_loop): x in bfloat16 (rows of ip values,
+    // the pad zero), each block's kernel columns [In, G*w] packed and its bias, its output [B, G*w].
+    const bool in_loop = projects_input_in_loop<T>(cfg, a);
+    const int64_t I = a.x3.size(2), ip = cpu::bf16_depth(I);
+    Tensor xb = in_loop ? at::zeros({a.x3.size(0), a.x3.size(1), ip}, hb.options()) : Tensor();
+    if (in_loop) xb.narrow(2, 0, I).copy_(a.x3);
+    const Seq<const at::BFloat16> x_rows =
+        in_loop ? Seq<const at::BFloat16>{xb.data_ptr<at::BFloat16>(), a.in_batch_major ? ip : B * ip,
+                                                  a.in_batch_major ? cfg.time * ip : ip}
+                : Seq<const at::BFloat16>{};
+    Tensor xb_rows = in_loop && step.mask ? at::zeros({B, ip}, hb.options()) : Tensor();
+    std::vector<cpu::Bf16Panels> wk(blocks.n);
+    std::vector<Tensor> xbias(blocks.n), xwk(blocks.n);
+    std::vector<T*> xwk_p(blocks.n, nullptr);
+    std::vector<const T*> xbias_p(blocks.n, nullptr);
+    for (int64_t k = 0; k < blocks.n && in_loop; ++k) {
+      const int64_t j0 = blocks.start[k], w = blocks.width(k);
+      wk[k] = cpu::pack_bf16(a.w.kernel.view({I, G, u}).narrow(2, j0, w).reshape({I, G * w}));
+      if (a.w.bias_in.defined()) {
+        xbias[k] = a.w.bias_in.view({G, u}).narrow(1, j0, w).reshape({G * w}).contiguous();
+        xbias_p[k] = xbias[k].data_ptr<T>();
+      }
+      xwk[k] = at::empty({B, G * w}, a.x3.options());
+      xwk_p[k] = xwk[k].data_ptr<T>();
+    }
     // Raw pointers, taken here: the worker threads make no ATen calls.
     const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
     const T* bias_rec = a.w.bias_rec.defined() ? a.w.bias_rec.data_ptr<T>() : nullptr;
@@ -522,10 +554,18 @@ struct TimeLoops {
       const int64_t* rows = act.n < B ? act.rows.data() : nullptr;
       const at::BFloat16* hb_in = bf16 ? hb_p + (s % 2) * B * up : nullptr;
       at::BFloat16* hb_out = bf16 ? hb_p + ((s + 1) % 2) * B * up : nullptr;
+      const at::BFloat16* x_in = in_loop ? x_rows.row(step.t, 0) : nullptr;
+      int64_t x_ld = x_rows.row_stride;
       if (rows && bf16) {
         at::BFloat16* dst = hb_rows.data_ptr<at::BFloat16>();
         for (int64_t i = 0; i < act.n; ++i) std::copy(hb_in + rows[i] * up, hb_in + rows[i] * up + up, dst + i * up);
         hb_in = dst;
+        if (in_loop) {
+          at::BFloat16* xd = xb_rows.data_ptr<at::BFloat16>();
+          for (int64_t i = 0; i < act.n; ++i) std::copy(x_rows.row(step.t, rows[i]), x_rows.row(step.t, rows[i]) + ip, xd + i * ip);
+          x_in = xd;
+          x_ld = ip;
+        }
       } else if (rows && !packed) {
         act.gather(step.h_prev, u, u, h_active.data_ptr<T>());
         h_in = h_active.data_ptr<T>();
@@ -535,7 +575,14 @@ struct TimeLoops {
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t j0 = blocks.start[k], w = blocks.width(k), ldr = G * w;
           T* r = rec_p[k];
-          if (s + 1 < cfg.time) prefetch_projection<T>(step, cfg.reversed(a.dir) ? step.t - 1 : step.t + 1, j0, w);
+          if (s + 1 < cfg.time && !in_loop) {
+            prefetch_projection<T>(step, cfg.reversed(a.dir) ? step.t - 1 : step.t + 1, j0, w);
+          }
+          if (act.n > 0 && in_loop) {
+            T* xo = xwk_p[k];
+            for (int64_t i = 0; i < act.n && xbias_p[k]; ++i) std::copy(xbias_p[k], xbias_p[k] + ldr, xo + i * ldr);
+            bf16_product<T>(act.n, x_in, x_ld, wk[k], ldr, xo, ldr, xbias_p[k] != nullptr);
+          }
           // r[i, g*w + j] = recurrent pre-activation of gate g, unit j0 + j, for the i-th active row
           if (act.n > 0 && bf16) {
             if (bias_p[k]) {
@@ -566,7 +613,7 @@ struct TimeLoops {
               gemm<T>(false, act.n, ldr, u, h_in, u, kernel_p[k], ldr, bias_p[k] ? T(1) : T(0), r, ldr);
             }
           }
-          forward_block<T>(step, j0, w, r, scratch_p[k]);
+          forward_block<T>(step, j0, w, xwk_p[k], r, scratch_p[k]);
           if (bf16) {
             for (int64_t b = 0; b < B; ++b) to_bf16<T>(step.h_next + b * u + j0, hb_out + b * up + j0, w);
           }
@@ -685,13 +732,23 @@ struct TimeLoops {
  private:
   // Units [j0, j0 + w) of one forward step, every row, given the step's recurrent products of
   // those units (rec: [active rows, G*w], gate stride w; its row i belongs to the i-th real row).
+  // xw: those units' input projections in the same form (rows of the real rows, gate stride w)
+  // when the loop projected them, or null for the hoisted projection's.
   template <typename T>
-  static void forward_block(const ForwardStep<T>& p, int64_t j0, int64_t w, const T* rec, T* scratch) {
+  static void forward_block(const ForwardStep<T>& p, int64_t j0, int64_t w, const T* xw, const T* rec, T* scratch) {
     const T* recr = rec;
+    const T* xwr = xw;
     for (int64_t b = 0; b < p.batch; ++b) {
       const bool real = p.mask ? p.mask[b * p.time + p.t] : true;
-      forward_row<T>(p, b, j0, w, recr, w, scratch);
-      if (real) recr += p.gates * w;
+      if (xw) {
+        forward_row<T>(p, b, j0, w, xwr, w, recr, w, scratch);
+      } else {
+        forward_row<T>(p, b, j0, w, p.xw.row(p.t, b) + j0, p.units, recr, w, scratch);
+      }
+      if (real) {
+        recr += p.gates * w;
+        xwr += xw ? p.gates * w : 0;
+      }
     }
   }
 
@@ -768,7 +825,7 @@ struct CpuPolicy : TimeLoops {
       std::vector<T> scratch(cpu::row_scratch_size(u));
       for (int64_t b = b0; b < b1; ++b) {
         if (!p.mask || p.mask[b * p.time + p.t]) p.seen[b] = 1;
-        forward_row<T>(p, b, 0, u, p.rec + b * G * u, u, scratch.data());
+        forward_row<T>(p, b, 0, u, p.xw.row(p.t, b), u, p.rec + b * G * u, u, scratch.data());
       }
     });
   }
