@@ -1,7 +1,7 @@
 """Benchmark: cudnn_rnn against its peers, in the same process and thread count.
 
     python -m benchmarks.run [--quick] [--device cpu|cuda] [--threads N] [--out DIR]
-                             [--only SUBSTRING] [--peers torch,keras3,tf_keras]
+                             [--only SUBSTRING] [--peers torch,keras3,tf_keras] [--dtype float32|bfloat16]
 
 Workloads (benchmarks/workloads.py): fastrnns' default (T=100, 1 layer, I=H=512, B=64), the same
 with 2 layers and bidirectional, PTB-large, small-batch latency, Keras-typical with a mask,
@@ -11,7 +11,7 @@ LSTM and GRU everywhere and SimpleRNN on Keras-typical.
 Peers (benchmarks/peers.py): torch.nn (padded, and PackedSequence on padded workloads), Keras 3
 on the torch backend, TF Keras (tf_keras on tensorflow-cpu, where installed: pip install -r
 requirements-bench.txt). Before anything is timed, each peer's inference output on the case's
-inputs is compared with ours (float32: atol=rtol=1e-4; only the real steps where a peer pads
+inputs is compared with ours (float32: atol=rtol=1e-4; bfloat16: 5e-2; only the real steps where a peer pads
 differently): a peer that disagrees stops the run with an error. A peer that cannot express a
 case gets an "n/a" row saying why.
 
@@ -23,7 +23,7 @@ events around each call on CUDA; under --quick, 1 warm-up and 3 timed calls, 2 f
 peers). Each time is also expressed as an achieved GEMM FLOP rate (forward: 2 * steps *
 (In + H) * G * H per layer and direction, steps = T*B or the sum of the lengths; forward+backward:
 3x) as a fraction of the machine's GEMM peak, measured in the same run (best of several 2048^3
-torch.mm, before and after the cases). On CUDA, TF32 is switched off for both sides (full
+torch.mm in the run's dtype, before and after the cases). On CUDA, TF32 is switched off for both sides (full
 float32). Ratios are peer time / our time (>1: we are faster). Outputs: a table on stdout, <out>/<device>.json and <out>/<device>.png.
 """
 from __future__ import annotations
@@ -48,6 +48,9 @@ MODES = ("forward", "forward+backward")
 PEER_KEYS = ("torch", "keras3", "tf_keras")
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 ATOL = RTOL = 1e-4
+# bfloat16 (--dtype bfloat16, torch.nn the only peer): two implementations round differently, so
+# the guard only tells a different function (O(1) apart) from a different rounding (O(1e-2)).
+ATOL_BF16 = RTOL_BF16 = 5e-2
 
 
 # -- timing -------------------------------------------------------------------------------------
@@ -73,11 +76,11 @@ def time_calls(fn: Callable[[], object], warmup: int, reps: int, device: str) ->
     return samples
 
 
-def gemm_rate(device: str, n: int, reps: int) -> float:
-    """The best float32 GEMM rate (GFLOP/s) of `reps` n x n x n torch.mm calls after one warm-up."""
+def gemm_rate(device: str, n: int, reps: int, dtype: torch.dtype = torch.float32) -> float:
+    """The best GEMM rate (GFLOP/s) of `reps` n x n x n torch.mm calls in dtype after one warm-up."""
     g = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(n, n, generator=g).to(device) for _ in range(2))
-    out = torch.empty(n, n, device=device)
+    a, b = (torch.randn(n, n, generator=g).to(device, dtype) for _ in range(2))
+    out = torch.empty(n, n, device=device, dtype=dtype)
     best = min(time_calls(lambda: torch.mm(a, b, out=out), 1, reps, device))
     return 2.0 * n ** 3 / best / 1e9
 
@@ -129,7 +132,8 @@ def run_case(w: Workload, cell: str, peer_classes, args, progress: Progress) -> 
     """All rows of one case: checks every peer against ours, then times each implementation."""
     case = f"{w.name}/{cell}"
     inputs = make_inputs(w, args.device)
-    ours_layer = build_ours(w, cell, args.device)
+    inputs.x = inputs.x.to(args.dtype)
+    ours_layer = build_ours(w, cell, args.device).to(args.dtype)
     ours = peers_mod.Ours(ours_layer, w, cell, inputs)
     # In table order: ours, then each peer, built, or the reason it cannot express the case.
     entries: List = [ours]
@@ -141,7 +145,8 @@ def run_case(w: Workload, cell: str, peer_classes, args, progress: Progress) -> 
     expected = ours.output()
     for impl in entries[1:]:
         if isinstance(impl, peers_mod.Implementation):
-            peers_mod.check_same(expected, impl, impl.output(), case, ATOL, RTOL)
+            low = args.dtype != torch.float32
+            peers_mod.check_same(expected, impl, impl.output(), case, ATOL_BF16 if low else ATOL, RTOL_BF16 if low else RTOL)
 
     steps = inputs.real_steps
     rows = []
@@ -233,6 +238,7 @@ def _machine(device_name: str) -> Dict:
         "cudnn_rnn_cpu_gemm": cudnn_rnn._C.cpu_gemm_engine(),  # a fastrnns-sized GEMM's
         "cudnn_rnn_cpu_gemm_small": cudnn_rnn._C.cpu_gemm_engine(64, 256),  # a Keras-typical one's
         "cudnn_rnn_cpu_loops": cudnn_rnn._C.cpu_loops_isa(),  # the activation and fused cell loops'
+        "cudnn_rnn_cpu_bf16_gemms": cudnn_rnn._C.cpu_bf16_gemms(),  # bfloat16 calls' GEMMs in bfloat16
     }
 
 
@@ -244,11 +250,14 @@ def parse_args(argv=None):
     parser.add_argument("--out", default=DEFAULT_OUT, help="writes <device>.json and <device>.png here (default %(default)s)")
     parser.add_argument("--only", help="run only the cases whose 'workload/cell' contains this substring")
     parser.add_argument("--peers", default=",".join(PEER_KEYS), help="comma-separated subset of %(default)s")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the layers' and inputs' dtype (bfloat16: torch.nn the only peer)")
     # Every workload shrunk to T=5, B=2, I=H=8 (for the tests); also CUDNN_RNN_BENCH_SMOKE=1.
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.smoke = args.smoke or os.environ.get("CUDNN_RNN_BENCH_SMOKE") == "1"
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    args.dtype = getattr(torch, args.dtype)
     unknown = sorted(set(args.peers) - set(PEER_KEYS))
     if unknown:
         parser.error(f"unknown peers {unknown}; choose from {list(PEER_KEYS)}")
@@ -270,6 +279,9 @@ def main(argv=None) -> Dict:
     peer_status, selected = {}, []  # --peers name -> how it runs (or why it does not)
     for key in args.peers:
         cls = peers_mod.PEERS[key][0]
+        if args.dtype != torch.float32 and key != "torch":
+            peer_status[key] = "skipped: bfloat16 runs torch.nn only"
+            continue
         if args.device == "cuda" and cls.cpu_only:
             peer_status[key] = "skipped: a CPU-only peer (run with --device cpu)"
             continue
@@ -282,13 +294,14 @@ def main(argv=None) -> Dict:
 
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else _cpu_name()
     print(f"cudnn_rnn {cudnn_rnn.__version__}, torch {torch.__version__}, {device_name}, "
-          f"{args.threads} thread(s){', smoke sizes' if args.smoke else ''}{', quick' if args.quick else ''}")
+          f"{args.threads} thread(s), {str(args.dtype).replace('torch.', '')}{', smoke sizes' if args.smoke else ''}"
+          f"{', quick' if args.quick else ''}")
     machine = _machine(device_name)
     limits = ", ".join(f"{k}={machine[k]}" for k in ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA") if machine[k])
     print(f"cpu: {machine['cpu']}; ISA {' '.join(machine['isa_flags']) or '?'}; ATen dispatches "
           f"{machine['aten_cpu_capability']}{'; ' + limits if limits else ''}; our float32 GEMMs: "
           f"{machine['cudnn_rnn_cpu_gemm']} (small ones: {machine['cudnn_rnn_cpu_gemm_small']}); cell loops: "
-          f"{machine['cudnn_rnn_cpu_loops']}")
+          f"{machine['cudnn_rnn_cpu_loops']}; bfloat16 GEMMs: {'yes' if machine['cudnn_rnn_cpu_bf16_gemms'] else 'no'}")
     for key, status in peer_status.items():
         print(f"peer {key}: {status}")
 
@@ -302,7 +315,8 @@ def main(argv=None) -> Dict:
     # The GEMM peak is measured before and after the cases, and the better of the two is used:
     # on a shared machine one of them may be disturbed.
     gemm = {"n": 256 if args.smoke else 2048, "reps": 3 if args.smoke else 5}
-    gemm["start_gflops"] = gemm_rate(args.device, gemm["n"], gemm["reps"])
+    gemm["dtype"] = str(args.dtype).replace("torch.", "")
+    gemm["start_gflops"] = gemm_rate(args.device, gemm["n"], gemm["reps"], args.dtype)
 
     t0 = time.perf_counter()
     progress = Progress(total)
@@ -313,12 +327,12 @@ def main(argv=None) -> Dict:
     finally:
         progress.close()
     elapsed = time.perf_counter() - t0
-    gemm["end_gflops"] = gemm_rate(args.device, gemm["n"], gemm["reps"])
+    gemm["end_gflops"] = gemm_rate(args.device, gemm["n"], gemm["reps"], args.dtype)
     gemm["gflops"] = max(gemm["start_gflops"], gemm["end_gflops"])
     for r in rows:
         if r["status"] == "ok":
             r["fraction_of_peak"] = r["gflops"] / gemm["gflops"]
-    print(f"GEMM peak: {gemm['gflops']:.1f} GFLOP/s (best of {gemm['reps']} {gemm['n']}^3 float32 torch.mm, measured "
+    print(f"GEMM peak: {gemm['gflops']:.1f} GFLOP/s (best of {gemm['reps']} {gemm['n']}^3 {gemm['dtype']} torch.mm, measured "
           f"before and after the cases: {gemm['start_gflops']:.1f} and {gemm['end_gflops']:.1f})")
 
     print(format_table(rows))
@@ -327,8 +341,10 @@ def main(argv=None) -> Dict:
         print("warning: some results exceed the measured GEMM peak: the machine was probably busy while it was measured")
     report = dict(
         device=args.device, device_name=device_name, threads=args.threads, quick=args.quick, smoke=args.smoke,
+        dtype=gemm["dtype"],
         machine=machine, versions=_versions(), build=cudnn_rnn.build_info(), gemm=gemm, peers=peer_status,
-        tolerance={"atol": ATOL, "rtol": RTOL}, elapsed_s=elapsed,
+        tolerance={"atol": ATOL_BF16, "rtol": RTOL_BF16} if args.dtype != torch.float32 else {"atol": ATOL, "rtol": RTOL},
+        elapsed_s=elapsed,
         workloads={w.name: as_dict(w) for w in workloads}, rows=rows,
     )
     os.makedirs(args.out, exist_ok=True)

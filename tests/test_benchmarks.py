@@ -148,3 +148,4 @@ def test_report_names_the_machine(smoke_run):
     assert machine["cpu"] and machine["aten_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert machine["cudnn_rnn_cpu_gemm"] == cudnn_rnn._C.cpu_gemm_engine() in ("packed", "brgemm", "blas")
     assert machine["cudnn_rnn_cpu_loops"] == cudnn_rnn._C.cpu_loops_isa() in ("avx512", "avx2", "baseline")
+    assert machine["cudnn_rnn_cpu_bf16_gemms"] is cudnn_rnn._C.cpu_bf16_gemms()

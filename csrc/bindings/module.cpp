@@ -11,6 +11,7 @@
 #include "bindings/op_bindings.h"
 #include "core/build_info.h"
 #include "core/rnn_config.h"
+#include "cpu/bf16_gemm.h"
 #include "cpu/buffer_pool.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/vec_loops.h"
@@ -90,6 +91,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_loops_isa", [] { return std::string(cr::cpu::float_loops().isa); },
         "the instruction set of the CPU backend's float32 activation and fused cell loops: 'avx512', 'avx2' or "
         "'baseline' (the widest the CPU and ATen's level allow; ATEN_CPU_CAPABILITY lowers it)");
+  m.def("cpu_bf16_gemms", &cr::cpu::bf16_gemm_available,
+        "whether bfloat16 calls on the CPU run their GEMMs in bfloat16 (oneDNN's micro-kernel packs bfloat16 on "
+        "this CPU: AMX or AVX512_BF16), accumulating in float32; otherwise they compute in float32 "
+        "(CUDNN_RNN_CPU_BF16=float32 forces that)");
   m.def("empty_cpu_cache", &cr::cpu::empty_cache, "frees the CPU buffer pool's idle buffers");
   auto testing = m.def_submodule("_testing", "hooks into the C++ internals, for the tests");
   cr::bindings::register_testing(testing);
