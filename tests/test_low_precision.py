@@ -1,7 +1,11 @@
-"""bfloat16 / float16 on the CPU compute in float32: the error against float32 is no more than
+"""bfloat16 / float16 on the CPU (computed in float32, bfloat16 with its GEMMs in bfloat16 where the
+CPU has AMX or AVX512_BF16): the error against float32 is no more than
 twice that of torch.nn in the same precision (the flash-attention rule), and gradients come
 back in the caller's dtype."""
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -52,3 +56,63 @@ def test_layers_built_in_low_precision(cls, dtype):
     k = layer.recurrent_kernel.float()  # [u, G*u], orthogonal rows
     torch.testing.assert_close(k @ k.t(), torch.eye(8), atol=3e-2, rtol=0)
     assert layer(torch.randn(2, 3, 5, dtype=dtype)).dtype == dtype
+
+
+def _grads(layer, x, mask, g):
+    x = x.detach().clone().requires_grad_(True)
+    y = layer(x, mask=mask)
+    (y.float() * g).sum().backward()
+    return y.float(), x.grad.float(), [p.grad.float() for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_bfloat16_gemms_error_at_most_twice_torch(cell):
+    """bfloat16 with its GEMMs in bfloat16 where this CPU has them (_C.cpu_bf16_gemms(): AMX or
+    AVX512_BF16; else float32 throughout): outputs, input and weight gradients against a float32
+    run, no more than twice torch.nn's bfloat16 error against its own float32 run. Sizes that
+    split units across threads, odd depths (the micro-kernel pads them), and a padded batch."""
+    torch.manual_seed(0)
+    B, T, I, U = 64, 7, 23, 101
+    layer = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU}[cell](I, U, return_sequences=True)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.uniform_(-0.2, 0.2)
+    layer.bfloat16().float()  # weights that bfloat16 holds exactly: the error is the computation's
+    reference = layer.to_torch()
+    x = torch.randn(B, T, I).bfloat16().float()
+    g = torch.randn(B, T, U)
+    mask = torch.arange(T)[None, :] < torch.randint(1, T + 1, (B,))[:, None]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        def torch_run(module, dtype):
+            xx = x.detach().to(dtype).clone().requires_grad_(True)
+            y = module(xx)[0]
+            (y.float() * g).sum().backward()
+            return y.float(), xx.grad.float(), [p.grad.float() for p in module.parameters()]
+
+        t32 = torch_run(copy.deepcopy(reference), torch.float32)
+        t16 = torch_run(copy.deepcopy(reference).bfloat16(), torch.bfloat16)
+        torch_err = [(t16[0] - t32[0]).abs().max(), (t16[1] - t32[1]).abs().max(),
+                     max((a - b).abs().max() / b.abs().max() for a, b in zip(t16[2], t32[2]))]
+        for m in (None, mask):
+            o32 = _grads(copy.deepcopy(layer), x, m, g)
+            o16 = _grads(copy.deepcopy(layer).bfloat16(), x.bfloat16(), m, g)
+            ours_err = [(o16[0] - o32[0]).abs().max(), (o16[1] - o32[1]).abs().max(),
+                        max((a - b).abs().max() / b.abs().max() for a, b in zip(o16[2], o32[2]))]
+            for what, ours, theirs in zip(("output", "input gradient", "weight gradients (relative)"), ours_err, torch_err):
+                assert ours <= 2 * theirs + 1e-6, f"{what} {'masked' if m is not None else ''}: ours {ours:.2e} vs torch.nn {theirs:.2e}"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_bfloat16_gemms_switch():
+    """CUDNN_RNN_CPU_BF16=float32 computes bfloat16 calls in float32; anything else but
+    'bfloat16' is refused with the variable's name."""
+    probe = "import cudnn_rnn; print(cudnn_rnn._C.cpu_bf16_gemms())"
+    off = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "CUDNN_RNN_CPU_BF16": "float32"},
+                         capture_output=True, text=True, timeout=120)
+    assert off.returncode == 0 and off.stdout.strip() == "False", off.stderr[-2000:]
+    bad = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "CUDNN_RNN_CPU_BF16": "fp8"},
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "CUDNN_RNN_CPU_BF16" in bad.stderr
