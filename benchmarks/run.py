@@ -218,7 +218,7 @@ _ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp
 
 def _machine(device_name: str) -> Dict:
     """What the CPU timings depend on: the CPU and its vector ISA, what ATen dispatches to, the
-    ISA limits set for oneDNN / ATen, and the engine of our own float32 GEMMs."""
+    ISA limits set for oneDNN / ATen / MKL, and the engine of our own float32 GEMMs."""
     flags = set()
     try:
         with open("/proc/cpuinfo") as f:
@@ -235,6 +235,7 @@ def _machine(device_name: str) -> Dict:
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY"),
         "DNNL_MAX_CPU_ISA": os.environ.get("DNNL_MAX_CPU_ISA"),
+        "MKL_ENABLE_INSTRUCTIONS": os.environ.get("MKL_ENABLE_INSTRUCTIONS"),
         "cudnn_rnn_cpu_gemm": cudnn_rnn._C.cpu_gemm_engine(),  # a fastrnns-sized GEMM's
         "cudnn_rnn_cpu_gemm_small": cudnn_rnn._C.cpu_gemm_engine(64, 256),  # a Keras-typical one's
         "cudnn_rnn_cpu_loops": cudnn_rnn._C.cpu_loops_isa(),  # the activation and fused cell loops'
@@ -297,7 +298,8 @@ def main(argv=None) -> Dict:
           f"{args.threads} thread(s), {str(args.dtype).replace('torch.', '')}{', smoke sizes' if args.smoke else ''}"
           f"{', quick' if args.quick else ''}")
     machine = _machine(device_name)
-    limits = ", ".join(f"{k}={machine[k]}" for k in ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA") if machine[k])
+    limits = ", ".join(f"{k}={machine[k]}" for k in ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+                       if machine[k])
     print(f"cpu: {machine['cpu']}; ISA {' '.join(machine['isa_flags']) or '?'}; ATen dispatches "
           f"{machine['aten_cpu_capability']}{'; ' + limits if limits else ''}; our float32 GEMMs: "
           f"{machine['cudnn_rnn_cpu_gemm']} (small ones: {machine['cudnn_rnn_cpu_gemm_small']}); cell loops: "
