@@ -72,7 +72,7 @@ def test_bfloat16_gemms_error_at_most_twice_torch(cell):
     run, no more than twice torch.nn's bfloat16 error against its own float32 run. Sizes that
     split units across threads, odd depths (the micro-kernel pads them), and a padded batch."""
     torch.manual_seed(0)
-    B, T, I, U = 64, 7, 23, 211  # a recurrent kernel of >= 2^17 elements takes the bfloat16 GEMMs
+    B, T, I, U = 64, 7, 23, 211  # 211 units: unit blocks split across threads, an odd depth
     layer = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU}[cell](I, U, return_sequences=True)
     with torch.no_grad():
         for p in layer.parameters():
