@@ -216,18 +216,22 @@ def _cpu_name() -> str:
 _ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
 
 
-def _machine(device_name: str) -> Dict:
-    """What the CPU timings depend on: the CPU and its vector ISA, what ATen dispatches to, the
-    ISA limits set for oneDNN / ATen / MKL, and the engine of our own float32 GEMMs."""
-    flags = set()
+def cpu_flags() -> set:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
+                    return set(line.split(":", 1)[1].split())
     except OSError:
         pass
+    return set()
+
+
+def _machine(device_name: str) -> Dict:
+    """What the CPU timings depend on: the CPU and its vector ISA, what ATen dispatches to, the
+    ISA limits set for oneDNN / ATen / MKL, and the engine of our own float32 GEMMs."""
+    flags = cpu_flags()
     return {
         "cpu": _cpu_name(),
         "device": device_name,

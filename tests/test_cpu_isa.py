@@ -8,20 +8,10 @@ import subprocess
 import sys
 
 import pytest
-import torch
+
+from benchmarks.run import cpu_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 LEVELS = {  # ATEN_CPU_CAPABILITY -> (the loops it must pick, the CPU flags they need)
@@ -59,7 +49,7 @@ def test_each_instruction_set_matches_torch_nn_float64(level):
     isa, needs = LEVELS[level]
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         pytest.skip("the instruction-set builds are x86-64's")
-    missing = needs - _cpu_flags()
+    missing = needs - cpu_flags()
     if missing:
         pytest.skip(f"this CPU lacks {sorted(missing)} (hardware)")
     env = dict(os.environ, ATEN_CPU_CAPABILITY=level, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

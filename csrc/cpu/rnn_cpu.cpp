@@ -165,6 +165,20 @@ void pack_panels(const T* src, int64_t ld, bool trans, int64_t K, int64_t N, T* 
   }
 }
 
+// out[i, :] = v (width values) for i < n: a bias under a GEMM that adds to its output.
+template <typename T>
+void fill_rows(const T* v, int64_t width, int64_t n, T* out) {
+  for (int64_t i = 0; i < n; ++i) std::copy(v, v + width, out + i * width);
+}
+
+// Unit block [j0, j0 + w)'s columns of every gate of m ([K, G*u], or a bias [G*u]) as one
+// contiguous [K, G*w] (or [G*w]) matrix: what one time-loop task multiplies by.
+inline Tensor block_columns(const Tensor& m, int64_t G, int64_t u, int64_t j0, int64_t w) {
+  const int64_t rows = m.dim() == 1 ? 1 : m.size(0);
+  const Tensor b = m.reshape({rows, G, u}).narrow(2, j0, w).reshape({rows, G * w}).contiguous();
+  return m.dim() == 1 ? b.view({G * w}) : b;
+}
+
 // bfloat16 GEMMs (cpu/bf16_gemm.h) for a float32 run of a bfloat16 call, where oneDNN packs them.
 template <typename T>
 bool bf16_gemms(const RnnConfig& cfg) {
@@ -215,7 +229,7 @@ inline bool bf16_row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W
       for (int64_t i = 0; i < m; ++i) cpu::to_bf16(a + (r ? r[m0 + i] : m0 + i) * K, at_.data() + i * Kp, K);
       if (!r) {  // consecutive rows: straight into out2, over the bias or what it holds
         float* d = c + m0 * N;
-        for (int64_t i = 0; i < m && b && !accumulate; ++i) std::copy(b, b + N, d + i * N);
+        if (b && !accumulate) fill_rows(b, N, m, d);
         cpu::bf16_gemm(m, at_.data(), Kp, panels, 0, N, d, N, accumulate || b);
         continue;
       }
@@ -261,7 +275,8 @@ struct ActiveRows {
     }
   }
   // dst[i] = src row rows[i] (width values each), i < n.
-  void gather(const T* src, int64_t ld, int64_t width, T* dst) const {
+  template <typename E>
+  void gather(const E* src, int64_t ld, int64_t width, E* dst) const {
     for (int64_t i = 0; i < n; ++i) std::copy(src + rows[i] * ld, src + rows[i] * ld + width, dst + i * width);
   }
 };
@@ -282,22 +297,14 @@ template <typename T>
 void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t G, const T* D, int64_t ld,
                         const T* compact, const T* R, const T* RT, const T* mkl, const T* panels,
                         const cpu::Bf16Panels* bf, const at::BFloat16* Db, int64_t j0, int64_t w, T* tmp, T* dh) {
-  if (bf) {
-    if (act.n == B) {
-      bf16_product<T>(B, Db, bf->Kp, *bf, w, dh + j0, u, true);
-    } else if (act.n > 0) {
-      bf16_product<T>(act.n, Db, bf->Kp, *bf, w, tmp, w, false);
-      for (int64_t i = 0; i < act.n; ++i) {
-        T* d = dh + act.rows[i] * u + j0;
-        for (int64_t j = 0; j < w; ++j) d[j] += tmp[i * w + j];
-      }
-    }
-  } else if (panels) {
+  if (panels) {
     const int64_t* rows = act.n < B ? act.rows.data() : nullptr;
     const int64_t from_j0 = j0 / cpu::kPanel * cpu::packed_size(G * u, cpu::kPanel);  // panel of unit j0
     packed_product<T>(act.n, w, G * u, D, {rows, ld}, panels + from_j0, nullptr, true, dh + j0, {rows, u});
   } else if (act.n == B) {
-    if (RT) {
+    if (bf) {
+      bf16_product<T>(B, Db, bf->Kp, *bf, w, dh + j0, u, true);
+    } else if (RT) {
       brgemm<T>(B, w, G * u, D, ld, RT + j0, u, true, dh + j0, u);
     } else if (mkl) {
       mkl_packed_gemm<T>(B, w, G * u, D, ld, mkl, T(1), dh + j0, u);
@@ -305,7 +312,9 @@ void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t 
       gemm<T>(true, B, w, G * u, D, ld, R + j0 * G * u, G * u, T(1), dh + j0, u);
     }
   } else if (act.n > 0) {
-    if (RT) {
+    if (bf) {
+      bf16_product<T>(act.n, Db, bf->Kp, *bf, w, tmp, w, false);
+    } else if (RT) {
       brgemm<T>(act.n, w, G * u, compact, G * u, RT + j0, u, false, tmp, w);
     } else if (mkl) {
       mkl_packed_gemm<T>(act.n, w, G * u, compact, G * u, mkl, T(0), tmp, w);
@@ -479,9 +488,8 @@ struct TimeLoops {
     for (int64_t k = 0; k < blocks.n; ++k) {
       const int64_t j0 = blocks.start[k], w = blocks.width(k);
       if (blas || bf16) {
-        kernel[k] = blocks.n == 1 ? a.w.recurrent
-                                  : a.w.recurrent.view({u, G, u}).narrow(2, j0, w).reshape({u, G * w}).contiguous();
-        if (a.w.bias_rec.defined()) bias[k] = a.w.bias_rec.view({G, u}).narrow(1, j0, w).reshape({G * w}).contiguous();
+        kernel[k] = blocks.n == 1 ? a.w.recurrent : block_columns(a.w.recurrent, G, u, j0, w);
+        if (a.w.bias_rec.defined()) bias[k] = block_columns(a.w.bias_rec, G, u, j0, w);
       }
       rec[k] = at::empty({B, G * w}, a.x3.options());
       scratch[k] = at::empty({cpu::row_scratch_size(w)}, a.x3.options());
@@ -522,9 +530,9 @@ struct TimeLoops {
     std::vector<const T*> xbias_p(blocks.n, nullptr);
     for (int64_t k = 0; k < blocks.n && in_loop; ++k) {
       const int64_t j0 = blocks.start[k], w = blocks.width(k);
-      wk[k] = cpu::pack_bf16(a.w.kernel.view({I, G, u}).narrow(2, j0, w).reshape({I, G * w}));
+      wk[k] = cpu::pack_bf16(block_columns(a.w.kernel, G, u, j0, w));
       if (a.w.bias_in.defined()) {
-        xbias[k] = a.w.bias_in.view({G, u}).narrow(1, j0, w).reshape({G * w}).contiguous();
+        xbias[k] = block_columns(a.w.bias_in, G, u, j0, w);
         xbias_p[k] = xbias[k].data_ptr<T>();
       }
       xwk[k] = at::empty({B, G * w}, a.x3.options());
@@ -557,13 +565,11 @@ struct TimeLoops {
       const at::BFloat16* x_in = in_loop ? x_rows.row(step.t, 0) : nullptr;
       int64_t x_ld = x_rows.row_stride;
       if (rows && bf16) {
-        at::BFloat16* dst = hb_rows.data_ptr<at::BFloat16>();
-        for (int64_t i = 0; i < act.n; ++i) std::copy(hb_in + rows[i] * up, hb_in + rows[i] * up + up, dst + i * up);
-        hb_in = dst;
+        act.gather(hb_in, up, up, hb_rows.data_ptr<at::BFloat16>());
+        hb_in = hb_rows.data_ptr<at::BFloat16>();
         if (in_loop) {
-          at::BFloat16* xd = xb_rows.data_ptr<at::BFloat16>();
-          for (int64_t i = 0; i < act.n; ++i) std::copy(x_rows.row(step.t, rows[i]), x_rows.row(step.t, rows[i]) + ip, xd + i * ip);
-          x_in = xd;
+          act.gather(x_in, x_ld, ip, xb_rows.data_ptr<at::BFloat16>());
+          x_in = xb_rows.data_ptr<at::BFloat16>();
           x_ld = ip;
         }
       } else if (rows && !packed) {
@@ -580,14 +586,12 @@ struct TimeLoops {
           }
           if (act.n > 0 && in_loop) {
             T* xo = xwk_p[k];
-            for (int64_t i = 0; i < act.n && xbias_p[k]; ++i) std::copy(xbias_p[k], xbias_p[k] + ldr, xo + i * ldr);
+            if (xbias_p[k]) fill_rows<T>(xbias_p[k], ldr, act.n, xo);
             bf16_product<T>(act.n, x_in, x_ld, wk[k], ldr, xo, ldr, xbias_p[k] != nullptr);
           }
           // r[i, g*w + j] = recurrent pre-activation of gate g, unit j0 + j, for the i-th active row
           if (act.n > 0 && bf16) {
-            if (bias_p[k]) {
-              for (int64_t i = 0; i < act.n; ++i) std::copy(bias_p[k], bias_p[k] + ldr, r + i * ldr);
-            }
+            if (bias_p[k]) fill_rows<T>(bias_p[k], ldr, act.n, r);
             bf16_product<T>(act.n, hb_in, up, bf[k], ldr, r, ldr, bias_p[k] != nullptr);
           } else if (act.n > 0 && packed) {
             const int64_t from_j0 = j0 / cpu::kPanel * cpu::packed_size(u, cpu::kPanel);  // panel of unit j0
@@ -604,9 +608,7 @@ struct TimeLoops {
               brgemm<T>(act.n, w, u, h_in, u, R + g * u + j0, G * u, bias_rec != nullptr, c, ldr);
             }
           } else if (act.n > 0) {
-            if (bias_p[k]) {
-              for (int64_t i = 0; i < act.n; ++i) std::copy(bias_p[k], bias_p[k] + ldr, r + i * ldr);
-            }
+            if (bias_p[k]) fill_rows<T>(bias_p[k], ldr, act.n, r);
             if (mkl_p[k]) {
               mkl_packed_gemm<T>(act.n, ldr, u, h_in, u, mkl_p[k], bias_p[k] ? T(1) : T(0), r, ldr);
             } else {
