@@ -440,15 +440,7 @@ class Bidirectional(nn.Module):
                 and not f.stateful and not b.stateful)
 
     def _merge(self, y_f: Tensor, y_b: Tensor):
-        if self.merge_mode == "concat":
-            return torch.cat([y_f, y_b], dim=-1)
-        if self.merge_mode == "sum":
-            return y_f + y_b
-        if self.merge_mode == "ave":
-            return (y_f + y_b) / 2
-        if self.merge_mode == "mul":
-            return y_f * y_b
-        return [y_f, y_b]
+        return merge_directions(y_f, y_b, self.merge_mode)
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, initial_state=None, training: Optional[bool] = None):
         f, b = self.forward_layer, self.backward_layer
@@ -505,6 +497,20 @@ class Bidirectional(nn.Module):
         sides = [self.forward_layer, self.backward_layer]
         reasons = torch_incompatibilities(sides, self.merge_mode, self.fused)
         return _to_torch(sides, reasons)
+
+
+def merge_directions(y_f: Tensor, y_b: Tensor, merge_mode: Optional[str]):
+    """Keras Bidirectional's merge of the two directions' outputs (both in time order); None
+    keeps them apart as a list."""
+    if merge_mode == "concat":
+        return torch.cat([y_f, y_b], dim=-1)
+    if merge_mode == "sum":
+        return y_f + y_b
+    if merge_mode == "ave":
+        return (y_f + y_b) / 2
+    if merge_mode == "mul":
+        return y_f * y_b
+    return [y_f, y_b]
 
 
 def to_torch(layer: nn.Module) -> nn.Module:

@@ -1,7 +1,10 @@
 """The recurrent layers: LSTM, GRU, SimpleRNN (and Keras 2's CuDNNLSTM / CuDNNGRU, LSTMV1 /
-GRUV1) and Bidirectional become cudnn_rnn layers wrapped in Recurrent; the options read from a
-Keras config with the producer's defaults, CuDNN weights converted as Keras converts them, and
-recurrent_layer, the public way to find the cudnn_rnn layer in a converted model."""
+GRUV1), the generic RNN over an LSTMCell / GRUCell / SimpleRNNCell, and Bidirectional become
+cudnn_rnn layers wrapped in Recurrent; RNN over StackedRNNCells becomes a CellStack (the cells'
+layers one after the other, cells that agree as one num_layers stack). The options are read from
+a Keras config with the producer's defaults, CuDNN weights converted as Keras converts them, and
+recurrent_layer / recurrent_layers are the public way to find the cudnn_rnn layers in a
+converted model."""
 from __future__ import annotations
 
 from typing import List, Optional
@@ -13,6 +16,7 @@ from torch import nn
 from .. import layers as rnn_layers
 from ..cells import GATES
 from .activations import activation_name
+from .graph import snake_case
 from .registry import BuildContext, builder, layer_config_of
 from .values import Values
 
@@ -41,10 +45,86 @@ class Recurrent(nn.Module):
         return outs, [seq_mask] * n_outputs + [None] * (len(outs) - n_outputs)
 
 
+class CellStack(nn.Module):
+    """Keras RNN(StackedRNNCells([...])), and a Bidirectional of one: at every step each cell
+    reads the output of the cell below, which is the same as running the cells' layers one after
+    the other over the whole sequence (each one fused op call; consecutive cells that agree in
+    everything but their input width are one num_layers layer). The RNN-level options apply to
+    the stack: go_backwards reverses the input and the mask once (the outputs stay in processing
+    order, as Keras returns them), return_sequences / zero_output_for_mask concern the last cell.
+    Outputs [output, *states of cell 0, *states of cell 1, ...] as Keras flattens them; a
+    Bidirectional's are [merged output (or both), *forward states, *backward states]."""
+
+    def __init__(self, parts: List[rnn_layers._RNNBase], return_sequences: bool, return_state: bool,
+                 go_backwards: bool, groups: List[str], backward: Optional["CellStack"] = None,
+                 merge_mode: Optional[str] = "concat"):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.return_sequences, self.return_state, self.go_backwards = return_sequences, return_state, go_backwards
+        self.groups = groups  # the weights group of each cell, in cell order
+        self.backward = backward
+        self.merge_mode = merge_mode
+
+    @property
+    def state_count(self) -> int:
+        return sum(p.num_layers * p.state_count for p in self.parts)
+
+    def keras_groups(self):
+        cells = [w for p in self.parts for l in range(p.num_layers) for w in [p.layer_weights(l)]]
+        own = list(zip(self.groups, cells))
+        return own + (self.backward.keras_groups() if self.backward is not None else [])
+
+    def run(self, x, mask, initial):
+        """(output sequence in processing order, flat final states) of the stack."""
+        if self.go_backwards:
+            x = x.flip(1)
+            mask = mask.flip(1) if mask is not None else None
+        states = []
+        for part in self.parts:
+            n = part.num_layers * part.state_count
+            init, initial = (initial[:n] or None), initial[n:]
+            x, h_n, c_n = part.run(x, mask, init)
+            for l in range(part.num_layers):
+                states += [h_n[l]] + ([c_n[l]] if part.cell == "lstm" else [])
+        return x, states
+
+    def forward(self, inputs, masks):
+        initial = list(inputs[1:])
+        if initial and len(initial) != self.state_count + (self.backward.state_count if self.backward else 0):
+            raise ValueError(f"initial_state must be a list of {self.state_count} tensors (every cell's states, "
+                             f"in order); got {len(initial)}")
+        y, states = self.run(inputs[0], masks[0], initial[: self.state_count])
+        if self.backward is None:
+            output = y if self.return_sequences else y[:, -1]
+            outs = [output] + (states if self.return_state else [])
+            return outs, [masks[0] if self.return_sequences else None] + [None] * (len(outs) - 1)
+        y_b, states_b = self.backward.run(inputs[0], masks[0], initial[self.state_count:])
+        if self.return_sequences:
+            y_b = y_b.flip(1)  # Keras's Bidirectional puts the backward outputs back in time order
+        else:
+            y, y_b = y[:, -1], y_b[:, -1]
+        merged = rnn_layers.merge_directions(y, y_b, self.merge_mode)
+        merged = merged if isinstance(merged, list) else [merged]
+        outs = merged + (states + states_b if self.return_state else [])
+        seq_mask = masks[0] if self.return_sequences else None
+        n_outputs = len(merged)
+        return outs, [seq_mask] * n_outputs + [None] * (len(outs) - n_outputs)
+
+
 def recurrent_layer(module: nn.Module) -> Optional[nn.Module]:
     """The cudnn_rnn layer (LSTM, GRU, SimpleRNN or Bidirectional) that a converted model's
-    module runs, or None when the module is not a recurrent layer."""
+    module runs, or None when the module is not one recurrent layer (see recurrent_layers)."""
     return module.layer if isinstance(module, Recurrent) else None
+
+
+def recurrent_layers(module: nn.Module) -> List[nn.Module]:
+    """Every cudnn_rnn layer a converted model's module runs, in order (one for a Recurrent,
+    those of each cell group for a CellStack, none for other modules)."""
+    if isinstance(module, Recurrent):
+        return [module.layer]
+    if isinstance(module, CellStack):
+        return list(module.parts) + (list(module.backward.parts) if module.backward is not None else [])
+    return []
 
 
 _RNN_CLASSES = {"LSTM": "lstm", "GRU": "gru", "SimpleRNN": "simple_rnn", "CuDNNLSTM": "lstm", "CuDNNGRU": "gru",
@@ -156,26 +236,155 @@ def build_rnn(cfg, ctx):
     return Recurrent(_build_rnn_layer(cls, cfg, ctx, w))
 
 
-@builder("Bidirectional")
-def build_bidirectional(cfg, ctx):
+_CELL_CLASSES = {"LSTMCell": "LSTM", "GRUCell": "GRU", "SimpleRNNCell": "SimpleRNN"}
+_RNN_LEVEL_KEYS = ("return_sequences", "return_state", "go_backwards", "stateful", "zero_output_for_mask",
+                   "time_major")
+
+
+def _cell_of(cfg: dict, ctx: BuildContext):
+    """(cell class, cell config) of an RNN config; a list of cells is a StackedRNNCells."""
+    cell = cfg.get("cell")
+    if isinstance(cell, list):
+        cell = {"class_name": "StackedRNNCells", "config": {"cells": cell}}
     try:
-        fcls, fcfg = layer_config_of(cfg.get("layer"))
-        bcls, bcfg = layer_config_of(cfg["backward_layer"]) if cfg.get("backward_layer") else (fcls, dict(fcfg))
-        fcfg, bcfg = dict(fcfg), dict(bcfg)
+        return layer_config_of(cell)
+    except ValueError as e:
+        raise ctx.error(f"RNN cell: {e}") from None
+
+
+def _single_cell(cls: str, cell_cfg: dict, rnn_cfg: dict, ctx: BuildContext, where: str):
+    """(layer class name, merged config) for an RNN over one cell: the cell's own options with
+    the RNN's sequence options."""
+    if cls not in _CELL_CLASSES:
+        raise ctx.error(f"RNN over a {str(cls)[:60]} cell is not supported ({where}; supported cells: "
+                        f"{', '.join(_CELL_CLASSES)}, StackedRNNCells of them)")
+    merged = dict(cell_cfg)
+    for key in _RNN_LEVEL_KEYS:
+        merged.pop(key, None)
+        if key in rnn_cfg:
+            merged[key] = rnn_cfg[key]
+    return _CELL_CLASSES[cls], merged
+
+
+def _stacked_cells(cell_cfg: dict, ctx: BuildContext) -> List[tuple]:
+    """[(cell class, cell config, weights group under cell/cells)] of a StackedRNNCells config."""
+    cells = cell_cfg.get("cells")
+    if not isinstance(cells, list) or not 1 <= len(cells) <= 64:
+        raise ctx.error(f"StackedRNNCells config cells={str(cells)[:60]!r}; expected a list of 1 to 64 cells")
+    out, used = [], {}
+    for i, entry in enumerate(cells):
+        try:
+            cls, cfg = layer_config_of(entry)
+        except ValueError as e:
+            raise ctx.error(f"StackedRNNCells cell {i}: {e}") from None
+        base = snake_case(cls)  # .keras files name a list's members by class occurrence
+        n = used.get(base, 0)
+        used[base] = n + 1
+        out.append((cls, cfg, f"cell/cells/{base}" + (f"_{n}" if n else "")))
+    return out
+
+
+def _agree(a: rnn_layers._RNNBase, b: rnn_layers._RNNBase) -> bool:
+    """Whether cell b can run as the next layer of a's num_layers stack."""
+    return (type(a) is type(b) and b.input_size == a.units and a.units == b.units
+            and a.op_spec(num_layers=1) == b.op_spec()
+            and (a.dropout, a.recurrent_dropout, a.stateful) == (b.dropout, b.recurrent_dropout, b.stateful))
+
+
+def _stack_specs(cfg: dict, cell_cfg: dict, ctx: BuildContext, prefix: str) -> List[tuple]:
+    """[(layer class name, merged config, weights group, weight count)] of the cells of an
+    RNN(StackedRNNCells) config; the groups under `prefix`."""
+    specs = []
+    for i, (cls, ccfg, group) in enumerate(_stacked_cells(cell_cfg, ctx)):
+        # (zero_output_for_mask of an inner cell changes nothing: the next cell skips masked steps)
+        kind, merged = _single_cell(cls, ccfg, {**cfg, "go_backwards": False, "return_sequences": True,
+                                                "return_state": False}, ctx, f"StackedRNNCells cell {i}")
+        specs.append((kind, merged, f"{prefix}{group}", _rnn_weight_count(kind, _rnn_options(kind, merged, ctx))))
+    return specs
+
+
+def _cell_stack(cfg: dict, specs: List[tuple], weights: List[List[np.ndarray]], ctx: BuildContext, **wrap) -> CellStack:
+    """The CellStack of an RNN(StackedRNNCells) config from its specs (_stack_specs) and weights."""
+    parts: List[rnn_layers._RNNBase] = []
+    for (kind, merged, _, _), w in zip(specs, weights):
+        layer = _build_rnn_layer(kind, merged, ctx, w)
+        if parts and _agree(parts[-1], layer):
+            parts[-1] = _append_layer(parts[-1], layer)
+        else:
+            parts.append(layer)
+    v = Values(cfg, ctx)
+    return CellStack(parts, v.bool("return_sequences", False), v.bool("return_state", False),
+                     v.bool("go_backwards", False), [spec[2] for spec in specs], **wrap)
+
+
+def _append_layer(stack: rnn_layers._RNNBase, layer: rnn_layers._RNNBase) -> rnn_layers._RNNBase:
+    """stack with layer's weights as one more layer of its num_layers stack."""
+    grown = rnn_layers._clone_config(stack, num_layers=stack.num_layers + 1, kernel_initializer="zeros",
+                                     recurrent_initializer="zeros")
+    grown.kernel_initializer, grown.recurrent_initializer = stack.kernel_initializer, stack.recurrent_initializer
+    with torch.no_grad():
+        for l in range(stack.num_layers):
+            for dst, src in zip(grown.layer_weights(l), stack.layer_weights(l)):
+                dst.copy_(src)
+        for dst, src in zip(grown.layer_weights(stack.num_layers), layer.layer_weights(0)):
+            dst.copy_(src)
+    return grown
+
+
+@builder("RNN")
+def build_generic_rnn(cfg, ctx):
+    cls, cell_cfg = _cell_of(cfg, ctx)
+    if Values(cfg, ctx).bool("time_major", False):
+        raise ctx.error("time_major=True is not supported (the layers are batch-major)")
+    if cls == "StackedRNNCells":
+        specs = _stack_specs(cfg, cell_cfg, ctx, "")
+        return _cell_stack(cfg, specs, ctx.weights.take([(g, n) for _, _, g, n in specs]), ctx)
+    kind, merged = _single_cell(cls, cell_cfg, cfg, ctx, "RNN")
+    (w,) = ctx.weights.take([("cell", _rnn_weight_count(kind, _rnn_options(kind, merged, ctx)))])
+    return Recurrent(_build_rnn_layer(kind, merged, ctx, w))
+
+
+def _bidirectional_side(serialized, ctx: BuildContext):
+    """(layer class name, config, weights sub-path under the side) of one Bidirectional side;
+    class "StackedRNNCells" with the RNN config for a stack of cells."""
+    try:
+        cls, cfg = layer_config_of(serialized)
     except ValueError as e:
         raise ctx.error(f"Bidirectional: {e}") from None
-    for c in (fcls, bcls):
-        if c not in _RNN_CLASSES:
-            raise ctx.error(f"Bidirectional({c}) is not supported")
-    if not cfg.get("backward_layer"):
+    cfg = dict(cfg)
+    if cls == "RNN":
+        cell_cls, cell_cfg = _cell_of(cfg, ctx)
+        if cell_cls == "StackedRNNCells":
+            return "StackedRNNCells", cfg, cell_cfg
+        cls, cfg = _single_cell(cell_cls, cell_cfg, cfg, ctx, "Bidirectional(RNN)")
+        return cls, cfg, "/cell"
+    if cls not in _RNN_CLASSES:
+        raise ctx.error(f"Bidirectional({cls}) is not supported")
+    return cls, cfg, "" if cls.startswith("CuDNN") else "/cell"
+
+
+@builder("Bidirectional")
+def build_bidirectional(cfg, ctx):
+    fcls, fcfg, fsub = _bidirectional_side(cfg.get("layer"), ctx)
+    if cfg.get("backward_layer"):
+        bcls, bcfg, bsub = _bidirectional_side(cfg["backward_layer"], ctx)
+    else:
+        bcls, bcfg, bsub = fcls, dict(fcfg), fsub
         bcfg["go_backwards"] = not bcfg.get("go_backwards", False)
-    sub = lambda c: "" if c.startswith("CuDNN") else "/cell"  # noqa: E731
-    nf = _rnn_weight_count(fcls, _rnn_options(fcls, fcfg, ctx))
-    nb = _rnn_weight_count(bcls, _rnn_options(bcls, bcfg, ctx))
-    wf, wb = ctx.weights.take([("forward_layer" + sub(fcls), nf), ("backward_layer" + sub(bcls), nb)])
-    forward = _build_rnn_layer(fcls, fcfg, ctx, wf)
-    backward = _build_rnn_layer(bcls, bcfg, ctx, wb)
     merge = cfg.get("merge_mode", "concat")
     if merge not in ("concat", "sum", "mul", "ave", None):
         raise ctx.error(f"Bidirectional merge_mode={str(merge)[:40]!r}; expected concat, sum, mul, ave or null")
+    if "StackedRNNCells" in (fcls, bcls):
+        if fcls != bcls:
+            raise ctx.error("Bidirectional with StackedRNNCells on one side only is not supported")
+        fspecs = _stack_specs(fcfg, fsub, ctx, "forward_layer/")
+        bspecs = _stack_specs(bcfg, bsub, ctx, "backward_layer/")
+        weights = ctx.weights.take([(g, n) for _, _, g, n in fspecs + bspecs])  # one take: legacy files split it
+        backward = _cell_stack(bcfg, bspecs, weights[len(fspecs):], ctx)
+        return _cell_stack(fcfg, fspecs, weights[: len(fspecs)], ctx, backward=backward, merge_mode=merge)
+    nf = _rnn_weight_count(fcls, _rnn_options(fcls, fcfg, ctx))
+    nb = _rnn_weight_count(bcls, _rnn_options(bcls, bcfg, ctx))
+    wf, wb = ctx.weights.take([("forward_layer" + fsub, nf), ("backward_layer" + bsub, nb)])
+    forward = _build_rnn_layer(fcls, fcfg, ctx, wf)
+    backward = _build_rnn_layer(bcls, bcfg, ctx, wb)
     return Recurrent(rnn_layers.Bidirectional(forward, merge_mode=merge, backward_layer=backward))
