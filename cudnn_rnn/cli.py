@@ -58,10 +58,9 @@ def cmd_convert(args) -> int:
 
 def _describe(module) -> str:
     from .explain import explain
-    from .keras import recurrent_layer
+    from .keras import recurrent_layers
 
-    layer = recurrent_layer(module)
-    return str(explain(layer, "cuda")) if layer is not None else "-"
+    return "; ".join(str(explain(layer, "cuda")) for layer in recurrent_layers(module)) or "-"
 
 
 def cmd_inspect(args) -> int:

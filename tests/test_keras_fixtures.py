@@ -23,6 +23,8 @@ CASES = [
     ("tfk_functional", "tfk_functional.h5", None),
     ("tfk_cudnn", "tfk_cudnn.h5", None),
     ("tfk_nested", "tfk_nested.h5", None),
+    ("tfk_rnn_cells", "tfk_rnn_cells.h5", None),
+    ("tfk_rnn_cells", "tfk_rnn_cells.keras", None),
 ]
 
 

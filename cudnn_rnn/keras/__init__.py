@@ -11,7 +11,7 @@ from .errors import ConversionError
 from .export import save_keras
 from .load import load_keras, rebuild
 from .model import KerasModel
-from .recurrent import recurrent_layer
+from .recurrent import recurrent_layer, recurrent_layers
 
 __all__ = ["load_keras", "save_keras", "rebuild", "load_converted", "save_converted", "ConversionError", "KerasModel",
-           "BUILDERS", "recurrent_layer"]
+           "BUILDERS", "recurrent_layer", "recurrent_layers"]

@@ -162,7 +162,7 @@ def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:
     """The input shape a config leaves out (a Sequential built by fit), from the first layer that
     reads the input: its weights say how wide the input is."""
     from .basic_layers import ActivationLayer, Dense, Dropout, Embedding, Identity, Masking
-    from .recurrent import Recurrent
+    from .recurrent import recurrent_layers
     from .sequence_layers import Conv1D
 
     source = (ref.layer, ref.call)
@@ -171,8 +171,9 @@ def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:
         if reader is None:
             break
         module = model.layers[reader[1]]
-        if isinstance(module, Recurrent):
-            layer = module.layer.forward_layer if hasattr(module.layer, "forward_layer") else module.layer
+        rnns = recurrent_layers(module)
+        if rnns:
+            layer = rnns[0].forward_layer if hasattr(rnns[0], "forward_layer") else rnns[0]
             return (declared[0], (None, None, layer.input_size))
         if isinstance(module, Embedding):
             return ("int32", (None, None))

@@ -26,9 +26,10 @@ class Recurrent(nn.Module):
     the initial states; outputs [output, *states] as Keras; the output mask is the input mask
     when return_sequences (Keras RNN.compute_mask)."""
 
-    def __init__(self, layer: nn.Module):
+    def __init__(self, layer: nn.Module, keras3_call: bool = True):
         super().__init__()
         self.layer = layer
+        self.keras3_call = keras3_call
 
     def keras_groups(self):
         if isinstance(self.layer, rnn_layers.Bidirectional):
@@ -37,12 +38,20 @@ class Recurrent(nn.Module):
         return [("cell", self.layer.layer_weights(0))]
 
     def forward(self, inputs, masks):
+        masks = masks_seen(inputs, masks, self.keras3_call)
         initial = list(inputs[1:]) or None
         out = self.layer(inputs[0], mask=masks[0], initial_state=initial)
         outs = out if isinstance(out, list) else [out]
         seq_mask = masks[0] if self.layer.return_sequences else None
         n_outputs = 2 if isinstance(self.layer, rnn_layers.Bidirectional) and self.layer.merge_mode is None else 1
         return outs, [seq_mask] * n_outputs + [None] * (len(outs) - n_outputs)
+
+
+def masks_seen(inputs, masks, keras3_call: bool):
+    """The masks a recurrent layer's call sees. Keras 3 fills a call's `mask` only when the call
+    has one tensor argument (keras/src/layers/layer.py, Layer.__call__), so an RNN called with
+    initial_state tensors runs unmasked and passes no mask on; tf.keras 2 masked it."""
+    return [None] * len(masks) if keras3_call and len(inputs) > 1 else masks
 
 
 class CellStack(nn.Module):
@@ -57,8 +66,9 @@ class CellStack(nn.Module):
 
     def __init__(self, parts: List[rnn_layers._RNNBase], return_sequences: bool, return_state: bool,
                  go_backwards: bool, groups: List[str], backward: Optional["CellStack"] = None,
-                 merge_mode: Optional[str] = "concat"):
+                 merge_mode: Optional[str] = "concat", keras3_call: bool = True):
         super().__init__()
+        self.keras3_call = keras3_call
         self.parts = nn.ModuleList(parts)
         self.return_sequences, self.return_state, self.go_backwards = return_sequences, return_state, go_backwards
         self.groups = groups  # the weights group of each cell, in cell order
@@ -89,6 +99,7 @@ class CellStack(nn.Module):
         return x, states
 
     def forward(self, inputs, masks):
+        masks = masks_seen(inputs, masks, self.keras3_call)
         initial = list(inputs[1:])
         if initial and len(initial) != self.state_count + (self.backward.state_count if self.backward else 0):
             raise ValueError(f"initial_state must be a list of {self.state_count} tensors (every cell's states, "
@@ -233,7 +244,7 @@ def _build_rnn_layer(class_name: str, cfg: dict, ctx: BuildContext, weights: Lis
 def build_rnn(cfg, ctx):
     cls = ctx.spec.class_name
     (w,) = ctx.weights.take([("cell" if not cls.startswith("CuDNN") else "", _rnn_weight_count(cls, _rnn_options(cls, cfg, ctx)))])
-    return Recurrent(_build_rnn_layer(cls, cfg, ctx, w))
+    return Recurrent(_build_rnn_layer(cls, cfg, ctx, w), ctx.keras_major >= 3)
 
 
 _CELL_CLASSES = {"LSTMCell": "LSTM", "GRUCell": "GRU", "SimpleRNNCell": "SimpleRNN"}
@@ -314,7 +325,8 @@ def _cell_stack(cfg: dict, specs: List[tuple], weights: List[List[np.ndarray]], 
             parts.append(layer)
     v = Values(cfg, ctx)
     return CellStack(parts, v.bool("return_sequences", False), v.bool("return_state", False),
-                     v.bool("go_backwards", False), [spec[2] for spec in specs], **wrap)
+                     v.bool("go_backwards", False), [spec[2] for spec in specs], keras3_call=ctx.keras_major >= 3,
+                     **wrap)
 
 
 def _append_layer(stack: rnn_layers._RNNBase, layer: rnn_layers._RNNBase) -> rnn_layers._RNNBase:
@@ -341,7 +353,7 @@ def build_generic_rnn(cfg, ctx):
         return _cell_stack(cfg, specs, ctx.weights.take([(g, n) for _, _, g, n in specs]), ctx)
     kind, merged = _single_cell(cls, cell_cfg, cfg, ctx, "RNN")
     (w,) = ctx.weights.take([("cell", _rnn_weight_count(kind, _rnn_options(kind, merged, ctx)))])
-    return Recurrent(_build_rnn_layer(kind, merged, ctx, w))
+    return Recurrent(_build_rnn_layer(kind, merged, ctx, w), ctx.keras_major >= 3)
 
 
 def _bidirectional_side(serialized, ctx: BuildContext):
@@ -387,4 +399,4 @@ def build_bidirectional(cfg, ctx):
     wf, wb = ctx.weights.take([("forward_layer" + fsub, nf), ("backward_layer" + bsub, nb)])
     forward = _build_rnn_layer(fcls, fcfg, ctx, wf)
     backward = _build_rnn_layer(bcls, bcfg, ctx, wb)
-    return Recurrent(rnn_layers.Bidirectional(forward, merge_mode=merge, backward_layer=backward))
+    return Recurrent(rnn_layers.Bidirectional(forward, merge_mode=merge, backward_layer=backward), ctx.keras_major >= 3)
