@@ -165,11 +165,12 @@ def test_unsupported_layer(tmp_path):
         if name != "config.json":
             return data
         cfg = json.loads(data)
-        cfg["config"]["layers"][2]["class_name"] = "ConvLSTM1D"
+        cfg["config"]["layers"][2]["class_name"] = "MyAttention"
         return json.dumps(cfg).encode()
 
     _rewrite_zip(KERAS, p, edit)
-    with pytest.raises(ConversionError, match=r"layer 'lstm': layer class ConvLSTM1D is not supported \(at sequential/lstm"):
+    with pytest.raises(ConversionError, match=r"layer 'lstm': layer class not supported: MyAttention \(at "
+                                              r"sequential/lstm\)\. .* custom_layers=\{'MyAttention': builder\}"):
         load_keras(p)
 
 

@@ -80,8 +80,9 @@ def _nested(path, value, depth: int, what: str):
     return [_nested(path, v, depth - 1, what) for v in value]
 
 
-def load_converted(path, dtype=torch.float32):
-    """The model save_converted wrote, rebuilt and checked against its saved state_dict."""
+def load_converted(path, dtype=torch.float32, custom_layers=None):
+    """The model save_converted wrote, rebuilt and checked against its saved state_dict; a model
+    with layers of its own classes needs the custom_layers builders load_keras was given."""
     from .load import rebuild
 
     path = str(path)
@@ -107,7 +108,7 @@ def load_converted(path, dtype=torch.float32):
             raise ConversionError(path, "the state_dict has a key that is not a string")
         state[key] = _tensor(path, value, f"state_dict[{key[:80]!r}]")
     config = load_json(path, data["keras_config"], "keras_config")
-    model = rebuild(config, data["keras_version"] or None, weights, dtype, path)
+    model = rebuild(config, data["keras_version"] or None, weights, dtype, path, custom_layers)
     own = model.state_dict()
     if set(own) != set(state):
         extra, missing = sorted(set(state) - set(own)), sorted(set(own) - set(state))

@@ -9,7 +9,7 @@ naming the file and the layer.
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional, Union
+from typing import Callable, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ import torch
 from .. import layers as rnn_layers
 from .builders import BUILDERS
 from .containers import load_json, open_keras_file
+from .custom import custom_builders, find_builder, short_name
 from .errors import ConversionError
 from .graph import ModelSpec, parse_model
 from .model import KerasModel, NestedModel
@@ -33,7 +34,8 @@ _NO_WEIGHTS = frozenset({
 
 
 def load_keras(path, architecture: Optional[Union[str, dict]] = None, dtype: torch.dtype = torch.float32,
-               progress: Optional[Callable] = None) -> KerasModel:
+               progress: Optional[Callable] = None,
+               custom_layers: Optional[Mapping[str, Callable]] = None) -> KerasModel:
     """A torch module computing what the Keras model in `path` computes.
 
     `path`: a `.keras` archive, a full-model legacy `.h5`, or a weights-only file
@@ -41,6 +43,8 @@ def load_keras(path, architecture: Optional[Union[str, dict]] = None, dtype: tor
     file or a model config dict (`model.get_config()` wrapped as {"class_name", "config"}, or a
     JSON string of it). Nothing from TensorFlow or Keras is needed, and nothing is unpickled.
     `progress(i, n, layer_name)` is called as layers are converted.
+    `custom_layers` maps the class names of the model's own layer classes to builders,
+    `builder(config, weights) -> torch.nn.Module` (custom.py, README "Custom layers").
 
     The returned model keeps `keras_config` and `keras_version` (what save_keras and the CLI
     use) and `keras_weights` (the arrays as read, by layer, in Keras order). A file that cannot
@@ -52,25 +56,30 @@ def load_keras(path, architecture: Optional[Union[str, dict]] = None, dtype: tor
         version = version or arch_version
     if config is None:
         raise ConversionError(kf.path, "holds weights only; pass architecture= (a .keras / .h5 model file or a config)")
+    custom = custom_builders(custom_layers)
     with _boundary(kf.path):
         if isinstance(config, dict) and "class_name" not in config and "config" not in config and "layers" in config:
             config = {"class_name": "Functional" if "input_layers" in config else "Sequential", "config": config}
         spec = parse_model(config, kf.path)
+        _check_classes(spec, custom, kf.path)
         source = weight_source(kf, spec)
         if isinstance(source, LegacySource) and kf.config is None:
             source.match_by_order([l.name for l in spec.layers if l.class_name not in _NO_WEIGHTS])
         records: dict = {}
-        model = _build(spec, kf.path, version, RecordingSource(source, records), dtype, spec.name, progress)
+        model = _build(spec, kf.path, version, RecordingSource(source, records), dtype, spec.name, progress, custom)
         model.keras_config, model.keras_version, model.keras_weights = config, version, records
         return check_runs(model.eval(), kf.path)
 
 
 def rebuild(config: dict, keras_version: Optional[str], keras_weights: dict, dtype=torch.float32,
-            where: str = "<converted>") -> KerasModel:
-    """The model load_keras built, from what it recorded (config, version, weights)."""
+            where: str = "<converted>", custom_layers: Optional[Mapping[str, Callable]] = None) -> KerasModel:
+    """The model load_keras built, from what it recorded (config, version, weights); the same
+    custom_layers builders as load_keras was given, if any."""
+    custom = custom_builders(custom_layers)
     with _boundary(where):
         spec = parse_model(config, where)
-        model = _build(spec, where, keras_version, ReplaySource(keras_weights, where), dtype, spec.name, None)
+        _check_classes(spec, custom, where)
+        model = _build(spec, where, keras_version, ReplaySource(keras_weights, where), dtype, spec.name, None, custom)
         model.keras_config, model.keras_version, model.keras_weights = config, keras_version, keras_weights
         return check_runs(model.eval(), where)
 
@@ -131,23 +140,45 @@ def check_runs(model: KerasModel, path) -> KerasModel:
                                 f"({type(error).__name__}: {str(error)[:300]}); the config and the weights disagree")
 
 
-def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, where: str, progress) -> KerasModel:
+def _check_classes(spec: ModelSpec, custom: Mapping[str, Callable], path) -> None:
+    """One error naming every layer class (and where it is) that nothing here can build."""
+    missing: dict = {}
+
+    def walk(s: ModelSpec, where: str):
+        for layer in s.layers:
+            if layer.model is not None:
+                walk(layer.model, f"{where}/{layer.name}")
+            elif not layer.is_op and find_builder(layer.class_name, BUILDERS, custom) is None:
+                missing.setdefault(layer.class_name[:100], []).append((f"{where}/{layer.name}"[:200], layer.name))
+
+    walk(spec, spec.name)
+    if missing:
+        listed = "; ".join(f"{cls} (at {', '.join(p for p, _ in places[:3])}{', ...' if len(places) > 3 else ''})"
+                           for cls, places in list(missing.items())[:10])
+        example, places = next(iter(missing.items()))
+        example = short_name(example)
+        only = places[0][1] if len(missing) == 1 and len(places) == 1 else None
+        raise ConversionError(path, f"layer class{'es' if len(missing) > 1 else ''} not supported: {listed}. A model's "
+                                    f"own classes can be given builders: load_keras(..., custom_layers="
+                                    f"{{{example!r}: builder}}) (README: Custom layers)", only)
+
+
+def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, where: str, progress,
+           custom: Mapping[str, Callable]) -> KerasModel:
     modules = {}
     for i, layer in enumerate(spec.layers):
         if progress is not None:
             progress(i, len(spec.layers), f"{where}/{layer.name}")
         if layer.model is not None:
             child = source.for_layer(layer).child_source(layer.model)
-            modules[layer.name] = NestedModel(_build(layer.model, path, version, child, dtype, f"{where}/{layer.name}", progress))
+            modules[layer.name] = NestedModel(_build(layer.model, path, version, child, dtype, f"{where}/{layer.name}",
+                                                     progress, custom))
             continue
         ctx = BuildContext(path, version, layer, source.for_layer(layer), dtype)
         if layer.is_op:
             modules[layer.name] = build_op(layer, ctx)
             continue
-        build = BUILDERS.get(layer.class_name)
-        if build is None:
-            raise ConversionError(path, f"layer class {layer.class_name[:100]} is not supported (at {where}/{layer.name}; "
-                                        f"supported: {', '.join(sorted(BUILDERS))})", layer.name)
+        build = find_builder(layer.class_name, BUILDERS, custom)  # _check_classes made sure there is one
         try:
             modules[layer.name] = build(layer.config, ctx)
         except ConversionError:

@@ -39,6 +39,12 @@ class LayerWeights(abc.ABC):
     def child_source(self, spec: ModelSpec) -> "WeightSource":
         """Where a nested model held by this layer finds its layers' weights."""
 
+    @abc.abstractmethod
+    def take_all(self) -> List[np.ndarray]:
+        """Every weight the layer holds, for a layer whose variables this package does not know
+        (a custom_layers builder): in the keras3 layout its own vars/0.. first, then those of
+        its sub-objects by group path; in the legacy layout its weight_names order."""
+
 
 class WeightSource(abc.ABC):
     @abc.abstractmethod
@@ -81,6 +87,19 @@ class _Keras3Layer(LayerWeights):
 
     def child_source(self, spec: ModelSpec) -> "WeightSource":
         return Keras3Source(self.kf, spec, prefix=self.path, index=self.index)
+
+    def take_all(self):
+        base, _ = self._group("")
+        if base is None:
+            return []
+        own = f"{base}/vars"
+        subs = sorted(g for g in self.kf.groups if g.startswith(base + "/") and g.endswith("/vars") and g != own)
+        out = []
+        for group in ([own] if own in self.kf.groups else []) + subs:
+            vars_ = self.index.get(group, {})
+            for key in sorted(vars_, key=lambda k: int(k) if k.isdigit() else -1):
+                out.append(check_array(self.kf.path, f"{group}/{key}", vars_[key], self.layer))
+        return out
 
 
 class Keras3Source(WeightSource):
@@ -127,6 +146,9 @@ class _FlatLayer(LayerWeights):
     def child_source(self, spec: ModelSpec) -> "WeightSource":
         return _PoolSource(self.kf, self.datasets, self.where)
 
+    def take_all(self):
+        return [check_array(self.kf.path, name, array, self.layer) for name, array in self.datasets]
+
 
 class _PoolSource(WeightSource):
     """A nested model's weights in a legacy file: one flat list, taken layer by layer in order."""
@@ -148,6 +170,10 @@ class _PoolSource(WeightSource):
 
             def child_source(self, spec):
                 return source
+
+            def take_all(self):
+                raise ConversionError(source.kf.path, f"{source.where} keeps a nested model's weights in one list: "
+                                                      "where a custom layer's weights end cannot be told", layer.name)
 
         return _Slice()
 
@@ -198,6 +224,11 @@ class RecordingSource(WeightSource):
             def child_source(self, spec):
                 return RecordingSource(inner.child_source(spec), records, f"{key}/")
 
+            def take_all(self):
+                got = inner.take_all()
+                records.setdefault(key, []).append([[np.asarray(a) for a in got]])
+                return got
+
         return _Recorded()
 
 
@@ -213,13 +244,23 @@ class ReplaySource(WeightSource):
         source = self
 
         class _Replayed(LayerWeights):
-            def take(self, groups, shapes=None):
+            def _next(self):
                 takes = source.records.get(key, [])
                 i = source.used.get(key, 0)
                 if i >= len(takes):
                     raise ConversionError(source.path, "the converted file has no weights for this layer", layer.name)
                 source.used[key] = i + 1
-                got = takes[i]
+                return takes[i]
+
+            def take_all(self):
+                got = self._next()
+                if len(got) != 1:
+                    raise ConversionError(source.path, "the converted file holds this layer's weights in "
+                                                       f"{len(got)} groups; a custom layer takes one", layer.name)
+                return [np.asarray(a) for a in got[0]]
+
+            def take(self, groups, shapes=None):
+                got = self._next()
                 if [len(g) for g in got] != [n for _, n in groups]:
                     raise ConversionError(source.path, f"the converted file holds {[len(g) for g in got]} weights; "
                                                        f"the config implies {[n for _, n in groups]}", layer.name)
