@@ -43,11 +43,11 @@ class LayerSpec:
     def is_op(self) -> bool:
         """A Keras 3 operation recorded in a functional graph (e.g. the mask computations).
         Legacy .h5 configs drop `module`; there an op is told by its config, which (unlike a
-        layer's) has neither `trainable` nor `dtype`."""
+        layer's) has no `trainable` (an op may have a `dtype`: Cast, ConvertToTensor)."""
         if self.module:
             return self.module.startswith("keras.src.ops")
         return (bool(self.calls) and isinstance(self.calls[0].inputs, list) and "trainable" not in self.config
-                and "dtype" not in self.config and self.class_name not in MODEL_CLASSES)
+                and self.class_name not in MODEL_CLASSES)
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The Keras 3 operations recorded in functional graphs (keras.ops calls, mostly the mask
-computations: NotEqual, Any, ExpandDims, Cast, ...): build_op makes an Op module of one. They are
+computations: NotEqual, Any, ExpandDims, Cast, ConvertToTensor, ...): build_op makes an Op module of one. They are
 not layers, so they are not in BUILDERS; load.py builds them with build_op."""
 from __future__ import annotations
 
@@ -66,6 +66,8 @@ _OPS: Dict[str, Callable] = {
     "OnesLike": lambda cfg, ctx: Op(lambda x: torch.ones_like(x, dtype=_dtype_of(cfg, x)), "ones_like"),
     "Concatenate": lambda cfg, ctx: Op(lambda *xs: torch.cat(xs, dim=int(cfg.get("axis", 0))), f"axis={cfg.get('axis')}"),
     "Cast": lambda cfg, ctx: Op(lambda x: x.to(_dtype_of(cfg, x)), f"dtype={cfg.get('dtype')}"),
+    # (Attention.compute_mask records its query mask through keras.ops.convert_to_tensor)
+    "ConvertToTensor": lambda cfg, ctx: Op(lambda x: x.to(_dtype_of(cfg, x)), f"dtype={cfg.get('dtype')}"),
 }
 
 

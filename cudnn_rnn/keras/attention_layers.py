@@ -1,0 +1,276 @@
+"""The attention layers that sit beside recurrent encoders and decoders: Attention (Luong: dot or
+concat scores, use_scale), AdditiveAttention (Bahdanau) and MultiHeadAttention (over the time
+axis of [batch, time, features] inputs), with Keras's masks (query / value / key masks, an
+attention_mask tensor, use_causal_mask, sliding_window) and return_attention_scores.
+
+Semantics follow keras/src/layers/attention/{attention,additive_attention,multi_head_attention}.py
+(Keras 3.15) and their tf.keras 2 counterparts, which compute the same: scores at masked positions
+lowered by 1e9 before the softmax; Attention zeroes the outputs of masked query steps;
+a query step of MultiHeadAttention whose every key is masked attends uniformly to all of them
+(the -1e9 swamps every score), except in Keras 3 on its slow path (dropout > 0 or
+return_attention_scores: keras.layers.Softmax with a mask), which zeroes the masked
+probabilities. Keras 3's MultiHeadAttention also removes the masks from the tensors it reads, as
+a side effect that depends on the order Keras runs the graph in: a layer reading the same
+tensor after it then sees no mask there. That is not reproduced (README). The per-call options
+(use_causal_mask, return_attention_scores) and where each tensor comes from (positional or
+keyword: query=, value=, key=, attention_mask=) are read from the layer's calls in the graph.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .graph import Call, Ref
+from .registry import BuildContext, builder
+from .values import Values, check_shapes
+
+_NEG = 1e9  # Keras's large negative number for float32 scores
+
+
+def _call_options(ctx: BuildContext, names=("use_causal_mask", "return_attention_scores")) -> Dict[str, bool]:
+    """The boolean call options every call of the layer gives (the same for all calls)."""
+    seen = None
+    for call in ctx.spec.calls:
+        opts = {}
+        for name in names:
+            value = call.kwargs.get(name, False)
+            if not isinstance(value, bool):
+                raise ctx.error(f"call option {name}={str(value)[:40]!r}; expected true or false")
+            opts[name] = value
+        if seen is not None and opts != seen:
+            raise ctx.error(f"the layer is called with different options ({seen} and {opts}); one module serves "
+                            "every call, so they must agree")
+        seen = opts
+    return seen or {name: False for name in names}
+
+
+def _tensor_kwargs(call: Call) -> List[str]:
+    """The keyword arguments of a call that hold tensors, in the order the graph passes them on
+    (model.py: after the positional inputs and initial_state, by name)."""
+    return sorted(k for k, v in call.kwargs.items() if k not in ("initial_state", "mask") and isinstance(v, list)
+                  and v and all(isinstance(r, Ref) for r in v))
+
+
+def _binding(ctx: BuildContext, positional: List[str]) -> Dict[str, int]:
+    """Where each named argument sits in the module's inputs, the same for every call."""
+    seen = None
+    for call in ctx.spec.calls:
+        names = positional[: len(call.inputs)]
+        if len(call.inputs) > len(positional):
+            raise ctx.error(f"called with {len(call.inputs)} positional tensors; expected at most {len(positional)}")
+        for k in _tensor_kwargs(call):
+            if len(call.kwargs[k]) != 1:
+                raise ctx.error(f"call argument {k} holds {len(call.kwargs[k])} tensors; expected one")
+            names.append(k)
+        if len(set(names)) != len(names):
+            raise ctx.error(f"call arguments {names} name a tensor twice")
+        if seen is not None and names != seen:
+            raise ctx.error(f"the layer's calls pass their tensors differently ({seen} and {names})")
+        seen = names
+    return {name: i for i, name in enumerate(seen or [])}
+
+
+def _causal(tq: int, tv: int, device) -> Tensor:
+    """[1, Tq, Tv]: query step i may see value steps j <= i (Keras: row index >= column index)."""
+    rows = torch.arange(tq, device=device)[:, None]
+    cols = torch.arange(tv, device=device)[None, :]
+    return (rows >= cols)[None]
+
+
+def _and(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
+    if a is None:
+        return b
+    return a if b is None else a & b
+
+
+class DotAttention(nn.Module):
+    """keras.layers.Attention and AdditiveAttention: inputs [query, value(, key)], masks
+    [query mask, value mask(, key mask)]; outputs the attended values (and the scores)."""
+
+    def __init__(self, additive: bool, scale: Optional[Tensor], concat_weight: Optional[Tensor], dropout: float,
+                 causal: bool, return_scores: bool):
+        super().__init__()
+        self.additive = additive
+        self.scale = nn.Parameter(scale) if scale is not None else None
+        self.concat_weight = nn.Parameter(concat_weight) if concat_weight is not None else None
+        self.dropout, self.causal, self.return_scores = dropout, causal, return_scores
+
+    def keras_groups(self):
+        return [("", [p for p in (self.scale, self.concat_weight) if p is not None])]
+
+    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+        if self.additive:
+            t = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3))
+            return (t * self.scale if self.scale is not None else t).sum(-1)
+        if self.concat_weight is not None:
+            s = q.unsqueeze(-2) + k.unsqueeze(-3)
+            return self.concat_weight * torch.tanh(self.scale * s if self.scale is not None else s).sum(-1)
+        s = q @ k.transpose(-1, -2)
+        return s * self.scale if self.scale is not None else s
+
+    def forward(self, inputs, masks):
+        if len(inputs) not in (2, 3):
+            raise ValueError(f"attention takes [query, value] or [query, value, key]; got {len(inputs)} tensors")
+        q, v = inputs[0], inputs[1]
+        k = inputs[2] if len(inputs) > 2 else v
+        q_mask, v_mask = masks[0], masks[1]
+        s = self.scores(q, k)
+        score_mask = v_mask.unsqueeze(-2) if v_mask is not None else None
+        if self.causal:
+            score_mask = _and(score_mask, _causal(s.shape[-2], s.shape[-1], s.device))
+        if score_mask is not None:
+            s = torch.where(score_mask, s, s - _NEG)
+        w = torch.softmax(s, dim=-1)
+        out = F.dropout(w, self.dropout, self.training) @ v if self.dropout > 0 else w @ v
+        if q_mask is not None:
+            out = torch.where(q_mask.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype, device=out.device))
+        if self.return_scores:
+            return [out, w], [q_mask, None]
+        return [out], [q_mask]
+
+
+def _attention_options(cfg, ctx, additive: bool):
+    v = Values(cfg, ctx)
+    use_scale = v.bool("use_scale", additive)
+    score_mode = "dot" if additive else v.str("score_mode", "dot", choices=("dot", "concat"))
+    dropout = v.float("dropout", 0.0, 0.0, 1.0)
+    opts = _call_options(ctx)
+    causal = opts["use_causal_mask"] or v.bool("causal", False)  # tf.keras <= 2.9 kept it in the config
+    return use_scale, score_mode, min(dropout, 1.0 - 1e-7), causal, opts["return_attention_scores"]
+
+
+@builder("Attention")
+def build_attention(cfg, ctx):
+    use_scale, score_mode, dropout, causal, scores = _attention_options(cfg, ctx, additive=False)
+    n = int(use_scale) + int(score_mode == "concat")
+    (w,) = ctx.weights.take([("", n)])
+    check_shapes(ctx, "Attention", w, [()] * n)
+    scale = ctx.tensor(w[0]).data if use_scale else None
+    concat = ctx.tensor(w[-1]).data if score_mode == "concat" else None
+    return DotAttention(False, scale, concat, dropout, causal, scores)
+
+
+@builder("AdditiveAttention")
+def build_additive_attention(cfg, ctx):
+    use_scale, _, dropout, causal, scores = _attention_options(cfg, ctx, additive=True)
+    (w,) = ctx.weights.take([("", int(use_scale))])
+    check_shapes(ctx, "AdditiveAttention", w, [("dim",)] * int(use_scale))
+    return DotAttention(True, ctx.tensor(w[0]).data if use_scale else None, None, dropout, causal, scores)
+
+
+class MultiHeadAttention(nn.Module):
+    """keras.layers.MultiHeadAttention over the time axis of [B, T, F] query / value / key."""
+
+    def __init__(self, weights: Dict[str, List[Tensor]], num_heads: int, key_dim: int, dropout: float,
+                 binding: Dict[str, int], causal: bool, return_scores: bool, sliding_window: Optional[int],
+                 zero_masked: bool):
+        super().__init__()
+        self.names = list(weights)  # Keras's sub-layer order: query, key(, gate), value, output
+        self.proj = nn.ParameterDict({name: nn.Parameter(w[0]) for name, w in weights.items()})
+        self.bias = nn.ParameterDict({name: nn.Parameter(w[1]) for name, w in weights.items() if len(w) > 1})
+        self.num_heads, self.key_dim, self.dropout = num_heads, key_dim, dropout
+        self.binding, self.causal, self.return_scores, self.sliding_window = binding, causal, return_scores, sliding_window
+        self.zero_masked = zero_masked  # masked probabilities set to 0 after the softmax
+
+    def keras_groups(self):
+        return [(_GROUPS_KERAS3[name], [self.proj[name]] + ([self.bias[name]] if name in self.bias else []))
+                for name in self.names]
+
+    def _project(self, name: str, x: Tensor) -> Tensor:  # [B, T, F] -> [B, T, H, D]
+        y = torch.einsum("btf,fhd->bthd", x, self.proj[name])
+        return y + self.bias[name] if name in self.bias else y
+
+    def forward(self, inputs, masks):
+        at = self.binding
+        query, value = inputs[at["query"]], inputs[at["value"]]
+        key = inputs[at["key"]] if "key" in at else value
+        for name, t in (("query", query), ("value", value), ("key", key)):
+            if t.dim() != 3:
+                raise ValueError(f"MultiHeadAttention: {name} must be [batch, time, features]; got {tuple(t.shape)}")
+        # Keras 3 fills query_mask / value_mask / key_mask from the tensors' own masks
+        q_mask = masks[at["query"]]
+        v_mask = inputs[at["value_mask"]] if "value_mask" in at else masks[at["value"]]
+        k_mask = inputs[at["key_mask"]] if "key_mask" in at else (masks[at["key"]] if "key" in at else None)
+        mask = q_mask.bool().unsqueeze(-1) if q_mask is not None else None
+        mask = _and(mask, v_mask.bool().unsqueeze(-2) if v_mask is not None else None)
+        mask = _and(mask, k_mask.bool().unsqueeze(-2) if k_mask is not None else None)
+        tq, tv = query.shape[1], value.shape[1]
+        if self.causal:
+            mask = _and(mask, _causal(tq, tv, query.device))
+        if self.sliding_window is not None:
+            rows = torch.arange(tq, device=query.device)[:, None]
+            cols = torch.arange(tv, device=query.device)[None, :]
+            mask = _and(mask, ((rows - cols).abs() < self.sliding_window)[None])
+        if "attention_mask" in at:
+            given = inputs[at["attention_mask"]].bool()
+            mask = given if mask is None else given & mask
+        q = self._project("query", query) * (1.0 / math.sqrt(self.key_dim))
+        k = self._project("key", key)
+        v = self._project("value", value)
+        scores = torch.einsum("bshd,bthd->bhts", k, q)  # [B, H, Tq, Tv]
+        if mask is not None:
+            mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
+            scores = torch.where(mask, scores, torch.full((), -_NEG, dtype=scores.dtype, device=scores.device))
+        probs = torch.softmax(scores, dim=-1)
+        if mask is not None and self.zero_masked:
+            probs = torch.where(mask, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
+        attended = torch.einsum("bhts,bshd->bthd", F.dropout(probs, self.dropout, self.training), v)
+        if "gate" in self.proj:
+            attended = attended * torch.sigmoid(self._project("gate", query))
+        out = torch.einsum("bthd,hdo->bto", attended, self.proj["output"])
+        if "output" in self.bias:
+            out = out + self.bias["output"]
+        if self.return_scores:
+            return [out, probs], [q_mask, None]
+        return [out], [q_mask]
+
+
+_GROUPS_KERAS3 = {"query": "query_dense", "key": "key_dense", "gate": "_gate_dense", "value": "value_dense",
+                  "output": "output_dense"}
+
+
+@builder("MultiHeadAttention")
+def build_multi_head_attention(cfg, ctx):
+    v = Values(cfg, ctx)
+    heads, key_dim = v.int("num_heads", lo=1, hi=4096), v.int("key_dim", lo=1)
+    value_dim = v.int("value_dim", key_dim, lo=1)
+    use_bias, use_gate = v.bool("use_bias", True), v.bool("use_gate", False)
+    dropout = min(v.float("dropout", 0.0, 0.0, 1.0), 1.0 - 1e-7)
+    axes = cfg.get("attention_axes")
+    if axes not in (None, 1, [1], (1,), -3, [-3], (-3,)):
+        raise ctx.error(f"attention_axes={str(axes)[:40]}; only attention over the time axis of [batch, time, "
+                        "features] inputs is supported")
+    window = cfg.get("sliding_window")
+    if window is not None:
+        window = v.int("sliding_window", lo=1)
+    output_shape = cfg.get("output_shape")
+    if isinstance(output_shape, list) and len(output_shape) == 1:
+        output_shape = output_shape[0]
+    if output_shape is not None and (isinstance(output_shape, bool) or not isinstance(output_shape, int)):
+        raise ctx.error(f"output_shape={str(output_shape)[:40]}; only one output width is supported")
+    names = ["query", "key"] + (["gate"] if use_gate else []) + ["value", "output"]
+    per = 2 if use_bias else 1
+    groups = [(_GROUPS_KERAS3[n], per) for n in names]
+    arrays = ctx.weights.take(groups)
+    weights = {n: [ctx.tensor(a).data for a in w] for n, w in zip(names, arrays)}
+    d_out = "out" if output_shape is None else output_shape
+    expected = {"query": [("q", heads, key_dim), (heads, key_dim)], "key": [("k", heads, key_dim), (heads, key_dim)],
+                "gate": [("q", heads, value_dim), (heads, value_dim)],
+                "value": [("v", heads, value_dim), (heads, value_dim)],
+                "output": [(heads, value_dim, d_out), (d_out,)]}
+    check_shapes(ctx, "MultiHeadAttention", [a for n in names for a in arrays[names.index(n)]],
+                 [s for n in names for s in expected[n][:per]])
+    opts = _call_options(ctx)
+    binding = _binding(ctx, ["query", "value", "key"])
+    if "query" not in binding or "value" not in binding:
+        raise ctx.error("MultiHeadAttention is called without a query and a value tensor")
+    unknown = set(binding) - {"query", "value", "key", "attention_mask", "value_mask", "key_mask", "query_mask"}
+    if unknown:
+        raise ctx.error(f"MultiHeadAttention call arguments {sorted(unknown)} are not supported")
+    zero_masked = ctx.keras_major >= 3 and (dropout > 0 or opts["return_attention_scores"])
+    return MultiHeadAttention(weights, heads, key_dim, dropout, binding, opts["use_causal_mask"],
+                              opts["return_attention_scores"], window, zero_masked)
