@@ -133,7 +133,8 @@ def test_agreeing_cells_run_as_one_stack_and_the_others_apart(tmp_path):
 def test_initial_states_from_inputs_and_keras3_unmasked_call(kind, tmp_path):
     """Keras 3 passes no mask to a call that has initial_state tensors (Layer.__call__ fills
     `mask` only for a call with one tensor argument): the Masking below changes nothing there,
-    and the output carries no mask on (tf.keras masked it: the tfk_rnn_cells fixture)."""
+    though the output still carries the input's mask on to the next layer (tf.keras masked the
+    call too: the tfk_rnn_cells fixture)."""
     rng = np.random.RandomState(4)
     x_in = keras.Input((T, F))
     s_in = [keras.Input((5,)), keras.Input((5,)), keras.Input((3,))]
@@ -147,7 +148,7 @@ def test_initial_states_from_inputs_and_keras3_unmasked_call(kind, tmp_path):
         rnn = layers.Bidirectional(layers.RNN(layers.LSTMCell(5), return_sequences=True), merge_mode="sum")
         init = [s_in[0], s_in[1], s_in[1], s_in[0]]
     out = keras.tree.flatten(rnn(layers.Masking(0.0)(x_in), initial_state=init))
-    out[0] = layers.LSTM(2)(out[0])  # masked if a mask were passed on
+    out[0] = layers.LSTM(2)(out[0])  # masked: the mask goes on
     model = keras.Model([x_in] + s_in, out)
     model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
     x = rng.uniform(-1, 1, (B, T, F)).astype("float32")

@@ -38,20 +38,20 @@ class Recurrent(nn.Module):
         return [("cell", self.layer.layer_weights(0))]
 
     def forward(self, inputs, masks):
-        masks = masks_seen(inputs, masks, self.keras3_call)
         initial = list(inputs[1:]) or None
-        out = self.layer(inputs[0], mask=masks[0], initial_state=initial)
+        out = self.layer(inputs[0], mask=mask_run(inputs, masks, self.keras3_call), initial_state=initial)
         outs = out if isinstance(out, list) else [out]
         seq_mask = masks[0] if self.layer.return_sequences else None
         n_outputs = 2 if isinstance(self.layer, rnn_layers.Bidirectional) and self.layer.merge_mode is None else 1
         return outs, [seq_mask] * n_outputs + [None] * (len(outs) - n_outputs)
 
 
-def masks_seen(inputs, masks, keras3_call: bool):
-    """The masks a recurrent layer's call sees. Keras 3 fills a call's `mask` only when the call
-    has one tensor argument (keras/src/layers/layer.py, Layer.__call__), so an RNN called with
-    initial_state tensors runs unmasked and passes no mask on; tf.keras 2 masked it."""
-    return [None] * len(masks) if keras3_call and len(inputs) > 1 else masks
+def mask_run(inputs, masks, keras3_call: bool):
+    """The mask a recurrent layer's computation sees. Keras 3 fills a call's `mask` only when the
+    call has one tensor argument (keras/src/layers/layer.py, Layer.__call__), so an RNN called
+    with initial_state tensors runs unmasked (its output still carries the input's mask on, from
+    the first argument); tf.keras 2 masked it."""
+    return None if keras3_call and len(inputs) > 1 else masks[0]
 
 
 class CellStack(nn.Module):
@@ -99,17 +99,17 @@ class CellStack(nn.Module):
         return x, states
 
     def forward(self, inputs, masks):
-        masks = masks_seen(inputs, masks, self.keras3_call)
         initial = list(inputs[1:])
+        mask = mask_run(inputs, masks, self.keras3_call)
         if initial and len(initial) != self.state_count + (self.backward.state_count if self.backward else 0):
             raise ValueError(f"initial_state must be a list of {self.state_count} tensors (every cell's states, "
                              f"in order); got {len(initial)}")
-        y, states = self.run(inputs[0], masks[0], initial[: self.state_count])
+        y, states = self.run(inputs[0], mask, initial[: self.state_count])
         if self.backward is None:
             output = y if self.return_sequences else y[:, -1]
             outs = [output] + (states if self.return_state else [])
             return outs, [masks[0] if self.return_sequences else None] + [None] * (len(outs) - 1)
-        y_b, states_b = self.backward.run(inputs[0], masks[0], initial[self.state_count:])
+        y_b, states_b = self.backward.run(inputs[0], mask, initial[self.state_count:])
         if self.return_sequences:
             y_b = y_b.flip(1)  # Keras's Bidirectional puts the backward outputs back in time order
         else:
