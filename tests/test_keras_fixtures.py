@@ -25,6 +25,8 @@ CASES = [
     ("tfk_nested", "tfk_nested.h5", None),
     ("tfk_rnn_cells", "tfk_rnn_cells.h5", None),
     ("tfk_rnn_cells", "tfk_rnn_cells.keras", None),
+    ("tfk_attention", "tfk_attention.h5", None),
+    ("tfk_attention", "tfk_attention.keras", None),
 ]
 
 

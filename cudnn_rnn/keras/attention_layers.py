@@ -254,7 +254,8 @@ def build_multi_head_attention(cfg, ctx):
         raise ctx.error(f"output_shape={str(output_shape)[:40]}; only one output width is supported")
     names = ["query", "key"] + (["gate"] if use_gate else []) + ["value", "output"]
     per = 2 if use_bias else 1
-    groups = [(_GROUPS_KERAS3[n], per) for n in names]
+    # (tf.keras's .keras files name the sub-layers by their private attributes: _query_dense, ...)
+    groups = [((_GROUPS_KERAS3[n], "_" + _GROUPS_KERAS3[n].lstrip("_")), per) for n in names]
     arrays = ctx.weights.take(groups)
     weights = {n: [ctx.tensor(a).data for a in w] for n, w in zip(names, arrays)}
     d_out = "out" if output_shape is None else output_shape

@@ -9,8 +9,9 @@ Two layouts:
   `lstm/lstm_cell_1/kernel:0`, no `:0` in Keras 3), so weights are taken by that order only.
 
 A builder asks for its weights as groups [(sub-path, count), ...] in Keras's own variable order,
-e.g. Bidirectional [("forward_layer/cell", 3), ("backward_layer/cell", 3)]; the legacy layout
-splits the layer's flat list by the same counts.
+e.g. Bidirectional [("forward_layer/cell", 3), ("backward_layer/cell", 3)] (a sub-path may be a
+tuple of alternatives: MultiHeadAttention's "query_dense" is "_query_dense" in tf.keras files);
+the legacy layout splits the layer's flat list by the same counts.
 """
 from __future__ import annotations
 
@@ -61,12 +62,15 @@ class _Keras3Layer(LayerWeights):
     def __init__(self, kf: KerasFile, index: Dict[str, Dict[str, np.ndarray]], layer: str, path: str):
         self.kf, self.index, self.layer, self.path = kf, index, layer, path
 
-    def _group(self, sub: str):
-        full = "/".join(p for p in (self.path, sub) if p)
-        for candidate in (full, full.replace("layers", "_layer_checkpoint_dependencies")):
-            if candidate in self.kf.groups:
-                return candidate, candidate
-        return None, full
+    def _group(self, sub):
+        """(the group path found or None, the path named in errors); `sub` may be a tuple of
+        alternative sub-paths (Keras 3 and tf.keras name some sub-objects differently)."""
+        fulls = ["/".join(p for p in (self.path, alt) if p) for alt in (sub if isinstance(sub, tuple) else (sub,))]
+        for full in fulls:
+            for candidate in (full, full.replace("layers", "_layer_checkpoint_dependencies")):
+                if candidate in self.kf.groups:
+                    return candidate, candidate
+        return None, fulls[0]
 
     def take(self, groups, shapes=None):
         out = []
