@@ -112,7 +112,8 @@ def extension():
     # csrc's rooms, bottom up (README, "Architecture"): core/ knows no backend; cpu/ and
     # cudnn_host/ (the cuDNN logic that runs on the host, tested on the CPU) build on it; cuda/
     # only in a CUDA build; bindings/ (the _C module and its _testing hooks) on top.
-    sources = [os.path.join(CSRC, "core", f) for f in ("ops.cpp", "autograd.cpp", "rnn_config.cpp")]
+    sources = [os.path.join(CSRC, "core", f) for f in (
+        "ops.cpp", "autograd.cpp", "rnn_config.cpp", "conv_lstm.cpp", "conv_lstm_autograd.cpp")]
     for room in ("cpu", "cudnn_host", "bindings"):
         sources += sorted(glob.glob(os.path.join(CSRC, room, "*.cpp")))
     warn = ["-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"]

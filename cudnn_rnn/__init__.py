@@ -1,9 +1,11 @@
-"""Keras-exact recurrent layers (LSTM, GRU, SimpleRNN, Bidirectional) for PyTorch, run in C++."""
+"""Keras-exact recurrent layers (LSTM, GRU, SimpleRNN, Bidirectional, ConvLSTM1D/2D/3D) for PyTorch, run
+in C++."""
 import torch  # noqa: F401  (loads libtorch, which _C links against)
 
 from . import _C, ops
 from .explain import Explanation, explain
 from .keras import ConversionError, load_keras, save_keras
+from .conv_lstm import ConvLSTM1D, ConvLSTM2D, ConvLSTM3D
 from .layers import GRU, LSTM, Bidirectional, SimpleRNN, from_torch, to_torch
 
 __version__ = "0.1.0"
@@ -38,5 +40,5 @@ def build_info() -> dict:
     return dict(_C.build_info())
 
 
-__all__ = ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "explain", "Explanation", "from_torch", "to_torch",
+__all__ = ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D", "explain", "Explanation", "from_torch", "to_torch",
            "build_info", "set_cudnn_algorithm", "cudnn_algorithm", "cudnn_fallback_count", "empty_cpu_cache", "ops", "load_keras", "save_keras", "ConversionError"]

@@ -22,7 +22,8 @@ _INITIALIZERS = ("glorot_uniform", "glorot_normal", "orthogonal", "zeros", "ones
 
 
 def _init_(tensor: Tensor, name: str, argument: str) -> None:
-    """Keras initializers by name, for a Keras-layout 2-D [fan_in, fan_out] or 1-D tensor."""
+    """Keras initializers by name, for a Keras-layout 2-D [fan_in, fan_out] or 1-D tensor, or a
+    convolution kernel [*kernel_size, in, out] (fans times the receptive field, as Keras counts)."""
     if name not in _INITIALIZERS:
         raise ValueError(f"{argument} must be one of {list(_INITIALIZERS)}; got {name!r}")
     if tensor.dtype in (torch.float16, torch.bfloat16):
@@ -38,13 +39,17 @@ def _init_(tensor: Tensor, name: str, argument: str) -> None:
         elif name == "ones":
             tensor.fill_(1.0)
         elif name == "orthogonal":
-            nn.init.orthogonal_(tensor)
+            nn.init.orthogonal_(tensor.view(-1, tensor.shape[-1]) if tensor.dim() > 2 else tensor)
         elif name == "random_uniform":
             tensor.uniform_(-0.05, 0.05)
         elif name == "random_normal":
             tensor.normal_(0.0, 0.05)
         else:
-            fan_in, fan_out = (tensor.shape[0], tensor.shape[1]) if tensor.dim() == 2 else (tensor.numel(),) * 2
+            if tensor.dim() >= 2:
+                field = math.prod(tensor.shape[:-2])
+                fan_in, fan_out = tensor.shape[-2] * field, tensor.shape[-1] * field
+            else:
+                fan_in = fan_out = tensor.numel()
             scale = {"glorot": 2.0 / (fan_in + fan_out), "he": 2.0 / fan_in, "lecun": 1.0 / fan_in}[name.split("_")[0]]
             if name.endswith("uniform"):
                 limit = math.sqrt(3.0 * scale)

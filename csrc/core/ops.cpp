@@ -15,6 +15,16 @@
 // returns y [B, T, D*u], h_n [L*D, B, u], c_n [L*D, B, u] (LSTM) or [0], and the reserve that
 // rnn_backward reads: uint8 bytes whose size and layout belong to the backend that ran (the CPU's
 // saved activations, cuDNN's reserve space), so the fake kernel gives it a data-dependent size.
+//
+// conv_lstm_forward runs one ConvLSTM layer (Keras ConvLSTM1D/2D/3D), channels-first:
+//   x        [B, T, C, *S]  (S: 1 to 3 spatial sizes)
+//   kernel   [4F, C, *k]  recurrent_kernel [4F, F, *k]  bias [4F] or None  (gates i, f, c, o)
+//   mask     [B, T] bool;  h0, c0 [B, F, *S']
+//   dropout_mask [1 or 4, B, C, *S] and recurrent_dropout_mask [1 or 4, B, F, *S'] (per gate when 4)
+//   stride, pad_before, pad_after, dilation: the input convolution's (Keras "same" padding is
+//            asymmetric when the total is odd); the recurrent one is "same", stride 1
+// returns y [B, T, F, *S'] in processing order, h_n, c_n [B, F, *S'], and what backward reads:
+// z [T, B, 4F, *S'] (every step's gate pre-activations), hs and cs [T + 1, B, F, *S'].
 #include <torch/library.h>
 
 TORCH_LIBRARY(cudnn_rnn, m) {
@@ -29,4 +39,16 @@ TORCH_LIBRARY(cudnn_rnn, m) {
       "str recurrent_activation, bool use_bias, bool reset_after, int num_layers, bool bidirectional, "
       "bool go_backwards, bool zero_output_for_mask) "
       "-> (Tensor grad_x, Tensor[] grad_weights, Tensor grad_h0, Tensor grad_c0)");
+  m.def(
+      "conv_lstm_forward(Tensor x, Tensor kernel, Tensor recurrent_kernel, Tensor? bias, Tensor? mask, Tensor? h0, "
+      "Tensor? c0, Tensor? dropout_mask, Tensor? recurrent_dropout_mask, int[] stride, int[] pad_before, "
+      "int[] pad_after, int[] dilation, str activation, str recurrent_activation, bool go_backwards) "
+      "-> (Tensor y, Tensor h_n, Tensor c_n, Tensor z, Tensor hs, Tensor cs)");
+  m.def(
+      "conv_lstm_backward(Tensor grad_y, Tensor grad_h_n, Tensor grad_c_n, Tensor x, Tensor kernel, "
+      "Tensor recurrent_kernel, Tensor? bias, Tensor? mask, Tensor? dropout_mask, Tensor? recurrent_dropout_mask, "
+      "Tensor z, Tensor hs, Tensor cs, int[] stride, int[] pad_before, int[] pad_after, int[] dilation, "
+      "str activation, str recurrent_activation, bool go_backwards) "
+      "-> (Tensor grad_x, Tensor grad_kernel, Tensor grad_recurrent_kernel, Tensor grad_bias, Tensor grad_h0, "
+      "Tensor grad_c0)");
 }

@@ -1,0 +1,322 @@
+#include "core/conv_lstm.h"
+
+#include <c10/util/Exception.h>
+
+#include <string>
+#include <utility>
+
+#include "core/rnn_config.h"
+
+namespace cudnn_rnn {
+namespace conv {
+namespace {
+
+std::vector<int64_t> checked_list(at::IntArrayRef v, int64_t n, int64_t lo, const char* name) {
+  TORCH_CHECK_VALUE(static_cast<int64_t>(v.size()) == n, name, " must hold ", n, " values (one per spatial "
+                    "dimension); got ", v.size());
+  for (int64_t e : v) TORCH_CHECK_VALUE(e >= lo && e <= (int64_t(1) << 20), name, " values must be in [", lo,
+                                        ", 2^20]; got ", v);
+  return v.vec();
+}
+
+// A convolution with Keras's (possibly asymmetric) padding: symmetric padding goes to the
+// convolution itself, the rest is padded onto the input first.
+struct Conv {
+  std::vector<int64_t> stride, pad_before, pad_after, dilation;
+
+  bool symmetric() const { return pad_before == pad_after; }
+
+  Tensor padded(const Tensor& input) const {
+    if (symmetric()) return input;
+    std::vector<int64_t> pads;  // last dimension first
+    for (size_t d = pad_before.size(); d-- > 0;) {
+      pads.push_back(pad_before[d]);
+      pads.push_back(pad_after[d]);
+    }
+    return at::constant_pad_nd(input, pads, 0);
+  }
+
+  std::vector<int64_t> padding() const {
+    return symmetric() ? pad_before : std::vector<int64_t>(pad_before.size(), 0);
+  }
+
+  Tensor operator()(const Tensor& input, const Tensor& weight, const Tensor& bias) const {
+    const std::vector<int64_t> zeros(stride.size(), 0);
+    return at::convolution(padded(input), weight, bias.defined() ? c10::optional<Tensor>(bias) : c10::nullopt,
+                           stride, padding(), dilation, false, zeros, 1);
+  }
+
+  // Gradients of (input, weight, bias) for the outputs asked for; the input's cut back to the
+  // unpadded input.
+  std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& grad, const Tensor& input, const Tensor& weight,
+                                              bool want_input, bool want_weight, bool want_bias) const {
+    const std::vector<int64_t> zeros(stride.size(), 0);
+    const std::vector<int64_t> bias_sizes{weight.size(0)};
+    auto [gi, gw, gb] = at::convolution_backward(
+        grad, padded(input), weight, want_bias ? c10::OptionalIntArrayRef(bias_sizes) : c10::nullopt, stride,
+        padding(), dilation, false, zeros, 1, {want_input, want_weight, want_bias});
+    if (want_input && !symmetric()) {
+      for (size_t d = 0; d < pad_before.size(); ++d) gi = gi.narrow(2 + d, pad_before[d], input.size(2 + d));
+      gi = gi.contiguous();
+    }
+    return {gi, gw, gb};
+  }
+};
+
+struct Dims {
+  int64_t B, T, C, F;
+  std::vector<int64_t> S, Sp;  // input and state spatial sizes
+  int64_t input_groups, recurrent_groups;  // dropout mask gates: 1 or 4
+
+  std::vector<int64_t> shape(std::initializer_list<int64_t> lead, const std::vector<int64_t>& spatial) const {
+    std::vector<int64_t> out(lead);
+    out.insert(out.end(), spatial.begin(), spatial.end());
+    return out;
+  }
+};
+
+Conv recurrent_conv(const Tensor& recurrent_kernel) {
+  Conv c;
+  for (int64_t d = 2; d < recurrent_kernel.dim(); ++d) {
+    const int64_t total = recurrent_kernel.size(d) - 1;  // "same", stride 1
+    c.stride.push_back(1);
+    c.dilation.push_back(1);
+    c.pad_before.push_back(total / 2);
+    c.pad_after.push_back(total - total / 2);
+  }
+  return c;
+}
+
+void check_tensor(const Tensor& t, const Tensor& x, const char* name, const std::vector<int64_t>& shape) {
+  TORCH_CHECK_VALUE(t.sizes().vec() == shape, name, " must have shape ", at::IntArrayRef(shape), "; got ", t.sizes());
+  TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), name, " must be ", x.scalar_type(), " like x; got ",
+                   t.scalar_type());
+  TORCH_CHECK_VALUE(t.device() == x.device(), name, " must be on ", x.device(), " like x; got ", t.device());
+}
+
+void check_mask_tensor(const Tensor& m, const Tensor& x, const char* name, int64_t B, int64_t width,
+                       const std::vector<int64_t>& spatial) {
+  TORCH_CHECK_VALUE(m.dim() == static_cast<int64_t>(spatial.size()) + 3 && (m.size(0) == 1 || m.size(0) == 4) &&
+                        (m.size(1) == 1 || m.size(1) == B) && m.size(2) == width &&
+                        m.sizes().slice(3).vec() == spatial,
+                    name, " must have shape (1 or 4, 1 or ", B, ", ", width, ", ", at::IntArrayRef(spatial),
+                    "); got ", m.sizes());
+  check_tensor(m, x, name, m.sizes().vec());
+}
+
+Dims check(const ConvLstmTensors& in, const OptTensor& h0, const OptTensor& c0, const ConvLstmOptions& o) {
+  const Tensor& x = in.x;
+  TORCH_CHECK_VALUE(x.dim() >= 4 && x.dim() <= 6, "x must have shape (batch, time, channels, *spatial) with 1 to 3 "
+                    "spatial dimensions; got ", x.sizes());
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
+                   "x must be float32 or float64; got ", x.scalar_type());
+  const int64_t nd = x.dim() - 3;
+  Dims d;
+  d.B = x.size(0);
+  d.T = x.size(1);
+  d.C = x.size(2);
+  d.S = x.sizes().slice(3).vec();
+  TORCH_CHECK_VALUE(d.B > 0 && d.T > 0 && d.C > 0, "x must have batch, time and channels > 0; got ", x.sizes());
+  const Tensor& k = in.kernel;
+  TORCH_CHECK_VALUE(k.dim() == nd + 2 && k.size(0) > 0 && k.size(0) % 4 == 0 && k.size(1) == d.C,
+                    "kernel must have shape (4 * filters, ", d.C, ", *kernel_size) with ", nd, " kernel sizes; got ",
+                    k.sizes());
+  d.F = k.size(0) / 4;
+  check_tensor(k, x, "kernel", k.sizes().vec());
+  const Tensor& rk = in.recurrent_kernel;
+  TORCH_CHECK_VALUE(rk.dim() == nd + 2 && rk.size(0) == 4 * d.F && rk.size(1) == d.F,
+                    "recurrent_kernel must have shape (", 4 * d.F, ", ", d.F, ", *kernel_size); got ", rk.sizes());
+  check_tensor(rk, x, "recurrent_kernel", rk.sizes().vec());
+  if (in.bias.defined()) check_tensor(in.bias, x, "bias", {4 * d.F});
+  for (int64_t i = 0; i < nd; ++i) {
+    const int64_t span = o.dilation[i] * (k.size(2 + i) - 1) + 1;
+    const int64_t padded = d.S[i] + o.pad_before[i] + o.pad_after[i];
+    TORCH_CHECK_VALUE(padded >= span, "x's spatial size ", d.S[i], " (padded ", padded, ") is smaller than the "
+                      "kernel's dilated extent ", span, " in spatial dimension ", i);
+    d.Sp.push_back((padded - span) / o.stride[i] + 1);
+  }
+  if (in.mask.defined()) {
+    TORCH_CHECK_VALUE(in.mask.dim() == 2 && in.mask.size(0) == d.B && in.mask.size(1) == d.T,
+                      "mask must have shape (", d.B, ", ", d.T, "); got ", in.mask.sizes());
+    TORCH_CHECK_TYPE(in.mask.scalar_type() == at::kBool, "mask must be bool; got ", in.mask.scalar_type());
+    TORCH_CHECK_VALUE(in.mask.device() == x.device(), "mask must be on ", x.device(), "; got ", in.mask.device());
+  }
+  const std::vector<int64_t> state = d.shape({d.B, d.F}, d.Sp);
+  if (h0.has_value()) check_tensor(*h0, x, "h0", state);
+  if (c0.has_value()) check_tensor(*c0, x, "c0", state);
+  d.input_groups = d.recurrent_groups = 1;
+  if (in.dropout_mask.defined()) {
+    check_mask_tensor(in.dropout_mask, x, "dropout_mask", d.B, d.C, d.S);
+    d.input_groups = in.dropout_mask.size(0);
+  }
+  if (in.recurrent_dropout_mask.defined()) {
+    check_mask_tensor(in.recurrent_dropout_mask, x, "recurrent_dropout_mask", d.B, d.F, d.Sp);
+    d.recurrent_groups = in.recurrent_dropout_mask.size(0);
+  }
+  return d;
+}
+
+Conv input_conv(const ConvLstmOptions& o) { return Conv{o.stride, o.pad_before, o.pad_after, o.dilation}; }
+
+// x of gate group k as its convolution reads it: [B*T, C, *S], the dropout mask applied.
+Tensor input_of_group(const Tensor& x, const Tensor& dropout_mask, int64_t k, const Dims& d) {
+  Tensor xk = dropout_mask.defined() ? x * dropout_mask[k].unsqueeze(1) : x;
+  return xk.reshape(d.shape({d.B * d.T, d.C}, d.S));
+}
+
+// Step s's state and mask tensors: the real rows of time step t, and whether each row had a real
+// step before s (processing order).
+struct StepMasks {
+  Tensor real_by_step;  // [T, B] bool, processing order
+  Tensor seen_before;   // [T, B] bool
+};
+
+StepMasks step_masks(const Tensor& mask, bool go_backwards) {
+  if (!mask.defined()) return {};
+  Tensor by_step = (go_backwards ? mask.flip(1) : mask).t().contiguous();  // [T, B]
+  Tensor seen = by_step.to(at::kInt).cumsum(0).sub_(by_step.to(at::kInt)).gt(0).contiguous();
+  return {by_step, seen};
+}
+
+}  // namespace
+
+ConvLstmOptions make_options(at::IntArrayRef stride, at::IntArrayRef pad_before, at::IntArrayRef pad_after,
+                             at::IntArrayRef dilation, c10::string_view activation,
+                             c10::string_view recurrent_activation, bool go_backwards, int64_t spatial_dims) {
+  ConvLstmOptions o;
+  const int64_t nd = std::max<int64_t>(spatial_dims, 0);
+  o.stride = checked_list(stride, nd, 1, "stride");
+  o.pad_before = checked_list(pad_before, nd, 0, "pad_before");
+  o.pad_after = checked_list(pad_after, nd, 0, "pad_after");
+  o.dilation = checked_list(dilation, nd, 1, "dilation");
+  o.activation = parse_activation(std::string(activation), "activation");
+  o.recurrent_activation = parse_activation(std::string(recurrent_activation), "recurrent_activation");
+  o.go_backwards = go_backwards;
+  return o;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward(const ConvLstmTensors& in, const OptTensor& h0,
+                                                                   const OptTensor& c0, const ConvLstmOptions& o,
+                                                                   const CellSteps& steps) {
+  const Dims d = check(in, h0, c0, o);
+  const Tensor x = in.x.contiguous();
+  const auto opts = x.options();
+  const int64_t B = d.B, T = d.T, F = d.F, G = 4 * F;
+  const Conv conv_in = input_conv(o), conv_rec = recurrent_conv(in.recurrent_kernel);
+  const Tensor kernel = in.kernel.contiguous(), recurrent = in.recurrent_kernel.contiguous();
+
+  // Every timestep's input convolution at once, [B, T, 4F, *S'].
+  Tensor zin;
+  if (d.input_groups == 1) {
+    zin = conv_in(input_of_group(x, in.dropout_mask, 0, d), kernel, in.bias).view(d.shape({B, T, G}, d.Sp));
+  } else {
+    zin = at::empty(d.shape({B, T, G}, d.Sp), opts);
+    for (int64_t k = 0; k < 4; ++k) {
+      const Tensor bk = in.bias.defined() ? in.bias.narrow(0, k * F, F) : Tensor();
+      zin.narrow(2, k * F, F).copy_(conv_in(input_of_group(x, in.dropout_mask, k, d), kernel.narrow(0, k * F, F), bk)
+                                        .view(d.shape({B, T, F}, d.Sp)));
+    }
+  }
+
+  Tensor z = at::empty(d.shape({T, B, G}, d.Sp), opts);
+  Tensor hs = at::empty(d.shape({T + 1, B, F}, d.Sp), opts);
+  Tensor cs = at::empty(d.shape({T + 1, B, F}, d.Sp), opts);
+  Tensor y = at::empty(d.shape({B, T, F}, d.Sp), opts);
+  if (h0.has_value()) hs[0].copy_(*h0); else hs[0].zero_();
+  if (c0.has_value()) cs[0].copy_(*c0); else cs[0].zero_();
+  const StepMasks masks = step_masks(in.mask, o.go_backwards);
+  const int64_t Gr = d.recurrent_groups, wr = G / Gr;
+
+  for (int64_t s = 0; s < T; ++s) {
+    const int64_t t = o.go_backwards ? T - 1 - s : s;
+    const Tensor h_prev = hs[s];
+    Tensor zs = z[s];
+    const Tensor zin_t = zin.select(1, t);
+    for (int64_t k = 0; k < Gr; ++k) {
+      const Tensor hin = in.recurrent_dropout_mask.defined() ? h_prev * in.recurrent_dropout_mask[k] : h_prev;
+      const Tensor r = conv_rec(hin, Gr == 1 ? recurrent : recurrent.narrow(0, k * wr, wr), Tensor());
+      Tensor zk = Gr == 1 ? zs : zs.narrow(1, k * wr, wr);
+      at::add_out(zk, Gr == 1 ? zin_t : zin_t.narrow(1, k * wr, wr), r);
+    }
+    const Tensor real = in.mask.defined() ? masks.real_by_step[s] : Tensor();
+    const Tensor seen = in.mask.defined() ? masks.seen_before[s] : Tensor();
+    steps.forward(zs, h_prev, cs[s], real, seen, hs[s + 1], cs[s + 1], y.select(1, s), o.activation,
+                  o.recurrent_activation);
+  }
+  return {y, hs[T].clone(), cs[T].clone(), z, hs, cs};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor& grad_y, const Tensor& grad_h_n,
+                                                                    const Tensor& grad_c_n, const ConvLstmTensors& in,
+                                                                    const Tensor& z, const Tensor& hs, const Tensor& cs,
+                                                                    const ConvLstmOptions& o, const CellSteps& steps) {
+  const Dims d = check(in, c10::nullopt, c10::nullopt, o);
+  const int64_t B = d.B, T = d.T, F = d.F, G = 4 * F;
+  const std::vector<int64_t> state = d.shape({B, F}, d.Sp);
+  TORCH_CHECK_VALUE(z.sizes().vec() == d.shape({T, B, G}, d.Sp) && hs.sizes().vec() == d.shape({T + 1, B, F}, d.Sp) &&
+                        cs.sizes() == hs.sizes(),
+                    "z, hs and cs must be what conv_lstm_forward returned for these inputs; got shapes ", z.sizes(),
+                    ", ", hs.sizes(), ", ", cs.sizes());
+  check_tensor(grad_y, in.x, "grad_y", d.shape({B, T, F}, d.Sp));
+  check_tensor(grad_h_n, in.x, "grad_h_n", state);
+  check_tensor(grad_c_n, in.x, "grad_c_n", state);
+  const Tensor x = in.x.contiguous(), dy_all = grad_y.contiguous();
+  const Tensor zc = z.contiguous(), hsc = hs.contiguous(), csc = cs.contiguous();
+  const auto opts = x.options();
+  const Conv conv_in = input_conv(o), conv_rec = recurrent_conv(in.recurrent_kernel);
+  const Tensor kernel = in.kernel.contiguous(), recurrent = in.recurrent_kernel.contiguous();
+  const StepMasks masks = step_masks(in.mask, o.go_backwards);
+  const int64_t Gr = d.recurrent_groups, wr = G / Gr;
+
+  Tensor dz = at::empty(d.shape({T, B, G}, d.Sp), opts);  // processing order
+  Tensor dh = grad_h_n.contiguous().clone(), dc = grad_c_n.contiguous().clone();
+  Tensor dh_prev = at::empty(state, opts), dc_prev = at::empty(state, opts);
+  for (int64_t s = T - 1; s >= 0; --s) {
+    const Tensor real = in.mask.defined() ? masks.real_by_step[s] : Tensor();
+    const Tensor seen = in.mask.defined() ? masks.seen_before[s] : Tensor();
+    steps.backward(zc[s], csc[s], csc[s + 1], real, seen, dy_all.select(1, s), dh, dc, dz[s], dh_prev, dc_prev,
+                   o.activation, o.recurrent_activation);
+    for (int64_t k = 0; k < Gr; ++k) {
+      const Tensor wk = Gr == 1 ? recurrent : recurrent.narrow(0, k * wr, wr);
+      const Tensor gk = Gr == 1 ? dz[s] : dz[s].narrow(1, k * wr, wr);
+      Tensor gh = std::get<0>(conv_rec.backward(gk, hsc[s], wk, true, false, false));
+      if (in.recurrent_dropout_mask.defined()) gh.mul_(in.recurrent_dropout_mask[k]);
+      dh_prev.add_(gh);
+    }
+    std::swap(dh, dh_prev);
+    std::swap(dc, dc_prev);
+  }
+
+  // The recurrent kernel's gradient, every step at once.
+  Tensor grad_recurrent = at::empty_like(recurrent);
+  const Tensor h_all = hsc.narrow(0, 0, T);
+  for (int64_t k = 0; k < Gr; ++k) {
+    const Tensor hk = (in.recurrent_dropout_mask.defined() ? h_all * in.recurrent_dropout_mask[k].unsqueeze(0) : h_all)
+                          .reshape(d.shape({T * B, F}, d.Sp));
+    const Tensor gk = (Gr == 1 ? dz : dz.narrow(2, k * wr, wr)).reshape(d.shape({T * B, wr}, d.Sp));
+    const Tensor wk = Gr == 1 ? recurrent : recurrent.narrow(0, k * wr, wr);
+    const Tensor gw = std::get<1>(conv_rec.backward(gk, hk, wk, false, true, false));
+    (Gr == 1 ? grad_recurrent : grad_recurrent.narrow(0, k * wr, wr)).copy_(gw);
+  }
+
+  // The input side: x, kernel and bias from every step's gate gradients in time order.
+  const Tensor dz_time = (o.go_backwards ? dz.flip(0) : dz).transpose(0, 1).contiguous();  // [B, T, 4F, *S']
+  const int64_t Gi = d.input_groups, wi = G / Gi;
+  Tensor grad_x, grad_kernel = at::empty_like(kernel);
+  Tensor grad_bias = in.bias.defined() ? at::empty({G}, opts) : at::empty({0}, opts);
+  for (int64_t k = 0; k < Gi; ++k) {
+    const Tensor gk = (Gi == 1 ? dz_time : dz_time.narrow(2, k * wi, wi)).reshape(d.shape({B * T, wi}, d.Sp));
+    const Tensor wk = Gi == 1 ? kernel : kernel.narrow(0, k * wi, wi);
+    auto [gx, gw, gb] = conv_in.backward(gk, input_of_group(x, in.dropout_mask, k, d), wk, true, true,
+                                         in.bias.defined());
+    gx = gx.view(x.sizes());
+    if (in.dropout_mask.defined()) gx = gx * in.dropout_mask[k].unsqueeze(1);
+    grad_x = grad_x.defined() ? grad_x.add_(gx) : gx.contiguous();
+    (Gi == 1 ? grad_kernel : grad_kernel.narrow(0, k * wi, wi)).copy_(gw);
+    if (in.bias.defined()) (Gi == 1 ? grad_bias : grad_bias.narrow(0, k * wi, wi)).copy_(gb);
+  }
+  return {grad_x, grad_kernel, grad_recurrent, grad_bias, dh, dc};
+}
+
+}  // namespace conv
+}  // namespace cudnn_rnn

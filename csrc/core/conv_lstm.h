@@ -1,0 +1,105 @@
+// ConvLSTM (Keras ConvLSTM1D/2D/3D), device-generic: the convolutions through ATen (cuDNN on
+// CUDA, oneDNN on the CPU), the pointwise step through the backend's CellSteps. Shapes and
+// options: core/ops.cpp (conv_lstm_forward / conv_lstm_backward).
+//
+// Forward: the input convolution of every timestep as one batched convolution over [B*T, C, *S]
+// (with the bias); then per step the recurrent convolution of h (padding "same", stride 1) added
+// to that step's slice, and the fused cell. Backward: per step (reversed) the fused cell backward
+// and the recurrent convolution's input gradient; then the recurrent kernel's gradient as one
+// convolution backward over all steps, and the input side (x, kernel, bias) as one more.
+// Dropout masks with 4 gates run each gate's convolutions on its own masked input.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "core/cell_math.h"
+
+namespace cudnn_rnn {
+namespace conv {
+
+using at::Tensor;
+using OptTensor = c10::optional<Tensor>;
+
+struct ConvLstmOptions {
+  std::vector<int64_t> stride, pad_before, pad_after, dilation;
+  Activation activation = Activation::Tanh;
+  Activation recurrent_activation = Activation::Sigmoid;
+  bool go_backwards = false;
+};
+
+// The op's tensors; optional ones undefined when absent.
+struct ConvLstmTensors {
+  Tensor x, kernel, recurrent_kernel, bias, mask, dropout_mask, recurrent_dropout_mask;
+};
+
+// The pointwise step of one backend. Every state tensor is [B, F, *S'] contiguous, except `out`
+// and `dy` (a step of y, each batch row contiguous, rows out.stride(0) apart); z and dz are
+// [B, 4F, *S'] contiguous; real (bool [B], or undefined: every row real) and seen (bool [B]:
+// the row had a real step before this one) decide the masked rows (conv_lstm_cell.h).
+struct CellSteps {
+  void (*forward)(const Tensor& z, const Tensor& h_prev, const Tensor& c_prev, const Tensor& real,
+                  const Tensor& seen, const Tensor& h_new, const Tensor& c_new, const Tensor& out,
+                  Activation activation, Activation recurrent_activation);
+  void (*backward)(const Tensor& z, const Tensor& c_prev, const Tensor& c_new, const Tensor& real,
+                   const Tensor& seen, const Tensor& dy, const Tensor& dh, const Tensor& dc, const Tensor& dz,
+                   const Tensor& dh_prev, const Tensor& dc_prev, Activation activation,
+                   Activation recurrent_activation);
+};
+
+ConvLstmOptions make_options(at::IntArrayRef stride, at::IntArrayRef pad_before, at::IntArrayRef pad_after,
+                             at::IntArrayRef dilation, c10::string_view activation,
+                             c10::string_view recurrent_activation, bool go_backwards, int64_t spatial_dims);
+
+// y, h_n, c_n, z, hs, cs
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward(const ConvLstmTensors& in, const OptTensor& h0,
+                                                                   const OptTensor& c0, const ConvLstmOptions& o,
+                                                                   const CellSteps& steps);
+
+// grad_x, grad_kernel, grad_recurrent_kernel, grad_bias (or an empty tensor), grad_h0, grad_c0
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor& grad_y, const Tensor& grad_h_n,
+                                                                    const Tensor& grad_c_n, const ConvLstmTensors& in,
+                                                                    const Tensor& z, const Tensor& hs, const Tensor& cs,
+                                                                    const ConvLstmOptions& o, const CellSteps& steps);
+
+// The kernels of one dispatch key: Backend::steps() gives its CellSteps.
+template <class Backend>
+struct ConvLstmKernels {
+  static std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward(
+      const Tensor& x, const Tensor& kernel, const Tensor& recurrent_kernel, const OptTensor& bias,
+      const OptTensor& mask, const OptTensor& h0, const OptTensor& c0, const OptTensor& dropout_mask,
+      const OptTensor& recurrent_dropout_mask, at::IntArrayRef stride, at::IntArrayRef pad_before,
+      at::IntArrayRef pad_after, at::IntArrayRef dilation, c10::string_view activation,
+      c10::string_view recurrent_activation, bool go_backwards) {
+    const ConvLstmOptions o = make_options(stride, pad_before, pad_after, dilation, activation, recurrent_activation,
+                                           go_backwards, x.dim() - 3);
+    return conv::forward({x, kernel, recurrent_kernel, bias.value_or(Tensor()), mask.value_or(Tensor()),
+                          dropout_mask.value_or(Tensor()), recurrent_dropout_mask.value_or(Tensor())},
+                         h0, c0, o, Backend::steps());
+  }
+
+  static std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(
+      const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x, const Tensor& kernel,
+      const Tensor& recurrent_kernel, const OptTensor& bias, const OptTensor& mask, const OptTensor& dropout_mask,
+      const OptTensor& recurrent_dropout_mask, const Tensor& z, const Tensor& hs, const Tensor& cs,
+      at::IntArrayRef stride, at::IntArrayRef pad_before, at::IntArrayRef pad_after, at::IntArrayRef dilation,
+      c10::string_view activation, c10::string_view recurrent_activation, bool go_backwards) {
+    const ConvLstmOptions o = make_options(stride, pad_before, pad_after, dilation, activation, recurrent_activation,
+                                           go_backwards, x.dim() - 3);
+    return conv::backward(grad_y, grad_h_n, grad_c_n,
+                          {x, kernel, recurrent_kernel, bias.value_or(Tensor()), mask.value_or(Tensor()),
+                           dropout_mask.value_or(Tensor()), recurrent_dropout_mask.value_or(Tensor())},
+                          z, hs, cs, o, Backend::steps());
+  }
+
+  static void register_kernels(torch::Library& m) {
+    m.impl("conv_lstm_forward", &forward);
+    m.impl("conv_lstm_backward", &backward);
+  }
+};
+
+}  // namespace conv
+}  // namespace cudnn_rnn
