@@ -1,0 +1,67 @@
+// CUDA kernels of ConvLSTM's pointwise step: one thread per (batch row, state element) running
+// core/conv_lstm_cell.h.
+#include <c10/cuda/CUDAException.h>
+#include <c10/macros/Macros.h>
+
+#include "core/conv_lstm_cell.h"
+#include "cuda/conv_lstm_kernels.h"
+
+namespace cudnn_rnn {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned int blocks_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return blocks > 2147483647LL ? 0u : static_cast<unsigned int>(blocks);  // grid x: at most 2^31 - 1
+}
+
+template <typename T>
+__global__ void conv_cell_forward_kernel(ConvCellForward<T> p) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= p.batch * p.n) return;
+  const int64_t b = idx / p.n, e = idx % p.n;
+  const bool real = p.real == nullptr || p.real[b];
+  const bool seen = p.seen != nullptr && p.seen[b];
+  conv::cell_forward<T>(p.act, p.ract, p.z + b * 4 * p.n + e, p.n, p.h_prev[idx], p.c_prev[idx], real, seen,
+                        p.h_new + idx, p.c_new + idx, p.out + b * p.out_stride + e);
+}
+
+template <typename T>
+__global__ void conv_cell_backward_kernel(ConvCellBackward<T> p) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= p.batch * p.n) return;
+  const int64_t b = idx / p.n, e = idx % p.n;
+  const bool real = p.real == nullptr || p.real[b];
+  const bool seen = p.seen != nullptr && p.seen[b];
+  conv::cell_backward<T>(p.act, p.ract, p.z + b * 4 * p.n + e, p.n, p.c_prev[idx], p.c_new[idx], real, seen,
+                         p.dy[b * p.dy_stride + e], p.dh[idx], p.dc[idx], p.dz + b * 4 * p.n + e, p.dh_prev + idx,
+                         p.dc_prev + idx);
+}
+
+}  // namespace
+
+template <typename T>
+void launch_conv_cell_forward(const ConvCellForward<T>& p, cudaStream_t stream) {
+  const int64_t n = p.batch * p.n;
+  if (n == 0) return;
+  conv_cell_forward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void launch_conv_cell_backward(const ConvCellBackward<T>& p, cudaStream_t stream) {
+  const int64_t n = p.batch * p.n;
+  if (n == 0) return;
+  conv_cell_backward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template void launch_conv_cell_forward<float>(const ConvCellForward<float>&, cudaStream_t);
+template void launch_conv_cell_forward<double>(const ConvCellForward<double>&, cudaStream_t);
+template void launch_conv_cell_backward<float>(const ConvCellBackward<float>&, cudaStream_t);
+template void launch_conv_cell_backward<double>(const ConvCellBackward<double>&, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace cudnn_rnn

@@ -1,0 +1,53 @@
+// ConvLSTM's pointwise step on CUDA (core/conv_lstm_cell.h, one thread per state element),
+// declared without ATen types so that conv_lstm_cuda.cpp stays plain C++ and only the .cu needs nvcc.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/cell_math.h"
+
+namespace cudnn_rnn {
+namespace cuda {
+
+// Per step: batch rows of n = F * S' state elements; z / dz rows hold 4n; out / dy rows are
+// out_stride / dy_stride apart; real / seen: bool [batch] or null (every row real).
+template <typename T>
+struct ConvCellForward {
+  const T* z;
+  const T* h_prev;
+  const T* c_prev;
+  const bool* real;
+  const bool* seen;
+  T* h_new;
+  T* c_new;
+  T* out;
+  int64_t out_stride, batch, n;
+  Activation act, ract;
+};
+
+template <typename T>
+struct ConvCellBackward {
+  const T* z;
+  const T* c_prev;
+  const T* c_new;
+  const bool* real;
+  const bool* seen;
+  const T* dy;
+  const T* dh;
+  const T* dc;
+  T* dz;
+  T* dh_prev;
+  T* dc_prev;
+  int64_t dy_stride, batch, n;
+  Activation act, ract;
+};
+
+template <typename T>
+void launch_conv_cell_forward(const ConvCellForward<T>& p, cudaStream_t stream);
+template <typename T>
+void launch_conv_cell_backward(const ConvCellBackward<T>& p, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace cudnn_rnn

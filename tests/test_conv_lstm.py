@@ -1,0 +1,298 @@
+"""ConvLSTM1D / ConvLSTM2D / ConvLSTM3D against Keras 3 itself (torch backend): random
+configurations (kernel sizes odd and even, strides, dilation, valid / same padding, both data
+formats, activations, use_bias, masks of every kind, go_backwards, initial states, returned
+sequences and states), float32 within 1e-5 and float64; training-mode dropout with Keras's own
+masks imposed on both sides; gradients by gradcheck (float64) and against Keras's autograd;
+stateful layers; the op's registration (opcheck) and its errors."""
+import numpy as np
+import pytest
+import torch
+
+import cudnn_rnn
+from keras_oracle import keras  # noqa: F401  (sets KERAS_BACKEND=torch before importing keras)
+
+ATOL = RTOL = 1e-5
+SPATIAL = {1: (7,), 2: (6, 5), 3: (4, 5, 3)}
+ACTIVATIONS = ["tanh", "relu", "sigmoid", "softsign", "hard_sigmoid"]
+
+
+def make_mask(kind, batch, time, rng):
+    if kind == "none":
+        return None
+    m = np.ones((batch, time), dtype=bool)
+    if kind == "right":
+        for b, n in enumerate(rng.randint(1, time + 1, size=batch)):
+            m[b, n:] = False
+    elif kind == "left":
+        for b, n in enumerate(rng.randint(0, time, size=batch)):
+            m[b, :n] = False
+    elif kind == "holes":
+        m = rng.rand(batch, time) < 0.6
+        m[0, :] = False  # a row with no real step
+    return m
+
+
+def random_case(seed):
+    rng = np.random.RandomState(seed)
+    rank = int(rng.choice([1, 2, 3]))
+    kernel = tuple(int(k) for k in rng.choice([1, 2, 3], size=rank))
+    kw = dict(padding=str(rng.choice(["valid", "same"])), data_format=str(rng.choice(["channels_last",
+                                                                                       "channels_first"])),
+              activation=str(rng.choice(ACTIVATIONS)), recurrent_activation=str(rng.choice(ACTIVATIONS)),
+              use_bias=bool(rng.rand() < 0.8), return_sequences=bool(rng.rand() < 0.6),
+              return_state=bool(rng.rand() < 0.4), go_backwards=bool(rng.rand() < 0.3))
+    if rng.rand() < 0.3:
+        kw["strides"] = tuple(int(s) for s in rng.choice([1, 2], size=rank))
+    elif rng.rand() < 0.3:
+        kw["dilation_rate"] = tuple(int(d) for d in rng.choice([1, 2], size=rank))
+    batch, time, channels, filters = int(rng.randint(1, 4)), int(rng.randint(1, 5)), int(rng.randint(1, 4)), int(
+        rng.randint(1, 4))
+    spatial = SPATIAL[rank]
+    if kw["padding"] == "valid" and "dilation_rate" in kw:
+        spatial = tuple(s + 2 for s in spatial)
+    return rank, channels, filters, kernel, kw, batch, time, spatial, rng
+
+
+def build_pair(rank, channels, filters, kernel, kw, rng, dtype=torch.float32):
+    ours = getattr(cudnn_rnn, f"ConvLSTM{rank}D")(channels, filters, kernel, dtype=dtype, **kw)
+    keras_layer = getattr(keras.layers, f"ConvLSTM{rank}D")(filters, kernel, dtype=str(dtype).split(".")[1], **kw)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(int(rng.randint(1 << 30))))
+    return ours, keras_layer
+
+
+def copy_to_keras(ours, keras_layer, x_shape):
+    keras_layer.build(x_shape)
+    keras_layer.set_weights([p.detach().numpy() for p in ours.parameters()])
+
+
+def run_keras(keras_layer, x, mask, initial_state, training=False):
+    kwargs = {}
+    if mask is not None:
+        kwargs["mask"] = keras.ops.convert_to_tensor(mask)
+    if initial_state is not None:
+        kwargs["initial_state"] = [keras.ops.convert_to_tensor(s.numpy()) for s in initial_state]
+    out = keras_layer(keras.ops.convert_to_tensor(x.numpy()), training=training, **kwargs)
+    out = out if isinstance(out, (list, tuple)) else [out]
+    return [torch.as_tensor(np.asarray(keras.ops.convert_to_numpy(t))) for t in out]
+
+
+def x_shape(kw, batch, time, channels, spatial):
+    if kw["data_format"] == "channels_last":
+        return (batch, time, *spatial, channels)
+    return (batch, time, channels, *spatial)
+
+
+def assert_close(ours, expected, atol=ATOL, rtol=RTOL):
+    ours = ours if isinstance(ours, list) else [ours]
+    assert len(ours) == len(expected)
+    for i, (a, b) in enumerate(zip(ours, expected)):
+        assert tuple(a.shape) == tuple(b.shape), f"output {i}: shape {tuple(a.shape)}, Keras {tuple(b.shape)}"
+        torch.testing.assert_close(a.detach(), b.to(a.dtype), atol=atol, rtol=rtol, msg=lambda m: f"output {i}: {m}")
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("seed", range(48))
+def test_random_conv_lstm_matches_keras(seed):
+    rank, channels, filters, kernel, kw, batch, time, spatial, rng = random_case(seed)
+    ours, keras_layer = build_pair(rank, channels, filters, kernel, kw, rng)
+    shape = x_shape(kw, batch, time, channels, spatial)
+    x = torch.from_numpy(rng.uniform(-1, 1, size=shape).astype(np.float32))
+    copy_to_keras(ours, keras_layer, shape)
+    mask = make_mask(str(rng.choice(["none", "right", "left", "holes"])), batch, time, rng)
+    initial = None
+    if rng.rand() < 0.3:
+        state = ours.output_spatial(spatial)
+        s_shape = (batch, *state, filters) if kw["data_format"] == "channels_last" else (batch, filters, *state)
+        initial = [torch.from_numpy(rng.uniform(-1, 1, size=s_shape).astype(np.float32)) for _ in range(2)]
+    got = ours(x, mask=None if mask is None else torch.from_numpy(mask), initial_state=initial)
+    assert_close(got, run_keras(keras_layer, x, mask, initial))
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_float64_matches_keras(rank):
+    rng = np.random.RandomState(rank)
+    kw = dict(padding="same", data_format="channels_last", activation="tanh", recurrent_activation="sigmoid",
+              use_bias=True, return_sequences=True, return_state=True, go_backwards=False)
+    ours, keras_layer = build_pair(rank, 2, 3, 2, kw, rng, dtype=torch.float64)
+    shape = (2, 4, *SPATIAL[rank], 2)
+    x = torch.from_numpy(rng.uniform(-1, 1, size=shape))
+    copy_to_keras(ours, keras_layer, shape)
+    mask = make_mask("holes", 2, 4, rng)
+    assert_close(ours(x, mask=torch.from_numpy(mask)), run_keras(keras_layer, x, mask, None), atol=1e-12, rtol=1e-12)
+
+
+def _keras_dropout(keras_layer, input_mask, recurrent_mask):
+    """Keras's cell draws its masks in get_dropout_mask / get_recurrent_dropout_mask: these
+    return the given ones instead."""
+    cell = keras_layer.cell
+    cell.get_dropout_mask = lambda step_input: keras.ops.convert_to_tensor(input_mask)
+    cell.get_recurrent_dropout_mask = lambda step_input: keras.ops.convert_to_tensor(recurrent_mask)
+
+
+@pytest.mark.keras
+def test_training_dropout_with_keras_masks_matches_keras():
+    """Keras 3's ConvLSTMCell takes gate k's mask as row k of its one [B, *S, C] mask (a
+    batch-row index, so every sample shares it): imposed on both sides, as our [4, 1, ...] masks."""
+    rng = np.random.RandomState(5)
+    kw = dict(padding="same", data_format="channels_last", activation="tanh", recurrent_activation="sigmoid",
+              use_bias=True, return_sequences=True, return_state=False, go_backwards=False, dropout=0.3,
+              recurrent_dropout=0.4)
+    ours, keras_layer = build_pair(2, 3, 2, 3, kw, rng)
+    shape = (4, 5, 6, 5, 3)
+    x = torch.from_numpy(rng.uniform(-1, 1, size=shape).astype(np.float32))
+    copy_to_keras(ours, keras_layer, shape)
+    drop_in = ((rng.rand(4, 6, 5, 3) > 0.3) / 0.7).astype(np.float32)        # Keras: [B, *S, C]
+    drop_rec = ((rng.rand(4, 6, 5, 2) > 0.4) / 0.6).astype(np.float32)       # [B, *S', F]
+    _keras_dropout(keras_layer, drop_in, drop_rec)
+    ours_in = torch.from_numpy(drop_in).permute(0, 3, 1, 2).unsqueeze(1)   # [4 gates, 1, C, *S]
+    ours_rec = torch.from_numpy(drop_rec).permute(0, 3, 1, 2).unsqueeze(1)
+    ours.dropout_masks = lambda x_op, state, training: (ours_in, ours_rec)
+    ours.train()
+    mask = make_mask("right", 4, 5, rng)
+    assert_close(ours(x, mask=torch.from_numpy(mask)), run_keras(keras_layer, x, mask, None, training=True))
+
+
+def test_own_dropout_masks_per_gate_and_sequence():
+    layer = cudnn_rnn.ConvLSTM2D(3, 2, 3, padding="same", dropout=0.5, recurrent_dropout=0.5, seed=3)
+    x = torch.randn(2, 4, 5, 5, 3)
+    dmask, rmask = layer.dropout_masks(layer._to_op(x, 2), (2, 2, 5, 5), training=True)
+    assert dmask.shape == (4, 2, 3, 5, 5) and rmask.shape == (4, 2, 2, 5, 5)
+    assert set(torch.unique(dmask).tolist()) <= {0.0, 2.0} and bool((dmask == 0).any())
+    assert layer.dropout_masks(x, (2, 2, 5, 5), training=False) == (None, None)
+    layer.eval()
+    torch.testing.assert_close(layer(x), layer(x))
+    layer.train()
+    a, b = layer(x), layer(x)
+    assert not torch.allclose(a, b)  # a new mask per call
+
+
+@pytest.mark.parametrize("kw", [
+    dict(padding="valid"),
+    dict(padding="same", kernel_size=2, strides=2, go_backwards=True),
+    dict(padding="same", dilation_rate=2, activation="relu", recurrent_activation="hard_sigmoid"),
+], ids=["valid", "even-strided-backwards", "dilated-relu"])
+def test_gradcheck(kw):
+    kw = dict(kw)
+    kernel = kw.pop("kernel_size", 3)
+    torch.manual_seed(0)
+    layer = cudnn_rnn.ConvLSTM2D(2, 2, kernel, return_sequences=True, return_state=True, dtype=torch.float64, **kw)
+    x = torch.randn(3, 4, 5, 5, 2, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 1, 0, 1]], dtype=torch.bool)
+    state = layer.output_spatial((5, 5))
+    h0 = torch.randn(3, *state, 2, dtype=torch.float64, requires_grad=True)
+    c0 = torch.randn(3, *state, 2, dtype=torch.float64, requires_grad=True)
+    params = list(layer.parameters())
+
+    # the parameters as gradcheck's inputs: the layer reads these tensors in their place
+    def g(x, h0, c0, kernel, recurrent, bias):
+        layer.kernel, layer.recurrent_kernel, layer.bias = kernel, recurrent, bias
+        return tuple(layer(x, mask=mask, initial_state=[h0, c0]))
+
+    inputs = (x, h0, c0) + tuple(p.detach().clone().requires_grad_(True) for p in params)
+    for name in ("kernel", "recurrent_kernel", "bias"):
+        delattr(layer, name)
+    assert torch.autograd.gradcheck(g, inputs, atol=1e-6, rtol=1e-5)
+
+
+def test_gradcheck_with_dropout_masks():
+    torch.manual_seed(1)
+    layer = cudnn_rnn.ConvLSTM1D(2, 3, 3, padding="same", return_sequences=True, dtype=torch.float64)
+    x = torch.randn(2, 3, 6, 2, dtype=torch.float64, requires_grad=True)
+    dm = (torch.rand(4, 2, 2, 6, dtype=torch.float64) > 0.3).double() / 0.7
+    rm = (torch.rand(4, 2, 3, 6, dtype=torch.float64) > 0.3).double() / 0.7
+    op = torch.ops.cudnn_rnn.conv_lstm_forward
+
+    def f(x, k, r, b):
+        return op(x.permute(0, 1, 3, 2), k, r, b, None, None, None, dm, rm, [1], [1], [1], [1], "tanh", "sigmoid",
+                  False)[0]
+
+    k = torch.randn(12, 2, 3, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(12, 3, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(12, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(f, (x, k, r, b), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.keras
+def test_gradients_match_keras_autograd():
+    """Keras 3 on the torch backend is differentiable by torch.autograd: same loss, same grads."""
+    rng = np.random.RandomState(8)
+    kw = dict(padding="same", data_format="channels_last", activation="tanh", recurrent_activation="sigmoid",
+              use_bias=True, return_sequences=True, return_state=False, go_backwards=True)
+    ours, keras_layer = build_pair(2, 2, 3, 3, kw, rng)
+    shape = (3, 4, 5, 4, 2)
+    x = torch.from_numpy(rng.uniform(-1, 1, size=shape).astype(np.float32))
+    copy_to_keras(ours, keras_layer, shape)
+    mask = make_mask("holes", 3, 4, rng)
+    xo = x.clone().requires_grad_(True)
+    (ours(xo, mask=torch.from_numpy(mask)) ** 2).sum().backward()
+    xk = x.clone().requires_grad_(True)
+    (keras_layer(xk, mask=torch.from_numpy(mask)) ** 2).sum().backward()
+    torch.testing.assert_close(xo.grad, xk.grad, atol=1e-5, rtol=1e-5)
+    for p, v in zip(ours.parameters(), keras_layer.weights):
+        torch.testing.assert_close(p.grad, v.value.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.keras
+def test_stateful_carries_states_across_calls():
+    rng = np.random.RandomState(2)
+    kw = dict(padding="same", data_format="channels_last", activation="tanh", recurrent_activation="sigmoid",
+              use_bias=True, return_sequences=False, return_state=False, go_backwards=False, stateful=True)
+    ours, keras_layer = build_pair(1, 2, 3, 3, kw, rng)
+    shape = (2, 3, 6, 2)
+    copy_to_keras(ours, keras_layer, shape)
+    for _ in range(3):
+        x = torch.from_numpy(rng.uniform(-1, 1, size=shape).astype(np.float32))
+        assert_close(ours(x), run_keras(keras_layer, x, None, None))
+    ours.reset_states()
+    keras_layer.reset_state()
+    assert_close(ours(x), run_keras(keras_layer, x, None, None))
+
+
+def test_opcheck():
+    x = torch.randn(2, 3, 2, 5, 4)
+    k, r, b = torch.randn(8, 2, 3, 3), torch.randn(8, 2, 3, 3), torch.randn(8)
+    mask = torch.tensor([[True, False, True], [True, True, False]])
+    args = (x, k, r, b, mask, None, None, None, None, [1, 1], [1, 1], [1, 1], [1, 1], "tanh", "sigmoid", True)
+    torch.library.opcheck(torch.ops.cudnn_rnn.conv_lstm_forward.default, args)
+    xg = x.clone().requires_grad_(True)
+    torch.library.opcheck(torch.ops.cudnn_rnn.conv_lstm_forward.default, (xg,) + args[1:])
+
+
+def test_compiles_without_graph_breaks():
+    layer = cudnn_rnn.ConvLSTM2D(2, 3, 3, padding="same", return_sequences=True)
+    x = torch.randn(2, 4, 5, 5, 2)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), layer(x))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda l: l(torch.randn(2, 3, 5, 5)), r"x must have shape \(batch, time, \*spatial, channels\) with 2 spatial"),
+    (lambda l: l(torch.randn(2, 3, 5, 5, 3)), "and 2 channels; got"),
+    (lambda l: l(torch.randn(2, 3, 5, 5, 2, dtype=torch.float64)), "x must be torch.float32"),
+    (lambda l: l(torch.randn(2, 3, 5, 5, 2), mask=torch.ones(2, 4, dtype=torch.bool)), r"mask must have shape \(2, 3\)"),
+    (lambda l: l(torch.randn(2, 3, 2, 2, 2)), "smaller than the kernel's extent 3"),
+    (lambda l: l(torch.randn(2, 3, 5, 5, 2), initial_state=[torch.zeros(2, 3, 3, 3)]), "list of 2 tensors"),
+    (lambda l: l(torch.randn(2, 3, 5, 5, 2), initial_state=[torch.zeros(2, 5, 5, 3)] * 2),
+     r"initial_state\[0\] must have shape \(2, 3, 3, 3\)"),
+])
+def test_bad_input_is_named(call, message):
+    layer = cudnn_rnn.ConvLSTM2D(2, 3, 3)
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(layer)
+
+
+def test_op_checks_its_arguments():
+    op = torch.ops.cudnn_rnn.conv_lstm_forward
+    x, k, r = torch.randn(2, 3, 2, 5), torch.randn(8, 2, 3), torch.randn(8, 2, 3)
+    with pytest.raises(ValueError, match=r"recurrent_kernel must have shape \(8, 2, \*kernel_size\)"):
+        op(x, k, torch.randn(8, 3, 3), None, None, None, None, None, None, [1], [0], [0], [1], "tanh", "sigmoid", False)
+    with pytest.raises(ValueError, match="stride must hold 1 values"):
+        op(x, k, r, None, None, None, None, None, None, [1, 1], [0], [0], [1], "tanh", "sigmoid", False)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        op(x, k, r, None, None, None, None, None, None, [1], [0], [0], [1], "swish2", "sigmoid", False)
+    with pytest.raises(ValueError, match=r"dropout_mask must have shape \(1 or 4, 1 or 2, 2, \[5\]\)"):
+        op(x, k, r, None, None, None, None, torch.ones(3, 2, 2, 5), None, [1], [0], [0], [1], "tanh", "sigmoid",
+           False)
