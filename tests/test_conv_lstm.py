@@ -296,3 +296,39 @@ def test_op_checks_its_arguments():
     with pytest.raises(ValueError, match=r"dropout_mask must have shape \(1 or 4, 1 or 2, 2, \[5\]\)"):
         op(x, k, r, None, None, None, None, torch.ones(3, 2, 2, 5), None, [1], [0], [0], [1], "tanh", "sigmoid",
            False)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("seed", range(6))
+def test_keras_models_with_conv_lstm_load_and_match(seed, tmp_path):
+    """Whole Keras 3 models (stacked ConvLSTMs, states out, a dense head) in each Keras 3 format."""
+    from keras import layers
+
+    from cudnn_rnn.keras import load_keras
+
+    rng = np.random.RandomState(seed)
+    rank = 1 + seed % 3
+    fmt = "channels_first" if seed % 2 else "channels_last"
+    spatial = SPATIAL[rank]
+    shape = (4, *spatial, 2) if fmt == "channels_last" else (4, 2, *spatial)
+    inp = keras.Input(shape)
+    conv = getattr(layers, f"ConvLSTM{rank}D")
+    h = conv(3, 2, padding="same", data_format=fmt, return_sequences=True,
+             recurrent_activation=str(rng.choice(["sigmoid", "hard_sigmoid"])))(inp)
+    h, state_h, state_c = conv(2, 3, padding=str(rng.choice(["same", "valid"])), data_format=fmt,
+                               strides=int(rng.choice([1, 2])), go_backwards=bool(seed % 2),
+                               return_state=True)(h)
+    out = layers.Dense(2)(layers.Flatten()(h))
+    model = keras.Model(inp, [out, state_c])
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype("float32") for w in model.get_weights()])
+    x = rng.uniform(-1, 1, (3, *shape)).astype("float32")
+    expected = [keras.ops.convert_to_numpy(t) for t in model(x)]
+    model.save(tmp_path / "m.keras")
+    model.save(tmp_path / "m.h5")
+    model.save_weights(tmp_path / "m.weights.h5")
+    for path, arch in ((tmp_path / "m.keras", None), (tmp_path / "m.h5", None),
+                       (tmp_path / "m.weights.h5", str(tmp_path / "m.keras"))):
+        with torch.no_grad():
+            got = load_keras(path, architecture=arch)(torch.as_tensor(x))
+        for a, b in zip(got, expected):
+            np.testing.assert_allclose(a.numpy(), b, atol=ATOL, rtol=RTOL, err_msg=path.name)

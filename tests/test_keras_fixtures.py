@@ -27,6 +27,8 @@ CASES = [
     ("tfk_rnn_cells", "tfk_rnn_cells.keras", None),
     ("tfk_attention", "tfk_attention.h5", None),
     ("tfk_attention", "tfk_attention.keras", None),
+    ("tfk_conv_lstm", "tfk_conv_lstm.h5", None),
+    ("tfk_conv_lstm", "tfk_conv_lstm.keras", None),
 ]
 
 

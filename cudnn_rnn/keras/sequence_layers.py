@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..conv_lstm import same_padding
 from .activations import _Activation, activation_name
 from .basic_layers import _Single, _channels_last
 from .graph import LayerSpec
@@ -40,13 +41,6 @@ class GlobalPooling1D(nn.Module):
         return [y], [None]
 
 
-def _same_padding(length_in: int, kernel: int, stride: int, dilation: int):
-    effective = (kernel - 1) * dilation + 1
-    out = -(-length_in // stride)
-    total = max((out - 1) * stride + effective - length_in, 0)
-    return total // 2, total - total // 2
-
-
 class Conv1D(_Single):
     keeps_mask = False
 
@@ -66,7 +60,7 @@ class Conv1D(_Single):
         if self.padding == "causal":
             h = F.pad(h, ((k - 1) * self.dilation, 0))
         elif self.padding == "same":
-            h = F.pad(h, _same_padding(h.shape[-1], k, self.stride, self.dilation))
+            h = F.pad(h, same_padding(h.shape[-1], k, self.stride, self.dilation))
         y = F.conv1d(h, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
         return self.activation(y.transpose(1, 2))
 
@@ -81,7 +75,7 @@ class Pooling1D(_Single):
     def apply(self, x):
         h = x.transpose(1, 2)
         if self.padding == "same":
-            left, right = _same_padding(h.shape[-1], self.pool, self.stride, 1)
+            left, right = same_padding(h.shape[-1], self.pool, self.stride, 1)
             if self.average:  # Keras averages over the real elements of a padded window
                 ones = torch.ones_like(h[:, :1])
                 num = F.avg_pool1d(F.pad(h, (left, right)), self.pool, self.stride) * self.pool
