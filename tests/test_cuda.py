@@ -269,3 +269,35 @@ def test_persistent_algorithms_match_standard(algorithm):
         cudnn_rnn.set_cudnn_algorithm("standard")
     torch.testing.assert_close(out_p, out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(g_p, g_ref, atol=1e-5, rtol=1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("rank", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_conv_lstm_cuda_matches_cpu_forward_and_gradients(rank, dtype):
+    """ConvLSTM on CUDA (cuDNN convolutions through ATen, the fused cell kernel) against the CPU
+    backend, which the Keras tests pin: outputs, states and every gradient, with a mask, dropout
+    masks, asymmetric 'same' padding and go_backwards."""
+    torch.manual_seed(0)
+    spatial = {1: (9,), 2: (6, 7), 3: (4, 5, 3)}[rank]
+    layer = getattr(cudnn_rnn, f"ConvLSTM{rank}D")(3, 4, 2, padding="same", return_sequences=True, return_state=True,
+                                                   go_backwards=True, dropout=0.3, recurrent_dropout=0.2, seed=1,
+                                                   dtype=dtype)
+    x = torch.randn(3, 5, *spatial, 3, dtype=dtype)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [0, 0, 1, 0, 1]], dtype=torch.bool)
+    state = (3, 4, *spatial)
+    dmask = (torch.rand(4, 3, 3, *spatial, dtype=dtype) > 0.3).to(dtype) / 0.7
+    rmask = (torch.rand(4, *state, dtype=dtype) > 0.2).to(dtype) / 0.8
+    gpu = __import__("copy").deepcopy(layer).cuda()
+    layer.dropout_masks = lambda x_op, s, training: (dmask, rmask)
+    gpu.dropout_masks = lambda x_op, s, training: (dmask.cuda(), rmask.cuda())
+    xc, xg = x.clone().requires_grad_(True), x.cuda().requires_grad_(True)
+    out_c, out_g = layer(xc, mask=mask), gpu(xg, mask=mask.cuda())
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-10, rtol=1e-10)
+    for a, b in zip(out_c, out_g):
+        torch.testing.assert_close(b.cpu(), a.detach(), **tol)
+    sum(o.square().sum() for o in out_c).backward()
+    sum(o.square().sum() for o in out_g).backward()
+    torch.testing.assert_close(xg.grad.cpu(), xc.grad, **tol)
+    for p, q in zip(layer.parameters(), gpu.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, **tol)

@@ -226,22 +226,26 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward(const ConvLst
   if (c0.has_value()) cs[0].copy_(*c0); else cs[0].zero_();
   const StepMasks masks = step_masks(in.mask, o.go_backwards);
   const int64_t Gr = d.recurrent_groups, wr = G / Gr;
+  Tensor r_groups = Gr > 1 ? at::empty(d.shape({B, G}, d.Sp), opts) : Tensor();
 
   for (int64_t s = 0; s < T; ++s) {
     const int64_t t = o.go_backwards ? T - 1 - s : s;
     const Tensor h_prev = hs[s];
-    Tensor zs = z[s];
-    const Tensor zin_t = zin.select(1, t);
-    for (int64_t k = 0; k < Gr; ++k) {
-      const Tensor hin = in.recurrent_dropout_mask.defined() ? h_prev * in.recurrent_dropout_mask[k] : h_prev;
-      const Tensor r = conv_rec(hin, Gr == 1 ? recurrent : recurrent.narrow(0, k * wr, wr), Tensor());
-      Tensor zk = Gr == 1 ? zs : zs.narrow(1, k * wr, wr);
-      at::add_out(zk, Gr == 1 ? zin_t : zin_t.narrow(1, k * wr, wr), r);
+    Tensor r;
+    if (Gr == 1) {
+      r = conv_rec(in.recurrent_dropout_mask.defined() ? h_prev * in.recurrent_dropout_mask[0] : h_prev, recurrent,
+                   Tensor());
+    } else {
+      for (int64_t k = 0; k < Gr; ++k) {
+        r_groups.narrow(1, k * wr, wr)
+            .copy_(conv_rec(h_prev * in.recurrent_dropout_mask[k], recurrent.narrow(0, k * wr, wr), Tensor()));
+      }
+      r = r_groups;
     }
     const Tensor real = in.mask.defined() ? masks.real_by_step[s] : Tensor();
     const Tensor seen = in.mask.defined() ? masks.seen_before[s] : Tensor();
-    steps.forward(zs, h_prev, cs[s], real, seen, hs[s + 1], cs[s + 1], y.select(1, s), o.activation,
-                  o.recurrent_activation);
+    steps.forward(zin.select(1, t), r.contiguous(), h_prev, cs[s], real, seen, z[s], hs[s + 1], cs[s + 1],
+                  y.select(1, s), o.activation, o.recurrent_activation);
   }
   return {y, hs[T].clone(), cs[T].clone(), z, hs, cs};
 }

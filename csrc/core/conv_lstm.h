@@ -37,12 +37,15 @@ struct ConvLstmTensors {
 };
 
 // The pointwise step of one backend. Every state tensor is [B, F, *S'] contiguous, except `out`
-// and `dy` (a step of y, each batch row contiguous, rows out.stride(0) apart); z and dz are
-// [B, 4F, *S'] contiguous; real (bool [B], or undefined: every row real) and seen (bool [B]:
-// the row had a real step before this one) decide the masked rows (conv_lstm_cell.h).
+// and `dy` (a step of y, each batch row contiguous, rows out.stride(0) apart); zin is the step's
+// slice of the input convolution [B, 4F, *S'] (rows zin.stride(0) apart), r its recurrent
+// convolution and z / dz [B, 4F, *S'] contiguous; real (bool [B], or undefined: every row real)
+// and seen (bool [B]: the row had a real step before this one) decide the masked rows
+// (conv_lstm_cell.h). forward keeps in z (the reserve) whatever its backward reads there: the
+// pre-activations zin + r, or, where the backend fuses tanh / sigmoid cells, the activated gates.
 struct CellSteps {
-  void (*forward)(const Tensor& z, const Tensor& h_prev, const Tensor& c_prev, const Tensor& real,
-                  const Tensor& seen, const Tensor& h_new, const Tensor& c_new, const Tensor& out,
+  void (*forward)(const Tensor& zin, const Tensor& r, const Tensor& h_prev, const Tensor& c_prev, const Tensor& real,
+                  const Tensor& seen, const Tensor& z, const Tensor& h_new, const Tensor& c_new, const Tensor& out,
                   Activation activation, Activation recurrent_activation);
   void (*backward)(const Tensor& z, const Tensor& c_prev, const Tensor& c_new, const Tensor& real,
                    const Tensor& seen, const Tensor& dy, const Tensor& dh, const Tensor& dc, const Tensor& dz,

@@ -17,17 +17,21 @@
 namespace cudnn_rnn {
 namespace conv {
 
-// One element of the state ([B, F, *S'] index e; its gate pre-activations z[e + q * gate_stride]
-// of batch row b, gate_stride = F * S').
+// One element of the state ([B, F, *S'] index e): its gate pre-activations are zin[q * gate_stride]
+// + r[q * gate_stride] (the input and recurrent convolutions, gate_stride = F * S'), kept in
+// z[q * gate_stride] for backward.
 template <typename T>
-C10_HOST_DEVICE inline void cell_forward(Activation act, Activation ract, const T* z, int64_t gate_stride, T h_prev,
-                                         T c_prev, bool real, bool seen, T* h_new, T* c_new, T* out) {
-  if (!real) {
+C10_HOST_DEVICE inline void cell_forward(Activation act, Activation ract, const T* zin, const T* r, T* z,
+                                         int64_t gate_stride, T h_prev, T c_prev, bool real, bool seen, T* h_new,
+                                         T* c_new, T* out) {
+  if (!real) {  // (z zeroed: backward does not read it, but the op's outputs are all defined)
+    for (int q = 0; q < 4; ++q) z[q * gate_stride] = T(0);
     *h_new = h_prev;
     *c_new = c_prev;
     *out = seen ? h_prev : T(0);
     return;
   }
+  for (int q = 0; q < 4; ++q) z[q * gate_stride] = zin[q * gate_stride] + r[q * gate_stride];
   const T i = activate(ract, z[0]);
   const T f = activate(ract, z[gate_stride]);
   const T g = activate(act, z[2 * gate_stride]);

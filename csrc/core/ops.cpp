@@ -24,7 +24,8 @@
 //   stride, pad_before, pad_after, dilation: the input convolution's (Keras "same" padding is
 //            asymmetric when the total is odd); the recurrent one is "same", stride 1
 // returns y [B, T, F, *S'] in processing order, h_n, c_n [B, F, *S'], and what backward reads:
-// z [T, B, 4F, *S'] (every step's gate pre-activations), hs and cs [T + 1, B, F, *S'].
+// z [T, B, 4F, *S'] (every step's gates as the backend's backward reads them: pre-activations, or
+// the activated gates of the CPU's fused float32 tanh / sigmoid cell), hs and cs [T + 1, B, F, *S'].
 #include <torch/library.h>
 
 TORCH_LIBRARY(cudnn_rnn, m) {

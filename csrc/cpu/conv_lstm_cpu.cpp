@@ -1,11 +1,17 @@
-// ConvLSTM on the CPU: the fused pointwise step (core/conv_lstm_cell.h) over batch rows in
-// parallel; the convolutions are ATen's (core/conv_lstm.cpp).
+// ConvLSTM on the CPU: the pointwise step over batch rows in parallel, float32 tanh / sigmoid
+// cells through the per-ISA fused LSTM rows of vec_loops (a batch row's F * S' elements are one
+// row of n units), the rest through core/conv_lstm_cell.h; the convolutions are ATen's
+// (core/conv_lstm.cpp).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <type_traits>
+
 #include "core/conv_lstm.h"
 #include "core/conv_lstm_cell.h"
+#include "cpu/vec_loops.h"
 
 namespace cudnn_rnn {
 namespace {
@@ -15,27 +21,75 @@ using at::Tensor;
 // Rows per task: enough elements that a task outweighs the fork.
 int64_t row_grain(int64_t per_row) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(per_row, 1)); }
 
-void forward_step(const Tensor& z, const Tensor& h_prev, const Tensor& c_prev, const Tensor& real, const Tensor& seen,
-                  const Tensor& h_new, const Tensor& c_new, const Tensor& out, Activation act, Activation ract) {
+bool tanh_or_sigmoid(Activation a) { return a == Activation::Tanh || a == Activation::Sigmoid; }
+
+// float32 tanh / sigmoid cells run the per-ISA fused LSTM rows (vec_loops.h), which keep the
+// activated gates in z; everything else the scalar element functions, which keep pre-activations.
+// Forward and backward decide alike (these two overloads), so backward reads what forward wrote.
+bool fused_forward_row(Activation act, Activation ract, int64_t n, const float* zin, const float* r,
+                       const float* c_prev, float* z, float* h_new, float* c_new) {
+  if (!tanh_or_sigmoid(act) || !tanh_or_sigmoid(ract)) return false;
+  cpu::float_loops().lstm_forward_row(act == Activation::Tanh, ract == Activation::Tanh, n, zin, n, r, n, c_prev, z,
+                                      n, h_new, c_new);
+  return true;
+}
+bool fused_forward_row(Activation, Activation, int64_t, const double*, const double*, const double*, double*, double*,
+                       double*) {
+  return false;
+}
+
+// dh_scratch: in dh + dy, clobbered; dc: in the gradient of c_new, out that of c_prev.
+bool fused_backward_row(Activation act, Activation ract, int64_t n, const float* z, const float* c_prev,
+                        const float* c_new, float* dh_scratch, float* dc, float* dz) {
+  if (!tanh_or_sigmoid(act) || !tanh_or_sigmoid(ract)) return false;
+  cpu::float_loops().lstm_backward_row(act == Activation::Tanh, ract == Activation::Tanh, n, z, n, c_prev, c_new,
+                                       dh_scratch, dc, dz, n);
+  return true;
+}
+bool fused_backward_row(Activation, Activation, int64_t, const double*, const double*, const double*, double*,
+                        double*, double*) {
+  return false;
+}
+
+// A masked row: states carried, the previous output (zero before the row's first real step).
+template <typename T>
+void masked_row(int64_t n, const T* h_prev, const T* c_prev, bool seen, T* h_new, T* c_new, T* out) {
+  std::copy(h_prev, h_prev + n, h_new);
+  std::copy(c_prev, c_prev + n, c_new);
+  if (seen) std::copy(h_prev, h_prev + n, out); else std::fill(out, out + n, T(0));
+}
+
+void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, const Tensor& c_prev, const Tensor& real,
+                  const Tensor& seen, const Tensor& z, const Tensor& h_new, const Tensor& c_new, const Tensor& out,
+                  Activation act, Activation ract) {
   const int64_t B = h_prev.size(0), n = h_prev.numel() / B;  // n = F * S'
-  const bool* r = real.defined() ? real.data_ptr<bool>() : nullptr;
+  const bool* rl = real.defined() ? real.data_ptr<bool>() : nullptr;
   const bool* sn = seen.defined() ? seen.data_ptr<bool>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "conv_lstm_forward_step", [&] {
-    const scalar_t* zp = z.data_ptr<scalar_t>();
+    const scalar_t* zi = zin.data_ptr<scalar_t>();
+    const scalar_t* rp = r.data_ptr<scalar_t>();
     const scalar_t* hp = h_prev.data_ptr<scalar_t>();
     const scalar_t* cp = c_prev.data_ptr<scalar_t>();
+    scalar_t* zp = z.data_ptr<scalar_t>();
     scalar_t* hn = h_new.data_ptr<scalar_t>();
     scalar_t* cn = c_new.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    const int64_t out_stride = out.stride(0);
+    const int64_t zin_stride = zin.stride(0), out_stride = out.stride(0);
     at::parallel_for(0, B, row_grain(n), [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
-        const bool is_real = r == nullptr || r[b];
-        const bool was_seen = sn != nullptr && sn[b];
-        const scalar_t* zb = zp + b * 4 * n;
+        const int64_t s = b * n;
+        if (rl != nullptr && !rl[b]) {
+          std::fill(zp + 4 * s, zp + 4 * s + 4 * n, scalar_t(0));  // as conv_lstm_cell.h
+          masked_row(n, hp + s, cp + s, sn != nullptr && sn[b], hn + s, cn + s, op + b * out_stride);
+          continue;
+        }
+        if (fused_forward_row(act, ract, n, zi + b * zin_stride, rp + 4 * s, cp + s, zp + 4 * s, hn + s, cn + s)) {
+          std::copy(hn + s, hn + s + n, op + b * out_stride);
+          continue;
+        }
         for (int64_t e = 0; e < n; ++e) {
-          const int64_t i = b * n + e;
-          conv::cell_forward<scalar_t>(act, ract, zb + e, n, hp[i], cp[i], is_real, was_seen, hn + i, cn + i,
+          conv::cell_forward<scalar_t>(act, ract, zi + b * zin_stride + e, rp + 4 * s + e, zp + 4 * s + e, n,
+                                       hp[s + e], cp[s + e], true, false, hn + s + e, cn + s + e,
                                        op + b * out_stride + e);
         }
       }
@@ -47,7 +101,7 @@ void backward_step(const Tensor& z, const Tensor& c_prev, const Tensor& c_new, c
                    const Tensor& dy, const Tensor& dh, const Tensor& dc, const Tensor& dz, const Tensor& dh_prev,
                    const Tensor& dc_prev, Activation act, Activation ract) {
   const int64_t B = c_prev.size(0), n = c_prev.numel() / B;
-  const bool* r = real.defined() ? real.data_ptr<bool>() : nullptr;
+  const bool* rl = real.defined() ? real.data_ptr<bool>() : nullptr;
   const bool* sn = seen.defined() ? seen.data_ptr<bool>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "conv_lstm_backward_step", [&] {
     const scalar_t* zp = z.data_ptr<scalar_t>();
@@ -60,15 +114,28 @@ void backward_step(const Tensor& z, const Tensor& c_prev, const Tensor& c_new, c
     scalar_t* dhq = dh_prev.data_ptr<scalar_t>();
     scalar_t* dcq = dc_prev.data_ptr<scalar_t>();
     const int64_t dy_stride = dy.stride(0);
+    const bool fast = tanh_or_sigmoid(act) && tanh_or_sigmoid(ract) && std::is_same_v<scalar_t, float>;
     at::parallel_for(0, B, row_grain(n), [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
-        const bool is_real = r == nullptr || r[b];
-        const bool was_seen = sn != nullptr && sn[b];
+        const int64_t s = b * n;
+        const scalar_t* dyr = dyp + b * dy_stride;
+        if (rl != nullptr && !rl[b]) {  // states carried: dh and dc pass through, dy too when it was h_prev
+          std::fill(dzp + 4 * s, dzp + 4 * s + 4 * n, scalar_t(0));
+          const bool was_seen = sn != nullptr && sn[b];
+          for (int64_t e = 0; e < n; ++e) dhq[s + e] = dhp[s + e] + (was_seen ? dyr[e] : scalar_t(0));
+          std::copy(dcp + s, dcp + s + n, dcq + s);
+          continue;
+        }
+        if (fast) {  // dh_prev's row first holds dh + dy (the row's scratch), then the direct part, 0
+          for (int64_t e = 0; e < n; ++e) dhq[s + e] = dhp[s + e] + dyr[e];
+          std::copy(dcp + s, dcp + s + n, dcq + s);
+          fused_backward_row(act, ract, n, zp + 4 * s, cp + s, cn + s, dhq + s, dcq + s, dzp + 4 * s);
+          std::fill(dhq + s, dhq + s + n, scalar_t(0));
+          continue;
+        }
         for (int64_t e = 0; e < n; ++e) {
-          const int64_t i = b * n + e;
-          conv::cell_backward<scalar_t>(act, ract, zp + b * 4 * n + e, n, cp[i], cn[i], is_real, was_seen,
-                                        dyp[b * dy_stride + e], dhp[i], dcp[i], dzp + b * 4 * n + e, dhq + i,
-                                        dcq + i);
+          conv::cell_backward<scalar_t>(act, ract, zp + 4 * s + e, n, cp[s + e], cn[s + e], true, false, dyr[e],
+                                        dhp[s + e], dcp[s + e], dzp + 4 * s + e, dhq + s + e, dcq + s + e);
         }
       }
     });

@@ -15,14 +15,20 @@ using at::Tensor;
 
 const bool* bools(const Tensor& t) { return t.defined() ? t.data_ptr<bool>() : nullptr; }
 
-void forward_step(const Tensor& z, const Tensor& h_prev, const Tensor& c_prev, const Tensor& real, const Tensor& seen,
-                  const Tensor& h_new, const Tensor& c_new, const Tensor& out, Activation act, Activation ract) {
+void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, const Tensor& c_prev, const Tensor& real,
+                  const Tensor& seen, const Tensor& z, const Tensor& h_new, const Tensor& c_new, const Tensor& out,
+                  Activation act, Activation ract) {
   const c10::cuda::CUDAGuard guard(z.device());
   const int64_t B = h_prev.size(0), n = h_prev.numel() / B;
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "conv_lstm_forward_step", [&] {
-    cuda::ConvCellForward<scalar_t> p{z.data_ptr<scalar_t>(), h_prev.data_ptr<scalar_t>(), c_prev.data_ptr<scalar_t>(),
-                                      bools(real), bools(seen), h_new.data_ptr<scalar_t>(), c_new.data_ptr<scalar_t>(),
-                                      out.data_ptr<scalar_t>(), out.stride(0), B, n, act, ract};
+    cuda::ConvCellForward<scalar_t> p{zin.data_ptr<scalar_t>(),    r.data_ptr<scalar_t>(),
+                                      z.data_ptr<scalar_t>(),      h_prev.data_ptr<scalar_t>(),
+                                      c_prev.data_ptr<scalar_t>(), bools(real),
+                                      bools(seen),                 h_new.data_ptr<scalar_t>(),
+                                      c_new.data_ptr<scalar_t>(),  out.data_ptr<scalar_t>(),
+                                      zin.stride(0),               out.stride(0),
+                                      B,                           n,
+                                      act,                         ract};
     cuda::launch_conv_cell_forward(p, c10::cuda::getCurrentCUDAStream());
   });
 }

@@ -24,8 +24,9 @@ __global__ void conv_cell_forward_kernel(ConvCellForward<T> p) {
   const int64_t b = idx / p.n, e = idx % p.n;
   const bool real = p.real == nullptr || p.real[b];
   const bool seen = p.seen != nullptr && p.seen[b];
-  conv::cell_forward<T>(p.act, p.ract, p.z + b * 4 * p.n + e, p.n, p.h_prev[idx], p.c_prev[idx], real, seen,
-                        p.h_new + idx, p.c_new + idx, p.out + b * p.out_stride + e);
+  conv::cell_forward<T>(p.act, p.ract, p.zin + b * p.zin_stride + e, p.r + b * 4 * p.n + e, p.z + b * 4 * p.n + e,
+                        p.n, p.h_prev[idx], p.c_prev[idx], real, seen, p.h_new + idx, p.c_new + idx,
+                        p.out + b * p.out_stride + e);
 }
 
 template <typename T>

@@ -15,7 +15,9 @@ namespace cuda {
 // out_stride / dy_stride apart; real / seen: bool [batch] or null (every row real).
 template <typename T>
 struct ConvCellForward {
-  const T* z;
+  const T* zin;  // rows zin_stride apart
+  const T* r;
+  T* z;
   const T* h_prev;
   const T* c_prev;
   const bool* real;
@@ -23,7 +25,7 @@ struct ConvCellForward {
   T* h_new;
   T* c_new;
   T* out;
-  int64_t out_stride, batch, n;
+  int64_t zin_stride, out_stride, batch, n;
   Activation act, ract;
 };
 
