@@ -4,7 +4,7 @@ Parameters are the Keras tensors (``kernel`` [*kernel_size, channels, 4 * filter
 ``recurrent_kernel`` [*kernel_size, filters, 4 * filters], ``bias`` [4 * filters]; gates i, f, c,
 o); the work is one call of the ``cudnn_rnn::conv_lstm_forward`` op (csrc/core/conv_lstm.cpp): the
 input convolution of every timestep as one batched convolution, the recurrent convolution per
-step, the cell fused. Input is (batch, time, *spatial, channels) with data_format="channels_last"
+step, the cell fused, all channels last (channels_first inputs are permuted to it and back). Input is (batch, time, *spatial, channels) with data_format="channels_last"
 (Keras's default) or (batch, time, channels, *spatial) with "channels_first"; outputs follow Keras
 (``return_sequences``, ``return_state``), a mask [B, T] keeps the states over masked steps.
 """
@@ -142,19 +142,19 @@ class _ConvLSTM(nn.Module):
                 raise ValueError(f"x's spatial size {n} is smaller than the kernel's extent {(k - 1) * d + 1} "
                                  "(padding='valid')")
 
-    # -- to and from the op's channels-first layout --------------------------------------------
+    # -- to and from the op's channels-last layout ----------------------------------------------
     def _to_op(self, t: Tensor, lead: int) -> Tensor:
-        """channels_last [..lead dims.., *S, C] -> [..lead.., C, *S] (a view for channels_first)."""
-        if self.data_format == "channels_first":
-            return t
-        n = t.dim()
-        return t.permute(*range(lead), n - 1, *range(lead, n - 1))
-
-    def _from_op(self, t: Tensor, lead: int) -> Tensor:
-        if self.data_format == "channels_first":
+        """channels_first [..lead dims.., C, *S] -> [..lead.., *S, C] (channels_last: as it is)."""
+        if self.data_format == "channels_last":
             return t
         n = t.dim()
         return t.permute(*range(lead), *range(lead + 1, n), lead)
+
+    def _from_op(self, t: Tensor, lead: int) -> Tensor:
+        if self.data_format == "channels_last":
+            return t
+        n = t.dim()
+        return t.permute(*range(lead), n - 1, *range(lead, n - 1))
 
     def _weights(self):
         """kernel, recurrent kernel as the op takes them: [4F, C, *k] and [4F, F, *k]."""
@@ -177,7 +177,7 @@ class _ConvLSTM(nn.Module):
         return bits.to(like.dtype) / keep
 
     def dropout_masks(self, x_op: Tensor, state_shape: Sequence[int], training: bool):
-        """(input mask [4, B, C, *S] or None, recurrent mask [4, B, F, *S'] or None): one mask per
+        """(input mask [4, B, *S, C] or None, recurrent mask [4, B, *S', F] or None): one mask per
         gate and sequence, shared by every step (tf.keras's ConvLSTM; Keras 3 indexes its one mask
         by the gate instead, which makes the masks rows of the batch: see the README)."""
         dmask = rmask = None
@@ -219,7 +219,7 @@ class _ConvLSTM(nn.Module):
         training = self.training if training is None else training
         spatial = self._spatial_in(x)
         out_spatial = self.output_spatial(spatial)
-        state_shape = (x.shape[0], self.filters, *out_spatial)
+        state_shape = (x.shape[0], *out_spatial, self.filters)  # the op's (channels last)
         if mask is not None:
             if not isinstance(mask, Tensor) or tuple(mask.shape) != tuple(x.shape[:2]):
                 got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
@@ -260,7 +260,7 @@ class ConvLSTM3D(_ConvLSTM):
 
 def _fake_sizes(x, kernel, stride, pad_before, pad_after, dilation):
     spatial = []
-    for i, n in enumerate(x.shape[3:]):
+    for i, n in enumerate(x.shape[2:-1]):
         span = (kernel.shape[2 + i] - 1) * dilation[i] + 1
         spatial.append((n + pad_before[i] + pad_after[i] - span) // stride[i] + 1)
     return spatial
@@ -273,8 +273,8 @@ def _conv_lstm_forward_fake(x, kernel, recurrent_kernel, bias, mask, h0, c0, dro
     b, t = x.shape[0], x.shape[1]
     f = kernel.shape[0] // 4
     sp = _fake_sizes(x, kernel, stride, pad_before, pad_after, dilation)
-    return (x.new_empty((b, t, f, *sp)), x.new_empty((b, f, *sp)), x.new_empty((b, f, *sp)),
-            x.new_empty((t, b, 4 * f, *sp)), x.new_empty((t + 1, b, f, *sp)), x.new_empty((t + 1, b, f, *sp)))
+    return (x.new_empty((b, t, *sp, f)), x.new_empty((b, *sp, f)), x.new_empty((b, *sp, f)),
+            x.new_empty((t, b, *sp, 4 * f)), x.new_empty((t + 1, b, *sp, f)), x.new_empty((t + 1, b, *sp, f)))
 
 
 @torch.library.register_fake("cudnn_rnn::conv_lstm_backward")

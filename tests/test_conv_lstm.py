@@ -147,8 +147,8 @@ def test_training_dropout_with_keras_masks_matches_keras():
     drop_in = ((rng.rand(4, 6, 5, 3) > 0.3) / 0.7).astype(np.float32)        # Keras: [B, *S, C]
     drop_rec = ((rng.rand(4, 6, 5, 2) > 0.4) / 0.6).astype(np.float32)       # [B, *S', F]
     _keras_dropout(keras_layer, drop_in, drop_rec)
-    ours_in = torch.from_numpy(drop_in).permute(0, 3, 1, 2).unsqueeze(1)   # [4 gates, 1, C, *S]
-    ours_rec = torch.from_numpy(drop_rec).permute(0, 3, 1, 2).unsqueeze(1)
+    ours_in = torch.from_numpy(drop_in).unsqueeze(1)   # [4 gates, 1, *S, C]
+    ours_rec = torch.from_numpy(drop_rec).unsqueeze(1)
     ours.dropout_masks = lambda x_op, state, training: (ours_in, ours_rec)
     ours.train()
     mask = make_mask("right", 4, 5, rng)
@@ -158,10 +158,10 @@ def test_training_dropout_with_keras_masks_matches_keras():
 def test_own_dropout_masks_per_gate_and_sequence():
     layer = cudnn_rnn.ConvLSTM2D(3, 2, 3, padding="same", dropout=0.5, recurrent_dropout=0.5, seed=3)
     x = torch.randn(2, 4, 5, 5, 3)
-    dmask, rmask = layer.dropout_masks(layer._to_op(x, 2), (2, 2, 5, 5), training=True)
-    assert dmask.shape == (4, 2, 3, 5, 5) and rmask.shape == (4, 2, 2, 5, 5)
+    dmask, rmask = layer.dropout_masks(layer._to_op(x, 2), (2, 5, 5, 2), training=True)
+    assert dmask.shape == (4, 2, 5, 5, 3) and rmask.shape == (4, 2, 5, 5, 2)
     assert set(torch.unique(dmask).tolist()) <= {0.0, 2.0} and bool((dmask == 0).any())
-    assert layer.dropout_masks(x, (2, 2, 5, 5), training=False) == (None, None)
+    assert layer.dropout_masks(x, (2, 5, 5, 2), training=False) == (None, None)
     layer.eval()
     torch.testing.assert_close(layer(x), layer(x))
     layer.train()
@@ -201,13 +201,12 @@ def test_gradcheck_with_dropout_masks():
     torch.manual_seed(1)
     layer = cudnn_rnn.ConvLSTM1D(2, 3, 3, padding="same", return_sequences=True, dtype=torch.float64)
     x = torch.randn(2, 3, 6, 2, dtype=torch.float64, requires_grad=True)
-    dm = (torch.rand(4, 2, 2, 6, dtype=torch.float64) > 0.3).double() / 0.7
-    rm = (torch.rand(4, 2, 3, 6, dtype=torch.float64) > 0.3).double() / 0.7
+    dm = (torch.rand(4, 2, 6, 2, dtype=torch.float64) > 0.3).double() / 0.7
+    rm = (torch.rand(4, 2, 6, 3, dtype=torch.float64) > 0.3).double() / 0.7
     op = torch.ops.cudnn_rnn.conv_lstm_forward
 
     def f(x, k, r, b):
-        return op(x.permute(0, 1, 3, 2), k, r, b, None, None, None, dm, rm, [1], [1], [1], [1], "tanh", "sigmoid",
-                  False)[0]
+        return op(x, k, r, b, None, None, None, dm, rm, [1], [1], [1], [1], "tanh", "sigmoid", False)[0]
 
     k = torch.randn(12, 2, 3, dtype=torch.float64, requires_grad=True)
     r = torch.randn(12, 3, 3, dtype=torch.float64, requires_grad=True)
@@ -252,7 +251,7 @@ def test_stateful_carries_states_across_calls():
 
 
 def test_opcheck():
-    x = torch.randn(2, 3, 2, 5, 4)
+    x = torch.randn(2, 3, 5, 4, 2)
     k, r, b = torch.randn(8, 2, 3, 3), torch.randn(8, 2, 3, 3), torch.randn(8)
     mask = torch.tensor([[True, False, True], [True, True, False]])
     args = (x, k, r, b, mask, None, None, None, None, [1, 1], [1, 1], [1, 1], [1, 1], "tanh", "sigmoid", True)
@@ -286,15 +285,15 @@ def test_bad_input_is_named(call, message):
 
 def test_op_checks_its_arguments():
     op = torch.ops.cudnn_rnn.conv_lstm_forward
-    x, k, r = torch.randn(2, 3, 2, 5), torch.randn(8, 2, 3), torch.randn(8, 2, 3)
+    x, k, r = torch.randn(2, 3, 5, 2), torch.randn(8, 2, 3), torch.randn(8, 2, 3)
     with pytest.raises(ValueError, match=r"recurrent_kernel must have shape \(8, 2, \*kernel_size\)"):
         op(x, k, torch.randn(8, 3, 3), None, None, None, None, None, None, [1], [0], [0], [1], "tanh", "sigmoid", False)
     with pytest.raises(ValueError, match="stride must hold 1 values"):
         op(x, k, r, None, None, None, None, None, None, [1, 1], [0], [0], [1], "tanh", "sigmoid", False)
     with pytest.raises(ValueError, match="activation must be one of"):
         op(x, k, r, None, None, None, None, None, None, [1], [0], [0], [1], "swish2", "sigmoid", False)
-    with pytest.raises(ValueError, match=r"dropout_mask must have shape \(1 or 4, 1 or 2, 2, \[5\]\)"):
-        op(x, k, r, None, None, None, None, torch.ones(3, 2, 2, 5), None, [1], [0], [0], [1], "tanh", "sigmoid",
+    with pytest.raises(ValueError, match=r"dropout_mask must have shape \(1 or 4, 1 or 2, \[5\], 2\)"):
+        op(x, k, r, None, None, None, None, torch.ones(3, 2, 5, 2), None, [1], [0], [0], [1], "tanh", "sigmoid",
            False)
 
 

@@ -285,8 +285,8 @@ def test_conv_lstm_cuda_matches_cpu_forward_and_gradients(rank, dtype):
                                                    dtype=dtype)
     x = torch.randn(3, 5, *spatial, 3, dtype=dtype)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [0, 0, 1, 0, 1]], dtype=torch.bool)
-    state = (3, 4, *spatial)
-    dmask = (torch.rand(4, 3, 3, *spatial, dtype=dtype) > 0.3).to(dtype) / 0.7
+    state = (3, *spatial, 4)  # the op's layout: channels last
+    dmask = (torch.rand(4, 3, *spatial, 3, dtype=dtype) > 0.3).to(dtype) / 0.7
     rmask = (torch.rand(4, *state, dtype=dtype) > 0.2).to(dtype) / 0.8
     gpu = __import__("copy").deepcopy(layer).cuda()
     layer.dropout_masks = lambda x_op, s, training: (dmask, rmask)

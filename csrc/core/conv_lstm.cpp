@@ -19,16 +19,31 @@ std::vector<int64_t> checked_list(at::IntArrayRef v, int64_t n, int64_t lo, cons
   return v.vec();
 }
 
-// A convolution with Keras's (possibly asymmetric) padding: symmetric padding goes to the
-// convolution itself, the rest is padded onto the input first.
+// A convolution on channels-last tensors [N, *S, C] (Keras's layout, and the memory format
+// oneDNN and cuDNN run fastest: ATen sees them as channels_last views of [N, C, *S]), with Keras's
+// (possibly asymmetric) padding: symmetric padding goes to the convolution itself, the rest is
+// padded onto the input first.
 struct Conv {
   std::vector<int64_t> stride, pad_before, pad_after, dilation;
 
   bool symmetric() const { return pad_before == pad_after; }
 
-  Tensor padded(const Tensor& input) const {
+  // [N, *S, C] -> the [N, C, *S] view ATen convolves; and back (contiguous).
+  static Tensor channels_first_view(const Tensor& t) {
+    std::vector<int64_t> order{0, t.dim() - 1};
+    for (int64_t d = 1; d < t.dim() - 1; ++d) order.push_back(d);
+    return t.permute(order);
+  }
+  static Tensor channels_last(const Tensor& t) {
+    std::vector<int64_t> order{0};
+    for (int64_t d = 2; d < t.dim(); ++d) order.push_back(d);
+    order.push_back(1);
+    return t.permute(order).contiguous();
+  }
+
+  Tensor padded(const Tensor& input) const {  // input [N, *S, C]
     if (symmetric()) return input;
-    std::vector<int64_t> pads;  // last dimension first
+    std::vector<int64_t> pads{0, 0};  // last dimension (channels) first
     for (size_t d = pad_before.size(); d-- > 0;) {
       pads.push_back(pad_before[d]);
       pads.push_back(pad_after[d]);
@@ -40,24 +55,29 @@ struct Conv {
     return symmetric() ? pad_before : std::vector<int64_t>(pad_before.size(), 0);
   }
 
+  // [N, *S, C] -> [N, *S', O]
   Tensor operator()(const Tensor& input, const Tensor& weight, const Tensor& bias) const {
     const std::vector<int64_t> zeros(stride.size(), 0);
-    return at::convolution(padded(input), weight, bias.defined() ? c10::optional<Tensor>(bias) : c10::nullopt,
-                           stride, padding(), dilation, false, zeros, 1);
+    return channels_last(at::convolution(channels_first_view(padded(input)), weight,
+                                         bias.defined() ? c10::optional<Tensor>(bias) : c10::nullopt, stride,
+                                         padding(), dilation, false, zeros, 1));
   }
 
-  // Gradients of (input, weight, bias) for the outputs asked for; the input's cut back to the
-  // unpadded input.
+  // Gradients of (input [N, *S, C], weight, bias) from grad [N, *S', O], for the outputs asked for.
   std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& grad, const Tensor& input, const Tensor& weight,
                                               bool want_input, bool want_weight, bool want_bias) const {
     const std::vector<int64_t> zeros(stride.size(), 0);
     const std::vector<int64_t> bias_sizes{weight.size(0)};
     auto [gi, gw, gb] = at::convolution_backward(
-        grad, padded(input), weight, want_bias ? c10::OptionalIntArrayRef(bias_sizes) : c10::nullopt, stride,
-        padding(), dilation, false, zeros, 1, {want_input, want_weight, want_bias});
-    if (want_input && !symmetric()) {
-      for (size_t d = 0; d < pad_before.size(); ++d) gi = gi.narrow(2 + d, pad_before[d], input.size(2 + d));
-      gi = gi.contiguous();
+        channels_first_view(grad), channels_first_view(padded(input)), weight,
+        want_bias ? c10::OptionalIntArrayRef(bias_sizes) : c10::nullopt, stride, padding(), dilation, false, zeros, 1,
+        {want_input, want_weight, want_bias});
+    if (want_input) {
+      gi = channels_last(gi);
+      if (!symmetric()) {
+        for (size_t d = 0; d < pad_before.size(); ++d) gi = gi.narrow(1 + d, pad_before[d], input.size(1 + d));
+        gi = gi.contiguous();
+      }
     }
     return {gi, gw, gb};
   }
@@ -68,9 +88,12 @@ struct Dims {
   std::vector<int64_t> S, Sp;  // input and state spatial sizes
   int64_t input_groups, recurrent_groups;  // dropout mask gates: 1 or 4
 
-  std::vector<int64_t> shape(std::initializer_list<int64_t> lead, const std::vector<int64_t>& spatial) const {
+  // lead..., *spatial, last
+  std::vector<int64_t> shape(std::initializer_list<int64_t> lead, const std::vector<int64_t>& spatial,
+                             int64_t last) const {
     std::vector<int64_t> out(lead);
     out.insert(out.end(), spatial.begin(), spatial.end());
+    out.push_back(last);
     return out;
   }
 };
@@ -96,17 +119,17 @@ void check_tensor(const Tensor& t, const Tensor& x, const char* name, const std:
 
 void check_mask_tensor(const Tensor& m, const Tensor& x, const char* name, int64_t B, int64_t width,
                        const std::vector<int64_t>& spatial) {
-  TORCH_CHECK_VALUE(m.dim() == static_cast<int64_t>(spatial.size()) + 3 && (m.size(0) == 1 || m.size(0) == 4) &&
-                        (m.size(1) == 1 || m.size(1) == B) && m.size(2) == width &&
-                        m.sizes().slice(3).vec() == spatial,
-                    name, " must have shape (1 or 4, 1 or ", B, ", ", width, ", ", at::IntArrayRef(spatial),
+  const int64_t nd = static_cast<int64_t>(spatial.size());
+  TORCH_CHECK_VALUE(m.dim() == nd + 3 && (m.size(0) == 1 || m.size(0) == 4) && (m.size(1) == 1 || m.size(1) == B) &&
+                        m.sizes().slice(2, nd).vec() == spatial && m.size(-1) == width,
+                    name, " must have shape (1 or 4, 1 or ", B, ", ", at::IntArrayRef(spatial), ", ", width,
                     "); got ", m.sizes());
   check_tensor(m, x, name, m.sizes().vec());
 }
 
 Dims check(const ConvLstmTensors& in, const OptTensor& h0, const OptTensor& c0, const ConvLstmOptions& o) {
   const Tensor& x = in.x;
-  TORCH_CHECK_VALUE(x.dim() >= 4 && x.dim() <= 6, "x must have shape (batch, time, channels, *spatial) with 1 to 3 "
+  TORCH_CHECK_VALUE(x.dim() >= 4 && x.dim() <= 6, "x must have shape (batch, time, *spatial, channels) with 1 to 3 "
                     "spatial dimensions; got ", x.sizes());
   TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
                    "x must be float32 or float64; got ", x.scalar_type());
@@ -114,8 +137,8 @@ Dims check(const ConvLstmTensors& in, const OptTensor& h0, const OptTensor& c0, 
   Dims d;
   d.B = x.size(0);
   d.T = x.size(1);
-  d.C = x.size(2);
-  d.S = x.sizes().slice(3).vec();
+  d.C = x.size(-1);
+  d.S = x.sizes().slice(2, nd).vec();
   TORCH_CHECK_VALUE(d.B > 0 && d.T > 0 && d.C > 0, "x must have batch, time and channels > 0; got ", x.sizes());
   const Tensor& k = in.kernel;
   TORCH_CHECK_VALUE(k.dim() == nd + 2 && k.size(0) > 0 && k.size(0) % 4 == 0 && k.size(1) == d.C,
@@ -141,7 +164,7 @@ Dims check(const ConvLstmTensors& in, const OptTensor& h0, const OptTensor& c0, 
     TORCH_CHECK_TYPE(in.mask.scalar_type() == at::kBool, "mask must be bool; got ", in.mask.scalar_type());
     TORCH_CHECK_VALUE(in.mask.device() == x.device(), "mask must be on ", x.device(), "; got ", in.mask.device());
   }
-  const std::vector<int64_t> state = d.shape({d.B, d.F}, d.Sp);
+  const std::vector<int64_t> state = d.shape({d.B}, d.Sp, d.F);
   if (h0.has_value()) check_tensor(*h0, x, "h0", state);
   if (c0.has_value()) check_tensor(*c0, x, "c0", state);
   d.input_groups = d.recurrent_groups = 1;
@@ -158,10 +181,10 @@ Dims check(const ConvLstmTensors& in, const OptTensor& h0, const OptTensor& c0, 
 
 Conv input_conv(const ConvLstmOptions& o) { return Conv{o.stride, o.pad_before, o.pad_after, o.dilation}; }
 
-// x of gate group k as its convolution reads it: [B*T, C, *S], the dropout mask applied.
+// x of gate group k as its convolution reads it: [B*T, *S, C], the dropout mask applied.
 Tensor input_of_group(const Tensor& x, const Tensor& dropout_mask, int64_t k, const Dims& d) {
   Tensor xk = dropout_mask.defined() ? x * dropout_mask[k].unsqueeze(1) : x;
-  return xk.reshape(d.shape({d.B * d.T, d.C}, d.S));
+  return xk.reshape(d.shape({d.B * d.T}, d.S, d.C));
 }
 
 // Step s's state and mask tensors: the real rows of time step t, and whether each row had a real
@@ -205,28 +228,28 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward(const ConvLst
   const Conv conv_in = input_conv(o), conv_rec = recurrent_conv(in.recurrent_kernel);
   const Tensor kernel = in.kernel.contiguous(), recurrent = in.recurrent_kernel.contiguous();
 
-  // Every timestep's input convolution at once, [B, T, 4F, *S'].
+  // Every timestep's input convolution at once, [B, T, *S', 4F].
   Tensor zin;
   if (d.input_groups == 1) {
-    zin = conv_in(input_of_group(x, in.dropout_mask, 0, d), kernel, in.bias).view(d.shape({B, T, G}, d.Sp));
+    zin = conv_in(input_of_group(x, in.dropout_mask, 0, d), kernel, in.bias).view(d.shape({B, T}, d.Sp, G));
   } else {
-    zin = at::empty(d.shape({B, T, G}, d.Sp), opts);
+    zin = at::empty(d.shape({B, T}, d.Sp, G), opts);
     for (int64_t k = 0; k < 4; ++k) {
       const Tensor bk = in.bias.defined() ? in.bias.narrow(0, k * F, F) : Tensor();
-      zin.narrow(2, k * F, F).copy_(conv_in(input_of_group(x, in.dropout_mask, k, d), kernel.narrow(0, k * F, F), bk)
-                                        .view(d.shape({B, T, F}, d.Sp)));
+      zin.narrow(-1, k * F, F).copy_(conv_in(input_of_group(x, in.dropout_mask, k, d), kernel.narrow(0, k * F, F), bk)
+                                         .view(d.shape({B, T}, d.Sp, F)));
     }
   }
 
-  Tensor z = at::empty(d.shape({T, B, G}, d.Sp), opts);
-  Tensor hs = at::empty(d.shape({T + 1, B, F}, d.Sp), opts);
-  Tensor cs = at::empty(d.shape({T + 1, B, F}, d.Sp), opts);
-  Tensor y = at::empty(d.shape({B, T, F}, d.Sp), opts);
+  Tensor z = at::empty(d.shape({T, B}, d.Sp, G), opts);
+  Tensor hs = at::empty(d.shape({T + 1, B}, d.Sp, F), opts);
+  Tensor cs = at::empty(d.shape({T + 1, B}, d.Sp, F), opts);
+  Tensor y = at::empty(d.shape({B, T}, d.Sp, F), opts);
   if (h0.has_value()) hs[0].copy_(*h0); else hs[0].zero_();
   if (c0.has_value()) cs[0].copy_(*c0); else cs[0].zero_();
   const StepMasks masks = step_masks(in.mask, o.go_backwards);
   const int64_t Gr = d.recurrent_groups, wr = G / Gr;
-  Tensor r_groups = Gr > 1 ? at::empty(d.shape({B, G}, d.Sp), opts) : Tensor();
+  Tensor r_groups = Gr > 1 ? at::empty(d.shape({B}, d.Sp, G), opts) : Tensor();
 
   for (int64_t s = 0; s < T; ++s) {
     const int64_t t = o.go_backwards ? T - 1 - s : s;
@@ -237,15 +260,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward(const ConvLst
                    Tensor());
     } else {
       for (int64_t k = 0; k < Gr; ++k) {
-        r_groups.narrow(1, k * wr, wr)
+        r_groups.narrow(-1, k * wr, wr)
             .copy_(conv_rec(h_prev * in.recurrent_dropout_mask[k], recurrent.narrow(0, k * wr, wr), Tensor()));
       }
       r = r_groups;
     }
     const Tensor real = in.mask.defined() ? masks.real_by_step[s] : Tensor();
     const Tensor seen = in.mask.defined() ? masks.seen_before[s] : Tensor();
-    steps.forward(zin.select(1, t), r.contiguous(), h_prev, cs[s], real, seen, z[s], hs[s + 1], cs[s + 1],
-                  y.select(1, s), o.activation, o.recurrent_activation);
+    steps.forward(zin.select(1, t), r, h_prev, cs[s], real, seen, z[s], hs[s + 1], cs[s + 1], y.select(1, s),
+                  o.activation, o.recurrent_activation);
   }
   return {y, hs[T].clone(), cs[T].clone(), z, hs, cs};
 }
@@ -256,12 +279,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
                                                                     const ConvLstmOptions& o, const CellSteps& steps) {
   const Dims d = check(in, c10::nullopt, c10::nullopt, o);
   const int64_t B = d.B, T = d.T, F = d.F, G = 4 * F;
-  const std::vector<int64_t> state = d.shape({B, F}, d.Sp);
-  TORCH_CHECK_VALUE(z.sizes().vec() == d.shape({T, B, G}, d.Sp) && hs.sizes().vec() == d.shape({T + 1, B, F}, d.Sp) &&
+  const std::vector<int64_t> state = d.shape({B}, d.Sp, F);
+  TORCH_CHECK_VALUE(z.sizes().vec() == d.shape({T, B}, d.Sp, G) && hs.sizes().vec() == d.shape({T + 1, B}, d.Sp, F) &&
                         cs.sizes() == hs.sizes(),
                     "z, hs and cs must be what conv_lstm_forward returned for these inputs; got shapes ", z.sizes(),
                     ", ", hs.sizes(), ", ", cs.sizes());
-  check_tensor(grad_y, in.x, "grad_y", d.shape({B, T, F}, d.Sp));
+  check_tensor(grad_y, in.x, "grad_y", d.shape({B, T}, d.Sp, F));
   check_tensor(grad_h_n, in.x, "grad_h_n", state);
   check_tensor(grad_c_n, in.x, "grad_c_n", state);
   const Tensor x = in.x.contiguous(), dy_all = grad_y.contiguous();
@@ -272,7 +295,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
   const StepMasks masks = step_masks(in.mask, o.go_backwards);
   const int64_t Gr = d.recurrent_groups, wr = G / Gr;
 
-  Tensor dz = at::empty(d.shape({T, B, G}, d.Sp), opts);  // processing order
+  Tensor dz = at::empty(d.shape({T, B}, d.Sp, G), opts);  // processing order
   Tensor dh = grad_h_n.contiguous().clone(), dc = grad_c_n.contiguous().clone();
   Tensor dh_prev = at::empty(state, opts), dc_prev = at::empty(state, opts);
   for (int64_t s = T - 1; s >= 0; --s) {
@@ -282,7 +305,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
                    o.activation, o.recurrent_activation);
     for (int64_t k = 0; k < Gr; ++k) {
       const Tensor wk = Gr == 1 ? recurrent : recurrent.narrow(0, k * wr, wr);
-      const Tensor gk = Gr == 1 ? dz[s] : dz[s].narrow(1, k * wr, wr);
+      const Tensor gk = Gr == 1 ? dz[s] : dz[s].narrow(-1, k * wr, wr).contiguous();
       Tensor gh = std::get<0>(conv_rec.backward(gk, hsc[s], wk, true, false, false));
       if (in.recurrent_dropout_mask.defined()) gh.mul_(in.recurrent_dropout_mask[k]);
       dh_prev.add_(gh);
@@ -296,20 +319,20 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
   const Tensor h_all = hsc.narrow(0, 0, T);
   for (int64_t k = 0; k < Gr; ++k) {
     const Tensor hk = (in.recurrent_dropout_mask.defined() ? h_all * in.recurrent_dropout_mask[k].unsqueeze(0) : h_all)
-                          .reshape(d.shape({T * B, F}, d.Sp));
-    const Tensor gk = (Gr == 1 ? dz : dz.narrow(2, k * wr, wr)).reshape(d.shape({T * B, wr}, d.Sp));
+                          .reshape(d.shape({T * B}, d.Sp, F));
+    const Tensor gk = (Gr == 1 ? dz : dz.narrow(-1, k * wr, wr)).reshape(d.shape({T * B}, d.Sp, wr));
     const Tensor wk = Gr == 1 ? recurrent : recurrent.narrow(0, k * wr, wr);
     const Tensor gw = std::get<1>(conv_rec.backward(gk, hk, wk, false, true, false));
     (Gr == 1 ? grad_recurrent : grad_recurrent.narrow(0, k * wr, wr)).copy_(gw);
   }
 
   // The input side: x, kernel and bias from every step's gate gradients in time order.
-  const Tensor dz_time = (o.go_backwards ? dz.flip(0) : dz).transpose(0, 1).contiguous();  // [B, T, 4F, *S']
+  const Tensor dz_time = (o.go_backwards ? dz.flip(0) : dz).transpose(0, 1).contiguous();  // [B, T, *S', 4F]
   const int64_t Gi = d.input_groups, wi = G / Gi;
   Tensor grad_x, grad_kernel = at::empty_like(kernel);
   Tensor grad_bias = in.bias.defined() ? at::empty({G}, opts) : at::empty({0}, opts);
   for (int64_t k = 0; k < Gi; ++k) {
-    const Tensor gk = (Gi == 1 ? dz_time : dz_time.narrow(2, k * wi, wi)).reshape(d.shape({B * T, wi}, d.Sp));
+    const Tensor gk = (Gi == 1 ? dz_time : dz_time.narrow(-1, k * wi, wi)).reshape(d.shape({B * T}, d.Sp, wi));
     const Tensor wk = Gi == 1 ? kernel : kernel.narrow(0, k * wi, wi);
     auto [gx, gw, gb] = conv_in.backward(gk, input_of_group(x, in.dropout_mask, k, d), wk, true, true,
                                          in.bias.defined());

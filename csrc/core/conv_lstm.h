@@ -1,8 +1,9 @@
 // ConvLSTM (Keras ConvLSTM1D/2D/3D), device-generic: the convolutions through ATen (cuDNN on
-// CUDA, oneDNN on the CPU), the pointwise step through the backend's CellSteps. Shapes and
-// options: core/ops.cpp (conv_lstm_forward / conv_lstm_backward).
+// CUDA, oneDNN on the CPU) on channels-last tensors (Keras's layout, the one those libraries run
+// fastest), the pointwise step through the backend's CellSteps. Shapes and options: core/ops.cpp
+// (conv_lstm_forward / conv_lstm_backward).
 //
-// Forward: the input convolution of every timestep as one batched convolution over [B*T, C, *S]
+// Forward: the input convolution of every timestep as one batched convolution over [B*T, *S, C]
 // (with the bias); then per step the recurrent convolution of h (padding "same", stride 1) added
 // to that step's slice, and the fused cell. Backward: per step (reversed) the fused cell backward
 // and the recurrent convolution's input gradient; then the recurrent kernel's gradient as one
@@ -36,10 +37,10 @@ struct ConvLstmTensors {
   Tensor x, kernel, recurrent_kernel, bias, mask, dropout_mask, recurrent_dropout_mask;
 };
 
-// The pointwise step of one backend. Every state tensor is [B, F, *S'] contiguous, except `out`
-// and `dy` (a step of y, each batch row contiguous, rows out.stride(0) apart); zin is the step's
-// slice of the input convolution [B, 4F, *S'] (rows zin.stride(0) apart), r its recurrent
-// convolution and z / dz [B, 4F, *S'] contiguous; real (bool [B], or undefined: every row real)
+// The pointwise step of one backend, channels last: every state tensor is [B, *S', F] contiguous,
+// except `out` and `dy` (a step of y, each batch row contiguous, rows out.stride(0) apart); zin
+// is the step's slice of the input convolution [B, *S', 4F] (rows zin.stride(0) apart), r its
+// recurrent convolution and z / dz [B, *S', 4F] contiguous (per pixel the four gates' F values); real (bool [B], or undefined: every row real)
 // and seen (bool [B]: the row had a real step before this one) decide the masked rows
 // (conv_lstm_cell.h). forward keeps in z (the reserve) whatever its backward reads there: the
 // pre-activations zin + r, or, where the backend fuses tanh / sigmoid cells, the activated gates.

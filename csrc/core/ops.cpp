@@ -16,16 +16,17 @@
 // rnn_backward reads: uint8 bytes whose size and layout belong to the backend that ran (the CPU's
 // saved activations, cuDNN's reserve space), so the fake kernel gives it a data-dependent size.
 //
-// conv_lstm_forward runs one ConvLSTM layer (Keras ConvLSTM1D/2D/3D), channels-first:
-//   x        [B, T, C, *S]  (S: 1 to 3 spatial sizes)
+// conv_lstm_forward runs one ConvLSTM layer (Keras ConvLSTM1D/2D/3D), channels last:
+//   x        [B, T, *S, C]  (S: 1 to 3 spatial sizes)
 //   kernel   [4F, C, *k]  recurrent_kernel [4F, F, *k]  bias [4F] or None  (gates i, f, c, o)
-//   mask     [B, T] bool;  h0, c0 [B, F, *S']
-//   dropout_mask [1 or 4, B, C, *S] and recurrent_dropout_mask [1 or 4, B, F, *S'] (per gate when 4)
+//   mask     [B, T] bool;  h0, c0 [B, *S', F]
+//   dropout_mask [1 or 4, B or 1, *S, C] and recurrent_dropout_mask [1 or 4, B or 1, *S', F]
+//            (per gate when 4)
 //   stride, pad_before, pad_after, dilation: the input convolution's (Keras "same" padding is
 //            asymmetric when the total is odd); the recurrent one is "same", stride 1
-// returns y [B, T, F, *S'] in processing order, h_n, c_n [B, F, *S'], and what backward reads:
-// z [T, B, 4F, *S'] (every step's gates as the backend's backward reads them: pre-activations, or
-// the activated gates of the CPU's fused float32 tanh / sigmoid cell), hs and cs [T + 1, B, F, *S'].
+// returns y [B, T, *S', F] in processing order, h_n, c_n [B, *S', F], and what backward reads:
+// z [T, B, *S', 4F] (every step's gates as the backend's backward reads them: pre-activations, or
+// the activated gates of the CPU's fused float32 tanh / sigmoid cell), hs and cs [T + 1, B, *S', F].
 #include <torch/library.h>
 
 TORCH_LIBRARY(cudnn_rnn, m) {

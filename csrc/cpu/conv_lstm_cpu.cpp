@@ -1,7 +1,7 @@
-// ConvLSTM on the CPU: the pointwise step over batch rows in parallel, float32 tanh / sigmoid
-// cells through the per-ISA fused LSTM rows of vec_loops (a batch row's F * S' elements are one
-// row of n units), the rest through core/conv_lstm_cell.h; the convolutions are ATen's
-// (core/conv_lstm.cpp).
+// ConvLSTM on the CPU: the pointwise step over pixels in parallel (each pixel of a batch row is
+// one LSTM row of F units, its gates in blocks of F), float32 tanh / sigmoid cells through the
+// per-ISA fused LSTM rows of vec_loops, the rest through core/conv_lstm_cell.h; the convolutions
+// are ATen's (core/conv_lstm.cpp).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -20,6 +20,7 @@ using at::Tensor;
 
 // Rows per task: enough elements that a task outweighs the fork.
 int64_t row_grain(int64_t per_row) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(per_row, 1)); }
+
 
 bool tanh_or_sigmoid(Activation a) { return a == Activation::Tanh || a == Activation::Sigmoid; }
 
@@ -59,10 +60,12 @@ void masked_row(int64_t n, const T* h_prev, const T* c_prev, bool seen, T* h_new
   if (seen) std::copy(h_prev, h_prev + n, out); else std::fill(out, out + n, T(0));
 }
 
+// Rows are pixels: row q = (batch row b, pixel p) holds F state values; its gates are the 4F
+// values z[q * 4F ...] in gate blocks of F (the input convolution's row is zin's pixel p of b).
 void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, const Tensor& c_prev, const Tensor& real,
                   const Tensor& seen, const Tensor& z, const Tensor& h_new, const Tensor& c_new, const Tensor& out,
                   Activation act, Activation ract) {
-  const int64_t B = h_prev.size(0), n = h_prev.numel() / B;  // n = F * S'
+  const int64_t B = h_prev.size(0), F = h_prev.size(-1), P = h_prev.numel() / (B * F);
   const bool* rl = real.defined() ? real.data_ptr<bool>() : nullptr;
   const bool* sn = seen.defined() ? seen.data_ptr<bool>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "conv_lstm_forward_step", [&] {
@@ -75,22 +78,23 @@ void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, cons
     scalar_t* cn = c_new.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     const int64_t zin_stride = zin.stride(0), out_stride = out.stride(0);
-    at::parallel_for(0, B, row_grain(n), [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        const int64_t s = b * n;
+    at::parallel_for(0, B * P, row_grain(F), [&](int64_t q0, int64_t q1) {
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t b = q / P, p = q - b * P, s = q * F;
+        const scalar_t* zr = zi + b * zin_stride + p * 4 * F;
+        scalar_t* o = op + b * out_stride + p * F;
         if (rl != nullptr && !rl[b]) {
-          std::fill(zp + 4 * s, zp + 4 * s + 4 * n, scalar_t(0));  // as conv_lstm_cell.h
-          masked_row(n, hp + s, cp + s, sn != nullptr && sn[b], hn + s, cn + s, op + b * out_stride);
+          std::fill(zp + 4 * s, zp + 4 * s + 4 * F, scalar_t(0));  // as conv_lstm_cell.h
+          masked_row(F, hp + s, cp + s, sn != nullptr && sn[b], hn + s, cn + s, o);
           continue;
         }
-        if (fused_forward_row(act, ract, n, zi + b * zin_stride, rp + 4 * s, cp + s, zp + 4 * s, hn + s, cn + s)) {
-          std::copy(hn + s, hn + s + n, op + b * out_stride);
+        if (fused_forward_row(act, ract, F, zr, rp + 4 * s, cp + s, zp + 4 * s, hn + s, cn + s)) {
+          std::copy(hn + s, hn + s + F, o);
           continue;
         }
-        for (int64_t e = 0; e < n; ++e) {
-          conv::cell_forward<scalar_t>(act, ract, zi + b * zin_stride + e, rp + 4 * s + e, zp + 4 * s + e, n,
-                                       hp[s + e], cp[s + e], true, false, hn + s + e, cn + s + e,
-                                       op + b * out_stride + e);
+        for (int64_t f = 0; f < F; ++f) {
+          conv::cell_forward<scalar_t>(act, ract, zr + f, rp + 4 * s + f, zp + 4 * s + f, F, hp[s + f], cp[s + f],
+                                       true, false, hn + s + f, cn + s + f, o + f);
         }
       }
     });
@@ -100,7 +104,7 @@ void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, cons
 void backward_step(const Tensor& z, const Tensor& c_prev, const Tensor& c_new, const Tensor& real, const Tensor& seen,
                    const Tensor& dy, const Tensor& dh, const Tensor& dc, const Tensor& dz, const Tensor& dh_prev,
                    const Tensor& dc_prev, Activation act, Activation ract) {
-  const int64_t B = c_prev.size(0), n = c_prev.numel() / B;
+  const int64_t B = c_prev.size(0), F = c_prev.size(-1), P = c_prev.numel() / (B * F);
   const bool* rl = real.defined() ? real.data_ptr<bool>() : nullptr;
   const bool* sn = seen.defined() ? seen.data_ptr<bool>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "conv_lstm_backward_step", [&] {
@@ -115,27 +119,27 @@ void backward_step(const Tensor& z, const Tensor& c_prev, const Tensor& c_new, c
     scalar_t* dcq = dc_prev.data_ptr<scalar_t>();
     const int64_t dy_stride = dy.stride(0);
     const bool fast = tanh_or_sigmoid(act) && tanh_or_sigmoid(ract) && std::is_same_v<scalar_t, float>;
-    at::parallel_for(0, B, row_grain(n), [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        const int64_t s = b * n;
-        const scalar_t* dyr = dyp + b * dy_stride;
+    at::parallel_for(0, B * P, row_grain(F), [&](int64_t q0, int64_t q1) {
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t b = q / P, p = q - b * P, s = q * F;
+        const scalar_t* dyr = dyp + b * dy_stride + p * F;
         if (rl != nullptr && !rl[b]) {  // states carried: dh and dc pass through, dy too when it was h_prev
-          std::fill(dzp + 4 * s, dzp + 4 * s + 4 * n, scalar_t(0));
+          std::fill(dzp + 4 * s, dzp + 4 * s + 4 * F, scalar_t(0));
           const bool was_seen = sn != nullptr && sn[b];
-          for (int64_t e = 0; e < n; ++e) dhq[s + e] = dhp[s + e] + (was_seen ? dyr[e] : scalar_t(0));
-          std::copy(dcp + s, dcp + s + n, dcq + s);
+          for (int64_t f = 0; f < F; ++f) dhq[s + f] = dhp[s + f] + (was_seen ? dyr[f] : scalar_t(0));
+          std::copy(dcp + s, dcp + s + F, dcq + s);
           continue;
         }
         if (fast) {  // dh_prev's row first holds dh + dy (the row's scratch), then the direct part, 0
-          for (int64_t e = 0; e < n; ++e) dhq[s + e] = dhp[s + e] + dyr[e];
-          std::copy(dcp + s, dcp + s + n, dcq + s);
-          fused_backward_row(act, ract, n, zp + 4 * s, cp + s, cn + s, dhq + s, dcq + s, dzp + 4 * s);
-          std::fill(dhq + s, dhq + s + n, scalar_t(0));
+          for (int64_t f = 0; f < F; ++f) dhq[s + f] = dhp[s + f] + dyr[f];
+          std::copy(dcp + s, dcp + s + F, dcq + s);
+          fused_backward_row(act, ract, F, zp + 4 * s, cp + s, cn + s, dhq + s, dcq + s, dzp + 4 * s);
+          std::fill(dhq + s, dhq + s + F, scalar_t(0));
           continue;
         }
-        for (int64_t e = 0; e < n; ++e) {
-          conv::cell_backward<scalar_t>(act, ract, zp + 4 * s + e, n, cp[s + e], cn[s + e], true, false, dyr[e],
-                                        dhp[s + e], dcp[s + e], dzp + 4 * s + e, dhq + s + e, dcq + s + e);
+        for (int64_t f = 0; f < F; ++f) {
+          conv::cell_backward<scalar_t>(act, ract, zp + 4 * s + f, F, cp[s + f], cn[s + f], true, false, dyr[f],
+                                        dhp[s + f], dcp[s + f], dzp + 4 * s + f, dhq + s + f, dcq + s + f);
         }
       }
     });

@@ -19,7 +19,7 @@ void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, cons
                   const Tensor& seen, const Tensor& z, const Tensor& h_new, const Tensor& c_new, const Tensor& out,
                   Activation act, Activation ract) {
   const c10::cuda::CUDAGuard guard(z.device());
-  const int64_t B = h_prev.size(0), n = h_prev.numel() / B;
+  const int64_t B = h_prev.size(0), F = h_prev.size(-1), P = h_prev.numel() / (B * F);
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "conv_lstm_forward_step", [&] {
     cuda::ConvCellForward<scalar_t> p{zin.data_ptr<scalar_t>(),    r.data_ptr<scalar_t>(),
                                       z.data_ptr<scalar_t>(),      h_prev.data_ptr<scalar_t>(),
@@ -27,8 +27,9 @@ void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, cons
                                       bools(seen),                 h_new.data_ptr<scalar_t>(),
                                       c_new.data_ptr<scalar_t>(),  out.data_ptr<scalar_t>(),
                                       zin.stride(0),               out.stride(0),
-                                      B,                           n,
-                                      act,                         ract};
+                                      B,                           P,
+                                      F,                           act,
+                                      ract};
     cuda::launch_conv_cell_forward(p, c10::cuda::getCurrentCUDAStream());
   });
 }
@@ -37,13 +38,13 @@ void backward_step(const Tensor& z, const Tensor& c_prev, const Tensor& c_new, c
                    const Tensor& dy, const Tensor& dh, const Tensor& dc, const Tensor& dz, const Tensor& dh_prev,
                    const Tensor& dc_prev, Activation act, Activation ract) {
   const c10::cuda::CUDAGuard guard(z.device());
-  const int64_t B = c_prev.size(0), n = c_prev.numel() / B;
+  const int64_t B = c_prev.size(0), F = c_prev.size(-1), P = c_prev.numel() / (B * F);
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "conv_lstm_backward_step", [&] {
     cuda::ConvCellBackward<scalar_t> p{z.data_ptr<scalar_t>(),  c_prev.data_ptr<scalar_t>(), c_new.data_ptr<scalar_t>(),
                                        bools(real),            bools(seen),                 dy.data_ptr<scalar_t>(),
                                        dh.data_ptr<scalar_t>(), dc.data_ptr<scalar_t>(),    dz.data_ptr<scalar_t>(),
                                        dh_prev.data_ptr<scalar_t>(), dc_prev.data_ptr<scalar_t>(), dy.stride(0),
-                                       B, n, act, ract};
+                                       B, P, F, act, ract};
     cuda::launch_conv_cell_backward(p, c10::cuda::getCurrentCUDAStream());
   });
 }

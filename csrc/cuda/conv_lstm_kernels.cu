@@ -1,5 +1,5 @@
-// CUDA kernels of ConvLSTM's pointwise step: one thread per (batch row, state element) running
-// core/conv_lstm_cell.h.
+// CUDA kernels of ConvLSTM's pointwise step: one thread per state element (batch row, pixel,
+// filter) running core/conv_lstm_cell.h.
 #include <c10/cuda/CUDAException.h>
 #include <c10/macros/Macros.h>
 
@@ -19,33 +19,35 @@ unsigned int blocks_for(int64_t n) {
 
 template <typename T>
 __global__ void conv_cell_forward_kernel(ConvCellForward<T> p) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= p.batch * p.n) return;
-  const int64_t b = idx / p.n, e = idx % p.n;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // = state element
+  const int64_t F = p.filters;
+  if (idx >= p.batch * p.pixels * F) return;
+  const int64_t q = idx / F, f = idx - q * F, b = q / p.pixels, px = q - b * p.pixels;
   const bool real = p.real == nullptr || p.real[b];
   const bool seen = p.seen != nullptr && p.seen[b];
-  conv::cell_forward<T>(p.act, p.ract, p.zin + b * p.zin_stride + e, p.r + b * 4 * p.n + e, p.z + b * 4 * p.n + e,
-                        p.n, p.h_prev[idx], p.c_prev[idx], real, seen, p.h_new + idx, p.c_new + idx,
-                        p.out + b * p.out_stride + e);
+  conv::cell_forward<T>(p.act, p.ract, p.zin + b * p.zin_stride + px * 4 * F + f, p.r + q * 4 * F + f,
+                        p.z + q * 4 * F + f, F, p.h_prev[idx], p.c_prev[idx], real, seen, p.h_new + idx,
+                        p.c_new + idx, p.out + b * p.out_stride + px * F + f);
 }
 
 template <typename T>
 __global__ void conv_cell_backward_kernel(ConvCellBackward<T> p) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= p.batch * p.n) return;
-  const int64_t b = idx / p.n, e = idx % p.n;
+  const int64_t F = p.filters;
+  if (idx >= p.batch * p.pixels * F) return;
+  const int64_t q = idx / F, f = idx - q * F, b = q / p.pixels, px = q - b * p.pixels;
   const bool real = p.real == nullptr || p.real[b];
   const bool seen = p.seen != nullptr && p.seen[b];
-  conv::cell_backward<T>(p.act, p.ract, p.z + b * 4 * p.n + e, p.n, p.c_prev[idx], p.c_new[idx], real, seen,
-                         p.dy[b * p.dy_stride + e], p.dh[idx], p.dc[idx], p.dz + b * 4 * p.n + e, p.dh_prev + idx,
-                         p.dc_prev + idx);
+  conv::cell_backward<T>(p.act, p.ract, p.z + q * 4 * F + f, F, p.c_prev[idx], p.c_new[idx], real, seen,
+                         p.dy[b * p.dy_stride + px * F + f], p.dh[idx], p.dc[idx], p.dz + q * 4 * F + f,
+                         p.dh_prev + idx, p.dc_prev + idx);
 }
 
 }  // namespace
 
 template <typename T>
 void launch_conv_cell_forward(const ConvCellForward<T>& p, cudaStream_t stream) {
-  const int64_t n = p.batch * p.n;
+  const int64_t n = p.batch * p.pixels * p.filters;
   if (n == 0) return;
   conv_cell_forward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -53,7 +55,7 @@ void launch_conv_cell_forward(const ConvCellForward<T>& p, cudaStream_t stream) 
 
 template <typename T>
 void launch_conv_cell_backward(const ConvCellBackward<T>& p, cudaStream_t stream) {
-  const int64_t n = p.batch * p.n;
+  const int64_t n = p.batch * p.pixels * p.filters;
   if (n == 0) return;
   conv_cell_backward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

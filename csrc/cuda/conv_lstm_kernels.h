@@ -11,7 +11,8 @@
 namespace cudnn_rnn {
 namespace cuda {
 
-// Per step: batch rows of n = F * S' state elements; z / dz rows hold 4n; out / dy rows are
+// Per step, channels last: batch rows of P pixels of F state values; a pixel's gates are 4F
+// values in gate blocks of F (z / dz contiguous, zin rows zin_stride apart); out / dy rows are
 // out_stride / dy_stride apart; real / seen: bool [batch] or null (every row real).
 template <typename T>
 struct ConvCellForward {
@@ -25,7 +26,7 @@ struct ConvCellForward {
   T* h_new;
   T* c_new;
   T* out;
-  int64_t zin_stride, out_stride, batch, n;
+  int64_t zin_stride, out_stride, batch, pixels, filters;
   Activation act, ract;
 };
 
@@ -42,7 +43,7 @@ struct ConvCellBackward {
   T* dz;
   T* dh_prev;
   T* dc_prev;
-  int64_t dy_stride, batch, n;
+  int64_t dy_stride, batch, pixels, filters;
   Activation act, ract;
 };
 
