@@ -149,3 +149,32 @@ def test_report_names_the_machine(smoke_run):
     assert machine["cudnn_rnn_cpu_gemm"] == cudnn_rnn._C.cpu_gemm_engine() in ("packed", "brgemm", "blas")
     assert machine["cudnn_rnn_cpu_loops"] == cudnn_rnn._C.cpu_loops_isa() in ("avx512", "avx2", "baseline")
     assert machine["cudnn_rnn_cpu_bf16_gemms"] is cudnn_rnn._C.cpu_bf16_gemms()
+
+
+@pytest.mark.keras
+def test_conv_lstm_benchmark_runs_at_smoke_size(tmp_path):
+    from benchmarks import conv_lstm
+
+    out = tmp_path / "conv.json"
+    result = conv_lstm.main(["--quick", "--batch", "2", "--time", "2", "--size", "6", "--channels", "2",
+                             "--filters", "3", "--json", str(out)])
+    assert [(r["mode"], r["implementation"]) for r in result["rows"]] == [
+        ("forward", "cudnn_rnn"), ("forward", "keras3"), ("forward+backward", "cudnn_rnn"),
+        ("forward+backward", "keras3")]
+    assert all(r["median_ms"] > 0 for r in result["rows"]) and json.loads(out.read_text())["case"]["size"] == 6
+
+
+@pytest.mark.keras
+def test_conv_lstm_benchmark_guard_stops_on_a_wrong_peer(monkeypatch):
+    from benchmarks import conv_lstm
+
+    real_build = conv_lstm.build
+
+    def wrong_peer(args):
+        ours, peer, x = real_build(args)
+        peer.set_weights([w * 1.01 for w in peer.get_weights()])
+        return ours, peer, x
+
+    monkeypatch.setattr(conv_lstm, "build", wrong_peer)
+    with pytest.raises(AssertionError, match="Keras's ConvLSTM2D disagrees with ours"):
+        conv_lstm.main(["--quick", "--batch", "2", "--time", "2", "--size", "6", "--channels", "2", "--filters", "3"])
