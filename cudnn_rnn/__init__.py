@@ -2,7 +2,11 @@
 in C++."""
 import torch  # noqa: F401  (loads libtorch, which _C links against)
 
-from . import _C, ops
+from ._compat import load_extension
+
+_C = load_extension()  # the native extension, or one ImportError saying how to rebuild it
+
+from . import ops  # noqa: E402
 from .explain import Explanation, explain
 from .keras import ConversionError, load_keras, save_keras
 from .conv_lstm import ConvLSTM1D, ConvLSTM2D, ConvLSTM3D

@@ -279,6 +279,7 @@ def test_conv_lstm_cuda_matches_cpu_forward_and_gradients(rank, dtype):
     backend, which the Keras tests pin: outputs, states and every gradient, with a mask, dropout
     masks, asymmetric 'same' padding and go_backwards."""
     torch.manual_seed(0)
+    torch.backends.cudnn.allow_tf32 = False  # full float32 convolutions (the default uses TF32)
     spatial = {1: (9,), 2: (6, 7), 3: (4, 5, 3)}[rank]
     layer = getattr(cudnn_rnn, f"ConvLSTM{rank}D")(3, 4, 2, padding="same", return_sequences=True, return_state=True,
                                                    go_backwards=True, dropout=0.3, recurrent_dropout=0.2, seed=1,
@@ -301,3 +302,20 @@ def test_conv_lstm_cuda_matches_cpu_forward_and_gradients(rank, dtype):
     torch.testing.assert_close(xg.grad.cpu(), xc.grad, **tol)
     for p, q in zip(layer.parameters(), gpu.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, **tol)
+    torch.backends.cudnn.allow_tf32 = True
+
+
+@cuda
+def test_conv_lstm_cuda_under_autocast_and_compile():
+    """Under torch.autocast the op still computes in its inputs' float32 (CUDA autocast would
+    hand its convolutions float16), and it compiles without graph breaks on CUDA."""
+    torch.manual_seed(0)
+    layer = cudnn_rnn.ConvLSTM2D(3, 4, 3, padding="same", return_sequences=True).cuda()
+    x = torch.randn(2, 4, 6, 6, 3, device="cuda")
+    expected = layer(x)
+    with torch.autocast("cuda"):
+        got = layer(x)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected)
+    compiled = torch.compile(layer, fullgraph=True)
+    torch.testing.assert_close(compiled(x), expected, atol=1e-5, rtol=1e-5)

@@ -181,6 +181,14 @@ Dims check(const ConvLstmTensors& in, const OptTensor& h0, const OptTensor& c0, 
 
 Conv input_conv(const ConvLstmOptions& o) { return Conv{o.stride, o.pad_before, o.pad_after, o.dilation}; }
 
+// A kernel as the convolutions read it: channels_last for 2-D / 3-D (the inputs are; otherwise
+// ATen re-lays the weight out at every call, i.e. every step), contiguous otherwise.
+Tensor conv_weight(const Tensor& w) {
+  if (w.dim() == 4) return w.contiguous(at::MemoryFormat::ChannelsLast);
+  if (w.dim() == 5) return w.contiguous(at::MemoryFormat::ChannelsLast3d);
+  return w.contiguous();
+}
+
 // x of gate group k as its convolution reads it: [B*T, *S, C], the dropout mask applied.
 Tensor input_of_group(const Tensor& x, const Tensor& dropout_mask, int64_t k, const Dims& d) {
   Tensor xk = dropout_mask.defined() ? x * dropout_mask[k].unsqueeze(1) : x;
@@ -226,7 +234,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward(const ConvLst
   const auto opts = x.options();
   const int64_t B = d.B, T = d.T, F = d.F, G = 4 * F;
   const Conv conv_in = input_conv(o), conv_rec = recurrent_conv(in.recurrent_kernel);
-  const Tensor kernel = in.kernel.contiguous(), recurrent = in.recurrent_kernel.contiguous();
+  const Tensor kernel = conv_weight(in.kernel), recurrent = conv_weight(in.recurrent_kernel);
 
   // Every timestep's input convolution at once, [B, T, *S', 4F].
   Tensor zin;
@@ -291,7 +299,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
   const Tensor zc = z.contiguous(), hsc = hs.contiguous(), csc = cs.contiguous();
   const auto opts = x.options();
   const Conv conv_in = input_conv(o), conv_rec = recurrent_conv(in.recurrent_kernel);
-  const Tensor kernel = in.kernel.contiguous(), recurrent = in.recurrent_kernel.contiguous();
+  const Tensor kernel = conv_weight(in.kernel), recurrent = conv_weight(in.recurrent_kernel);
   const StepMasks masks = step_masks(in.mask, o.go_backwards);
   const int64_t Gr = d.recurrent_groups, wr = G / Gr;
 
@@ -315,7 +323,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
   }
 
   // The recurrent kernel's gradient, every step at once.
-  Tensor grad_recurrent = at::empty_like(recurrent);
+  Tensor grad_recurrent = at::empty(recurrent.sizes(), opts);  // contiguous, as the fake kernel says
   const Tensor h_all = hsc.narrow(0, 0, T);
   for (int64_t k = 0; k < Gr; ++k) {
     const Tensor hk = (in.recurrent_dropout_mask.defined() ? h_all * in.recurrent_dropout_mask[k].unsqueeze(0) : h_all)
@@ -329,7 +337,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
   // The input side: x, kernel and bias from every step's gate gradients in time order.
   const Tensor dz_time = (o.go_backwards ? dz.flip(0) : dz).transpose(0, 1).contiguous();  // [B, T, *S', 4F]
   const int64_t Gi = d.input_groups, wi = G / Gi;
-  Tensor grad_x, grad_kernel = at::empty_like(kernel);
+  Tensor grad_x, grad_kernel = at::empty(kernel.sizes(), opts);
   Tensor grad_bias = in.bias.defined() ? at::empty({G}, opts) : at::empty({0}, opts);
   for (int64_t k = 0; k < Gi; ++k) {
     const Tensor gk = (Gi == 1 ? dz_time : dz_time.narrow(-1, k * wi, wi)).reshape(d.shape({B * T}, d.Sp, wi));

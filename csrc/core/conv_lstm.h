@@ -1,6 +1,7 @@
 // ConvLSTM (Keras ConvLSTM1D/2D/3D), device-generic: the convolutions through ATen (cuDNN on
-// CUDA, oneDNN on the CPU) on channels-last tensors (Keras's layout, the one those libraries run
-// fastest), the pointwise step through the backend's CellSteps. Shapes and options: core/ops.cpp
+// CUDA, oneDNN on the CPU) on channels-last tensors (Keras's layout, and for 2-D / 3-D float32
+// convolutions the one those libraries run fastest), the pointwise step through the backend's
+// CellSteps. Shapes and options: core/ops.cpp
 // (conv_lstm_forward / conv_lstm_backward).
 //
 // Forward: the input convolution of every timestep as one batched convolution over [B*T, *S, C]
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include <tuple>
@@ -78,6 +80,9 @@ struct ConvLstmKernels {
       const OptTensor& recurrent_dropout_mask, at::IntArrayRef stride, at::IntArrayRef pad_before,
       at::IntArrayRef pad_after, at::IntArrayRef dilation, c10::string_view activation,
       c10::string_view recurrent_activation, bool go_backwards) {
+    // Under torch.autocast the convolutions inside would come back in float16 (CUDA autocast casts
+    // aten::convolution): the op computes in its inputs' dtype.
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const ConvLstmOptions o = make_options(stride, pad_before, pad_after, dilation, activation, recurrent_activation,
                                            go_backwards, x.dim() - 3);
     return conv::forward({x, kernel, recurrent_kernel, bias.value_or(Tensor()), mask.value_or(Tensor()),
@@ -91,6 +96,7 @@ struct ConvLstmKernels {
       const OptTensor& recurrent_dropout_mask, const Tensor& z, const Tensor& hs, const Tensor& cs,
       at::IntArrayRef stride, at::IntArrayRef pad_before, at::IntArrayRef pad_after, at::IntArrayRef dilation,
       c10::string_view activation, c10::string_view recurrent_activation, bool go_backwards) {
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const ConvLstmOptions o = make_options(stride, pad_before, pad_after, dilation, activation, recurrent_activation,
                                            go_backwards, x.dim() - 3);
     return conv::backward(grad_y, grad_h_n, grad_c_n,

@@ -1,5 +1,6 @@
 // The pointwise part of one ConvLSTM step, per element, C10_HOST_DEVICE: the CPU loops
-// (cpu/conv_lstm_cpu.cpp) and the CUDA kernels (cuda/conv_lstm_cell.cu) share it.
+// (cpu/conv_lstm_cpu.cpp, for what its fused rows do not take) and the CUDA kernels
+// (cuda/conv_lstm_kernels.cu) share it.
 //
 // Keras's ConvLSTMCell (keras/src/layers/rnn/conv_lstm.py): with z the input convolution plus the
 // recurrent one, gates i, f, c, o in that order along the channels,
@@ -17,9 +18,9 @@
 namespace cudnn_rnn {
 namespace conv {
 
-// One element of the state ([B, F, *S'] index e): its gate pre-activations are zin[q * gate_stride]
-// + r[q * gate_stride] (the input and recurrent convolutions, gate_stride = F * S'), kept in
-// z[q * gate_stride] for backward.
+// One element of the state (channels last: pixel p, filter f): its gate pre-activations are
+// zin[q * gate_stride] + r[q * gate_stride] (the input and recurrent convolutions; gate_stride = F,
+// the gates of a pixel being 4 blocks of F), kept in z[q * gate_stride] for backward.
 template <typename T>
 C10_HOST_DEVICE inline void cell_forward(Activation act, Activation ract, const T* zin, const T* r, T* z,
                                          int64_t gate_stride, T h_prev, T c_prev, bool real, bool seen, T* h_new,

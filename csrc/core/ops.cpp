@@ -1,6 +1,8 @@
-// Every schema of the cudnn_rnn namespace, and nothing else. Kernels register per dispatch key
-// through one adapter (core/rnn_call.h): CPU in cpu/rnn_cpu.cpp, CUDA in cuda/register.cpp,
-// Autograd in core/autograd.cpp; the fake (meta) kernels are Python's (cudnn_rnn/ops.py).
+// Every schema of the cudnn_rnn namespace, and nothing else. rnn_*'s kernels register per dispatch
+// key through one adapter (core/rnn_call.h): CPU in cpu/rnn_cpu.cpp, CUDA in cuda/register.cpp,
+// Autograd in core/autograd.cpp; their fake (meta) kernels are Python's (cudnn_rnn/ops.py).
+// conv_lstm_*'s through ConvLstmKernels (core/conv_lstm.h): cpu/conv_lstm_cpu.cpp,
+// cuda/conv_lstm_cuda.cpp, core/conv_lstm_autograd.cpp; fakes in cudnn_rnn/conv_lstm.py.
 //
 // rnn_forward runs a whole stack (num_layers x 1 or 2 directions) in one call.
 //   x        [B, T, I]  batch-major, as in Keras

@@ -1,0 +1,56 @@
+"""Loading the native extension against the torch that is running.
+
+The extension links against one torch's C++ ABI. Run under another torch (upgraded after the
+build, or a wheel built in pip's isolated environment against whatever torch was newest there),
+it fails to import with a linker message (`undefined symbol`, `libc10_cuda.so: cannot open
+shared object file`), or imports and misbehaves. cudnn_rnn/_build.py (written by setup.py) records
+the torch it was built against; load_extension compares it with the running one and turns either
+failure into one ImportError that says what happened and what to run.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from typing import Optional
+
+import torch
+
+
+def _built_against() -> Optional[dict]:
+    try:
+        from . import _build
+    except ImportError:
+        return None
+    return {k.lower(): v for k, v in vars(_build).items() if k.isupper()}
+
+
+def _base(version: str) -> str:
+    return version.split("+")[0]
+
+
+def rebuild_command(source: Optional[str]) -> str:
+    where = source if source and os.path.isfile(os.path.join(source, "setup.py")) else "<the cudnn_rnn source directory>"
+    return f"pip install --no-build-isolation --force-reinstall --no-deps {where}"
+
+
+def load_extension():
+    """cudnn_rnn._C, checked against the running torch."""
+    built = _built_against()
+    running = torch.__version__
+    try:
+        ext = importlib.import_module("cudnn_rnn._C")
+    except ImportError as e:
+        if built is None:
+            raise ImportError(f"cudnn_rnn's native extension cannot be loaded ({e}). Build it against the torch "
+                              f"you run ({running}): {rebuild_command(None)}") from e
+        if built["torch"] != running:
+            raise ImportError(f"cudnn_rnn was built against torch {built['torch']}, but torch {running} is running; "
+                              f"its extension no longer fits ({e}). Rebuild it against this torch: "
+                              f"{rebuild_command(built.get('source'))}") from e
+        raise ImportError(f"cudnn_rnn's native extension cannot be loaded ({e}), though it was built against this "
+                          f"torch ({running}); rebuild it: {rebuild_command(built.get('source'))}") from e
+    if built is not None and _base(built["torch"]) != _base(running):
+        warnings.warn(f"cudnn_rnn was built against torch {built['torch']} and torch {running} is running; if it "
+                      f"misbehaves, rebuild it: {rebuild_command(built.get('source'))}", RuntimeWarning, stacklevel=3)
+    return ext
