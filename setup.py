@@ -210,8 +210,21 @@ def _write_build_record(config: dict, with_cuda: bool) -> None:
 setup(
     name="cudnn_rnn",
     version="0.1.0",
-    description="Keras-exact LSTM/GRU/SimpleRNN/Bidirectional layers for PyTorch, in C++ (cuDNN, CPU)",
+    description="Keras-exact LSTM/GRU/SimpleRNN/Bidirectional/ConvLSTM layers for PyTorch, in C++ (cuDNN, CPU), "
+                "and Keras checkpoints loaded without TensorFlow",
+    long_description=open(os.path.join(ROOT, "README.md"), encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    license_files=["LICENSE"],
+    classifiers=[
+        "License :: OSI Approved :: MIT License",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: C++",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Typing :: Typed",
+    ],
     packages=find_packages(include=["cudnn_rnn", "cudnn_rnn.*"]),
+    package_data={"cudnn_rnn": ["py.typed"]},
     ext_modules=[extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension},
     python_requires=">=3.9",

@@ -40,8 +40,30 @@ def empty_cpu_cache() -> None:
 
 
 def build_info() -> dict:
-    """What the native extension was compiled with (CUDA / cuDNN versions, or 'no')."""
-    return dict(_C.build_info())
+    """What the native extension was built with and what it runs here, in words: the torch it was
+    built against (and the running one), CUDA / cuDNN versions (or 'no'), the CUDA architectures,
+    OpenMP, and the CPU paths this machine takes (cell-loop instruction set, float32 GEMM engine,
+    bfloat16 GEMMs)."""
+    from ._compat import _built_against
+
+    info = {"torch_running": torch.__version__}
+    built = _built_against() or {}
+    info.update({k: v for k, v in (("torch_built_against", built.get("torch")),
+                                   ("cuda_arches", built.get("cuda_arches")),
+                                   ("openmp", built.get("openmp"))) if v is not None})
+    native = dict(_C.build_info())
+    if native.get("cuda", "no").isdigit():  # CUDART_VERSION, CUDNN_VERSION as numbers
+        v = int(native["cuda"])
+        native["cuda"] = f"{v // 1000}.{v % 1000 // 10}"
+        for key in ("cudnn", "cudnn_runtime"):
+            if native.get(key, "").isdigit():
+                v = int(native[key])
+                native[key] = f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
+    info.update(native)
+    info["cpu_cell_loops"] = _C.cpu_loops_isa()
+    info["cpu_float32_gemms"] = _C.cpu_gemm_engine()
+    info["cpu_bfloat16_gemms"] = "bfloat16 (oneDNN brgemm)" if _C.cpu_bf16_gemms() else "float32 (no AMX / AVX512_BF16)"
+    return info
 
 
 __all__ = ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D", "explain", "Explanation", "from_torch", "to_torch",

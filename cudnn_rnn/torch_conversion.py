@@ -107,6 +107,11 @@ def keras_options(module: nn.Module) -> Tuple[str, dict]:
         cell, extra = "simple_rnn", {"activation": module.nonlinearity}
     else:
         raise TypeError(f"module must be a torch.nn.LSTM, GRU or RNN; got {type(module).__name__}")
+    if not module.batch_first:
+        raise ValueError(f"torch.nn.{type(module).__name__} has batch_first=False (time-major input, (time, batch, "
+                         "features)); cudnn_rnn layers take batch-major input as Keras does. The weights are the "
+                         "same: set module.batch_first = True before converting, and transpose your inputs "
+                         "(x.transpose(0, 1)) when you call the converted layer")
     if module.dropout:
         warnings.warn(f"torch dropout={module.dropout} between layers is not carried over; set Keras-style "
                       "dropout / recurrent_dropout on the converted layer if you train it", stacklevel=3)

@@ -115,4 +115,17 @@ def test_to_torch_refuses_what_torch_cannot_express():
     with pytest.raises(ValueError, match="go_backwards"):
         cudnn_rnn.SimpleRNN(3, 4, go_backwards=True).to_torch()
     with pytest.raises(TypeError, match="GRU.from_torch needs a matching torch module"):
-        cudnn_rnn.GRU.from_torch(nn.LSTM(3, 4))
+        cudnn_rnn.GRU.from_torch(nn.LSTM(3, 4, batch_first=True))
+
+
+def test_from_torch_refuses_time_major_modules():
+    """torch's default batch_first=False means (time, batch, features) input: converted silently,
+    the same weights would run on transposed data."""
+    with pytest.raises(ValueError, match=r"batch_first=False .* set module.batch_first = True"):
+        cudnn_rnn.from_torch(nn.GRU(3, 4))
+    module = nn.LSTM(3, 4)
+    x_time_major = torch.randn(5, 2, 3)
+    expected = module(x_time_major)[0]
+    module.batch_first = True  # what the message says to do
+    got = cudnn_rnn.from_torch(module)(x_time_major.transpose(0, 1)).transpose(0, 1)
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
