@@ -16,6 +16,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from ._random import MaskSource
 from .cells import canonical_activation
 from .layers import _check_positive_int, _check_rate, _init_
 
@@ -80,7 +81,8 @@ class _ConvLSTM(nn.Module):
         self.go_backwards, self.stateful = bool(go_backwards), bool(stateful)
         self.kernel_initializer, self.recurrent_initializer = kernel_initializer, recurrent_initializer
         self.bias_initializer = bias_initializer
-        self._generator: Optional[torch.Generator] = None
+        # masks a seeded layer has drawn (_random.py); not state_dict material
+        self.register_buffer("_draws", torch.zeros((), dtype=torch.int64, device=device), persistent=False)
         self._states: Optional[List[Tensor]] = None
         factory = {"device": device, "dtype": dtype}
         g = 4 * self.filters
@@ -163,18 +165,8 @@ class _ConvLSTM(nn.Module):
         return self.kernel.permute(*order), self.recurrent_kernel.permute(*order)
 
     # -- dropout --------------------------------------------------------------------------------
-    def _rng(self, device) -> Optional[torch.Generator]:
-        if self.seed is None:
-            return None
-        if self._generator is None or self._generator.device != torch.device(device):
-            self._generator = torch.Generator(device=device)
-            self._generator.manual_seed(int(self.seed))
-        return self._generator
-
     def _mask(self, shape, rate: float, like: Tensor) -> Tensor:
-        keep = 1.0 - rate
-        bits = torch.rand(shape, device=like.device, dtype=like.dtype, generator=self._rng(like.device)) < keep
-        return bits.to(like.dtype) / keep
+        return MaskSource.keep_mask(shape, rate, like, self.seed, self._draws)
 
     def dropout_masks(self, x_op: Tensor, state_shape: Sequence[int], training: bool):
         """(input mask [4, B, *S, C] or None, recurrent mask [4, B, *S', F] or None): one mask per

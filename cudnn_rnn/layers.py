@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from .cells import GATES, STATES, canonical_activation, standard_departures
+from ._random import MaskSource
 from .ops import RnnSpec, rnn_forward
 from .torch_conversion import copy_from_torch, keras_options, to_torch as _to_torch, torch_incompatibilities
 
@@ -101,7 +102,8 @@ class _RNNBase(nn.Module):
         self.kernel_initializer = kernel_initializer
         self.recurrent_initializer = recurrent_initializer
         self.bias_initializer = bias_initializer
-        self._generator = None
+        # masks a seeded layer has drawn (_random.py); not state_dict material
+        self.register_buffer("_draws", torch.zeros((), dtype=torch.int64, device=device), persistent=False)
         self._states: Optional[List[Tensor]] = None
         # Input width of layers 1.. of the stack: units, or 2 * units inside a Bidirectional.
         self.inner_input_size = self.units
@@ -185,20 +187,8 @@ class _RNNBase(nn.Module):
         return s
 
     # -- dropout ------------------------------------------------------------------------------
-    def _rng(self, device) -> Optional[torch.Generator]:
-        if self.seed is None:
-            return None
-        if self._generator is None or self._generator.device != torch.device(device):
-            self._generator = torch.Generator(device=device)
-            self._generator.manual_seed(int(self.seed))
-        return self._generator
-
     def _dropout_mask(self, shape, rate: float, like: Tensor) -> Tensor:
-        keep = 1.0 - rate
-        if keep <= 0.0:
-            return like.new_zeros(shape)
-        bits = torch.rand(shape, device=like.device, dtype=like.dtype, generator=self._rng(like.device)) < keep
-        return bits.to(like.dtype) / keep
+        return MaskSource.keep_mask(shape, rate, like, self.seed, self._draws)
 
     def dropout_shapes(self, batch: int, training: bool):
         """Keras's masks as (shape, rate) pairs: one per sequence, shared by every step. With

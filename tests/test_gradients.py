@@ -1,5 +1,6 @@
 """torch.autograd.gradcheck (float64) of the op for every cell, with masks, dropout, stacks and
 both directions; torch.library.opcheck of the op; torch.compile(fullgraph=True) of a model."""
+import copy
 import itertools
 
 import pytest
@@ -130,6 +131,7 @@ class _Model(torch.nn.Module):
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_torch_compile_fullgraph(dynamic):
+    torch._dynamo.reset()  # compiled forwards of earlier tests count toward the recompile limit
     torch.manual_seed(0)
     model = _Model().eval()
     x = torch.randn(3, 7, 6)
@@ -250,3 +252,59 @@ def test_inference_path_equals_training_path(cell, reset_after):
     for a, b in zip(trained[:3], inferred[:3]):
         assert torch.equal(a.detach(), b)
     assert inferred[3].numel() < trained[3].numel()
+
+
+def _dropout_layer(kind, seed):
+    if kind == "bidirectional":
+        return cudnn_rnn.Bidirectional(cudnn_rnn.GRU(6, 5, dropout=0.3, recurrent_dropout=0.25, seed=seed,
+                                                     return_sequences=True))
+    if kind == "conv_lstm":
+        return cudnn_rnn.ConvLSTM1D(6, 3, 3, padding="same", dropout=0.3, recurrent_dropout=0.25, seed=seed,
+                                    return_sequences=True)
+    cls = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU, "simple_rnn": cudnn_rnn.SimpleRNN}[kind]
+    return cls(6, 5, dropout=0.3, recurrent_dropout=0.25, seed=seed, return_sequences=True, num_layers=2)
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "simple_rnn", "bidirectional", "conv_lstm"])
+def test_compile_with_dropout_under_changing_shapes(kind, seed):
+    """Training-mode dropout and recurrent dropout compile with fullgraph=True and dynamic shapes
+    (the last batch smaller, another length): no graph break, no recompile per shape failing.
+    Seeded layers give the same masks compiled and eager (the counter-based draws of _random.py),
+    a new mask per call, and the same gradients."""
+    torch._dynamo.reset()  # compiled forwards of earlier tests count toward the recompile limit
+    torch.manual_seed(0)
+    eager = _dropout_layer(kind, seed).train()
+    compiled_layer = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_layer, fullgraph=True, dynamic=True)
+    shapes = [(4, 9), (3, 9), (4, 6), (2, 11)]
+    outputs = []
+    for b, t in shapes:
+        x = torch.randn(b, t, 6) if kind != "conv_lstm" else torch.randn(b, t, 5, 6)
+        y = compiled(x)
+        y.square().sum().backward()
+        assert y.shape[:2] == (b, t)
+        outputs.append(y.detach())
+        if seed is not None:
+            y_eager = eager(x)
+            torch.testing.assert_close(y, y_eager, msg=lambda m: f"compiled and eager seeded masks differ: {m}")
+            y_eager.square().sum().backward()
+    if seed is not None:
+        for p, q in zip(eager.parameters(), compiled_layer.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+    # dropout really applied: a fresh mask per call gives another output for the same input
+    x = torch.randn(3, 8, 6) if kind != "conv_lstm" else torch.randn(3, 8, 5, 6)
+    assert not torch.allclose(compiled(x), compiled(x))
+
+
+def test_seeded_layers_repeat_their_masks_from_the_same_state():
+    a = cudnn_rnn.LSTM(4, 3, dropout=0.5, recurrent_dropout=0.5, seed=11, return_sequences=True).train()
+    b, fresh = copy.deepcopy(a), copy.deepcopy(a)
+    x = torch.randn(2, 5, 4)
+    torch.testing.assert_close(a(x), b(x))  # same seed, same number of draws: same masks
+    assert not torch.allclose(a(x), a(x))   # then each call draws new ones
+    c = cudnn_rnn.LSTM(4, 3, dropout=0.5, recurrent_dropout=0.5, seed=12, return_sequences=True).train()
+    with torch.no_grad():
+        for p, q in zip(c.parameters(), fresh.parameters()):
+            p.copy_(q)
+    assert not torch.allclose(c(x), fresh(x))  # another seed, other masks

@@ -120,9 +120,12 @@ struct ConvLstmFunction : public torch::autograd::Function<ConvLstmFunction> {
               ctx->saved_data["activation"].toStringRef(), ctx->saved_data["recurrent_activation"].toStringRef(),
               ctx->saved_data["go_backwards"].toBool(), opt(s[4]), opt(s[5]), opt(s[6])};
     const Tensor state = hs[0];
-    std::vector<int64_t> y_shape{x.size(0), x.size(1)};  // [B, T, *S', F]
-    for (int64_t d = 1; d < state.dim(); ++d) y_shape.push_back(state.size(d));
-    const Tensor grad_y = grads[0].defined() ? grads[0] : at::zeros(y_shape, state.options());
+    Tensor grad_y = grads[0];
+    if (!grad_y.defined()) {  // symbolic sizes: under torch.compile the batch and time stay dynamic
+      std::vector<c10::SymInt> y_shape{x.sym_size(0), x.sym_size(1)};  // [B, T, *S', F]
+      for (int64_t d = 1; d < state.dim(); ++d) y_shape.push_back(state.sym_size(d));
+      grad_y = at::zeros_symint(y_shape, state.options());
+    }
     const Tensor grad_h_n = grads[1].defined() ? grads[1] : at::zeros_like(state);
     const Tensor grad_c_n = grads[2].defined() ? grads[2] : at::zeros_like(state);
     auto [gx, gk, grk, gb, gh0, gc0] =
