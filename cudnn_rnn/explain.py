@@ -12,7 +12,7 @@ from .layers import Bidirectional, _RNNBase
 
 @dataclass
 class Explanation:
-    backend: str  # "cpu", "cudnn" or "cuda-generic"
+    backend: str  # "cpu", "cudnn", "cuda-generic", or "unavailable" (CUDA asked of a CPU-only build)
     device: str
     reasons: List[str] = field(default_factory=list)  # why not cuDNN (empty when cuDNN runs)
     notes: List[str] = field(default_factory=list)    # conditions that depend on the call
@@ -29,28 +29,36 @@ class Explanation:
         return text
 
 
-def _side_choice(layer: _RNNBase, dtype: torch.dtype, training: bool, bidirectional: bool, go_backwards: bool):
-    """The C++ backend choice (csrc/cudnn_host/backend_choice.cpp) for one op call of `layer`
-    without a mask, asked with the call's own arguments as meta tensors."""
+def _side_choice(layer: _RNNBase, dtype: torch.dtype, training: bool, bidirectional: bool, go_backwards: bool,
+                 mask: Optional[torch.Tensor]):
+    """The C++ backend choice (csrc/cudnn_host/backend_choice.cpp) for one op call of `layer`,
+    asked with the call's own arguments: meta tensors without a mask; with one, CPU tensors of
+    its batch and length (the choice reads the mask's values)."""
     from ._C import cuda_backend_choice
 
-    def meta(shape):
-        return torch.empty(shape, dtype=dtype, device="meta")
+    where = "meta" if mask is None else "cpu"
+    batch, time = (1, 1) if mask is None else tuple(mask.shape)
+
+    def empty(shape):
+        return torch.empty(shape, dtype=dtype, device=where)
 
     directions = 2 if bidirectional else 1
-    x = meta((1, 1, layer.input_size))
-    weights = [meta(w.shape) for l in range(layer.num_layers) for _ in range(directions)
+    x = empty((batch, time, layer.input_size))
+    weights = [empty(w.shape) for l in range(layer.num_layers) for _ in range(directions)
                for w in layer.layer_weights(l)]
-    inputs, recurrent = layer.dropout_shapes(1, training)
-    dropout = [meta(shape) for shape, _ in inputs for _ in range(directions)]
-    recurrent_dropout = [meta(shape) for shape, _ in recurrent for _ in range(directions)]
+    inputs, recurrent = layer.dropout_shapes(batch, training)
+    dropout = [empty(shape) for shape, _ in inputs for _ in range(directions)]
+    recurrent_dropout = [empty(shape) for shape, _ in recurrent for _ in range(directions)]
     spec = layer.op_spec(bidirectional=bidirectional, go_backwards=go_backwards)
-    return cuda_backend_choice(x, weights, None, None, None, dropout, recurrent_dropout, *spec.args(), False)
+    return cuda_backend_choice(x, weights, mask, None, None, dropout, recurrent_dropout, *spec.args(), False)
 
 
-def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, training: Optional[bool] = None) -> Explanation:
+def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, training: Optional[bool] = None,
+            mask: Optional[torch.Tensor] = None) -> Explanation:
     """Which backend would run `layer` on `device` (default: where its parameters are) and, when
-    it is not cuDNN, why."""
+    it is not cuDNN, why. With `mask` (the [batch, time] mask a call would pass), the answer is
+    for that call: cuDNN takes no mask or a right-padded one, anything else runs cuda-generic;
+    without it, the answer holds for unmasked and right-padded calls (a note says so)."""
     if isinstance(layer, Bidirectional):
         sides = [layer.forward_layer, layer.backward_layer]
     elif isinstance(layer, _RNNBase):
@@ -60,30 +68,37 @@ def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, tra
     ref = sides[0].kernel
     device = torch.device(device) if device is not None else ref.device
     training = layer.training if training is None else training
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+            got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise ValueError(f"mask must be a (batch, time) tensor; got {got}")
+        mask = (mask if mask.dtype == torch.bool else mask != 0).to("cpu")
     if device.type != "cuda":
         return Explanation("cpu", str(device))
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("cudnn_rnn::rnn_forward", "CUDA"):
+        return Explanation("unavailable", str(device), ["this build has no CUDA kernels (a CPU-only build): a CUDA "
+                                                        "tensor raises; rebuild with CUDA (README, Install)"])
     if isinstance(layer, Bidirectional) and layer.fused:
         calls = [(sides[0], True, sides[0].go_backwards)]
     else:
         calls = [(side, False, side.go_backwards) for side in sides]
     reasons = []
     for side, bidirectional, go_backwards in calls:
-        cudnn, reason = _side_choice(side, ref.dtype, training, bidirectional, go_backwards)
+        cudnn, reason = _side_choice(side, ref.dtype, training, bidirectional, go_backwards, mask)
         if not cudnn and reason not in reasons:
             reasons.append(reason)
-    notes = ["a mask runs on cuDNN only when right-padded; any other mask runs cuda-generic"]
+    notes = [] if mask is not None else ["a mask runs on cuDNN only when right-padded; any other mask runs cuda-generic"]
     if ref.dtype == torch.bfloat16:
         notes.append("bfloat16 needs cuDNN >= 9.13, else cuda-generic")
-    if not torch._C._dispatch_has_kernel_for_dispatch_key("cudnn_rnn::rnn_forward", "CUDA"):
-        notes.append("this build has no CUDA kernels (CPU-only build), so a CUDA tensor raises")
     if reasons:
         return Explanation("cuda-generic", str(device), reasons, notes)
     from ._C import choose_algorithm
 
     major = torch.cuda.get_device_capability(device)[0] if torch.cuda.is_available() else 8
     side = sides[0]
-    algorithm = choose_algorithm(side.cell, side.units, ref.dtype, True, major)
-    if algorithm != "STANDARD":
+    uniform = mask is None or bool(mask.all())
+    algorithm = choose_algorithm(side.cell, side.units, ref.dtype, uniform, major)
+    if algorithm != "STANDARD" and mask is None:
         notes.append("with a mask (variable lengths): STANDARD; a persistent algorithm cuDNN refuses falls back to "
                      "STANDARD")
     return Explanation("cudnn", str(device), [], notes, algorithm=algorithm)

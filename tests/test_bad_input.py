@@ -140,6 +140,23 @@ def test_explain():
     assert cudnn_rnn.explain(cudnn_rnn.SimpleRNN(3, 4, activation="elu"), "cuda").backend == "cuda-generic"
 
 
+def test_explain_with_the_calls_mask():
+    """explain(..., mask=) answers for that call: right-padded (or all-true) masks stay on cuDNN,
+    left padding and holes run cuda-generic and say so; the generic mask note is then dropped."""
+    lstm = cudnn_rnn.Bidirectional(cudnn_rnn.LSTM(3, 4, return_sequences=True))
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    holes = torch.tensor([[1, 0, 1, 1], [1, 1, 1, 1]])
+    e = cudnn_rnn.explain(lstm, "cuda", mask=right)
+    assert e.backend == "cudnn" and not e.notes, e
+    for mask in (left, holes):
+        e = cudnn_rnn.explain(lstm, "cuda", mask=mask)
+        assert e.backend == "cuda-generic" and "the mask is not right-padded" in str(e), e
+    assert cudnn_rnn.explain(lstm, "cpu", mask=left).backend == "cpu"
+    with pytest.raises(ValueError, match=r"mask must be a \(batch, time\) tensor"):
+        cudnn_rnn.explain(lstm, "cuda", mask=torch.ones(3, dtype=torch.bool))
+
+
 def test_empty_batch():
     layer = cudnn_rnn.GRU(3, 4, return_sequences=True, return_state=True)
     y, h = layer(torch.randn(0, 5, 3))
