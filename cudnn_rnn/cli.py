@@ -5,7 +5,10 @@
                                                         OUT.pt2: a torch.export program
     cudnn-rnn inspect MODEL [--architecture ARCH]       layers, weights, parameters, CUDA backend
     cudnn-rnn verify MODEL [--architecture ARCH]        run Keras (if installed) and ours on random
-                                                        inputs, report the max abs error
+                                                        inputs, report the max abs error (exit 1: above
+                                                        --tolerance; 2: the file cannot be converted;
+                                                        3: Keras itself cannot load or run it)
+Progress is shown on a terminal (--no-progress to silence, --progress to force).
 """
 from __future__ import annotations
 
@@ -27,9 +30,16 @@ def _progress(stream):
     return report
 
 
+def _say(args, what: str) -> None:
+    """A long step, announced where progress is shown (a terminal, or --progress)."""
+    if args.progress:
+        print(f"[cudnn-rnn] {what} ...", file=sys.stderr, flush=True)
+
+
 def _load(args):
     from .keras import load_keras
 
+    _say(args, f"converting {args.model}")
     return load_keras(args.model, architecture=args.architecture, progress=_progress(sys.stderr) if args.progress else None)
 
 
@@ -47,8 +57,11 @@ def cmd_convert(args) -> int:
                 dims[1] = torch.export.Dim("time", min=2)
             dynamic.append(dims)
         # forward(*inputs): the varargs are one packed argument for export
+        _say(args, "exporting with torch.export (dynamic batch and time)")
         program = torch.export.export(model, inputs, dynamic_shapes=(tuple(dynamic),))
         torch.export.save(program, args.out)
+        print("load it with: import cudnn_rnn, torch; torch.export.load(PATH) (the program calls cudnn_rnn's ops, "
+              "which `import cudnn_rnn` registers)")
     else:
         save_converted(model, args.out)
     params = sum(p.numel() for p in model.parameters())
@@ -89,11 +102,19 @@ def cmd_verify(args) -> int:
         print("verify needs Keras 3 installed (pip install keras)", file=sys.stderr)
         return 2
     model = _load(args)
-    if args.architecture:
-        reference = keras.models.model_from_json(json.dumps(model.keras_config))
-        reference.load_weights(args.model)
-    else:
-        reference = keras.saving.load_model(args.model, compile=False)
+    _say(args, f"loading {args.model} with Keras {keras.__version__} (the reference)")
+    try:
+        if args.architecture:
+            reference = keras.models.model_from_json(json.dumps(model.keras_config))
+            reference.load_weights(args.model)
+        else:
+            reference = keras.saving.load_model(args.model, compile=False)
+    except Exception as e:  # noqa: BLE001 - the oracle's own failure, reported as such
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"cudnn-rnn: Keras {keras.__version__} itself cannot load {args.model} ({type(e).__name__}: {first}); "
+              "the conversion loaded, but Keras 3 gives nothing to compare it with (Keras 3 does not read "
+              "every tf.keras 2 file).", file=sys.stderr)
+        return 3
     rng = np.random.RandomState(args.seed)
     vocab = _min_vocab(model.keras_config)
     inputs = []
@@ -106,7 +127,13 @@ def cmd_verify(args) -> int:
             inputs.append(x.astype(np.int64))
         else:
             inputs.append(rng.standard_normal(dims).astype(np.float32))
-    expected = reference(inputs if len(inputs) > 1 else inputs[0], training=False)
+    _say(args, f"running Keras and ours on random inputs (batch {args.batch}, time {args.time})")
+    try:
+        expected = reference(inputs if len(inputs) > 1 else inputs[0], training=False)
+    except Exception as e:  # noqa: BLE001
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"cudnn-rnn: Keras could not run the model it loaded ({type(e).__name__}: {first})", file=sys.stderr)
+        return 3
     expected = expected if isinstance(expected, (list, tuple)) else [expected]
     with torch.no_grad():
         ours = model(*[torch.as_tensor(x) for x in inputs])
@@ -142,7 +169,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if name == "convert":
             p.add_argument("out", help="OUT.pt (config + weights) or OUT.pt2 (torch.export program)")
         p.add_argument("--architecture", help="model file or JSON config, for weights-only files")
-        p.add_argument("--progress", action="store_true", help="report each layer as it is converted")
+        p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
+                       help="report each long step and each layer as it is converted (default: on a terminal)")
         if name == "verify":
             p.add_argument("--batch", type=int, default=4)
             p.add_argument("--time", type=int, default=7)
@@ -154,7 +182,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return {"convert": cmd_convert, "inspect": cmd_inspect, "verify": cmd_verify}[args.command](args)
     except ConversionError as e:
-        print(f"cudnn-rnn: {e}", file=sys.stderr)
+        hint = ""
+        if "pass architecture=" in str(e) or "architecture" in str(e) and "weights only" in str(e):
+            hint = " (on the command line: --architecture MODEL.keras|MODEL.h5|CONFIG.json)"
+        print(f"cudnn-rnn: {e}{hint}", file=sys.stderr)
         return 2
 
 

@@ -120,6 +120,23 @@ def test_cli_inspect_convert_verify(tmp_path):
     assert out.returncode == 2 and "missing.keras: cannot be opened" in out.stderr
 
 
+def test_cli_says_what_failed_and_what_to_pass(tmp_path):
+    data = os.path.join(ROOT, "tests", "fixtures", "data")
+    # Keras 3 cannot load this tf.keras 2 file: the oracle's failure is named, no traceback
+    out = _cli("verify", os.path.join(data, "tfk_functional.h5"))
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "Keras 3.15.1 itself cannot load" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    # a weights-only file: the hint names the command-line flag
+    out = _cli("inspect", os.path.join(data, "k3_sequential.weights.h5"))
+    assert out.returncode == 2 and "--architecture MODEL.keras" in out.stderr, out.stderr
+    # not a terminal: no progress unless asked
+    out = _cli("convert", os.path.join(data, "k3_sequential.keras"), str(tmp_path / "m.pt2"))
+    assert out.returncode == 0 and "[cudnn-rnn]" not in out.stderr, out.stderr
+    assert "import cudnn_rnn, torch; torch.export.load" in out.stdout
+    out = _cli("convert", os.path.join(data, "k3_sequential.keras"), str(tmp_path / "m.pt"), "--progress")
+    assert out.returncode == 0 and "[cudnn-rnn] converting" in out.stderr
+
+
 @pytest.mark.keras
 @pytest.mark.parametrize("fixture", ["k3_sequential", "k3_functional"])
 @pytest.mark.parametrize("suffix", [".keras", ".weights.h5"])
