@@ -308,3 +308,11 @@ def test_seeded_layers_repeat_their_masks_from_the_same_state():
         for p, q in zip(c.parameters(), fresh.parameters()):
             p.copy_(q)
     assert not torch.allclose(c(x), fresh(x))  # another seed, other masks
+
+
+def test_torch_func_transforms_are_refused_as_the_readme_says():
+    """README, Limits: the C++ autograd Function cannot be transformed by functorch; the refusal
+    is torch's own clear error, not a wrong result."""
+    layer = cudnn_rnn.LSTM(3, 4)
+    with pytest.raises(RuntimeError, match="cannot use C\\+\\+ torch::autograd::Function with functorch"):
+        torch.func.grad(lambda x: layer(x).sum())(torch.randn(2, 5, 3))

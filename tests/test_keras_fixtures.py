@@ -55,3 +55,10 @@ def test_fixture_matches_keras(fixture, filename, architecture):
     for i, (a, b) in enumerate(zip(out, expected)):
         assert tuple(a.shape) == b.shape, f"output {i}"
         np.testing.assert_allclose(a.numpy(), b, atol=1e-5, rtol=1e-5, err_msg=f"output {i} of {filename}")
+
+
+def test_converted_model_repr_gives_its_size():
+    model = load_keras(os.path.join(DATA, "tfk_sequential.h5"))
+    text = repr(model)
+    params = sum(p.numel() for p in model.parameters())
+    assert f"{len(model.layers)} layers, {params:,} parameters, inputs " in text and "from Keras 2." in text, text[:300]

@@ -119,6 +119,13 @@ class KerasModel(nn.Module):
         outputs, _ = self.forward_with_masks(*inputs)
         return outputs[0] if self.single_output else outputs
 
+    def extra_repr(self) -> str:
+        params = sum(p.numel() for p in self.parameters())
+        inputs = ", ".join(f"{dtype}{tuple(shape)}" for dtype, shape in self.input_specs)
+        version = getattr(self, "keras_version", None)
+        return (f"'{self.name}': {len(self.layers)} layers, {params:,} parameters, inputs {inputs}"
+                + (f", from Keras {version}" if version else ""))
+
 
 class NestedModel(nn.Module):
     """A Keras model used as a layer inside another: the graph call protocol around KerasModel."""
