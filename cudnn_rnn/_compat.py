@@ -19,10 +19,10 @@ import torch
 
 def _built_against() -> Optional[dict]:
     try:
-        from . import _build
+        record = importlib.import_module("cudnn_rnn._build")  # written by setup.py; absent before a build
     except ImportError:
         return None
-    return {k.lower(): v for k, v in vars(_build).items() if k.isupper()}
+    return {k.lower(): v for k, v in vars(record).items() if k.isupper()}
 
 
 def _base(version: str) -> str:
