@@ -2,7 +2,8 @@
 
     cudnn-rnn convert MODEL OUT [--architecture ARCH]   OUT.pt: config + weights + state_dict
                                                         (reload with cudnn_rnn.keras.load_converted);
-                                                        OUT.pt2: a torch.export program
+                                                        OUT.pt2: a torch.export program;
+                                                        OUT.onnx: ONNX (LSTM / GRU / RNN operators)
     cudnn-rnn inspect MODEL [--architecture ARCH]       layers, weights, parameters, CUDA backend
     cudnn-rnn verify MODEL [--architecture ARCH]        run Keras (if installed) and ours on random
                                                         inputs, report the max abs error (exit 1: above
@@ -47,7 +48,7 @@ def cmd_convert(args) -> int:
     from .keras.convert import save_converted
 
     model = _load(args)
-    if args.out.endswith(".pt2"):
+    if args.out.endswith((".pt2", ".onnx")):
         inputs = tuple(model.example_inputs())
         batch = torch.export.Dim("batch", min=1)
         dynamic = []
@@ -56,6 +57,21 @@ def cmd_convert(args) -> int:
             if len(shape) > 1 and shape[1] is None:
                 dims[1] = torch.export.Dim("time", min=2)
             dynamic.append(dims)
+    if args.out.endswith(".onnx"):
+        from .onnx import TRANSLATIONS, OnnxExportError
+
+        _say(args, "exporting to ONNX (dynamic batch and time)")
+        try:
+            torch.onnx.export(model, inputs, args.out, dynamo=True, custom_translation_table=TRANSLATIONS,
+                              dynamic_shapes=(tuple(dynamic),))
+        except Exception as e:  # noqa: BLE001
+            cause = e
+            while cause is not None and not isinstance(cause, OnnxExportError):
+                cause = cause.__cause__ or cause.__context__
+            print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX: {cause or e}", file=sys.stderr)
+            return 2
+        print("run it with onnxruntime; masks must be right-padded (other masks give NaN: README, ONNX)")
+    elif args.out.endswith(".pt2"):
         # forward(*inputs): the varargs are one packed argument for export
         _say(args, "exporting with torch.export (dynamic batch and time)")
         program = torch.export.export(model, inputs, dynamic_shapes=(tuple(dynamic),))
@@ -167,7 +183,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("model", help=".keras, .h5 or .weights.h5 file")
         if name == "convert":
-            p.add_argument("out", help="OUT.pt (config + weights) or OUT.pt2 (torch.export program)")
+            p.add_argument("out", help="OUT.pt (config + weights), OUT.pt2 (torch.export program) or OUT.onnx")
         p.add_argument("--architecture", help="model file or JSON config, for weights-only files")
         p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
                        help="report each long step and each layer as it is converted (default: on a terminal)")
