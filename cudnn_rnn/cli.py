@@ -70,7 +70,8 @@ def cmd_convert(args) -> int:
                 cause = cause.__cause__ or cause.__context__
             print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX: {cause or e}", file=sys.stderr)
             return 2
-        print("run it with onnxruntime; masks must be right-padded (other masks give NaN: README, ONNX)")
+        print("run it with onnxruntime; masked rows must be padded on one side (a mask with holes gives NaN: "
+              "README, ONNX)")
     elif args.out.endswith(".pt2"):
         # forward(*inputs): the varargs are one packed argument for export
         _say(args, "exporting with torch.export (dynamic batch and time)")

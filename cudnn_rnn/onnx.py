@@ -10,10 +10,12 @@ Keras activations become ONNX's (Keras 2's hard_sigmoid HardSigmoid(0.2, 0.5), K
 HardSigmoid(1/6, 0.5)), `go_backwards` is direction="reverse" with the outputs put back in
 processing order.
 
-Masks: a right-padded mask is ONNX's sequence_lens, with Keras's outputs at the padded steps
-rebuilt (the last real output, or zeros with zero_output_for_mask). A mask that is not
-right-padded (left padding, holes) cannot be expressed by the standard operators: the exported
-graph then outputs NaN for the whole batch, loudly, rather than numbers that differ from Keras.
+Masks: rows padded on the right (pad_sequences(padding="post")) or on the left (Keras's default
+"pre") are ONNX's sequence_lens, a left-padded row run with time flipped and each direction
+reversed (so its real steps come first), Keras's outputs at the padded steps rebuilt (the last
+real output, or zeros); each layer runs both frames and takes each row's. A mask with holes
+cannot be expressed by the standard operators: the exported graph then outputs NaN for the whole
+batch, loudly, rather than numbers that differ from Keras.
 Not exported (an error at export time, naming it): activations ONNX's recurrent operators lack
 (silu, gelu, mish, selu, relu6, ...), dropout in training mode, a Bidirectional whose forward side
 has go_backwards.
@@ -109,7 +111,7 @@ def rnn_forward_to_onnx(x, weights, mask, h0, c0, dropout_masks, recurrent_dropo
         names = [activation]
     acts, alphas, betas = _activation_attrs(names * D)
     direction = "bidirectional" if bidirectional else ("reverse" if go_backwards else "forward")
-    attrs = dict(direction=direction, activations=acts)
+    attrs = dict(direction=direction, activations=acts)  # (_run_layer sets a one-direction layer's)
     if alphas:
         attrs["activation_alpha"] = alphas
     if betas:
@@ -118,16 +120,11 @@ def rnn_forward_to_onnx(x, weights, mask, h0, c0, dropout_masks, recurrent_dropo
         attrs["linear_before_reset"] = 1 if reset_after else 0
 
     h = op.Transpose(x, perm=[1, 0, 2])  # [T, B, I]: onnxruntime runs layout 0 only
-    lens = poison = None
+    frames = [False]
+    lens = poison = left_rows = None
     if mask is not None:
-        m = op.Cast(mask, to=6)  # int32 [B, T]
-        lens = op.ReduceSum(m, op.Constant(value_ints=[1]), keepdims=0)  # int32 [B]
-        steps = op.Range(op.Constant(value_int=0), op.Squeeze(op.Shape(mask, start=1, end=2)),
-                         op.Constant(value_int=1))  # int64 [T]
-        right = op.Less(op.Unsqueeze(steps, op.Constant(value_ints=[0])),
-                        op.Unsqueeze(op.Cast(lens, to=7), op.Constant(value_ints=[1])))
-        ok = op.ReduceMin(op.Cast(op.Equal(right, op.Cast(mask, to=9)), to=1), keepdims=0)  # 1.0 when right-padded
-        poison = op.Div(ok, ok)  # 1, or 0/0 = NaN: a mask the standard operators cannot express
+        lens, poison, left_rows = _mask_frames(op, mask)
+        frames = [False, True]
     h_ns, c_ns = [], []
     for layer in range(num_layers):
         Ws, Rs, Bs = [], [], []
@@ -138,26 +135,27 @@ def rnn_forward_to_onnx(x, weights, mask, h0, c0, dropout_masks, recurrent_dropo
             Ws.append(W)
             Rs.append(R)
             Bs.append(B)
-        W, R = _stack(op, Ws), _stack(op, Rs)
-        B = _stack(op, Bs) if use_bias else None
         init_h = op.Slice(h0, op.Constant(value_ints=[layer * D]), op.Constant(value_ints=[layer * D + D]),
                           op.Constant(value_ints=[0])) if h0 is not None else None
         init_c = op.Slice(c0, op.Constant(value_ints=[layer * D]), op.Constant(value_ints=[layer * D + D]),
                           op.Constant(value_ints=[0])) if c0 is not None and cell == "lstm" else None
         u = weights[layer * D * per + 1].shape[0]
-        if cell == "lstm":
-            Y, Yh, Yc = op.LSTM(h, W, R, B, lens, init_h, init_c, hidden_size=u, **attrs)
-            c_ns.append(Yc)
-        elif cell == "gru":
-            Y, Yh = op.GRU(h, W, R, B, lens, init_h, hidden_size=u, **attrs)
-        else:
-            Y, Yh = op.RNN(h, W, R, B, lens, init_h, hidden_size=u, **attrs)
+        runs = [_run_layer(op, cell, h, Ws, Rs, Bs, lens, init_h, init_c, u, attrs, D, go_backwards, flipped)
+                for flipped in frames]
+        Y, Yh, Yc = runs[0]
+        if len(runs) > 1:  # per row: the right-padded frame, or the flipped one for left-padded rows
+            Y = op.Where(op.Unsqueeze(left_rows, op.Constant(value_ints=[0, 2])), runs[1][0], Y)
+            Yh = op.Where(op.Unsqueeze(left_rows, op.Constant(value_ints=[0, 2])), runs[1][1], Yh)
+            if cell == "lstm":
+                Yc = op.Where(op.Unsqueeze(left_rows, op.Constant(value_ints=[0, 2])), runs[1][2], Yc)
         h_ns.append(Yh)
-        # Y [T, D, B, u] in time order -> [T, B, D*u]
-        Y = op.Reshape(op.Transpose(Y, perm=[0, 2, 1, 3]), op.Constant(value_ints=[0, 0, -1]))
-        last = layer == num_layers - 1
-        if mask is not None and not zero_output_for_mask and last:
-            Y = _keras_padded_outputs(op, Y, Yh, mask, lens, D, go_backwards)
+        if cell == "lstm":
+            c_ns.append(Yc)
+        # Keras's outputs at masked steps, which the next layer of a go_backwards stack reads as
+        # data (it sees them reversed); a Bidirectional's inner layers output zeros there (the op too)
+        inner_bidirectional = D == 2 and layer < num_layers - 1
+        if mask is not None and not zero_output_for_mask and not inner_bidirectional:
+            Y = _keras_padded_outputs(op, Y, Yh, mask, D, go_backwards)
         # go_backwards: a layer's outputs in processing order, which is also what the next layer
         # of the stack reads (and reverses again), as Keras stacks go_backwards layers
         h = _flip_time(op, Y, axis=0) if go_backwards else Y
@@ -173,27 +171,86 @@ def rnn_forward_to_onnx(x, weights, mask, h0, c0, dropout_masks, recurrent_dropo
     return y, h_n, c_n, reserve
 
 
+def _mask_frames(op, mask):
+    """(lengths int32 [B], 1 or NaN, bool [B] rows to run in the flipped frame) of a [B, T] mask:
+    right-padded rows run as they are (sequence_lens), left-padded ones with time flipped (then
+    their real steps come first); a row that is neither poisons the batch with NaN."""
+    real = op.Cast(mask, to=9)
+    lens = op.ReduceSum(op.Cast(mask, to=6), op.Constant(value_ints=[1]), keepdims=0)  # int32 [B]
+    t = op.Squeeze(op.Shape(mask, start=1, end=2))
+    steps = op.Unsqueeze(op.Range(op.Constant(value_int=0), t, op.Constant(value_int=1)), op.Constant(value_ints=[0]))
+    n = op.Unsqueeze(op.Cast(lens, to=7), op.Constant(value_ints=[1]))  # int64 [B, 1]
+    as_right = op.Less(steps, n)
+    as_left = op.GreaterOrEqual(steps, op.Sub(t, n))
+    row_right = op.Cast(op.ReduceMin(op.Cast(op.Equal(as_right, real), to=6), op.Constant(value_ints=[1]),
+                                     keepdims=0), to=9)
+    row_left = op.Cast(op.ReduceMin(op.Cast(op.Equal(as_left, real), to=6), op.Constant(value_ints=[1]),
+                                    keepdims=0), to=9)
+    ok = op.ReduceMin(op.Cast(op.Or(row_right, row_left), to=1), keepdims=0)
+    return lens, op.Div(ok, ok), op.And(row_left, op.Not(row_right))
+
+
+def _swap_directions(op, t, axis: int):
+    first, second = op.Split(t, num_outputs=2, axis=axis)
+    return op.Concat(second, first, axis=axis)
+
+
+def _run_layer(op, cell, h, Ws, Rs, Bs, lens, init_h, init_c, u, attrs, D, go_backwards, flipped):
+    """One layer of the stack on h [T, B, I] (time order): (Y [T, B, D*u] in h's time order,
+    Y_h [D, B, u], Y_c or None). flipped: the left-padded frame, time reversed so that a row's
+    real steps come first, each direction then running the other way (its weights swapped into
+    the other ONNX direction for a bidirectional layer)."""
+    if flipped and D == 2:
+        Ws, Rs, Bs = Ws[::-1], Rs[::-1], Bs[::-1]
+    W, R = _stack(op, Ws), _stack(op, Rs)
+    B = _stack(op, Bs) if Bs[0] is not None else None
+    attrs = dict(attrs)
+    if D == 1:
+        forward = not go_backwards
+        attrs["direction"] = "forward" if forward != flipped else "reverse"
+    if flipped and D == 2:
+        init_h = _swap_directions(op, init_h, 0) if init_h is not None else None
+        init_c = _swap_directions(op, init_c, 0) if init_c is not None else None
+    x = _flip_time(op, h, axis=0) if flipped else h
+    Yc = None
+    if cell == "lstm":
+        Y, Yh, Yc = op.LSTM(x, W, R, B, lens, init_h, init_c, hidden_size=u, **attrs)
+    elif cell == "gru":
+        Y, Yh = op.GRU(x, W, R, B, lens, init_h, hidden_size=u, **attrs)
+    else:
+        Y, Yh = op.RNN(x, W, R, B, lens, init_h, hidden_size=u, **attrs)
+    if flipped:
+        Y = _flip_time(op, Y, axis=0)
+        if D == 2:
+            Y, Yh = _swap_directions(op, Y, 1), _swap_directions(op, Yh, 0)
+            Yc = _swap_directions(op, Yc, 0) if Yc is not None else None
+    # Y [T, D, B, u] -> [T, B, D*u]
+    return op.Reshape(op.Transpose(Y, perm=[0, 2, 1, 3]), op.Constant(value_ints=[0, 0, -1])), Yh, Yc
+
+
 def _flip_time(op, y, axis: int):
     return op.Slice(y, op.Constant(value_ints=[-1]), op.Constant(value_ints=[-(1 << 62)]),
                     op.Constant(value_ints=[axis]), op.Constant(value_ints=[-1]))
 
 
-def _keras_padded_outputs(op, Y, Yh, mask, lens, D: int, go_backwards: bool):
-    """Keras outputs at masked steps the previous output (the last real one: ONNX's Y_h), and zeros
-    before a row's first real step; ONNX zeros them all. Y [T, B, D*u] in time order. Only the
-    forward-running direction has padded steps after real ones (a reverse direction meets the
-    right padding first, where Keras outputs zeros too)."""
-    if go_backwards:
-        return Y
-    u_parts = op.Split(Y, num_outputs=D, axis=2) if D > 1 else [Y]
-    fwd = u_parts[0]
-    last = op.Squeeze(op.Slice(Yh, op.Constant(value_ints=[0]), op.Constant(value_ints=[1]),
-                               op.Constant(value_ints=[0])), op.Constant(value_ints=[0]))  # [B, u]
-    seen = op.Cast(op.Greater(op.Cast(lens, to=7), op.Constant(value_int=0)), to=1)  # [B]
-    carry = op.Mul(last, op.CastLike(op.Unsqueeze(seen, op.Constant(value_ints=[1])), last))
-    real = op.Unsqueeze(op.Transpose(op.Cast(mask, to=9), perm=[1, 0]), op.Constant(value_ints=[2]))  # [T, B, 1]
-    fwd = op.Where(real, fwd, op.Unsqueeze(carry, op.Constant(value_ints=[0])))
-    return op.Concat(fwd, *u_parts[1:], axis=2) if D > 1 else fwd
+def _keras_padded_outputs(op, Y, Yh, mask, D: int, go_backwards: bool):
+    """Keras outputs at a masked step the previous output (the last real one: each direction's
+    Y_h for right- and left-padded rows), and zeros before a row's first real step; ONNX zeros
+    them all. Y [T, B, D*u] in time order; direction d processes time forward unless it is a
+    Bidirectional's second or the layer goes backwards."""
+    real = op.Transpose(op.Cast(mask, to=9), perm=[1, 0])  # [T, B]
+    counts = op.Cast(op.Transpose(mask, perm=[1, 0]), to=6)  # int32 [T, B]
+    parts = op.Split(Y, num_outputs=D, axis=2) if D > 1 else [Y]
+    finals = op.Split(Yh, num_outputs=D, axis=0) if D > 1 else [Yh]
+    out = []
+    for d in range(D):
+        reverse = (d == 1) or go_backwards
+        before = op.CumSum(counts, op.Constant(value_int=0), exclusive=1, reverse=1 if reverse else 0)
+        carry = op.And(op.Not(real), op.Greater(op.Cast(before, to=7), op.Constant(value_int=0)))  # [T, B]
+        last = op.Squeeze(finals[d], op.Constant(value_ints=[0]))  # [B, u]
+        out.append(op.Where(op.Unsqueeze(carry, op.Constant(value_ints=[2])),
+                            op.Unsqueeze(last, op.Constant(value_ints=[0])), parts[d]))
+    return op.Concat(*out, axis=2) if D > 1 else out[0]
 
 
 TRANSLATIONS = {torch.ops.cudnn_rnn.rnn_forward.default: rnn_forward_to_onnx}

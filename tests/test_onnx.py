@@ -1,9 +1,10 @@
 """ONNX export (cudnn_rnn/onnx.py): layers and converted Keras models exported with the dynamo
 exporter onto ONNX's LSTM / GRU / RNN operators and run in onnxruntime, within 1e-5 of ours (which
 the Keras tests pin to Keras): every cell, reset_after both ways, Keras 2 and 3 hard_sigmoid,
-stacks, go_backwards, Bidirectional merges, right-padded masks with Keras's outputs at padded
-steps, states out, dynamic batch and time. What the standard operators cannot express is loud: a
-mask that is not right-padded gives NaN, an activation ONNX lacks is refused at export."""
+stacks, go_backwards, Bidirectional merges, masks padded on either side (rows of both kinds in one
+batch) with Keras's outputs at padded steps, states out, dynamic batch and time. What the
+standard operators cannot express is loud: a mask with holes gives NaN, an activation ONNX lacks
+is refused at export."""
 import os
 import subprocess
 import sys
@@ -49,6 +50,22 @@ def _right_padded(batch, time, rng):
     return torch.from_numpy(mask)
 
 
+def _mixed_padding(batch, time, rng):
+    """Rows padded on the right, on the left (Keras's pad_sequences default), not at all, or wholly."""
+    mask = np.ones((batch, time), dtype=bool)
+    for b in range(batch):
+        n = int(rng.randint(0, time + 1))
+        if b % 2:
+            mask[b, : time - n] = False
+        else:
+            mask[b, n:] = False
+    mask[0] = True
+    return torch.from_numpy(mask)
+
+
+MASKS = {"no-mask": None, "right-padded": _right_padded, "left-and-right-padded": _mixed_padding}
+
+
 LAYERS = {
     "lstm-states": lambda: cudnn_rnn.LSTM(4, 5, return_sequences=True, return_state=True),
     "lstm-hard-sigmoid-keras2": lambda: cudnn_rnn.LSTM(4, 5, recurrent_activation="hard_sigmoid_keras2"),
@@ -67,9 +84,9 @@ LAYERS = {
 }
 
 
-@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "right-padded"])
+@pytest.mark.parametrize("masks", list(MASKS))
 @pytest.mark.parametrize("name", list(LAYERS))
-def test_layers_run_in_onnxruntime_as_ours(name, masked, tmp_path):
+def test_layers_run_in_onnxruntime_as_ours(name, masks, tmp_path):
     torch.manual_seed(0)
     rng = np.random.RandomState(1)
     layer = LAYERS[name]().eval()
@@ -77,12 +94,13 @@ def test_layers_run_in_onnxruntime_as_ours(name, masked, tmp_path):
         for p in layer.parameters():
             p.uniform_(-0.6, 0.6)
     module = _Call(layer).eval()
-    x = torch.randn(3, 6, 4)
-    args = (x, _right_padded(3, 6, rng)) if masked else (x,)
+    make = MASKS[masks]
+    x = torch.randn(4, 6, 4)
+    args = (x, make(4, 6, rng)) if make else (x,)
     got = _run(module, args, tmp_path / "m.onnx")
     # dynamic batch and time: the same graph on another shape
     x2 = torch.randn(5, 9, 4)
-    args2 = (x2, _right_padded(5, 9, rng)) if masked else (x2,)
+    args2 = (x2, make(5, 9, rng)) if make else (x2,)
     session = ort.InferenceSession(str(tmp_path / "m.onnx"))
     got2 = session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), args2)})
     for g, a in ((got, args), (got2, args2)):
@@ -94,15 +112,15 @@ def test_layers_run_in_onnxruntime_as_ours(name, masked, tmp_path):
             np.testing.assert_allclose(o, r.numpy(), atol=ATOL, rtol=RTOL, err_msg=f"{name} output {i}")
 
 
-def test_a_mask_the_operators_cannot_express_gives_nan(tmp_path):
+def test_a_mask_with_holes_gives_nan(tmp_path):
     layer = cudnn_rnn.LSTM(4, 5, return_sequences=True).eval()
     x = torch.randn(3, 6, 4)
     right = _right_padded(3, 6, np.random.RandomState(0))
     _run(_Call(layer), (x, right), tmp_path / "m.onnx")
     session = ort.InferenceSession(str(tmp_path / "m.onnx"))
-    left = torch.ones(3, 6, dtype=torch.bool)
-    left[1, :2] = False
-    out = session.run(None, {session.get_inputs()[0].name: x.numpy(), session.get_inputs()[1].name: left.numpy()})
+    holes = torch.ones(3, 6, dtype=torch.bool)
+    holes[1, 2] = False
+    out = session.run(None, {session.get_inputs()[0].name: x.numpy(), session.get_inputs()[1].name: holes.numpy()})
     assert np.isnan(out[0]).all()
 
 
@@ -115,7 +133,7 @@ def test_activations_onnx_lacks_are_refused_by_name(tmp_path):
 def test_converted_keras_model_through_the_cli(tmp_path):
     """A Keras 3 model (Embedding mask_zero, Bidirectional LSTM, GRU reset_after=False with
     hard_sigmoid gates, a dense head) -> cudnn-rnn convert model.keras model.onnx -> onnxruntime,
-    on right-padded tokens: the outputs Keras computes, within 1e-5."""
+    on left-padded tokens: the outputs Keras computes, within 1e-5."""
     from keras_oracle import keras
     from keras import layers
 
@@ -132,7 +150,7 @@ def test_converted_keras_model_through_the_cli(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     tokens = rng.randint(1, 20, size=(4, 9)).astype("int64")
     for b, n in enumerate([9, 6, 3, 1]):
-        tokens[b, n:] = 0  # right padding (pad_sequences(..., padding="post"))
+        tokens[b, : 9 - n] = 0  # left padding: Keras's pad_sequences default
     expected = keras.ops.convert_to_numpy(model(tokens.astype("int32")))
     session = ort.InferenceSession(str(tmp_path / "m.onnx"))
     got = session.run(None, {session.get_inputs()[0].name: tokens})[0]
