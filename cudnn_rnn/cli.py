@@ -44,6 +44,33 @@ def _load(args):
     return load_keras(args.model, architecture=args.architecture, progress=_progress(sys.stderr) if args.progress else None)
 
 
+def _with_refined_shapes(export, shapes):
+    """export(shapes), each input's length its own dynamic size; where the model ties lengths
+    together (a mask input as long as its sequence), torch.export says so and suggests the
+    equalities, which are applied once."""
+    try:
+        return export(shapes)
+    except Exception as e:  # noqa: BLE001 - torch raises UserError, or the ONNX exporter wraps it
+        text = "\n".join(str(c) for c in _chain(e))
+        if "Suggested fixes" not in text:
+            raise
+        from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
+
+        lines = text[text.index("Suggested fixes:") + len("Suggested fixes:"):].strip().splitlines()
+        fixes = []
+        for line in lines:  # the "name = expr" lines that follow, nothing after them
+            if " = " not in line:
+                break
+            fixes.append(line.strip())
+        return export(refine_dynamic_shapes_from_suggested_fixes("Suggested fixes:\n" + "\n".join(fixes), shapes))
+
+
+def _chain(e):
+    while e is not None:
+        yield e
+        e = e.__cause__ or e.__context__
+
+
 def cmd_convert(args) -> int:
     from .keras.convert import save_converted
 
@@ -52,18 +79,19 @@ def cmd_convert(args) -> int:
         inputs = tuple(model.example_inputs())
         batch = torch.export.Dim("batch", min=1)
         dynamic = []
-        for _dtype, shape in model.input_specs:
+        for i, (_dtype, shape) in enumerate(model.input_specs):
             dims = {0: batch}
-            if len(shape) > 1 and shape[1] is None:
-                dims[1] = torch.export.Dim("time", min=2)
+            if len(shape) > 1 and shape[1] is None:  # each input its own length (encoder, decoder, ...)
+                dims[1] = torch.export.Dim(f"time_{i}", min=2)
             dynamic.append(dims)
     if args.out.endswith(".onnx"):
         from .onnx import TRANSLATIONS, OnnxExportError
 
         _say(args, "exporting to ONNX (dynamic batch and time)")
         try:
-            torch.onnx.export(model, inputs, args.out, dynamo=True, custom_translation_table=TRANSLATIONS,
-                              dynamic_shapes=(tuple(dynamic),))
+            _with_refined_shapes(lambda shapes: torch.onnx.export(
+                model, inputs, args.out, dynamo=True, custom_translation_table=TRANSLATIONS, dynamic_shapes=shapes),
+                (tuple(dynamic),))
         except Exception as e:  # noqa: BLE001
             cause = e
             while cause is not None and not isinstance(cause, OnnxExportError):
@@ -75,7 +103,8 @@ def cmd_convert(args) -> int:
     elif args.out.endswith(".pt2"):
         # forward(*inputs): the varargs are one packed argument for export
         _say(args, "exporting with torch.export (dynamic batch and time)")
-        program = torch.export.export(model, inputs, dynamic_shapes=(tuple(dynamic),))
+        program = _with_refined_shapes(lambda shapes: torch.export.export(model, inputs, dynamic_shapes=shapes),
+                                       (tuple(dynamic),))
         torch.export.save(program, args.out)
         print("load it with: import cudnn_rnn, torch; torch.export.load(PATH) (the program calls cudnn_rnn's ops, "
               "which `import cudnn_rnn` registers)")

@@ -55,8 +55,8 @@ class _ConvLSTM(nn.Module):
                  kernel_initializer: str = "glorot_uniform", recurrent_initializer: str = "orthogonal",
                  bias_initializer: str = "zeros", unit_forget_bias: bool = True, dropout: float = 0.0,
                  recurrent_dropout: float = 0.0, seed: Optional[int] = None, return_sequences: bool = False,
-                 return_state: bool = False, go_backwards: bool = False, stateful: bool = False, device=None,
-                 dtype=None):
+                 return_state: bool = False, go_backwards: bool = False, stateful: bool = False,
+                 zero_output_for_mask: bool = False, device=None, dtype=None):
         super().__init__()
         rank = self.rank
         self.in_channels = _check_positive_int(in_channels, "in_channels")
@@ -79,6 +79,7 @@ class _ConvLSTM(nn.Module):
         self.seed = seed
         self.return_sequences, self.return_state = bool(return_sequences), bool(return_state)
         self.go_backwards, self.stateful = bool(go_backwards), bool(stateful)
+        self.zero_output_for_mask = bool(zero_output_for_mask)
         self.kernel_initializer, self.recurrent_initializer = kernel_initializer, recurrent_initializer
         self.bias_initializer = bias_initializer
         # masks a seeded layer has drawn (_random.py); not state_dict material
@@ -107,7 +108,8 @@ class _ConvLSTM(nn.Module):
                 s += f", {name}={getattr(self, name)}"
         for name, default in (("padding", "valid"), ("data_format", "channels_last"), ("activation", "tanh"),
                               ("recurrent_activation", "sigmoid"), ("return_sequences", False),
-                              ("return_state", False), ("go_backwards", False), ("stateful", False)):
+                              ("return_state", False), ("go_backwards", False), ("stateful", False),
+                              ("zero_output_for_mask", False)):
             if getattr(self, name) != default:
                 s += f", {name}={getattr(self, name)!r}"
         return s
@@ -229,6 +231,9 @@ class _ConvLSTM(nn.Module):
                                            self.activation, self.recurrent_activation, self.go_backwards)
         if self.stateful:
             self._states = [h_n.detach(), c_n.detach()]
+        if self.zero_output_for_mask and mask is not None:  # Keras: zeros at masked steps (processing order)
+            real = (mask.flip(1) if self.go_backwards else mask).reshape(*mask.shape, *(1,) * (y.dim() - 2))
+            y = torch.where(real, y, torch.zeros((), dtype=y.dtype, device=y.device))
         output = self._from_op(y, 2) if self.return_sequences else self._from_op(y[:, -1], 1)
         if not self.return_state:
             return output

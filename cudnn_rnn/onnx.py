@@ -148,6 +148,11 @@ def rnn_forward_to_onnx(x, weights, mask, h0, c0, dropout_masks, recurrent_dropo
             Yh = op.Where(op.Unsqueeze(left_rows, op.Constant(value_ints=[0, 2])), runs[1][1], Yh)
             if cell == "lstm":
                 Yc = op.Where(op.Unsqueeze(left_rows, op.Constant(value_ints=[0, 2])), runs[1][2], Yc)
+        if mask is not None and init_h is not None:  # a row with no real step keeps its initial states
+            empty = op.Unsqueeze(op.Equal(op.Cast(lens, to=7), op.Constant(value_int=0)), op.Constant(value_ints=[0, 2]))
+            Yh = op.Where(empty, init_h, Yh)
+            if cell == "lstm" and init_c is not None:
+                Yc = op.Where(empty, init_c, Yc)
         h_ns.append(Yh)
         if cell == "lstm":
             c_ns.append(Yc)
@@ -257,13 +262,18 @@ TRANSLATIONS = {torch.ops.cudnn_rnn.rnn_forward.default: rnn_forward_to_onnx}
 
 
 def export(model: torch.nn.Module, args: tuple, path, dynamic_batch_and_time: bool = True, **kwargs):
-    """torch.onnx.export (dynamo) of `model` with cudnn_rnn's translations; batch and time
-    dynamic for every 2-D or higher input. Returns the ONNXProgram (also saved to `path`)."""
+    """torch.onnx.export (dynamo) of `model` with cudnn_rnn's translations; the batch dynamic,
+    and dimension 1 of every sequence (3-D and up, or integer 2-D token ids) its own dynamic length;
+    other inputs (2-D float states, masks given as bool... ) keep their batch only: pass
+    dynamic_batch_and_time=False and dynamic_shapes= to choose. Returns the ONNXProgram (also
+    saved to `path`)."""
     model = model.eval()
     dynamic = None
-    if dynamic_batch_and_time:
-        batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=2)
-        dynamic = tuple({0: batch, 1: time} if a.dim() >= 2 else {0: batch} for a in args)
+    if dynamic_batch_and_time:  # time: dimension 1 of sequences (3-D and up) and token ids, each its own
+        batch = torch.export.Dim("batch", min=1)
+        dynamic = tuple({0: batch, 1: torch.export.Dim(f"time_{i}", min=2)}
+                        if a.dim() >= 3 or (a.dim() == 2 and not a.is_floating_point()) else {0: batch}
+                        for i, a in enumerate(args))
     try:
         return torch.onnx.export(model, args, str(path), dynamo=True, custom_translation_table=TRANSLATIONS,
                                  dynamic_shapes=dynamic, **kwargs)

@@ -332,3 +332,33 @@ def test_keras_models_with_conv_lstm_load_and_match(seed, tmp_path):
             got = load_keras(path, architecture=arch)(torch.as_tensor(x))
         for a, b in zip(got, expected):
             np.testing.assert_allclose(a.numpy(), b, atol=ATOL, rtol=RTOL, err_msg=path.name)
+
+
+@pytest.mark.keras
+def test_zero_output_for_mask_and_stateful_models_load_fresh(tmp_path):
+    """zero_output_for_mask (an RNN keyword ConvLSTM passes on) zeroes masked steps as Keras does;
+    a stateful ConvLSTM loaded from a file starts from zero states (the loader's trial run leaves
+    none behind), as a freshly loaded Keras model does."""
+    from keras import layers
+
+    from cudnn_rnn.keras import load_keras
+
+    rng = np.random.RandomState(9)
+    kw = dict(padding="same", data_format="channels_last", activation="tanh", recurrent_activation="sigmoid",
+              use_bias=True, return_sequences=True, return_state=False, go_backwards=True, zero_output_for_mask=True)
+    ours, keras_layer = build_pair(1, 2, 3, 3, kw, rng)
+    shape = (3, 5, 6, 2)
+    x = torch.from_numpy(rng.uniform(-1, 1, size=shape).astype(np.float32))
+    copy_to_keras(ours, keras_layer, shape)
+    mask = make_mask("holes", 3, 5, rng)
+    assert_close(ours(x, mask=torch.from_numpy(mask)), run_keras(keras_layer, x, mask, None))
+
+    inp = keras.Input(batch_shape=(2, 3, 6, 2))
+    model = keras.Model(inp, layers.ConvLSTM1D(3, 3, padding="same", stateful=True)(inp))
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype("float32") for w in model.get_weights()])
+    model.save(tmp_path / "s.keras")
+    fresh = keras.saving.load_model(tmp_path / "s.keras", compile=False)
+    x = rng.uniform(-1, 1, (2, 3, 6, 2)).astype("float32")
+    with torch.no_grad():
+        got = load_keras(tmp_path / "s.keras")(torch.as_tensor(x))
+    np.testing.assert_allclose(got.numpy(), keras.ops.convert_to_numpy(fresh(x)), atol=ATOL, rtol=RTOL)

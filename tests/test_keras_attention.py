@@ -5,6 +5,7 @@ every score mode and option, causal masks, returned scores, the context concaten
 decoder's outputs) saved in each Keras 3 format and loaded with load_keras, within 1e-5. tf.keras
 2's versions of the same layers are a fixture (tfk_attention, test_keras_fixtures.py)."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -135,3 +136,63 @@ def test_unsupported_attention_options_are_refused_by_name(tmp_path):
     mha["config"]["attention_axes"] = [0, 1]
     with pytest.raises(ConversionError, match=r"layer 'mha'.*attention_axes=\[0, 1\]; only attention over the time"):
         load_keras(tmp_path / "w.weights.h5", architecture={"class_name": "Functional", "config": config})
+
+
+@pytest.mark.keras
+def test_explicit_masks_scalar_weights_and_export_round_trip(tmp_path):
+    """Attention called with an explicit mask list (both masks used), an LSTM called with an
+    explicit mask and initial states (Keras 3 masks it: only a mask it would fill in is dropped),
+    Attention's 0-d scale weights kept 0-d (save_keras writes back what Keras reloads), and the
+    CLI's exports with encoder and decoder lengths each their own dynamic size."""
+    import subprocess
+    import sys
+
+    import cudnn_rnn
+    import onnxruntime as ort
+
+    rng = np.random.RandomState(2)
+    enc_in, dec_in = keras.Input((None, 4)), keras.Input((None, 4))  # free lengths, each its own
+    m_in = keras.Input((None,), dtype="bool")
+    enc, h, c = layers.LSTM(4, return_sequences=True, return_state=True)(enc_in, mask=m_in)
+    dec_mask = keras.Input((None,), dtype="bool")
+    dec = layers.LSTM(4, return_sequences=True)(dec_in, mask=dec_mask, initial_state=[h, c])
+    att = layers.Attention(use_scale=True, score_mode="concat")([dec, enc], mask=[None, m_in])
+    model = keras.Model([enc_in, dec_in, m_in, dec_mask], att)
+    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
+    xe, xd = rng.uniform(-1, 1, (B, TV, 4)).astype("float32"), rng.uniform(-1, 1, (B, TQ, 4)).astype("float32")
+    m = np.ones((B, TV), bool)
+    m[1, 4:] = False
+    md = np.ones((B, TQ), bool)
+    md[2, 3:] = False
+    expected = keras.ops.convert_to_numpy(model([xe, xd, m, md]))
+    model.save(tmp_path / "m.keras")
+    ours = load_keras(tmp_path / "m.keras")
+    with torch.no_grad():
+        got = ours(*[torch.as_tensor(a) for a in (xe, xd, m, md)]).numpy()
+    np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL)
+    scale = [p for n, p in ours.named_parameters() if "scale" in n or "concat" in n]
+    assert scale and all(p.dim() == 0 for p in scale)
+    cudnn_rnn.save_keras(ours, tmp_path / "back.keras")
+    back = keras.saving.load_model(tmp_path / "back.keras", compile=False)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(back([xe, xd, m, md])), expected, atol=ATOL, rtol=RTOL)
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for suffix in (".pt2", ".onnx"):
+        out = subprocess.run([sys.executable, "-m", "cudnn_rnn", "convert", str(tmp_path / "m.keras"),
+                              str(tmp_path / f"m{suffix}")], cwd=root, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "KERAS_BACKEND": "torch"})
+        assert out.returncode == 0, out.stdout + out.stderr
+    te, td = 9, 3  # other lengths than the saved model's, and not equal to each other
+    xe2, xd2 = rng.uniform(-1, 1, (2, te, 4)).astype("float32"), rng.uniform(-1, 1, (2, td, 4)).astype("float32")
+    m2, md2 = np.ones((2, te), bool), np.ones((2, td), bool)
+    m2[0, 6:] = False
+    arrays = (xe2, xd2, m2, md2)
+    with torch.no_grad():
+        want = ours(*[torch.as_tensor(a) for a in arrays]).numpy()
+    program = torch.export.load(str(tmp_path / "m.pt2"))
+    with torch.no_grad():
+        exported = program.module()(*[torch.as_tensor(a) for a in arrays]).numpy()
+    np.testing.assert_allclose(exported, want, atol=ATOL, rtol=RTOL)
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    feeds = dict(zip([i.name for i in session.get_inputs()], arrays))
+    np.testing.assert_allclose(session.run(None, feeds)[0], want, atol=ATOL, rtol=RTOL)

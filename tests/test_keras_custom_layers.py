@@ -140,3 +140,27 @@ def test_builder_failures_and_wrong_returns_name_the_class(tmp_path):
     # a module computing the wrong shape is caught by the trial run, as any config / weights mismatch
     with pytest.raises(ConversionError, match="does not run on inputs of its declared shape"):
         load_keras(tmp_path / "m.keras", custom_layers={"AttentionPooling": lambda c, w: nn.Linear(2, 2)})
+
+
+@pytest.mark.keras
+def test_registered_names_and_configs_without_trainable(tmp_path):
+    """The key may be the registered name ("package>Class") for a .keras file too; a legacy .h5
+    layer whose get_config skipped super() (no `trainable`) is still a layer, not a Keras op."""
+    model, x = _model()
+    model.save(tmp_path / "m.keras")
+    expected = keras.ops.convert_to_numpy(model(x))
+    ours = load_keras(tmp_path / "m.keras", custom_layers={"cudnn_rnn_tests>AttentionPooling": TorchAttentionPooling})
+    with torch.no_grad():
+        np.testing.assert_allclose(ours(torch.as_tensor(x)).numpy(), expected, atol=1e-5, rtol=1e-5)
+    model.save(tmp_path / "m.h5")
+    import h5py
+    import json as _json
+
+    with h5py.File(tmp_path / "m.h5", "r+") as f:
+        config = _json.loads(f.attrs["model_config"])
+        layer = next(l for l in config["config"]["layers"] if "AttentionPooling" in l["class_name"])
+        layer["config"] = {"name": layer["config"]["name"], "units": layer["config"]["units"]}
+        f.attrs["model_config"] = _json.dumps(config)
+    ours = load_keras(tmp_path / "m.h5", custom_layers=BUILDERS)
+    with torch.no_grad():
+        np.testing.assert_allclose(ours(torch.as_tensor(x)).numpy(), expected, atol=1e-5, rtol=1e-5)

@@ -155,3 +155,30 @@ def test_converted_keras_model_through_the_cli(tmp_path):
     session = ort.InferenceSession(str(tmp_path / "m.onnx"))
     got = session.run(None, {session.get_inputs()[0].name: tokens})[0]
     np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL)
+
+
+def test_rows_without_a_real_step_keep_their_initial_states(tmp_path):
+    class WithStates(torch.nn.Module):
+        def __init__(self, layer):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x, mask, h, c):
+            return tuple(self.layer(x, mask=mask, initial_state=[h, c]))
+
+    torch.manual_seed(2)
+    module = WithStates(cudnn_rnn.LSTM(4, 5, return_sequences=True, return_state=True)).eval()
+    x = torch.randn(3, 6, 4)
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    mask[1] = False  # no real step: Keras keeps the initial states
+    mask[2, :3] = False
+    h, c = torch.randn(3, 5), torch.randn(3, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        export(module, (x, mask, h, c), tmp_path / "m.onnx")
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    got = session.run(None, dict(zip([i.name for i in session.get_inputs()], [a.numpy() for a in (x, mask, h, c)])))
+    with torch.no_grad():
+        ref = module(x, mask, h, c)
+    for o, r in zip(got, ref):
+        np.testing.assert_allclose(o, r.numpy(), atol=ATOL, rtol=RTOL)

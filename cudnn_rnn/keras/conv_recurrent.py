@@ -8,7 +8,8 @@ from torch import nn
 
 from .. import conv_lstm
 from .activations import activation_name
-from .recurrent import mask_run
+from .errors import ConversionError
+from .recurrent import keras3_call_of, mask_run
 from .registry import builder
 from .values import Values, check_shapes
 
@@ -68,11 +69,14 @@ def build_conv_lstm(cfg, ctx):
             use_bias=use_bias, unit_forget_bias=v.bool("unit_forget_bias", True),
             dropout=v.float("dropout", 0.0, 0.0, 1.0), recurrent_dropout=v.float("recurrent_dropout", 0.0, 0.0, 1.0),
             return_sequences=v.bool("return_sequences", False), return_state=v.bool("return_state", False),
-            go_backwards=v.bool("go_backwards", False), stateful=v.bool("stateful", False), dtype=ctx.dtype,
+            go_backwards=v.bool("go_backwards", False), stateful=v.bool("stateful", False),
+            zero_output_for_mask=v.bool("zero_output_for_mask", False), dtype=ctx.dtype,
             kernel_initializer="zeros", recurrent_initializer="zeros")
+    except ConversionError:
+        raise
     except ValueError as e:
         raise ctx.error(str(e)) from None
     with torch.no_grad():
         for param, array in zip((layer.kernel, layer.recurrent_kernel, layer.bias), w):
             param.copy_(torch.as_tensor(array, dtype=ctx.dtype))
-    return ConvRecurrent(layer, ctx.keras_major >= 3)
+    return ConvRecurrent(layer, keras3_call_of(ctx))

@@ -90,4 +90,5 @@ def custom_builders(custom_layers: Optional[Mapping[str, Callable]]) -> Dict[str
             raise TypeError(f"custom_layers must map class names (str) to callables; got {name!r}: "
                             f"{type(fn).__name__}")
         out[name] = custom_builder(name, fn)
+        out.setdefault(short_name(name), out[name])  # "pkg>Class" also finds .keras files' "Class"
     return out

@@ -115,6 +115,9 @@ def _parse_calls(entry: dict, path) -> List[Call]:
             constants = [a for a in args if not _refs_in(a, path)]
             kwargs = {}
             for k, v in kw.items():
+                if k == "mask" and isinstance(v, list):  # per input, None where a position has none
+                    kwargs[k] = [(_refs_in(e, path) or [None])[0] for e in v]
+                    continue
                 refs = _refs_in(v, path)
                 kwargs[k] = refs if refs else v
             calls.append(Call(inputs, kwargs, constants))

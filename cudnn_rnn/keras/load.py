@@ -14,6 +14,7 @@ from typing import Callable, Mapping, Optional, Union
 import numpy as np
 import torch
 
+from .. import conv_lstm
 from .. import layers as rnn_layers
 from .builders import BUILDERS
 from .containers import load_json, open_keras_file
@@ -21,7 +22,7 @@ from .custom import custom_builders, find_builder, short_name
 from .errors import ConversionError
 from .graph import ModelSpec, parse_model
 from .model import KerasModel, NestedModel
-from .recorded_ops import build_op
+from .recorded_ops import OP_CLASSES, build_op
 from .registry import BuildContext
 from .weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
 
@@ -131,13 +132,23 @@ def check_runs(model: KerasModel, path) -> KerasModel:
             error = error or e
         finally:  # the trial run leaves nothing behind in stateful layers
             for module in model.modules():
-                if isinstance(module, rnn_layers._RNNBase):
+                if isinstance(module, (rnn_layers._RNNBase, conv_lstm._ConvLSTM)):
                     module.reset_states()
         if not any(d is None for _, shape in model.input_specs for d in shape[1:]):
             break  # no free dimension: a longer trial would fail the same way
     shapes = [tuple(shape) for _, shape in model.input_specs]
     raise ConversionError(path, f"the converted model does not run on inputs of its declared shape {shapes} "
                                 f"({type(error).__name__}: {str(error)[:300]}); the config and the weights disagree")
+
+
+def _is_op(layer, custom: Mapping[str, Callable]) -> bool:
+    """A Keras 3 operation rather than a layer. Legacy .h5 configs drop the module that says so,
+    and the config test (no `trainable`) also fits a custom layer whose get_config skipped
+    super(): there, only the operation classes recorded_ops knows count, and never a class the
+    user gave a builder for."""
+    if not layer.is_op or find_builder(layer.class_name, {}, custom) is not None:
+        return False
+    return bool(layer.module) or layer.class_name in OP_CLASSES
 
 
 def _check_classes(spec: ModelSpec, custom: Mapping[str, Callable], path) -> None:
@@ -148,7 +159,7 @@ def _check_classes(spec: ModelSpec, custom: Mapping[str, Callable], path) -> Non
         for layer in s.layers:
             if layer.model is not None:
                 walk(layer.model, f"{where}/{layer.name}")
-            elif not layer.is_op and find_builder(layer.class_name, BUILDERS, custom) is None:
+            elif not _is_op(layer, custom) and find_builder(layer.class_name, BUILDERS, custom) is None:
                 missing.setdefault(layer.class_name[:100], []).append((f"{where}/{layer.name}"[:200], layer.name))
 
     walk(spec, spec.name)
@@ -175,7 +186,7 @@ def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, whe
                                                      progress, custom))
             continue
         ctx = BuildContext(path, version, layer, source.for_layer(layer), dtype)
-        if layer.is_op:
+        if _is_op(layer, custom):
             modules[layer.name] = build_op(layer, ctx)
             continue
         build = find_builder(layer.class_name, BUILDERS, custom)  # _check_classes made sure there is one

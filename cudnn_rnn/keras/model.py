@@ -55,7 +55,7 @@ class KerasModel(nn.Module):
                          and all(isinstance(r, Ref) for r in call.kwargs[k]) for r in call.kwargs[k]]
                 refs = list(call.inputs) + list(initial or []) + extra
                 mask_refs = call.kwargs.get("mask") if isinstance(call.kwargs.get("mask"), list) else None
-                needed = refs + (mask_refs or [])
+                needed = refs + [r for r in (mask_refs or []) if r is not None]
                 for r in needed:
                     if not isinstance(r, Ref):
                         raise ConversionError(path, f"call {i} has an input that is not a tensor reference: "
@@ -68,7 +68,8 @@ class KerasModel(nn.Module):
                     waiting.setdefault(d, []).append(len(items))
                 missing.append(len(deps))
                 items.append((layer.name, _module_key(layer.name), i, [(r.layer, r.call, r.output) for r in refs],
-                              [(r.layer, r.call, r.output) for r in mask_refs] if mask_refs else None))
+                              [(r.layer, r.call, r.output) if r is not None else None for r in mask_refs]
+                              if mask_refs else None))
         ready = deque(k for k, n in enumerate(missing) if n == 0)
         schedule = []
         while ready:
@@ -98,8 +99,9 @@ class KerasModel(nn.Module):
             got = [fetch(r) for r in refs]
             xs = [t for t, _ in got]
             ms = [m for _, m in got]
-            if mask_refs is not None:
-                ms[0] = fetch(mask_refs[0])[0]
+            if mask_refs is not None:  # an explicit mask=, or a list of them (Attention: [query, value])
+                for j, r in enumerate(mask_refs[: len(ms)]):
+                    ms[j] = fetch(r)[0] if r is not None else None
             outs, out_masks = self.layers[key](xs, ms)
             env[(name, call)] = (outs, out_masks)
         results = [fetch(r) for r in self.output_refs]
@@ -112,7 +114,10 @@ class KerasModel(nn.Module):
         out = []
         for dtype, shape in self.input_specs:
             dims = [batch] + [time if d is None else int(d) for d in shape[1:]]
-            out.append(torch.ones(dims, dtype=torch.int64) if "int" in dtype else torch.zeros(dims, dtype=float_dtype))
+            if dtype == "bool":  # an explicit mask input
+                out.append(torch.ones(dims, dtype=torch.bool))
+            else:
+                out.append(torch.ones(dims, dtype=torch.int64) if "int" in dtype else torch.zeros(dims, dtype=float_dtype))
         return out
 
     def forward(self, *inputs: Tensor):

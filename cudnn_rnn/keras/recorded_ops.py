@@ -71,6 +71,9 @@ _OPS: Dict[str, Callable] = {
 }
 
 
+OP_CLASSES = frozenset(_OPS)
+
+
 def _dtype_of(cfg, x):
     name = cfg.get("dtype")
     if not name:

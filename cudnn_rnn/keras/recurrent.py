@@ -46,11 +46,18 @@ class Recurrent(nn.Module):
         return outs, [seq_mask] * n_outputs + [None] * (len(outs) - n_outputs)
 
 
+def keras3_call_of(ctx) -> bool:
+    """Whether Keras 3's call convention applies to the layer's calls: a Keras 3 file whose calls
+    pass no explicit mask (Keras 3 records the masks it fills in, and one the user passes, as the
+    call's `mask`; an RNN called with initial_state gets none filled in)."""
+    return ctx.keras_major >= 3 and not any(call.kwargs.get("mask") is not None for call in ctx.spec.calls)
+
+
 def mask_run(inputs, masks, keras3_call: bool):
     """The mask a recurrent layer's computation sees. Keras 3 fills a call's `mask` only when the
     call has one tensor argument (keras/src/layers/layer.py, Layer.__call__), so an RNN called
-    with initial_state tensors runs unmasked (its output still carries the input's mask on, from
-    the first argument); tf.keras 2 masked it."""
+    with initial_state tensors and no explicit mask runs unmasked (its output still carries the
+    input's mask on, from the first argument); tf.keras 2 masked it."""
     return None if keras3_call and len(inputs) > 1 else masks[0]
 
 
@@ -244,7 +251,7 @@ def _build_rnn_layer(class_name: str, cfg: dict, ctx: BuildContext, weights: Lis
 def build_rnn(cfg, ctx):
     cls = ctx.spec.class_name
     (w,) = ctx.weights.take([("cell" if not cls.startswith("CuDNN") else "", _rnn_weight_count(cls, _rnn_options(cls, cfg, ctx)))])
-    return Recurrent(_build_rnn_layer(cls, cfg, ctx, w), ctx.keras_major >= 3)
+    return Recurrent(_build_rnn_layer(cls, cfg, ctx, w), keras3_call_of(ctx))
 
 
 _CELL_CLASSES = {"LSTMCell": "LSTM", "GRUCell": "GRU", "SimpleRNNCell": "SimpleRNN"}
@@ -325,7 +332,7 @@ def _cell_stack(cfg: dict, specs: List[tuple], weights: List[List[np.ndarray]], 
             parts.append(layer)
     v = Values(cfg, ctx)
     return CellStack(parts, v.bool("return_sequences", False), v.bool("return_state", False),
-                     v.bool("go_backwards", False), [spec[2] for spec in specs], keras3_call=ctx.keras_major >= 3,
+                     v.bool("go_backwards", False), [spec[2] for spec in specs], keras3_call=keras3_call_of(ctx),
                      **wrap)
 
 
@@ -353,7 +360,7 @@ def build_generic_rnn(cfg, ctx):
         return _cell_stack(cfg, specs, ctx.weights.take([(g, n) for _, _, g, n in specs]), ctx)
     kind, merged = _single_cell(cls, cell_cfg, cfg, ctx, "RNN")
     (w,) = ctx.weights.take([("cell", _rnn_weight_count(kind, _rnn_options(kind, merged, ctx)))])
-    return Recurrent(_build_rnn_layer(kind, merged, ctx, w), ctx.keras_major >= 3)
+    return Recurrent(_build_rnn_layer(kind, merged, ctx, w), keras3_call_of(ctx))
 
 
 def _bidirectional_side(serialized, ctx: BuildContext):
@@ -399,4 +406,4 @@ def build_bidirectional(cfg, ctx):
     wf, wb = ctx.weights.take([("forward_layer" + fsub, nf), ("backward_layer" + bsub, nb)])
     forward = _build_rnn_layer(fcls, fcfg, ctx, wf)
     backward = _build_rnn_layer(bcls, bcfg, ctx, wb)
-    return Recurrent(rnn_layers.Bidirectional(forward, merge_mode=merge, backward_layer=backward), ctx.keras_major >= 3)
+    return Recurrent(rnn_layers.Bidirectional(forward, merge_mode=merge, backward_layer=backward), keras3_call_of(ctx))

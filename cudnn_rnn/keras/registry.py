@@ -62,7 +62,8 @@ class BuildContext:
         return ConversionError(self.path, message, self.spec.name)
 
     def tensor(self, array: np.ndarray) -> nn.Parameter:
-        return nn.Parameter(torch.as_tensor(np.ascontiguousarray(array), dtype=self.dtype))
+        # (np.array, not np.ascontiguousarray: that turns a 0-d weight, Attention's scale, into shape (1,))
+        return nn.Parameter(torch.as_tensor(np.array(array, order="C"), dtype=self.dtype))
 
 
 def layer_config_of(serialized) -> tuple:

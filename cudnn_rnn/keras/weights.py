@@ -16,6 +16,7 @@ the legacy layout splits the layer's flat list by the same counts.
 from __future__ import annotations
 
 import abc
+import re
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -97,13 +98,19 @@ class _Keras3Layer(LayerWeights):
         if base is None:
             return []
         own = f"{base}/vars"
-        subs = sorted(g for g in self.kf.groups if g.startswith(base + "/") and g.endswith("/vars") and g != own)
+        subs = sorted((g for g in self.kf.groups if g.startswith(base + "/") and g.endswith("/vars") and g != own),
+                      key=_natural)
         out = []
         for group in ([own] if own in self.kf.groups else []) + subs:
             vars_ = self.index.get(group, {})
             for key in sorted(vars_, key=lambda k: int(k) if k.isdigit() else -1):
                 out.append(check_array(self.kf.path, f"{group}/{key}", vars_[key], self.layer))
         return out
+
+
+def _natural(path: str) -> list:
+    """A sort key that orders dense_2 before dense_10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path)]
 
 
 class Keras3Source(WeightSource):
