@@ -24,6 +24,7 @@ def set_cudnn_algorithm(name: str) -> None:
 
 
 def cudnn_algorithm() -> str:
+    """The cuDNN RNN algorithm preference set_cudnn_algorithm chose ("standard" by default)."""
     return _C.cudnn_algorithm()
 
 

@@ -22,7 +22,8 @@ has go_backwards.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+import os
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -261,7 +262,8 @@ def _keras_padded_outputs(op, Y, Yh, mask, D: int, go_backwards: bool):
 TRANSLATIONS = {torch.ops.cudnn_rnn.rnn_forward.default: rnn_forward_to_onnx}
 
 
-def export(model: torch.nn.Module, args: tuple, path, dynamic_batch_and_time: bool = True, **kwargs):
+def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], dynamic_batch_and_time: bool = True,
+           **kwargs) -> torch.onnx.ONNXProgram:
     """torch.onnx.export (dynamo) of `model` with cudnn_rnn's translations; the batch dynamic,
     and dimension 1 of every sequence (3-D and up, or integer 2-D token ids) its own dynamic length;
     other inputs (2-D float states, masks given as bool... ) keep their batch only: pass

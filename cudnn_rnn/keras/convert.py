@@ -12,17 +12,24 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Union
 
 import torch
 
 from .containers import load_json, open_regular
 from .errors import ConversionError
 
+if TYPE_CHECKING:
+    from .model import KerasModel
+
 FORMAT = "cudnn_rnn.keras/1"
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def save_converted(model, path) -> None:
+def save_converted(model: KerasModel, path: Union[str, os.PathLike]) -> None:
+    """Writes a model load_keras returned as one file that reloads without the Keras checkpoint
+    (load_converted): its config, the arrays it was built from and its state_dict (fine-tuned
+    weights included), in torch.save's zip format, read back with weights_only=True."""
     weights = {name: [[[torch.as_tensor(a) for a in group] for group in take] for take in takes]
                for name, takes in model.keras_weights.items()}
     torch.save({"format": FORMAT, "keras_config": json.dumps(model.keras_config),
@@ -80,7 +87,8 @@ def _nested(path, value, depth: int, what: str):
     return [_nested(path, v, depth - 1, what) for v in value]
 
 
-def load_converted(path, dtype=torch.float32, custom_layers=None):
+def load_converted(path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32,
+                   custom_layers: Optional[Mapping[str, Callable]] = None) -> KerasModel:
     """The model save_converted wrote, rebuilt and checked against its saved state_dict; a model
     with layers of its own classes needs the custom_layers builders load_keras was given."""
     from .load import rebuild

@@ -4,10 +4,11 @@ SimpleRNN, Bidirectional; a num_layers stack becomes that many Keras layers)."""
 from __future__ import annotations
 
 import datetime
+import os
 import io
 import json
 import zipfile
-from typing import List, Tuple
+from typing import List, Tuple, Union
 
 import numpy as np
 import torch
@@ -105,7 +106,7 @@ def _write_weights(groups, target) -> None:
                 vars_.create_dataset(str(i), data=np.asarray(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t))
 
 
-def save_keras(module: nn.Module, path) -> None:
+def save_keras(module: nn.Module, path: Union[str, os.PathLike]) -> None:
     """Writes `module` as a Keras 3 `.keras` archive or `.weights.h5` file, with its current
     weights (fine-tuned ones included)."""
     path = str(path)

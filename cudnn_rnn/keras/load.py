@@ -34,7 +34,7 @@ _NO_WEIGHTS = frozenset({
     "GaussianDropout", "AlphaDropout", "ActivityRegularization"})
 
 
-def load_keras(path, architecture: Optional[Union[str, dict]] = None, dtype: torch.dtype = torch.float32,
+def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, dict]] = None, dtype: torch.dtype = torch.float32,
                progress: Optional[Callable] = None,
                custom_layers: Optional[Mapping[str, Callable]] = None) -> KerasModel:
     """A torch module computing what the Keras model in `path` computes.
@@ -72,7 +72,7 @@ def load_keras(path, architecture: Optional[Union[str, dict]] = None, dtype: tor
         return check_runs(model.eval(), kf.path)
 
 
-def rebuild(config: dict, keras_version: Optional[str], keras_weights: dict, dtype=torch.float32,
+def rebuild(config: dict, keras_version: Optional[str], keras_weights: dict, dtype: torch.dtype = torch.float32,
             where: str = "<converted>", custom_layers: Optional[Mapping[str, Callable]] = None) -> KerasModel:
     """The model load_keras built, from what it recorded (config, version, weights); the same
     custom_layers builders as load_keras was given, if any."""
