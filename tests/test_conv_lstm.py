@@ -362,3 +362,46 @@ def test_zero_output_for_mask_and_stateful_models_load_fresh(tmp_path):
     with torch.no_grad():
         got = load_keras(tmp_path / "s.keras")(torch.as_tensor(x))
     np.testing.assert_allclose(got.numpy(), keras.ops.convert_to_numpy(fresh(x)), atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("fmt", ["channels_last", "channels_first"])
+def test_keras_next_frame_prediction_model_converts_whole(fmt, tmp_path):
+    """The shape of keras.io's ConvLSTM example (next-frame video prediction): ConvLSTM2D layers
+    with BatchNormalization between them and a Conv3D head; here with a strided, dilated Conv2D
+    under TimeDistributed too. Keras 3 and ours within 1e-5, in every format."""
+    from keras import layers
+
+    from cudnn_rnn.keras import load_keras
+
+    rng = np.random.RandomState(4)
+    shape = (None, 8, 8, 1) if fmt == "channels_last" else (None, 1, 8, 8)
+    inp = keras.Input(shape)
+    h = layers.ConvLSTM2D(4, 3, padding="same", return_sequences=True, activation="relu", data_format=fmt)(inp)
+    if fmt == "channels_last":
+        h = layers.BatchNormalization()(h)
+    h = layers.ConvLSTM2D(3, 1, padding="same", return_sequences=True, data_format=fmt)(h)
+    if fmt == "channels_last":  # (Keras 3 cannot build a channels_first Conv2D under TimeDistributed here)
+        h = layers.TimeDistributed(layers.Conv2D(3, 2, strides=1, dilation_rate=2, padding="same"))(h)
+    out = layers.Conv3D(1, (3, 3, 3), activation="sigmoid", padding="same")(h)  # channels last only in Keras here
+    model = keras.Model(inp, out)
+    model.set_weights([rng.uniform(0.5, 1.5, w.shape).astype("float32") if "variance" in w.path
+                       else rng.uniform(-0.5, 0.5, w.shape).astype("float32") for w in model.weights])
+    x = rng.uniform(0, 1, (2, 5) + shape[1:]).astype("float32")
+    expected = keras.ops.convert_to_numpy(model(x))
+    model.save(tmp_path / "m.keras")
+    model.save(tmp_path / "m.h5")
+    for name in ("m.keras", "m.h5"):
+        with torch.no_grad():
+            got = load_keras(tmp_path / name)(torch.as_tensor(x)).numpy()
+        np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL, err_msg=name)
+    # Conv2D channels first, strided with odd sizes (asymmetric "same" padding)
+    img = keras.Input((3, 9, 7))
+    conv = keras.Model(img, layers.Conv2D(4, (3, 2), strides=2, padding="same", data_format="channels_first",
+                                          activation="tanh")(img))
+    conv.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype("float32") for w in conv.weights])
+    conv.save(tmp_path / "c.keras")
+    xi = rng.uniform(-1, 1, (2, 3, 9, 7)).astype("float32")
+    with torch.no_grad():
+        got = load_keras(tmp_path / "c.keras")(torch.as_tensor(xi)).numpy()
+    np.testing.assert_allclose(got, keras.ops.convert_to_numpy(conv(xi)), atol=ATOL, rtol=RTOL)

@@ -65,6 +65,38 @@ class Conv1D(_Single):
         return self.activation(y.transpose(1, 2))
 
 
+class ConvND(_Single):
+    """Conv2D / Conv3D (what sits beside ConvLSTM layers): channels last or first, Keras's
+    (possibly asymmetric) "same" padding, strides, dilation, groups."""
+
+    keeps_mask = False
+
+    def __init__(self, kernel, bias, strides, padding, dilation, groups, activation, channels_last: bool):
+        super().__init__()
+        self.weight = kernel  # torch layout (out, in / groups, *k)
+        self.bias = bias
+        self.strides, self.padding, self.dilation, self.groups = strides, padding, dilation, groups
+        self.activation, self.channels_last = activation, channels_last
+
+    def keras_groups(self):
+        rank = self.weight.dim() - 2
+        kernel = self.weight.permute(*range(2, 2 + rank), 1, 0)  # (out, in, *k) -> (*k, in, out)
+        return [("", [kernel] + ([self.bias] if self.bias is not None else []))]
+
+    def apply(self, x):
+        rank = self.weight.dim() - 2
+        h = x.movedim(-1, 1) if self.channels_last else x
+        if self.padding == "same":
+            pads = []
+            for d in reversed(range(rank)):  # F.pad: last dimension first
+                pads += list(same_padding(h.shape[2 + d], self.weight.shape[2 + d], self.strides[d], self.dilation[d]))
+            h = F.pad(h, pads)
+        conv = F.conv2d if rank == 2 else F.conv3d
+        y = conv(h, self.weight, self.bias, self.strides, 0, self.dilation, self.groups)
+        y = self.activation(y.movedim(1, -1)) if self.channels_last else self.activation(y.movedim(1, -1)).movedim(-1, 1)
+        return y
+
+
 class Pooling1D(_Single):
     keeps_mask = False
 
@@ -147,6 +179,34 @@ def build_conv1d(cfg, ctx):
     kernel = torch.as_tensor(np.ascontiguousarray(w[0])).permute(2, 1, 0)  # (k, in/g, out) -> (out, in/g, k)
     return Conv1D(ctx.tensor(kernel.numpy()), ctx.tensor(w[1]) if use_bias else None, strides, padding, dilation,
                   groups, activation)
+
+
+@builder("Conv2D", "Convolution2D", "Conv3D", "Convolution3D")
+def build_convnd(cfg, ctx):
+    rank = 2 if "2D" in ctx.spec.class_name else 3
+    v = Values(cfg, ctx)
+
+    def sizes(key, default):
+        value = cfg.get(key, default)
+        value = default if value is None else value
+        values = value if isinstance(value, list) else [value] * rank
+        if len(values) != rank:
+            raise ctx.error(f"config {key}={str(value)[:40]!r}; expected an integer or {rank} of them")
+        return tuple(Values({key: e}, ctx).int(key, lo=1, hi=1 << 16) for e in values)
+
+    filters = v.int("filters", lo=1)
+    kernel_size, strides, dilation = sizes("kernel_size", None), sizes("strides", 1), sizes("dilation_rate", 1)
+    groups, use_bias = v.int("groups", 1, lo=1), v.bool("use_bias", True)
+    padding = v.str("padding", "valid", ("valid", "same"))
+    data_format = v.str("data_format", "channels_last", ("channels_last", "channels_first"))
+    if filters % groups:
+        raise ctx.error(f"{ctx.spec.class_name} filters={filters} is not divisible by groups={groups}")
+    activation = _Activation(activation_name(cfg.get("activation"), ctx), ctx)
+    (w,) = ctx.weights.take([("", 2 if use_bias else 1)])
+    check_shapes(ctx, ctx.spec.class_name, w, [(*kernel_size, "in", filters), (filters,)][: len(w)])
+    kernel = torch.as_tensor(np.array(w[0])).permute(rank + 1, rank, *range(rank))  # (*k, in, out) -> (out, in, *k)
+    return ConvND(ctx.tensor(kernel.numpy()), ctx.tensor(w[1]) if use_bias else None, strides, padding, dilation,
+                  groups, activation, data_format == "channels_last")
 
 
 @builder("TimeDistributed")
