@@ -405,3 +405,30 @@ def test_keras_next_frame_prediction_model_converts_whole(fmt, tmp_path):
     with torch.no_grad():
         got = load_keras(tmp_path / "c.keras")(torch.as_tensor(xi)).numpy()
     np.testing.assert_allclose(got, keras.ops.convert_to_numpy(conv(xi)), atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("merge_mode", ["concat", "sum", None])
+def test_bidirectional_conv_lstm_matches_keras(merge_mode, tmp_path):
+    """Bidirectional(ConvLSTM2D) with an explicit mask input and returned states, in .keras and .h5."""
+    from keras import layers
+
+    from cudnn_rnn.keras import load_keras
+
+    rng = np.random.RandomState(6)
+    x_in, m_in = keras.Input((5, 6, 5, 2)), keras.Input((5,), dtype="bool")
+    out = layers.Bidirectional(layers.ConvLSTM2D(3, 3, padding="same", return_sequences=True, return_state=True),
+                               merge_mode=merge_mode)(x_in, mask=m_in)
+    model = keras.Model([x_in, m_in], keras.tree.flatten(out))
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype("float32") for w in model.get_weights()])
+    x = rng.uniform(-1, 1, (3, 5, 6, 5, 2)).astype("float32")
+    m = make_mask("holes", 3, 5, rng)
+    expected = [keras.ops.convert_to_numpy(t) for t in keras.tree.flatten(model([x, m]))]
+    model.save(tmp_path / "m.keras")
+    model.save(tmp_path / "m.h5")
+    for name in ("m.keras", "m.h5"):
+        with torch.no_grad():
+            got = load_keras(tmp_path / name)(torch.as_tensor(x), torch.as_tensor(m))
+        assert len(got) == len(expected)
+        for i, (a, b) in enumerate(zip(got, expected)):
+            np.testing.assert_allclose(a.numpy(), b, atol=ATOL, rtol=RTOL, err_msg=f"{name} output {i}")

@@ -9,8 +9,9 @@ from torch import nn
 from .. import conv_lstm
 from .activations import activation_name
 from .errors import ConversionError
-from .recurrent import keras3_call_of, mask_run
-from .registry import builder
+from .. import layers as rnn_layers
+from .recurrent import BIDIRECTIONAL_LAYERS, keras3_call_of, mask_run
+from .registry import builder, layer_config_of
 from .values import Values, check_shapes
 
 _RANKS = {"ConvLSTM1D": 1, "ConvLSTM2D": 2, "ConvLSTM3D": 3}
@@ -44,9 +45,13 @@ def _tuple(v: Values, key: str, rank: int, default):
     return (Values({key: value}, v.ctx).int(key, lo=1, hi=1 << 16),) * rank
 
 
-@builder(*_RANKS)
-def build_conv_lstm(cfg, ctx):
-    rank = _RANKS[ctx.spec.class_name]
+def _weight_count(cfg: dict, ctx) -> int:
+    return 3 if Values(cfg, ctx).bool("use_bias", True) else 2
+
+
+def _conv_lstm_layer(class_name: str, cfg: dict, ctx, w, **overrides) -> conv_lstm._ConvLSTM:
+    """A ConvLSTM layer from its config and its weights (as taken: kernel, recurrent kernel, bias)."""
+    rank = _RANKS[class_name]
     v = Values(cfg, ctx)
     filters = v.int("filters", lo=1)
     kernel_size = _tuple(v, "kernel_size", rank, None)
@@ -56,22 +61,23 @@ def build_conv_lstm(cfg, ctx):
     use_bias = v.bool("use_bias", True)
     if v.bool("time_major", False):
         raise ctx.error("time_major=True is not supported (the layers are batch-major)")
-    (w,) = ctx.weights.take([("cell", 3 if use_bias else 2)])
-    check_shapes(ctx, ctx.spec.class_name, w, [(*kernel_size, "in", 4 * filters), (*kernel_size, filters, 4 * filters),
-                                               (4 * filters,)][: len(w)])
+    check_shapes(ctx, class_name, w, [(*kernel_size, "in", 4 * filters), (*kernel_size, filters, 4 * filters),
+                                      (4 * filters,)][: len(w)])
     # tf.keras 2's ConvLSTM2D defaulted to hard_sigmoid gates (its Keras 2 definition)
     default_gate = "hard_sigmoid" if ctx.keras_major < 3 else "sigmoid"
+    options = dict(
+        strides=strides, padding=padding, data_format=data_format, dilation_rate=dilation,
+        activation=activation_name(cfg.get("activation", "tanh"), ctx),
+        recurrent_activation=activation_name(cfg.get("recurrent_activation", default_gate), ctx),
+        use_bias=use_bias, unit_forget_bias=v.bool("unit_forget_bias", True),
+        dropout=v.float("dropout", 0.0, 0.0, 1.0), recurrent_dropout=v.float("recurrent_dropout", 0.0, 0.0, 1.0),
+        return_sequences=v.bool("return_sequences", False), return_state=v.bool("return_state", False),
+        go_backwards=v.bool("go_backwards", False), stateful=v.bool("stateful", False),
+        zero_output_for_mask=v.bool("zero_output_for_mask", False))
+    options.update(overrides)
     try:
-        layer = getattr(conv_lstm, ctx.spec.class_name)(
-            int(w[0].shape[-2]), filters, kernel_size, strides=strides, padding=padding, data_format=data_format,
-            dilation_rate=dilation, activation=activation_name(cfg.get("activation", "tanh"), ctx),
-            recurrent_activation=activation_name(cfg.get("recurrent_activation", default_gate), ctx),
-            use_bias=use_bias, unit_forget_bias=v.bool("unit_forget_bias", True),
-            dropout=v.float("dropout", 0.0, 0.0, 1.0), recurrent_dropout=v.float("recurrent_dropout", 0.0, 0.0, 1.0),
-            return_sequences=v.bool("return_sequences", False), return_state=v.bool("return_state", False),
-            go_backwards=v.bool("go_backwards", False), stateful=v.bool("stateful", False),
-            zero_output_for_mask=v.bool("zero_output_for_mask", False), dtype=ctx.dtype,
-            kernel_initializer="zeros", recurrent_initializer="zeros")
+        layer = getattr(conv_lstm, class_name)(int(w[0].shape[-2]), filters, kernel_size, dtype=ctx.dtype,
+                                               kernel_initializer="zeros", recurrent_initializer="zeros", **options)
     except ConversionError:
         raise
     except ValueError as e:
@@ -79,4 +85,68 @@ def build_conv_lstm(cfg, ctx):
     with torch.no_grad():
         for param, array in zip((layer.kernel, layer.recurrent_kernel, layer.bias), w):
             param.copy_(torch.as_tensor(array, dtype=ctx.dtype))
-    return ConvRecurrent(layer, keras3_call_of(ctx))
+    return layer
+
+
+@builder(*_RANKS)
+def build_conv_lstm(cfg, ctx):
+    (w,) = ctx.weights.take([("cell", _weight_count(cfg, ctx))])
+    return ConvRecurrent(_conv_lstm_layer(ctx.spec.class_name, cfg, ctx, w), keras3_call_of(ctx))
+
+
+class ConvBidirectional(nn.Module):
+    """Keras Bidirectional(ConvLSTM*D): both sides over the sequence, the backward one's outputs
+    put back in time order, merged on the last axis as Keras merges (for channels_first layers
+    too); outputs [merged (or both), *forward states, *backward states]."""
+
+    def __init__(self, forward_layer, backward_layer, merge_mode, keras3_call: bool):
+        super().__init__()
+        self.forward_layer, self.backward_layer = forward_layer, backward_layer
+        self.merge_mode, self.keras3_call = merge_mode, keras3_call
+
+    def keras_groups(self):
+        def weights(layer):
+            return [p for p in (layer.kernel, layer.recurrent_kernel, layer.bias) if p is not None]
+
+        return [("forward_layer/cell", weights(self.forward_layer)),
+                ("backward_layer/cell", weights(self.backward_layer))]
+
+    def forward(self, inputs, masks):
+        initial = list(inputs[1:])
+        mask = mask_run(inputs, masks, self.keras3_call)
+        outs_f = self.forward_layer(inputs[0], mask=mask, initial_state=initial[:2] or None)
+        outs_b = self.backward_layer(inputs[0], mask=mask, initial_state=initial[2:] or None)
+        outs_f = outs_f if isinstance(outs_f, list) else [outs_f]
+        outs_b = outs_b if isinstance(outs_b, list) else [outs_b]
+        sequences = self.forward_layer.return_sequences
+        y_b = outs_b[0].flip(1) if sequences else outs_b[0]
+        merged = rnn_layers.merge_directions(outs_f[0], y_b, self.merge_mode)
+        merged = merged if isinstance(merged, list) else [merged]
+        outs = merged + outs_f[1:] + outs_b[1:]
+        return outs, [masks[0] if sequences else None] * len(merged) + [None] * (len(outs) - len(merged))
+
+
+def build_conv_bidirectional(cfg, ctx, fcls: str, fcfg: dict, merge) -> ConvBidirectional:
+    """Bidirectional(ConvLSTM*D): the backward side a copy of the forward one with go_backwards
+    flipped, or its own backward_layer; both output zeros at masked steps when they return
+    sequences (Keras's Bidirectional sets zero_output_for_mask so)."""
+    if cfg.get("backward_layer"):
+        try:
+            bcls, bcfg = layer_config_of(cfg["backward_layer"])
+        except ValueError as e:
+            raise ctx.error(f"Bidirectional: {e}") from None
+        if bcls != fcls:
+            raise ctx.error(f"Bidirectional({fcls}) with a {str(bcls)[:60]} backward layer is not supported")
+    else:
+        bcfg = dict(fcfg)
+        bcfg["go_backwards"] = not Values(fcfg, ctx).bool("go_backwards", False)
+    zero = Values(fcfg, ctx).bool("return_sequences", False)
+    wf, wb = ctx.weights.take([("forward_layer/cell", _weight_count(fcfg, ctx)),
+                                ("backward_layer/cell", _weight_count(bcfg, ctx))])  # one take: legacy files split it
+    forward = _conv_lstm_layer(fcls, fcfg, ctx, wf, zero_output_for_mask=zero)
+    backward = _conv_lstm_layer(fcls, bcfg, ctx, wb, zero_output_for_mask=zero)
+    return ConvBidirectional(forward, backward, merge, keras3_call_of(ctx))
+
+
+for _name in _RANKS:
+    BIDIRECTIONAL_LAYERS[_name] = build_conv_bidirectional

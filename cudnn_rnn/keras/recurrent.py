@@ -7,7 +7,7 @@ recurrent_layer / recurrent_layers are the public way to find the cudnn_rnn laye
 converted model."""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -382,8 +382,22 @@ def _bidirectional_side(serialized, ctx: BuildContext):
     return cls, cfg, "" if cls.startswith("CuDNN") else "/cell"
 
 
+# Bidirectional over layers of other modules (class name -> builder(cfg, ctx, class, layer config,
+# merge_mode)): conv_recurrent.py adds ConvLSTM*D, a module above this one.
+BIDIRECTIONAL_LAYERS: Dict[str, Callable] = {}
+
+
 @builder("Bidirectional")
 def build_bidirectional(cfg, ctx):
+    try:
+        inner_cls, inner_cfg = layer_config_of(cfg.get("layer"))
+    except ValueError as e:
+        raise ctx.error(f"Bidirectional: {e}") from None
+    if inner_cls in BIDIRECTIONAL_LAYERS:
+        merge = cfg.get("merge_mode", "concat")
+        if merge not in ("concat", "sum", "mul", "ave", None):
+            raise ctx.error(f"Bidirectional merge_mode={str(merge)[:40]!r}; expected concat, sum, mul, ave or null")
+        return BIDIRECTIONAL_LAYERS[inner_cls](cfg, ctx, inner_cls, dict(inner_cfg), merge)
     fcls, fcfg, fsub = _bidirectional_side(cfg.get("layer"), ctx)
     if cfg.get("backward_layer"):
         bcls, bcfg, bsub = _bidirectional_side(cfg["backward_layer"], ctx)
