@@ -85,18 +85,14 @@ def cmd_convert(args) -> int:
                 dims[1] = torch.export.Dim(f"time_{i}", min=2)
             dynamic.append(dims)
     if args.out.endswith(".onnx"):
-        from .onnx import TRANSLATIONS, OnnxExportError
+        from .onnx import OnnxExportError, export
 
         _say(args, "exporting to ONNX (dynamic batch and time)")
         try:
-            _with_refined_shapes(lambda shapes: torch.onnx.export(
-                model, inputs, args.out, dynamo=True, custom_translation_table=TRANSLATIONS, dynamic_shapes=shapes),
-                (tuple(dynamic),))
-        except Exception as e:  # noqa: BLE001
-            cause = e
-            while cause is not None and not isinstance(cause, OnnxExportError):
-                cause = cause.__cause__ or cause.__context__
-            print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX: {cause or e}", file=sys.stderr)
+            _with_refined_shapes(lambda shapes: export(model, inputs, args.out, dynamic_shapes=shapes),
+                                 (tuple(dynamic),))
+        except OnnxExportError as e:
+            print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX: {e}", file=sys.stderr)
             return 2
         print("run it with onnxruntime; masked rows must be padded on one side (a mask with holes gives NaN: "
               "README, ONNX)")

@@ -10,7 +10,6 @@ step, the cell fused, all channels last (channels_first inputs are permuted to i
 """
 from __future__ import annotations
 
-import math
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch

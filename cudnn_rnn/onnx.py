@@ -262,16 +262,23 @@ def _keras_padded_outputs(op, Y, Yh, mask, D: int, go_backwards: bool):
 TRANSLATIONS = {torch.ops.cudnn_rnn.rnn_forward.default: rnn_forward_to_onnx}
 
 
+def refusal(error: BaseException) -> Optional[OnnxExportError]:
+    """Our OnnxExportError inside an error torch.onnx.export raised, if that is what it is."""
+    while error is not None and not isinstance(error, OnnxExportError):
+        error = error.__cause__ or error.__context__
+    return error
+
+
 def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], dynamic_batch_and_time: bool = True,
-           **kwargs) -> torch.onnx.ONNXProgram:
+           dynamic_shapes=None, **kwargs) -> torch.onnx.ONNXProgram:
     """torch.onnx.export (dynamo) of `model` with cudnn_rnn's translations; the batch dynamic,
     and dimension 1 of every sequence (3-D and up, or integer 2-D token ids) its own dynamic length;
-    other inputs (2-D float states, masks given as bool... ) keep their batch only: pass
-    dynamic_batch_and_time=False and dynamic_shapes= to choose. Returns the ONNXProgram (also
-    saved to `path`)."""
+    other inputs (2-D float states, masks given as bool... ) keep their batch only; `dynamic_shapes`
+    (torch.export's form) chooses instead. A refusal of the translation is raised as
+    OnnxExportError. Returns the ONNXProgram (also saved to `path`)."""
     model = model.eval()
-    dynamic = None
-    if dynamic_batch_and_time:  # time: dimension 1 of sequences (3-D and up) and token ids, each its own
+    dynamic = dynamic_shapes
+    if dynamic is None and dynamic_batch_and_time:  # time: dimension 1 of sequences (3-D and up) and token ids, each its own
         batch = torch.export.Dim("batch", min=1)
         dynamic = tuple({0: batch, 1: torch.export.Dim(f"time_{i}", min=2)}
                         if a.dim() >= 3 or (a.dim() == 2 and not a.is_floating_point()) else {0: batch}
@@ -280,9 +287,7 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
         return torch.onnx.export(model, args, str(path), dynamo=True, custom_translation_table=TRANSLATIONS,
                                  dynamic_shapes=dynamic, **kwargs)
     except Exception as e:  # noqa: BLE001 - torch wraps our refusal in its own error: surface it
-        cause = e
-        while cause is not None and not isinstance(cause, OnnxExportError):
-            cause = cause.__cause__ or cause.__context__
-        if cause is not None:
-            raise OnnxExportError(str(cause)) from None
+        ours = refusal(e)
+        if ours is not None:
+            raise OnnxExportError(str(ours)) from None
         raise

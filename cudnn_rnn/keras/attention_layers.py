@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .graph import Call, Ref
 from .registry import BuildContext, builder
 from .values import Values, check_shapes
 
@@ -48,13 +47,6 @@ def _call_options(ctx: BuildContext, names=("use_causal_mask", "return_attention
     return seen or {name: False for name in names}
 
 
-def _tensor_kwargs(call: Call) -> List[str]:
-    """The keyword arguments of a call that hold tensors, in the order the graph passes them on
-    (model.py: after the positional inputs and initial_state, by name)."""
-    return sorted(k for k, v in call.kwargs.items() if k not in ("initial_state", "mask") and isinstance(v, list)
-                  and v and all(isinstance(r, Ref) for r in v))
-
-
 def _binding(ctx: BuildContext, positional: List[str]) -> Dict[str, int]:
     """Where each named argument sits in the module's inputs, the same for every call."""
     seen = None
@@ -62,7 +54,7 @@ def _binding(ctx: BuildContext, positional: List[str]) -> Dict[str, int]:
         names = positional[: len(call.inputs)]
         if len(call.inputs) > len(positional):
             raise ctx.error(f"called with {len(call.inputs)} positional tensors; expected at most {len(positional)}")
-        for k in _tensor_kwargs(call):
+        for k in call.tensor_kwargs():
             if len(call.kwargs[k]) != 1:
                 raise ctx.error(f"call argument {k} holds {len(call.kwargs[k])} tensors; expected one")
             names.append(k)

@@ -12,7 +12,7 @@ from .errors import ConversionError
 from .. import layers as rnn_layers
 from .recurrent import BIDIRECTIONAL_LAYERS, keras3_call_of, mask_run
 from .registry import builder, layer_config_of
-from .values import Values, check_shapes
+from .values import Values, check_shapes, int_tuple
 
 _RANKS = {"ConvLSTM1D": 1, "ConvLSTM2D": 2, "ConvLSTM3D": 3}
 
@@ -36,15 +36,6 @@ class ConvRecurrent(nn.Module):
         return outs, [masks[0] if self.layer.return_sequences else None] + [None] * (len(outs) - 1)
 
 
-def _tuple(v: Values, key: str, rank: int, default):
-    value = v.cfg.get(key, default)
-    if value is None:
-        value = default
-    if isinstance(value, list) and len(value) == rank:
-        return tuple(Values({key: e}, v.ctx).int(key, lo=1, hi=1 << 16) for e in value)
-    return (Values({key: value}, v.ctx).int(key, lo=1, hi=1 << 16),) * rank
-
-
 def _weight_count(cfg: dict, ctx) -> int:
     return 3 if Values(cfg, ctx).bool("use_bias", True) else 2
 
@@ -54,8 +45,8 @@ def _conv_lstm_layer(class_name: str, cfg: dict, ctx, w, **overrides) -> conv_ls
     rank = _RANKS[class_name]
     v = Values(cfg, ctx)
     filters = v.int("filters", lo=1)
-    kernel_size = _tuple(v, "kernel_size", rank, None)
-    strides, dilation = _tuple(v, "strides", rank, 1), _tuple(v, "dilation_rate", rank, 1)
+    kernel_size = int_tuple(v, "kernel_size", rank, None)
+    strides, dilation = int_tuple(v, "strides", rank, 1), int_tuple(v, "dilation_rate", rank, 1)
     padding = v.str("padding", "valid", ("valid", "same")).lower()
     data_format = v.str("data_format", "channels_last", ("channels_last", "channels_first"))
     use_bias = v.bool("use_bias", True)

@@ -29,6 +29,13 @@ class Call:
     kwargs: Dict[str, Any] = field(default_factory=dict)  # tensors in kwargs are Refs (or lists of Refs)
     constants: List[Any] = field(default_factory=list)    # non-tensor positional args (Keras 3 ops)
 
+    def tensor_kwargs(self) -> List[str]:
+        """The keyword arguments other than initial_state and mask that hold tensors, in the order
+        a layer module receives them: after the positional inputs and initial_state, by name
+        (model.py passes them so; attention_layers.py reads MultiHeadAttention's key= and value=)."""
+        return sorted(k for k, v in self.kwargs.items() if k not in ("initial_state", "mask") and isinstance(v, list)
+                      and v and all(isinstance(r, Ref) for r in v))
+
 
 @dataclass
 class LayerSpec:

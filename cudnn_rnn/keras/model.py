@@ -50,9 +50,7 @@ class KerasModel(nn.Module):
                     raise ConversionError(path, f"call {i} has a malformed initial_state", layer.name)
                 # positional tensors, initial states, then every other tensor keyword argument by name
                 # (attention_layers.py: query=, value=, key=, attention_mask=)
-                extra = [r for k in sorted(call.kwargs) if k not in ("initial_state", "mask")
-                         and isinstance(call.kwargs[k], list) and call.kwargs[k]
-                         and all(isinstance(r, Ref) for r in call.kwargs[k]) for r in call.kwargs[k]]
+                extra = [r for k in call.tensor_kwargs() for r in call.kwargs[k]]
                 refs = list(call.inputs) + list(initial or []) + extra
                 mask_refs = call.kwargs.get("mask") if isinstance(call.kwargs.get("mask"), list) else None
                 needed = refs + [r for r in (mask_refs or []) if r is not None]

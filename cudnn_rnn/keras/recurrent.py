@@ -393,10 +393,10 @@ def build_bidirectional(cfg, ctx):
         inner_cls, inner_cfg = layer_config_of(cfg.get("layer"))
     except ValueError as e:
         raise ctx.error(f"Bidirectional: {e}") from None
+    merge = cfg.get("merge_mode", "concat")
+    if merge not in ("concat", "sum", "mul", "ave", None):
+        raise ctx.error(f"Bidirectional merge_mode={str(merge)[:40]!r}; expected concat, sum, mul, ave or null")
     if inner_cls in BIDIRECTIONAL_LAYERS:
-        merge = cfg.get("merge_mode", "concat")
-        if merge not in ("concat", "sum", "mul", "ave", None):
-            raise ctx.error(f"Bidirectional merge_mode={str(merge)[:40]!r}; expected concat, sum, mul, ave or null")
         return BIDIRECTIONAL_LAYERS[inner_cls](cfg, ctx, inner_cls, dict(inner_cfg), merge)
     fcls, fcfg, fsub = _bidirectional_side(cfg.get("layer"), ctx)
     if cfg.get("backward_layer"):
@@ -404,9 +404,6 @@ def build_bidirectional(cfg, ctx):
     else:
         bcls, bcfg, bsub = fcls, dict(fcfg), fsub
         bcfg["go_backwards"] = not bcfg.get("go_backwards", False)
-    merge = cfg.get("merge_mode", "concat")
-    if merge not in ("concat", "sum", "mul", "ave", None):
-        raise ctx.error(f"Bidirectional merge_mode={str(merge)[:40]!r}; expected concat, sum, mul, ave or null")
     if "StackedRNNCells" in (fcls, bcls):
         if fcls != bcls:
             raise ctx.error("Bidirectional with StackedRNNCells on one side only is not supported")

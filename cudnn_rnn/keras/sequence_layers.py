@@ -17,7 +17,7 @@ from .basic_layers import _Single, _channels_last
 from .graph import LayerSpec
 from .recurrent import _RNN_CLASSES
 from .registry import BUILDERS, BuildContext, builder, keras_groups, layer_config_of
-from .values import Values, check_shapes
+from .values import Values, check_shapes, int_tuple
 from .weights import LayerWeights
 
 
@@ -185,17 +185,9 @@ def build_conv1d(cfg, ctx):
 def build_convnd(cfg, ctx):
     rank = 2 if "2D" in ctx.spec.class_name else 3
     v = Values(cfg, ctx)
-
-    def sizes(key, default):
-        value = cfg.get(key, default)
-        value = default if value is None else value
-        values = value if isinstance(value, list) else [value] * rank
-        if len(values) != rank:
-            raise ctx.error(f"config {key}={str(value)[:40]!r}; expected an integer or {rank} of them")
-        return tuple(Values({key: e}, ctx).int(key, lo=1, hi=1 << 16) for e in values)
-
     filters = v.int("filters", lo=1)
-    kernel_size, strides, dilation = sizes("kernel_size", None), sizes("strides", 1), sizes("dilation_rate", 1)
+    kernel_size, strides = int_tuple(v, "kernel_size", rank, None), int_tuple(v, "strides", rank, 1)
+    dilation = int_tuple(v, "dilation_rate", rank, 1)
     groups, use_bias = v.int("groups", 1, lo=1), v.bool("use_bias", True)
     padding = v.str("padding", "valid", ("valid", "same"))
     data_format = v.str("data_format", "channels_last", ("channels_last", "channels_first"))

@@ -79,6 +79,17 @@ class Values:
         return value
 
 
+def int_tuple(v: "Values", key: str, rank: int, default) -> tuple:
+    """An integer or a list of `rank` of them (kernel_size, strides, dilation_rate of a 2-D or
+    3-D convolution) as a rank-tuple of integers in [1, 2^16]."""
+    value = v.cfg.get(key, default)
+    value = default if value is None else value
+    values = value if isinstance(value, list) else [value] * rank
+    if len(values) != rank:
+        raise v.ctx.error(f"config {key}={str(value)[:40]!r}; expected an integer or {rank} of them")
+    return tuple(Values({key: e}, v.ctx).int(key, lo=1, hi=1 << 16) for e in values)
+
+
 def check_shapes(ctx, what: str, arrays, expected) -> None:
     """Weights against the shapes the config implies; a str in `expected` is a size the config
     leaves free (the input width), bound by its first use and checked everywhere else."""
