@@ -94,8 +94,7 @@ def cmd_convert(args) -> int:
         except OnnxExportError as e:
             print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX: {e}", file=sys.stderr)
             return 2
-        print("run it with onnxruntime; masked rows must be padded on one side (a mask with holes gives NaN: "
-              "README, ONNX)")
+        print("run it with onnxruntime (onnxruntime.InferenceSession); inputs as the model takes them, any mask")
     elif args.out.endswith(".pt2"):
         # forward(*inputs): the varargs are one packed argument for export
         _say(args, "exporting with torch.export (dynamic batch and time)")

@@ -1,4 +1,5 @@
-"""ONNX export: cudnn_rnn's recurrent op as ONNX's own LSTM / GRU / RNN operators.
+"""ONNX export: cudnn_rnn's recurrent op as ONNX's own LSTM / GRU / RNN operators, or an exact
+Loop for the activations those lack.
 
     cudnn_rnn.onnx.export(model, (x,), "model.onnx")      # or: cudnn-rnn convert model.h5 model.onnx
 
@@ -7,27 +8,31 @@ custom_translation_table=TRANSLATIONS)). The op maps onto one standard operator 
 stack, both directions of a bidirectional layer in one: Keras's gate order is rearranged (LSTM
 i f c o -> ONNX i o f c; GRU z r h is ONNX's), GRU's reset_after is ONNX's linear_before_reset,
 Keras activations become ONNX's (Keras 2's hard_sigmoid HardSigmoid(0.2, 0.5), Keras 3's
-HardSigmoid(1/6, 0.5)), `go_backwards` is direction="reverse" with the outputs put back in
-processing order.
+HardSigmoid(1/6, 0.5)); `go_backwards` reads the input and the mask reversed and outputs in
+processing order, as Keras does.
 
-Masks: rows padded on the right (pad_sequences(padding="post")) or on the left (Keras's default
-"pre") are ONNX's sequence_lens, a left-padded row run with time flipped and each direction
-reversed (so its real steps come first), Keras's outputs at the padded steps rebuilt (the last
-real output, or zeros); each layer runs both frames and takes each row's. A mask with holes
-cannot be expressed by the standard operators: the exported graph then outputs NaN for the whole
-batch, loudly, rather than numbers that differ from Keras.
-Not exported (an error at export time, naming it): activations ONNX's recurrent operators lack
-(silu, gelu, mish, selu, relu6, ...), dropout in training mode, a Bidirectional whose forward side
-has go_backwards.
+Masks, any pattern (padded on either side, holes): a masked step leaves Keras's states alone, so
+each row's real steps are gathered to the front (a permutation made from the mask), run with
+ONNX's sequence_lens, and the outputs put back at their steps, with Keras's output at a masked
+step (the previous one in processing order, zeros before the first; or zeros with
+zero_output_for_mask and inside a Bidirectional's stack). A row with no real step keeps its
+initial states.
+
+Activations ONNX's recurrent operators lack (silu, gelu, mish, selu, relu6, hard_silu, ...):
+the layer becomes an ONNX Loop over time running Keras's cell from elementwise operators, the
+input projection of all steps in one MatMul before it, masks applied per step.
+
+Not exported (an error at export time, naming it): dropout in training mode, a Bidirectional
+whose forward side has go_backwards, ConvLSTM layers.
 """
 from __future__ import annotations
 
 import os
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
-_GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
 # Keras activation -> (ONNX name, alpha, beta); None: the operator's own default / none taken
 _ACTIVATIONS: Dict[str, Tuple[str, Optional[float], Optional[float]]] = {
     "tanh": ("Tanh", None, None),
@@ -96,6 +101,7 @@ def rnn_forward_to_onnx(x, weights, mask, h0, c0, dropout_masks, recurrent_dropo
                         recurrent_activation, use_bias, reset_after, num_layers, bidirectional, go_backwards,
                         zero_output_for_mask, need_grad=True):
     """The translation of cudnn_rnn::rnn_forward (schema in csrc/core/ops.cpp)."""
+    import onnx_ir as ir
     from onnxscript import opset18 as op
 
     if dropout_masks or recurrent_dropout_masks:
@@ -104,134 +110,285 @@ def rnn_forward_to_onnx(x, weights, mask, h0, c0, dropout_masks, recurrent_dropo
         raise OnnxExportError("a Bidirectional whose forward layer has go_backwards=True cannot be exported")
     D = 2 if bidirectional else 1
     per = 3 if use_bias else 2
-    if cell == "lstm":
-        names = [recurrent_activation, activation, activation]
-    elif cell == "gru":
-        names = [recurrent_activation, activation]
-    else:
-        names = [activation]
+    names = {"lstm": [recurrent_activation, activation, activation], "gru": [recurrent_activation, activation],
+             "simple_rnn": [activation]}[cell]
+    unknown = sorted({n for n in names if n not in _ACTIVATIONS and n not in _LOOP_ACTIVATIONS})
+    if unknown:
+        raise OnnxExportError(f"activation '{unknown[0]}' has no ONNX translation; this layer cannot be exported")
+    standard = all(n in _ACTIVATIONS for n in names)
+    layer_run = _standard_layer if standard else _loop_layer
+
+    h = op.Transpose(x, perm=[1, 0, 2])  # [T, B, I]: onnxruntime runs layout 0 only
+    h_ns, c_ns = [], []
+    for layer in range(num_layers):
+        ws = [tuple(weights[(layer * D + d) * per + k] for k in range(2)) + (
+            weights[(layer * D + d) * per + 2] if use_bias else None,) for d in range(D)]
+        init_h = op.Slice(h0, op.Constant(value_ints=[layer * D]), op.Constant(value_ints=[layer * D + D]),
+                          op.Constant(value_ints=[0])) if h0 is not None else None
+        init_c = op.Slice(c0, op.Constant(value_ints=[layer * D]), op.Constant(value_ints=[layer * D + D]),
+                          op.Constant(value_ints=[0])) if c0 is not None and cell == "lstm" else None
+        u = weights[layer * D * per + 1].shape[0]
+        # a Bidirectional's inner layers output zeros at masked steps (the op does too); the last
+        # layer Keras's previous output unless zero_output_for_mask
+        zero_out = zero_output_for_mask or (D == 2 and layer < num_layers - 1)
+        # go_backwards: the layer reads its input and the mask reversed and outputs in processing
+        # order, which the next layer of the stack reads reversed again, as Keras stacks them
+        xin, m = (_flip_time(op, h, 0), _flip_time(op, mask, 1) if mask is not None else None) if go_backwards \
+            else (h, mask)
+        h, Yh, Yc = layer_run(op, cell, names, xin, ws, m, init_h, init_c, u, reset_after, zero_out)
+        h_ns.append(Yh)
+        if cell == "lstm":
+            c_ns.append(Yc)
+    y = op.Transpose(h, perm=[1, 0, 2])  # [B, T, D*u]
+    h_n = op.Concat(*h_ns, axis=0) if len(h_ns) > 1 else h_ns[0]
+    c_n = (op.Concat(*c_ns, axis=0) if len(c_ns) > 1 else c_ns[0]) if cell == "lstm" else op.CastLike(
+        op.Constant(value=ir.tensor(np.zeros(0, np.float32))), x)
+    reserve = op.Constant(value=ir.tensor(np.zeros(0, np.uint8)))  # empty: nothing for a backward here
+    return y, h_n, c_n, reserve
+
+
+class _Compaction:
+    """A [B, T] mask as a permutation of each row's steps: its real steps first, in order. Masked
+    steps leave a Keras cell's states alone, so running the real steps alone (ONNX's
+    sequence_lens) computes the same states; `spread` puts the outputs back at their steps."""
+
+    def __init__(self, op, m):
+        self.op = op
+        mi = op.Cast(m, to=7)  # int64 [B, T]
+        self.real = op.Transpose(m, perm=[1, 0])  # bool [T, B]
+        self.lens = op.ReduceSum(mi, op.Constant(value_ints=[1]), keepdims=0)  # [B]
+        incl = op.CumSum(mi, op.Constant(value_int=1))
+        excl = op.Sub(incl, mi)  # real steps before each step
+        t = op.Shape(m, start=1, end=2)
+        steps = op.Unsqueeze(op.Range(op.Constant(value_int=0), op.Squeeze(t), op.Constant(value_int=1)),
+                             op.Constant(value_ints=[0]))  # [1, T]
+        n = op.Unsqueeze(self.lens, op.Constant(value_ints=[1]))
+        # where each step goes: a real one to its rank among real steps, a masked one after all of them
+        target = op.Where(m, excl, op.Sub(op.Add(n, steps), excl))
+        source = op.ScatterElements(op.Mul(mi, op.Constant(value_int=0)), target,
+                                    op.Expand(steps, op.Shape(mi)), axis=1)
+        self.source = op.Transpose(source, perm=[1, 0])  # [T, B]: the step compacted position j reads
+        # the compacted position of the last real step at or before each step (forward direction)
+        # and of the first at or after it (a Bidirectional's backward direction)
+        self.last = op.Transpose(op.Sub(incl, op.Constant(value_int=1)), perm=[1, 0])
+        self.next = op.Transpose(excl, perm=[1, 0])
+        self.has_last = op.GreaterOrEqual(self.last, op.Constant(value_int=0))
+        self.has_next = op.Less(self.next, op.Transpose(n, perm=[1, 0]))
+
+    def _gather(self, y, index):
+        op = self.op
+        idx = op.Expand(op.Unsqueeze(index, op.Constant(value_ints=[2])), op.Shape(y))
+        return op.GatherElements(y, idx, axis=0)
+
+    def gather(self, x):
+        """x [T, B, I] with each row's real steps first."""
+        return self._gather(x, self.source)
+
+    def spread(self, y, backward: bool, zero_out: bool):
+        """One direction's compacted outputs y [T, B, u] back at their steps: a masked step gets the
+        output before it in processing order (zeros before the first), or zeros if zero_out."""
+        op = self.op
+        index, present = (self.next, self.has_next) if backward else (
+            op.Max(self.last, op.Constant(value_int=0)), self.has_last)
+        keep = op.And(present, self.real) if zero_out else present
+        out = self._gather(y, index)
+        return op.Where(op.Unsqueeze(keep, op.Constant(value_ints=[2])), out, op.CastLike(op.Constant(value_float=0.0),
+                                                                                         out))
+
+
+def _standard_layer(op, cell, names, xin, ws, m, init_h, init_c, u, reset_after, zero_out):
+    """One layer of the stack as ONNX's LSTM / GRU / RNN operator: (Y [T, B, D*u] in processing
+    order, Y_h [D, B, u], Y_c or None)."""
+    D = len(ws)
     acts, alphas, betas = _activation_attrs(names * D)
-    direction = "bidirectional" if bidirectional else ("reverse" if go_backwards else "forward")
-    attrs = dict(direction=direction, activations=acts)  # (_run_layer sets a one-direction layer's)
+    attrs = dict(direction="bidirectional" if D == 2 else "forward", activations=acts, hidden_size=u)
     if alphas:
         attrs["activation_alpha"] = alphas
     if betas:
         attrs["activation_beta"] = betas
     if cell == "gru":
         attrs["linear_before_reset"] = 1 if reset_after else 0
-
-    h = op.Transpose(x, perm=[1, 0, 2])  # [T, B, I]: onnxruntime runs layout 0 only
-    frames = [False]
-    lens = poison = left_rows = None
-    if mask is not None:
-        lens, poison, left_rows = _mask_frames(op, mask)
-        frames = [False, True]
-    h_ns, c_ns = [], []
-    for layer in range(num_layers):
-        Ws, Rs, Bs = [], [], []
-        for d in range(D):
-            base = (layer * D + d) * per
-            W, R, B = _direction_weights(op, cell, weights[base], weights[base + 1],
-                                         weights[base + 2] if use_bias else None, reset_after, use_bias)
-            Ws.append(W)
-            Rs.append(R)
-            Bs.append(B)
-        init_h = op.Slice(h0, op.Constant(value_ints=[layer * D]), op.Constant(value_ints=[layer * D + D]),
-                          op.Constant(value_ints=[0])) if h0 is not None else None
-        init_c = op.Slice(c0, op.Constant(value_ints=[layer * D]), op.Constant(value_ints=[layer * D + D]),
-                          op.Constant(value_ints=[0])) if c0 is not None and cell == "lstm" else None
-        u = weights[layer * D * per + 1].shape[0]
-        runs = [_run_layer(op, cell, h, Ws, Rs, Bs, lens, init_h, init_c, u, attrs, D, go_backwards, flipped)
-                for flipped in frames]
-        Y, Yh, Yc = runs[0]
-        if len(runs) > 1:  # per row: the right-padded frame, or the flipped one for left-padded rows
-            Y = op.Where(op.Unsqueeze(left_rows, op.Constant(value_ints=[0, 2])), runs[1][0], Y)
-            Yh = op.Where(op.Unsqueeze(left_rows, op.Constant(value_ints=[0, 2])), runs[1][1], Yh)
-            if cell == "lstm":
-                Yc = op.Where(op.Unsqueeze(left_rows, op.Constant(value_ints=[0, 2])), runs[1][2], Yc)
-        if mask is not None and init_h is not None:  # a row with no real step keeps its initial states
-            empty = op.Unsqueeze(op.Equal(op.Cast(lens, to=7), op.Constant(value_int=0)), op.Constant(value_ints=[0, 2]))
-            Yh = op.Where(empty, init_h, Yh)
-            if cell == "lstm" and init_c is not None:
-                Yc = op.Where(empty, init_c, Yc)
-        h_ns.append(Yh)
-        if cell == "lstm":
-            c_ns.append(Yc)
-        # Keras's outputs at masked steps, which the next layer of a go_backwards stack reads as
-        # data (it sees them reversed); a Bidirectional's inner layers output zeros there (the op too)
-        inner_bidirectional = D == 2 and layer < num_layers - 1
-        if mask is not None and not zero_output_for_mask and not inner_bidirectional:
-            Y = _keras_padded_outputs(op, Y, Yh, mask, D, go_backwards)
-        # go_backwards: a layer's outputs in processing order, which is also what the next layer
-        # of the stack reads (and reverses again), as Keras stacks go_backwards layers
-        h = _flip_time(op, Y, axis=0) if go_backwards else Y
-    y = op.Transpose(h, perm=[1, 0, 2])  # [B, T, D*u]
-    h_n = op.Concat(*h_ns, axis=0) if len(h_ns) > 1 else h_ns[0]
-    c_n = (op.Concat(*c_ns, axis=0) if len(c_ns) > 1 else c_ns[0]) if cell == "lstm" else op.Constant(
-        value_floats=[])
-    if poison is not None:
-        y, h_n = op.Mul(y, op.CastLike(poison, y)), op.Mul(h_n, op.CastLike(poison, h_n))
-        if cell == "lstm":
-            c_n = op.Mul(c_n, op.CastLike(poison, c_n))
-    reserve = op.Cast(op.Constant(value_ints=[]), to=2)  # uint8, empty: nothing for a backward here
-    return y, h_n, c_n, reserve
-
-
-def _mask_frames(op, mask):
-    """(lengths int32 [B], 1 or NaN, bool [B] rows to run in the flipped frame) of a [B, T] mask:
-    right-padded rows run as they are (sequence_lens), left-padded ones with time flipped (then
-    their real steps come first); a row that is neither poisons the batch with NaN."""
-    real = op.Cast(mask, to=9)
-    lens = op.ReduceSum(op.Cast(mask, to=6), op.Constant(value_ints=[1]), keepdims=0)  # int32 [B]
-    t = op.Squeeze(op.Shape(mask, start=1, end=2))
-    steps = op.Unsqueeze(op.Range(op.Constant(value_int=0), t, op.Constant(value_int=1)), op.Constant(value_ints=[0]))
-    n = op.Unsqueeze(op.Cast(lens, to=7), op.Constant(value_ints=[1]))  # int64 [B, 1]
-    as_right = op.Less(steps, n)
-    as_left = op.GreaterOrEqual(steps, op.Sub(t, n))
-    row_right = op.Cast(op.ReduceMin(op.Cast(op.Equal(as_right, real), to=6), op.Constant(value_ints=[1]),
-                                     keepdims=0), to=9)
-    row_left = op.Cast(op.ReduceMin(op.Cast(op.Equal(as_left, real), to=6), op.Constant(value_ints=[1]),
-                                    keepdims=0), to=9)
-    ok = op.ReduceMin(op.Cast(op.Or(row_right, row_left), to=1), keepdims=0)
-    return lens, op.Div(ok, ok), op.And(row_left, op.Not(row_right))
-
-
-def _swap_directions(op, t, axis: int):
-    first, second = op.Split(t, num_outputs=2, axis=axis)
-    return op.Concat(second, first, axis=axis)
-
-
-def _run_layer(op, cell, h, Ws, Rs, Bs, lens, init_h, init_c, u, attrs, D, go_backwards, flipped):
-    """One layer of the stack on h [T, B, I] (time order): (Y [T, B, D*u] in h's time order,
-    Y_h [D, B, u], Y_c or None). flipped: the left-padded frame, time reversed so that a row's
-    real steps come first, each direction then running the other way (its weights swapped into
-    the other ONNX direction for a bidirectional layer)."""
-    if flipped and D == 2:
-        Ws, Rs, Bs = Ws[::-1], Rs[::-1], Bs[::-1]
-    W, R = _stack(op, Ws), _stack(op, Rs)
-    B = _stack(op, Bs) if Bs[0] is not None else None
-    attrs = dict(attrs)
-    if D == 1:
-        forward = not go_backwards
-        attrs["direction"] = "forward" if forward != flipped else "reverse"
-    if flipped and D == 2:
-        init_h = _swap_directions(op, init_h, 0) if init_h is not None else None
-        init_c = _swap_directions(op, init_c, 0) if init_c is not None else None
-    x = _flip_time(op, h, axis=0) if flipped else h
+    parts = [_direction_weights(op, cell, k, r, b, reset_after, b is not None) for k, r, b in ws]
+    W, R = _stack(op, [p[0] for p in parts]), _stack(op, [p[1] for p in parts])
+    B = _stack(op, [p[2] for p in parts]) if parts[0][2] is not None else None
+    comp = _Compaction(op, m) if m is not None else None
+    x = comp.gather(xin) if comp else xin
+    lens = op.Cast(comp.lens, to=6) if comp else None
     Yc = None
     if cell == "lstm":
-        Y, Yh, Yc = op.LSTM(x, W, R, B, lens, init_h, init_c, hidden_size=u, **attrs)
+        Y, Yh, Yc = op.LSTM(x, W, R, B, lens, init_h, init_c, **attrs)
     elif cell == "gru":
-        Y, Yh = op.GRU(x, W, R, B, lens, init_h, hidden_size=u, **attrs)
+        Y, Yh = op.GRU(x, W, R, B, lens, init_h, **attrs)
     else:
-        Y, Yh = op.RNN(x, W, R, B, lens, init_h, hidden_size=u, **attrs)
-    if flipped:
-        Y = _flip_time(op, Y, axis=0)
-        if D == 2:
-            Y, Yh = _swap_directions(op, Y, 1), _swap_directions(op, Yh, 0)
-            Yc = _swap_directions(op, Yc, 0) if Yc is not None else None
-    # Y [T, D, B, u] -> [T, B, D*u]
-    return op.Reshape(op.Transpose(Y, perm=[0, 2, 1, 3]), op.Constant(value_ints=[0, 0, -1])), Yh, Yc
+        Y, Yh = op.RNN(x, W, R, B, lens, init_h, **attrs)
+    if comp is None:  # Y [T, D, B, u] -> [T, B, D*u]
+        return op.Reshape(op.Transpose(Y, perm=[0, 2, 1, 3]), op.Constant(value_ints=[0, 0, -1])), Yh, Yc
+    ys = op.Split(Y, num_outputs=D, axis=1) if D > 1 else [Y]
+    ys = [comp.spread(op.Squeeze(y, op.Constant(value_ints=[1])), d == 1, zero_out) for d, y in enumerate(ys)]
+    if init_h is not None:  # a row with no real step keeps its initial states
+        empty = op.Unsqueeze(op.Equal(comp.lens, op.Constant(value_int=0)), op.Constant(value_ints=[0, 2]))
+        Yh = op.Where(empty, init_h, Yh)
+        if Yc is not None and init_c is not None:
+            Yc = op.Where(empty, init_c, Yc)
+    return (op.Concat(*ys, axis=2) if D > 1 else ys[0]), Yh, Yc
+
+
+class _Body:
+    """A Loop body built node by node (onnx_ir): the dynamo exporter's op recorder writes only to
+    the main graph. Values of the main graph (weights, constants) are read from the outer scope."""
+
+    def __init__(self):
+        self.nodes = []
+
+    def __getattr__(self, op_type: str):
+        def node(*inputs, _outputs: int = 1, **attrs):
+            import onnx_ir as ir
+
+            n = ir.Node("", op_type, inputs, attributes=ir.convenience.convert_attributes(attrs), num_outputs=_outputs)
+            self.nodes.append(n)
+            return n.outputs[0] if _outputs == 1 else list(n.outputs)
+        return node
+
+
+def _activate(b: _Body, name: str, x, k):
+    """Keras activation `name` of x in the body; k holds outer-scope constants of x's dtype."""
+    if name == "linear":
+        return x
+    if name in ("tanh", "sigmoid", "relu", "softsign", "softplus", "exponential"):
+        return getattr(b, {"exponential": "Exp"}.get(name, name.capitalize()))(x)
+    if name in ("hard_sigmoid", "hard_sigmoid_keras2"):
+        return b.HardSigmoid(x, alpha=_ACTIVATIONS[name][1], beta=0.5)
+    if name == "elu":
+        return b.Elu(x, alpha=1.0)
+    if name == "selu":
+        return b.Selu(x, alpha=1.6732632423543772848170429916717, gamma=1.0507009873554804934193349852946)
+    if name == "relu6":
+        return b.Min(b.Relu(x), k["six"])
+    if name == "silu":
+        return b.Mul(x, b.Sigmoid(x))
+    if name == "gelu":  # Keras's default, exact: x/2 (1 + erf(x / sqrt 2))
+        return b.Mul(b.Mul(x, k["half"]), b.Add(k["one"], b.Erf(b.Mul(x, k["inv_sqrt2"]))))
+    if name == "mish":
+        return b.Mul(x, b.Tanh(b.Softplus(x)))
+    if name == "hard_silu":
+        return b.Mul(x, b.HardSigmoid(x, alpha=1.0 / 6.0, beta=0.5))
+    if name == "log_sigmoid":
+        return b.Neg(b.Softplus(b.Neg(x)))
+    if name == "tanh_shrink":
+        return b.Sub(x, b.Tanh(x))
+    raise OnnxExportError(f"activation '{name}' has no ONNX translation")  # _LOOP_ACTIVATIONS lists the above
+
+
+_LOOP_ACTIVATIONS = frozenset(("linear", "tanh", "sigmoid", "relu", "softsign", "softplus", "exponential",
+                               "hard_sigmoid", "hard_sigmoid_keras2", "elu", "selu", "relu6", "silu", "gelu", "mish",
+                               "hard_silu", "log_sigmoid", "tanh_shrink"))
+
+
+def _loop_layer(op, cell, names, xin, ws, m, init_h, init_c, u, reset_after, zero_out):
+    """One layer of the stack as an ONNX Loop over time, for activations ONNX's recurrent operators
+    lack: Keras's cell step by step (the input projection of every step in one MatMul before the
+    loop), a masked step keeping the states and giving the previous output (zeros before the
+    first real step) or zeros. Returns what _standard_layer returns."""
+    import onnx_ir as ir
+
+    k = {name: op.CastLike(op.Constant(value_float=v), xin)
+         for name, v in (("zero", 0.0), ("one", 1.0), ("half", 0.5), ("six", 6.0), ("inv_sqrt2", 0.7071067811865476))}
+    batch_u = op.Concat(op.Shape(xin, start=1, end=2), op.Constant(value_ints=[u]), axis=0)
+    zeros = op.Expand(k["zero"], batch_u)  # [B, u]
+    steps = op.Shape(xin, start=0, end=1)
+    ys, hs, cs = [], [], []
+    for d, (kernel, recurrent, bias) in enumerate(ws):
+        x_d, m_d = (_flip_time(op, xin, 0), _flip_time(op, m, 1) if m is not None else None) if d == 1 else (xin, m)
+        proj = op.MatMul(x_d, kernel)  # [T, B, G*u]
+        rec_bias = None
+        if bias is not None:
+            if cell == "gru" and reset_after:
+                in_b, rec_b = op.Split(bias, num_outputs=2, axis=0)
+                proj = op.Add(proj, op.Squeeze(in_b, op.Constant(value_ints=[0])))
+                rec_bias = op.Squeeze(rec_b, op.Constant(value_ints=[0]))
+            else:
+                proj = op.Add(proj, bias)
+        real = op.Transpose(m_d, perm=[1, 0]) if m_d is not None else None  # [T, B]
+        pick = lambda s: op.Squeeze(op.Slice(s, op.Constant(value_ints=[d]), op.Constant(value_ints=[d + 1]),  # noqa: E731
+                                             op.Constant(value_ints=[0])), op.Constant(value_ints=[0]))
+        h_init = pick(init_h) if init_h is not None else zeros
+        c_init = (pick(init_c) if init_c is not None else zeros) if cell == "lstm" else None
+
+        b = _Body()
+        dtype = ir.TensorType(kernel.dtype)  # (values made in the translation have no type yet)
+        i_in = ir.Value(name=f"step_{d}", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
+        cond_in = ir.Value(name=f"cond_{d}", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+        h = ir.Value(name=f"h_{d}", type=dtype)
+        c = ir.Value(name=f"c_{d}", type=dtype) if cell == "lstm" else None
+        y_prev = ir.Value(name=f"y_prev_{d}", type=dtype)
+        xt = b.Gather(proj, i_in, axis=0)  # [B, G*u]
+        hr = b.MatMul(h, recurrent)
+        if cell == "lstm":
+            gi, gf, gc, go = b.Split(b.Add(xt, hr), axis=1, num_outputs=4, _outputs=4)
+            ra, act = names[0], names[1]
+            c_new = b.Add(b.Mul(_activate(b, ra, gf, k), c), b.Mul(_activate(b, ra, gi, k), _activate(b, act, gc, k)))
+            h_new = b.Mul(_activate(b, ra, go, k), _activate(b, act, c_new, k))
+        elif cell == "gru":
+            ra, act = names
+            xz, xr, xh = b.Split(xt, axis=1, num_outputs=3, _outputs=3)
+            if reset_after:
+                if rec_bias is not None:
+                    hr = b.Add(hr, rec_bias)
+                rz, rr, rh = b.Split(hr, axis=1, num_outputs=3, _outputs=3)
+                z, r = _activate(b, ra, b.Add(xz, rz), k), _activate(b, ra, b.Add(xr, rr), k)
+                hh = _activate(b, act, b.Add(xh, b.Mul(r, rh)), k)
+            else:
+                r_zr = op.Slice(recurrent, op.Constant(value_ints=[0]), op.Constant(value_ints=[2 * u]),
+                                op.Constant(value_ints=[1]))
+                r_h = op.Slice(recurrent, op.Constant(value_ints=[2 * u]), op.Constant(value_ints=[3 * u]),
+                               op.Constant(value_ints=[1]))
+                rz, rr = b.Split(b.MatMul(h, r_zr), axis=1, num_outputs=2, _outputs=2)
+                z, r = _activate(b, ra, b.Add(xz, rz), k), _activate(b, ra, b.Add(xr, rr), k)
+                hh = _activate(b, act, b.Add(xh, b.MatMul(b.Mul(r, h), r_h)), k)
+            h_new = b.Add(b.Mul(z, h), b.Mul(b.Sub(k["one"], z), hh))
+            c_new = None
+        else:
+            h_new, c_new = _activate(b, names[0], b.Add(xt, hr), k), None
+        if real is not None:
+            mt = b.Unsqueeze(b.Gather(real, i_in, axis=0), op.Constant(value_ints=[1]))  # [B, 1]
+            y_new = b.Where(mt, h_new, k["zero"] if zero_out else y_prev)
+            h_new = b.Where(mt, h_new, h)
+            c_new = b.Where(mt, c_new, c) if c is not None else None
+        else:
+            y_new = h_new
+        carried_in = [h] + ([c] if c is not None else []) + [y_prev]
+        carried_out = [h_new] + ([c_new] if c is not None else []) + [y_new]
+        outputs = [b.Identity(cond_in)] + [b.Identity(v) for v in carried_out] + [b.Identity(y_new)]
+        body = ir.Graph([i_in, cond_in] + carried_in, outputs, nodes=b.nodes, name=f"{cell}_step_{d}")
+        initial = [h_init] + ([c_init] if c is not None else []) + [zeros]
+        results = _loop(op, op.Squeeze(steps), initial, body)
+        y_d = results[-1]  # [T, B, u] in processing order
+        ys.append(_flip_time(op, y_d, 0) if d == 1 else y_d)
+        hs.append(op.Unsqueeze(results[0], op.Constant(value_ints=[0])))
+        if c is not None:
+            cs.append(op.Unsqueeze(results[1], op.Constant(value_ints=[0])))
+    cat = lambda t, axis: op.Concat(*t, axis=axis) if len(t) > 1 else t[0]  # noqa: E731
+    return cat(ys, 2), cat(hs, 0), (cat(cs, 0) if cs else None)
+
+
+def _loop(op, trip_count, initial: list, body):
+    """An ONNX Loop node (trip_count steps, no condition) in the graph being traced: onnxscript's
+    op.Loop gives a variadic-output operator one output, so the node is made here and handed to
+    the exporter's op recorder (torch.onnx's dynamo exporter: onnxscript's current evaluator)."""
+    import onnx_ir as ir
+    from onnxscript import evaluator
+
+    recorder = evaluator.default()
+    if not isinstance(getattr(recorder, "nodes", None), list):
+        raise OnnxExportError("this torch.onnx exporter records graphs in a way cudnn_rnn does not know: the Loop "
+                              "that activations outside ONNX's LSTM / GRU / RNN need cannot be made")
+    from torch.onnx._internal.exporter._tensors import SymbolicTensor
+
+    outputs = [SymbolicTensor(recorder.opset) for _ in range(len(body.outputs) - 1)]
+    node = ir.Node("", "Loop", [trip_count, op.Constant(value=ir.tensor(True))] + list(initial),
+                   attributes=ir.convenience.convert_attributes({"body": body}), outputs=outputs)
+    recorder.nodes.append(node)
+    return outputs
 
 
 def _flip_time(op, y, axis: int):
@@ -239,27 +396,13 @@ def _flip_time(op, y, axis: int):
                     op.Constant(value_ints=[axis]), op.Constant(value_ints=[-1]))
 
 
-def _keras_padded_outputs(op, Y, Yh, mask, D: int, go_backwards: bool):
-    """Keras outputs at a masked step the previous output (the last real one: each direction's
-    Y_h for right- and left-padded rows), and zeros before a row's first real step; ONNX zeros
-    them all. Y [T, B, D*u] in time order; direction d processes time forward unless it is a
-    Bidirectional's second or the layer goes backwards."""
-    real = op.Transpose(op.Cast(mask, to=9), perm=[1, 0])  # [T, B]
-    counts = op.Cast(op.Transpose(mask, perm=[1, 0]), to=6)  # int32 [T, B]
-    parts = op.Split(Y, num_outputs=D, axis=2) if D > 1 else [Y]
-    finals = op.Split(Yh, num_outputs=D, axis=0) if D > 1 else [Yh]
-    out = []
-    for d in range(D):
-        reverse = (d == 1) or go_backwards
-        before = op.CumSum(counts, op.Constant(value_int=0), exclusive=1, reverse=1 if reverse else 0)
-        carry = op.And(op.Not(real), op.Greater(op.Cast(before, to=7), op.Constant(value_int=0)))  # [T, B]
-        last = op.Squeeze(finals[d], op.Constant(value_ints=[0]))  # [B, u]
-        out.append(op.Where(op.Unsqueeze(carry, op.Constant(value_ints=[2])),
-                            op.Unsqueeze(last, op.Constant(value_ints=[0])), parts[d]))
-    return op.Concat(*out, axis=2) if D > 1 else out[0]
+def conv_lstm_forward_to_onnx(*args, **kwargs):
+    raise OnnxExportError("ConvLSTM1D / ConvLSTM2D / ConvLSTM3D layers have no ONNX translation yet (README, "
+                          "Limits); export the model without them or run it with torch.export")
 
 
-TRANSLATIONS = {torch.ops.cudnn_rnn.rnn_forward.default: rnn_forward_to_onnx}
+TRANSLATIONS = {torch.ops.cudnn_rnn.rnn_forward.default: rnn_forward_to_onnx,
+                torch.ops.cudnn_rnn.conv_lstm_forward.default: conv_lstm_forward_to_onnx}
 
 
 def refusal(error: BaseException) -> Optional[OnnxExportError]:

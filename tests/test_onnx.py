@@ -1,16 +1,17 @@
 """ONNX export (cudnn_rnn/onnx.py): layers and converted Keras models exported with the dynamo
 exporter onto ONNX's LSTM / GRU / RNN operators and run in onnxruntime, within 1e-5 of ours (which
 the Keras tests pin to Keras): every cell, reset_after both ways, Keras 2 and 3 hard_sigmoid,
-stacks, go_backwards, Bidirectional merges, masks padded on either side (rows of both kinds in one
-batch) with Keras's outputs at padded steps, states out, dynamic batch and time. What the
-standard operators cannot express is loud: a mask with holes gives NaN, an activation ONNX lacks
-is refused at export."""
+stacks, go_backwards, Bidirectional merges, masks of every pattern (padded on either side, holes,
+empty rows) with Keras's outputs at masked steps, states in and out, dynamic batch and time; the
+Loop translation of activations ONNX's recurrent operators lack, every kernel activation; Keras 3
+models through the CLI against Keras itself."""
 import os
 import subprocess
 import sys
 import warnings
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -63,7 +64,15 @@ def _mixed_padding(batch, time, rng):
     return torch.from_numpy(mask)
 
 
-MASKS = {"no-mask": None, "right-padded": _right_padded, "left-and-right-padded": _mixed_padding}
+def _holes(batch, time, rng):
+    """Any pattern: holes inside rows, an empty row, a full one."""
+    mask = rng.uniform(size=(batch, time)) > 0.35
+    mask[0] = True
+    mask[-1] = False
+    return torch.from_numpy(mask)
+
+
+MASKS = {"no-mask": None, "right-padded": _right_padded, "left-and-right-padded": _mixed_padding, "holes": _holes}
 
 
 LAYERS = {
@@ -84,12 +93,32 @@ LAYERS = {
 }
 
 
+# activations ONNX's LSTM / GRU / RNN lack: an ONNX Loop over time
+LOOP_LAYERS = {
+    "loop-lstm-gelu-hard-silu-states": lambda: cudnn_rnn.LSTM(4, 5, activation="gelu", recurrent_activation="hard_silu",
+                                                              return_sequences=True, return_state=True),
+    "loop-gru-silu-states": lambda: cudnn_rnn.GRU(4, 5, activation="silu", return_sequences=True, return_state=True),
+    "loop-gru-reset-before-selu": lambda: cudnn_rnn.GRU(4, 5, activation="selu", reset_after=False,
+                                                        recurrent_activation="hard_sigmoid_keras2",
+                                                        return_sequences=True),
+    "loop-gru-no-bias-mish": lambda: cudnn_rnn.GRU(4, 5, activation="mish", use_bias=False, return_sequences=True),
+    "loop-simple-relu6-stack-backwards": lambda: cudnn_rnn.SimpleRNN(4, 5, activation="relu6", num_layers=2,
+                                                                     go_backwards=True, return_sequences=True),
+    "loop-lstm-zero-output": lambda: cudnn_rnn.LSTM(4, 5, activation="tanh_shrink", return_sequences=True,
+                                                    zero_output_for_mask=True),
+    "loop-bi-lstm-stack-relu6": lambda: cudnn_rnn.Bidirectional(cudnn_rnn.LSTM(4, 5, activation="relu6", num_layers=2,
+                                                                               return_sequences=True)),
+    "loop-bi-gru-last-sum": lambda: cudnn_rnn.Bidirectional(cudnn_rnn.GRU(4, 5, activation="log_sigmoid"),
+                                                            merge_mode="sum"),
+}
+
+
 @pytest.mark.parametrize("masks", list(MASKS))
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("name", list(LAYERS) + list(LOOP_LAYERS))
 def test_layers_run_in_onnxruntime_as_ours(name, masks, tmp_path):
     torch.manual_seed(0)
     rng = np.random.RandomState(1)
-    layer = LAYERS[name]().eval()
+    layer = {**LAYERS, **LOOP_LAYERS}[name]().eval()
     with torch.no_grad():
         for p in layer.parameters():
             p.uniform_(-0.6, 0.6)
@@ -98,6 +127,8 @@ def test_layers_run_in_onnxruntime_as_ours(name, masks, tmp_path):
     x = torch.randn(4, 6, 4)
     args = (x, make(4, 6, rng)) if make else (x,)
     got = _run(module, args, tmp_path / "m.onnx")
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node}
+    assert ("Loop" in ops) == (name in LOOP_LAYERS) and bool(ops & {"LSTM", "GRU", "RNN"}) == (name in LAYERS), ops
     # dynamic batch and time: the same graph on another shape
     x2 = torch.randn(5, 9, 4)
     args2 = (x2, make(5, 9, rng)) if make else (x2,)
@@ -112,36 +143,52 @@ def test_layers_run_in_onnxruntime_as_ours(name, masks, tmp_path):
             np.testing.assert_allclose(o, r.numpy(), atol=ATOL, rtol=RTOL, err_msg=f"{name} output {i}")
 
 
-def test_a_mask_with_holes_gives_nan(tmp_path):
-    layer = cudnn_rnn.LSTM(4, 5, return_sequences=True).eval()
-    x = torch.randn(3, 6, 4)
-    right = _right_padded(3, 6, np.random.RandomState(0))
-    _run(_Call(layer), (x, right), tmp_path / "m.onnx")
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
-    holes = torch.ones(3, 6, dtype=torch.bool)
-    holes[1, 2] = False
-    out = session.run(None, {session.get_inputs()[0].name: x.numpy(), session.get_inputs()[1].name: holes.numpy()})
-    assert np.isnan(out[0]).all()
+@pytest.mark.parametrize("activation", cudnn_rnn.cells.ACTIVATIONS)
+def test_every_kernel_activation_exports(activation, tmp_path):
+    """Each activation the kernels implement, as a GRU's gates and candidate, with holes in the mask."""
+    torch.manual_seed(1)
+    layer = cudnn_rnn.GRU(3, 4, activation=activation, recurrent_activation=activation, return_sequences=True).eval()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.uniform_(-0.5, 0.5)
+    x, mask = torch.randn(3, 5, 3), _holes(3, 5, np.random.RandomState(2))
+    got = _run(_Call(layer), (x, mask), tmp_path / "m.onnx")
+    with torch.no_grad():
+        ref = layer(x, mask=mask)
+    np.testing.assert_allclose(got[0], ref.numpy(), atol=ATOL, rtol=RTOL)
 
 
-def test_activations_onnx_lacks_are_refused_by_name(tmp_path):
-    with pytest.raises(OnnxExportError, match="activation 'silu' has no ONNX recurrent-operator equivalent"):
-        export(_Call(cudnn_rnn.GRU(4, 5, activation="silu")), (torch.randn(2, 3, 4),), tmp_path / "m.onnx")
+def test_conv_lstm_is_refused_by_name(tmp_path):
+    layer = cudnn_rnn.ConvLSTM2D(2, 3, 3, padding="same").eval()
+    with pytest.raises(OnnxExportError, match="ConvLSTM1D / ConvLSTM2D / ConvLSTM3D layers have no ONNX translation"):
+        export(_Call(layer), (torch.randn(2, 3, 5, 5, 2),), tmp_path / "m.onnx")
 
 
-@pytest.mark.keras
-def test_converted_keras_model_through_the_cli(tmp_path):
-    """A Keras 3 model (Embedding mask_zero, Bidirectional LSTM, GRU reset_after=False with
-    hard_sigmoid gates, a dense head) -> cudnn-rnn convert model.keras model.onnx -> onnxruntime,
-    on left-padded tokens: the outputs Keras computes, within 1e-5."""
+def _keras_model(kind):
     from keras_oracle import keras
     from keras import layers
 
+    if kind == "standard-operators":  # Bidirectional LSTM, GRU reset_after=False with hard_sigmoid gates
+        rnns = [layers.Bidirectional(layers.LSTM(5, return_sequences=True)),
+                layers.GRU(4, reset_after=False, recurrent_activation="hard_sigmoid")]
+    else:  # activations ONNX's recurrent operators lack: the Loop
+        rnns = [layers.Bidirectional(layers.GRU(5, activation="silu", return_sequences=True), merge_mode="sum"),
+                layers.LSTM(4, activation="gelu", go_backwards=True)]
+    return keras.Sequential([keras.Input((None,), dtype="int32"), layers.Embedding(20, 6, mask_zero=True), *rnns,
+                             layers.Dense(3, activation="softmax")])
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("kind,padding", [("standard-operators", "left"), ("standard-operators", "holes"),
+                                          ("loop", "holes")])
+def test_converted_keras_model_through_the_cli(kind, padding, tmp_path):
+    """A Keras 3 model (Embedding mask_zero, recurrent layers, a dense head) -> cudnn-rnn convert
+    model.keras model.onnx -> onnxruntime, on left-padded tokens (Keras's pad_sequences default)
+    or tokens with zeros anywhere: the outputs Keras computes, within 1e-5."""
+    from keras_oracle import keras
+
     rng = np.random.RandomState(3)
-    model = keras.Sequential([keras.Input((None,), dtype="int32"), layers.Embedding(20, 6, mask_zero=True),
-                              layers.Bidirectional(layers.LSTM(5, return_sequences=True)),
-                              layers.GRU(4, reset_after=False, recurrent_activation="hard_sigmoid"),
-                              layers.Dense(3, activation="softmax")])
+    model = _keras_model(kind)
     model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
     model.save(tmp_path / "m.keras")
     out = subprocess.run([sys.executable, "-m", "cudnn_rnn", "convert", str(tmp_path / "m.keras"),
@@ -149,15 +196,20 @@ def test_converted_keras_model_through_the_cli(tmp_path):
                          env={**os.environ, "KERAS_BACKEND": "torch"})
     assert out.returncode == 0, out.stdout + out.stderr
     tokens = rng.randint(1, 20, size=(4, 9)).astype("int64")
-    for b, n in enumerate([9, 6, 3, 1]):
-        tokens[b, : 9 - n] = 0  # left padding: Keras's pad_sequences default
+    if padding == "left":
+        for b, n in enumerate([9, 6, 3, 1]):
+            tokens[b, : 9 - n] = 0
+    else:
+        tokens[rng.uniform(size=tokens.shape) < 0.35] = 0
+        tokens[0, 4] = 7
     expected = keras.ops.convert_to_numpy(model(tokens.astype("int32")))
     session = ort.InferenceSession(str(tmp_path / "m.onnx"))
     got = session.run(None, {session.get_inputs()[0].name: tokens})[0]
     np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL)
 
 
-def test_rows_without_a_real_step_keep_their_initial_states(tmp_path):
+@pytest.mark.parametrize("activation", ["tanh", "silu"])  # ONNX's LSTM, the Loop
+def test_rows_without_a_real_step_keep_their_initial_states(activation, tmp_path):
     class WithStates(torch.nn.Module):
         def __init__(self, layer):
             super().__init__()
@@ -167,11 +219,12 @@ def test_rows_without_a_real_step_keep_their_initial_states(tmp_path):
             return tuple(self.layer(x, mask=mask, initial_state=[h, c]))
 
     torch.manual_seed(2)
-    module = WithStates(cudnn_rnn.LSTM(4, 5, return_sequences=True, return_state=True)).eval()
+    module = WithStates(cudnn_rnn.LSTM(4, 5, activation=activation, return_sequences=True, return_state=True)).eval()
     x = torch.randn(3, 6, 4)
     mask = torch.ones(3, 6, dtype=torch.bool)
     mask[1] = False  # no real step: Keras keeps the initial states
     mask[2, :3] = False
+    mask[0, 2] = False  # a hole
     h, c = torch.randn(3, 5), torch.randn(3, 5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
