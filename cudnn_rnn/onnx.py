@@ -27,6 +27,7 @@ whose forward side has go_backwards, ConvLSTM layers.
 """
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -233,18 +234,32 @@ def _standard_layer(op, cell, names, xin, ws, m, init_h, init_c, u, reset_after,
     return (op.Concat(*ys, axis=2) if D > 1 else ys[0]), Yh, Yc
 
 
+_LOOPS = itertools.count()
+
+
 class _Body:
     """A Loop body built node by node (onnx_ir): the dynamo exporter's op recorder writes only to
-    the main graph. Values of the main graph (weights, constants) are read from the outer scope."""
+    the main graph. Values of the main graph (weights, constants) are read from the outer scope.
+    Every value the body makes is named here, under a prefix no other loop and no model input
+    has (ONNX names are one namespace across a graph and its subgraphs)."""
 
     def __init__(self):
+        self.prefix = f"cudnn_rnn_loop{next(_LOOPS)}"
         self.nodes = []
+
+    def value(self, name: str, type_):
+        import onnx_ir as ir
+
+        return ir.Value(name=f"{self.prefix}_{name}", type=type_, shape=ir.Shape([]) if name in ("step", "cond")
+                        else None)
 
     def __getattr__(self, op_type: str):
         def node(*inputs, _outputs: int = 1, **attrs):
             import onnx_ir as ir
 
             n = ir.Node("", op_type, inputs, attributes=ir.convenience.convert_attributes(attrs), num_outputs=_outputs)
+            for i, v in enumerate(n.outputs):
+                v.name = f"{self.prefix}_{len(self.nodes)}_{i}"
             self.nodes.append(n)
             return n.outputs[0] if _outputs == 1 else list(n.outputs)
         return node
@@ -316,11 +331,10 @@ def _loop_layer(op, cell, names, xin, ws, m, init_h, init_c, u, reset_after, zer
 
         b = _Body()
         dtype = ir.TensorType(kernel.dtype)  # (values made in the translation have no type yet)
-        i_in = ir.Value(name=f"step_{d}", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
-        cond_in = ir.Value(name=f"cond_{d}", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
-        h = ir.Value(name=f"h_{d}", type=dtype)
-        c = ir.Value(name=f"c_{d}", type=dtype) if cell == "lstm" else None
-        y_prev = ir.Value(name=f"y_prev_{d}", type=dtype)
+        i_in, cond_in = b.value("step", ir.TensorType(ir.DataType.INT64)), b.value("cond", ir.TensorType(ir.DataType.BOOL))
+        h = b.value("h", dtype)
+        c = b.value("c", dtype) if cell == "lstm" else None
+        y_prev = b.value("y_prev", dtype)
         xt = b.Gather(proj, i_in, axis=0)  # [B, G*u]
         hr = b.MatMul(h, recurrent)
         if cell == "lstm":
@@ -359,7 +373,7 @@ def _loop_layer(op, cell, names, xin, ws, m, init_h, init_c, u, reset_after, zer
         carried_in = [h] + ([c] if c is not None else []) + [y_prev]
         carried_out = [h_new] + ([c_new] if c is not None else []) + [y_new]
         outputs = [b.Identity(cond_in)] + [b.Identity(v) for v in carried_out] + [b.Identity(y_new)]
-        body = ir.Graph([i_in, cond_in] + carried_in, outputs, nodes=b.nodes, name=f"{cell}_step_{d}")
+        body = ir.Graph([i_in, cond_in] + carried_in, outputs, nodes=b.nodes, name=f"{b.prefix}_{cell}_step")
         initial = [h_init] + ([c_init] if c is not None else []) + [zeros]
         results = _loop(op, op.Squeeze(steps), initial, body)
         y_d = results[-1]  # [T, B, u] in processing order

@@ -235,3 +235,27 @@ def test_rows_without_a_real_step_keep_their_initial_states(activation, tmp_path
         ref = module(x, mask, h, c)
     for o, r in zip(got, ref):
         np.testing.assert_allclose(o, r.numpy(), atol=ATOL, rtol=RTOL)
+
+
+def test_loops_and_model_inputs_share_no_names(tmp_path):
+    """ONNX names are one namespace across a graph and its Loop bodies: the two Loops of a
+    Bidirectional (whose bodies' values the exporter once named alike), then a model whose inputs
+    are called what a body might call its states (h_0, c_0) with two Loop layers in a row."""
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = cudnn_rnn.LSTM(3, 4, activation="silu", return_sequences=True)
+            self.second = cudnn_rnn.Bidirectional(cudnn_rnn.GRU(4, 2, activation="gelu", return_sequences=True))
+
+        def forward(self, x, h_0, c_0):
+            return self.second(self.first(x, initial_state=[h_0, c_0]))
+
+    torch.manual_seed(4)
+    cases = [(_Call(cudnn_rnn.Bidirectional(cudnn_rnn.LSTM(1, 2, recurrent_activation="gelu"))), (torch.randn(2, 3, 1),)),
+             (Two(), (torch.randn(2, 5, 3), torch.randn(2, 4), torch.randn(2, 4)))]
+    for i, (module, args) in enumerate(cases):
+        module.eval()
+        got = _run(module, args, tmp_path / f"m{i}.onnx")
+        onnx.checker.check_model(onnx.load(str(tmp_path / f"m{i}.onnx")), full_check=True)
+        with torch.no_grad():
+            np.testing.assert_allclose(got[0], module(*args).numpy(), atol=ATOL, rtol=RTOL)
