@@ -43,7 +43,8 @@ _ACTIVATIONS: Dict[str, Tuple[str, Optional[float], Optional[float]]] = {
     "hard_sigmoid": ("HardSigmoid", 1.0 / 6.0, 0.5),
     "hard_sigmoid_keras2": ("HardSigmoid", 0.2, 0.5),
     "softsign": ("Softsign", None, None),
-    "softplus": ("Softplus", None, None),
+    # (softplus: onnxruntime's recurrent operators overflow to inf above ~88 where Keras gives x;
+    # it runs in the Loop, whose elementwise Softplus does not)
     "elu": ("Elu", 1.0, None),
 }
 
@@ -88,7 +89,7 @@ def _direction_weights(op, cell: str, kernel, recurrent, bias, reset_after: bool
         wb, rb = op.Squeeze(wb, op.Constant(value_ints=[0])), op.Squeeze(rb, op.Constant(value_ints=[0]))
     else:
         wb = _reorder_lstm(op, bias, 0) if cell == "lstm" else bias
-        rb = op.Mul(wb, op.Constant(value_float=0.0))
+        rb = op.Mul(wb, op.CastLike(op.Constant(value_float=0.0), wb))
     return W, R, op.Concat(wb, rb, axis=0)
 
 
@@ -107,6 +108,10 @@ def rnn_forward_to_onnx(x, weights, mask, h0, c0, dropout_masks, recurrent_dropo
 
     if dropout_masks or recurrent_dropout_masks:
         raise OnnxExportError("dropout masks in the exported call: export the model in eval mode (model.eval())")
+    if x.dtype is not None and x.dtype != ir.DataType.FLOAT:
+        raise OnnxExportError(f"a recurrent layer runs in {x.dtype.name.lower()}: ONNX export takes float32 layers "
+                              "(model.float()); "
+                              "onnxruntime's LSTM / GRU / RNN kernels are float32 only")
     if bidirectional and go_backwards:
         raise OnnxExportError("a Bidirectional whose forward layer has go_backwards=True cannot be exported")
     D = 2 if bidirectional else 1
@@ -393,10 +398,13 @@ def _loop(op, trip_count, initial: list, body):
     from onnxscript import evaluator
 
     recorder = evaluator.default()
-    if not isinstance(getattr(recorder, "nodes", None), list):
-        raise OnnxExportError("this torch.onnx exporter records graphs in a way cudnn_rnn does not know: the Loop "
-                              "that activations outside ONNX's LSTM / GRU / RNN need cannot be made")
-    from torch.onnx._internal.exporter._tensors import SymbolicTensor
+    try:
+        from torch.onnx._internal.exporter._tensors import SymbolicTensor
+    except ImportError:
+        SymbolicTensor = None
+    if SymbolicTensor is None or not isinstance(getattr(recorder, "nodes", None), list):
+        raise OnnxExportError(f"this torch ({torch.__version__}) records ONNX graphs in a way cudnn_rnn does not know: "
+                              "the Loop that activations outside ONNX's LSTM / GRU / RNN need cannot be made")
 
     outputs = [SymbolicTensor(recorder.opset) for _ in range(len(body.outputs) - 1)]
     node = ir.Node("", "Loop", [trip_count, op.Constant(value=ir.tensor(True))] + list(initial),
@@ -430,8 +438,9 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
            dynamic_shapes=None, **kwargs) -> torch.onnx.ONNXProgram:
     """torch.onnx.export (dynamo) of `model` with cudnn_rnn's translations; the batch dynamic,
     and dimension 1 of every sequence (3-D and up, or integer 2-D token ids) its own dynamic length;
-    other inputs (2-D float states, masks given as bool... ) keep their batch only; `dynamic_shapes`
-    (torch.export's form) chooses instead. A refusal of the translation is raised as
+    2-D float inputs (initial states, or a mask given as 0/1 floats) keep their batch only, so a
+    float mask fixes the length: pass it as bool, or choose with `dynamic_shapes` (torch.export's
+    form). A refusal of the translation is raised as
     OnnxExportError. Returns the ONNXProgram (also saved to `path`)."""
     model = model.eval()
     dynamic = dynamic_shapes

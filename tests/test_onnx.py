@@ -259,3 +259,22 @@ def test_loops_and_model_inputs_share_no_names(tmp_path):
         onnx.checker.check_model(onnx.load(str(tmp_path / f"m{i}.onnx")), full_check=True)
         with torch.no_grad():
             np.testing.assert_allclose(got[0], module(*args).numpy(), atol=ATOL, rtol=RTOL)
+
+
+def test_float64_layers_are_refused_by_name(tmp_path):
+    layer = cudnn_rnn.LSTM(3, 4).double().eval()
+    with pytest.raises(OnnxExportError, match="runs in double: ONNX export takes float32 layers"):
+        export(_Call(layer), (torch.randn(2, 5, 3, dtype=torch.float64),), tmp_path / "m.onnx")
+
+
+def test_softplus_keeps_large_values(tmp_path):
+    """softplus(x) = x for large x, as Keras computes it; onnxruntime's recurrent operators return
+    inf above ~88, so softplus layers run in the Loop."""
+    torch.manual_seed(5)
+    layer = cudnn_rnn.SimpleRNN(3, 4, activation="softplus", return_sequences=True).eval()
+    x = 100 * torch.randn(2, 5, 3)
+    got = _run(_Call(layer), (x,), tmp_path / "m.onnx")
+    with torch.no_grad():
+        ref = layer(x)
+    assert ref.abs().max() > 90
+    np.testing.assert_allclose(got[0], ref.numpy(), atol=ATOL, rtol=RTOL)
