@@ -65,7 +65,16 @@ def _grads(layer, x, mask, g):
     return y.float(), x.grad.float(), [p.grad.float() for p in layer.parameters()]
 
 
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
+BF16_LAYERS = {
+    "lstm": lambda I, U: cudnn_rnn.LSTM(I, U, return_sequences=True),
+    "gru": lambda I, U: cudnn_rnn.GRU(I, U, return_sequences=True),
+    "simple_rnn": lambda I, U: cudnn_rnn.SimpleRNN(I, U, return_sequences=True),
+    # the backward direction reads x from the last step down
+    "bidirectional-lstm": lambda I, U: cudnn_rnn.Bidirectional(cudnn_rnn.LSTM(I, U, return_sequences=True)),
+}
+
+
+@pytest.mark.parametrize("cell", list(BF16_LAYERS))
 def test_bfloat16_gemms_error_at_most_twice_torch(cell):
     """bfloat16 with its GEMMs in bfloat16 where this CPU has them (_C.cpu_bf16_gemms(): AMX or
     AVX512_BF16; else float32 throughout): outputs, input and weight gradients against a float32
@@ -73,14 +82,14 @@ def test_bfloat16_gemms_error_at_most_twice_torch(cell):
     split units across threads, odd depths (the micro-kernel pads them), and a padded batch."""
     torch.manual_seed(0)
     B, T, I, U = 64, 7, 23, 211  # 211 units: unit blocks split across threads, an odd depth
-    layer = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU}[cell](I, U, return_sequences=True)
+    layer = BF16_LAYERS[cell](I, U)
     with torch.no_grad():
         for p in layer.parameters():
             p.uniform_(-0.2, 0.2)
     layer.bfloat16().float()  # weights that bfloat16 holds exactly: the error is the computation's
     reference = layer.to_torch()
     x = torch.randn(B, T, I).bfloat16().float()
-    g = torch.randn(B, T, U)
+    g = torch.randn(B, T, 2 * U if cell.startswith("bidirectional") else U)
     mask = torch.arange(T)[None, :] < torch.randint(1, T + 1, (B,))[:, None]
     before = torch.get_num_threads()
     torch.set_num_threads(2)
