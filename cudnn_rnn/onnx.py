@@ -22,8 +22,11 @@ Activations ONNX's recurrent operators lack (silu, gelu, mish, selu, relu6, hard
 the layer becomes an ONNX Loop over time running Keras's cell from elementwise operators, the
 input projection of all steps in one MatMul before it, masks applied per step.
 
-Not exported (an error at export time, naming it): dropout in training mode, a Bidirectional
-whose forward side has go_backwards, ConvLSTM layers.
+ConvLSTM1D/2D/3D (conv_lstm_forward_to_onnx): every step's input convolution as one ONNX Conv,
+then a Loop over time running the recurrent convolution and the cell.
+
+Not exported (an error at export time, naming it): layers not in float32, dropout in training
+mode, a Bidirectional whose forward side has go_backwards.
 """
 from __future__ import annotations
 
@@ -304,6 +307,12 @@ _LOOP_ACTIVATIONS = frozenset(("linear", "tanh", "sigmoid", "relu", "softsign", 
                                "hard_silu", "log_sigmoid", "tanh_shrink"))
 
 
+def _constants(op, like) -> dict:
+    """The constants _activate and the Loop bodies read, in like's dtype, from the outer scope."""
+    return {name: op.CastLike(op.Constant(value_float=v), like)
+            for name, v in (("zero", 0.0), ("one", 1.0), ("half", 0.5), ("six", 6.0), ("inv_sqrt2", 0.7071067811865476))}
+
+
 def _loop_layer(op, cell, names, xin, ws, m, init_h, init_c, u, reset_after, zero_out):
     """One layer of the stack as an ONNX Loop over time, for activations ONNX's recurrent operators
     lack: Keras's cell step by step (the input projection of every step in one MatMul before the
@@ -311,8 +320,7 @@ def _loop_layer(op, cell, names, xin, ws, m, init_h, init_c, u, reset_after, zer
     first real step) or zeros. Returns what _standard_layer returns."""
     import onnx_ir as ir
 
-    k = {name: op.CastLike(op.Constant(value_float=v), xin)
-         for name, v in (("zero", 0.0), ("one", 1.0), ("half", 0.5), ("six", 6.0), ("inv_sqrt2", 0.7071067811865476))}
+    k = _constants(op, xin)
     batch_u = op.Concat(op.Shape(xin, start=1, end=2), op.Constant(value_ints=[u]), axis=0)
     zeros = op.Expand(k["zero"], batch_u)  # [B, u]
     steps = op.Shape(xin, start=0, end=1)
@@ -418,9 +426,68 @@ def _flip_time(op, y, axis: int):
                     op.Constant(value_ints=[axis]), op.Constant(value_ints=[-1]))
 
 
-def conv_lstm_forward_to_onnx(*args, **kwargs):
-    raise OnnxExportError("ConvLSTM1D / ConvLSTM2D / ConvLSTM3D layers have no ONNX translation yet (README, "
-                          "Limits); export the model without them or run it with torch.export")
+def conv_lstm_forward_to_onnx(x, kernel, recurrent_kernel, bias, mask, h0, c0, dropout_mask, recurrent_dropout_mask,
+                              stride, pad_before, pad_after, dilation, activation, recurrent_activation, go_backwards):
+    """The translation of cudnn_rnn::conv_lstm_forward (schema in csrc/core/ops.cpp; channels last):
+    every step's input convolution as one ONNX Conv over [B*T, C, *S] before an ONNX Loop over
+    time whose body runs the recurrent 'same' convolution (stride 1, Keras's asymmetric padding
+    for even kernels) and Keras's cell; masked steps keep the states and give the previous output
+    (zeros before the first), as the op does (zero_output_for_mask is the module's, after it)."""
+    import onnx_ir as ir
+    from onnxscript import opset18 as op
+
+    if dropout_mask is not None or recurrent_dropout_mask is not None:
+        raise OnnxExportError("dropout masks in the exported call: export the model in eval mode (model.eval())")
+    if x.dtype is not None and x.dtype != ir.DataType.FLOAT:
+        raise OnnxExportError(f"a ConvLSTM layer runs in {x.dtype.name.lower()}: ONNX export takes float32 layers "
+                              "(model.float())")
+    for name in (activation, recurrent_activation):
+        if name not in _LOOP_ACTIVATIONS:
+            raise OnnxExportError(f"activation '{name}' has no ONNX translation; this layer cannot be exported")
+    rank = len(stride)
+    F, ks = kernel.shape[0] // 4, [int(kk) for kk in recurrent_kernel.shape[2:]]
+    # x [B, T, *S, C] -> [B*T, C, *S] -> Conv -> [B*T, 4F, *S'] -> [T, B, 4F, *S'] (processing order)
+    flat = op.Concat(op.Constant(value_ints=[-1]), op.Shape(x, start=2), axis=0)
+    xc = op.Transpose(op.Reshape(x, flat), perm=[0, rank + 1] + list(range(1, rank + 1)))
+    proj = op.Conv(xc, kernel, bias, strides=list(stride), dilations=list(dilation),
+                   pads=list(pad_before) + list(pad_after))
+    bt = op.Shape(x, start=0, end=2)
+    proj = op.Reshape(proj, op.Concat(bt, op.Shape(proj, start=1), axis=0))  # [B, T, 4F, *S']
+    proj = op.Transpose(proj, perm=[1, 0] + list(range(2, rank + 3)))  # [T, B, 4F, *S']
+    real = op.Transpose(mask, perm=[1, 0]) if mask is not None else None  # [T, B]
+    if go_backwards:
+        proj = _flip_time(op, proj, 0)
+        real = _flip_time(op, real, 0) if real is not None else None
+    k = _constants(op, proj)
+    to_first = [0, rank + 1] + list(range(1, rank + 1))  # [B, *S', F] -> [B, F, *S']
+    state_shape = op.Concat(op.Shape(x, start=0, end=1), op.Constant(value_ints=[F]), op.Shape(proj, start=3), axis=0)
+    zeros = op.Expand(k["zero"], state_shape)
+    h_init = op.Transpose(h0, perm=to_first) if h0 is not None else zeros
+    c_init = op.Transpose(c0, perm=to_first) if c0 is not None else zeros
+    rec_before = [(kk - 1) // 2 for kk in ks]
+    rec_after = [kk - 1 - p for kk, p in zip(ks, rec_before)]
+
+    b = _Body()
+    i_in, cond_in = b.value("step", ir.TensorType(ir.DataType.INT64)), b.value("cond", ir.TensorType(ir.DataType.BOOL))
+    dtype = ir.TensorType(kernel.dtype)
+    h, c, y_prev = b.value("h", dtype), b.value("c", dtype), b.value("y_prev", dtype)
+    z = b.Add(b.Gather(proj, i_in, axis=0), b.Conv(h, recurrent_kernel, pads=rec_before + rec_after))
+    gi, gf, gc, go = b.Split(z, axis=1, num_outputs=4, _outputs=4)
+    c_new = b.Add(b.Mul(_activate(b, recurrent_activation, gf, k), c),
+                  b.Mul(_activate(b, recurrent_activation, gi, k), _activate(b, activation, gc, k)))
+    h_new = b.Mul(_activate(b, recurrent_activation, go, k), _activate(b, activation, c_new, k))
+    y_new = h_new
+    if real is not None:
+        mt = b.Reshape(b.Gather(real, i_in, axis=0), op.Constant(value_ints=[-1] + [1] * (rank + 1)))  # [B, 1, ...]
+        y_new = b.Where(mt, h_new, y_prev)
+        h_new, c_new = b.Where(mt, h_new, h), b.Where(mt, c_new, c)
+    outputs = [b.Identity(cond_in), b.Identity(h_new), b.Identity(c_new), b.Identity(y_new), b.Identity(y_new)]
+    body = ir.Graph([i_in, cond_in, h, c, y_prev], outputs, nodes=b.nodes, name=f"{b.prefix}_conv_lstm_step")
+    h_n, c_n, _, ys = _loop(op, op.Squeeze(op.Shape(proj, start=0, end=1)), [h_init, c_init, zeros], body)
+    to_last = [0] + list(range(2, rank + 2)) + [1]  # [B, F, *S'] -> [B, *S', F]
+    y = op.Transpose(ys, perm=[1, 0] + [d + 1 for d in to_last[1:]])  # [T, B, F, *S'] -> [B, T, *S', F]
+    empty = [op.Constant(value=ir.tensor(np.zeros(0, np.float32))) for _ in range(3)]  # what backward reads
+    return y, op.Transpose(h_n, perm=to_last), op.Transpose(c_n, perm=to_last), *empty
 
 
 TRANSLATIONS = {torch.ops.cudnn_rnn.rnn_forward.default: rnn_forward_to_onnx,

@@ -3,8 +3,8 @@ exporter onto ONNX's LSTM / GRU / RNN operators and run in onnxruntime, within 1
 the Keras tests pin to Keras): every cell, reset_after both ways, Keras 2 and 3 hard_sigmoid,
 stacks, go_backwards, Bidirectional merges, masks of every pattern (padded on either side, holes,
 empty rows) with Keras's outputs at masked steps, states in and out, dynamic batch and time; the
-Loop translation of activations ONNX's recurrent operators lack, every kernel activation; Keras 3
-models through the CLI against Keras itself."""
+Loop translation of activations ONNX's recurrent operators lack, every kernel activation;
+ConvLSTM1D/2D/3D; Keras 3 models through the CLI against Keras itself."""
 import os
 import subprocess
 import sys
@@ -158,16 +158,81 @@ def test_every_kernel_activation_exports(activation, tmp_path):
     np.testing.assert_allclose(got[0], ref.numpy(), atol=ATOL, rtol=RTOL)
 
 
-def test_conv_lstm_is_refused_by_name(tmp_path):
-    layer = cudnn_rnn.ConvLSTM2D(2, 3, 3, padding="same").eval()
-    with pytest.raises(OnnxExportError, match="ConvLSTM1D / ConvLSTM2D / ConvLSTM3D layers have no ONNX translation"):
-        export(_Call(layer), (torch.randn(2, 3, 5, 5, 2),), tmp_path / "m.onnx")
+CONV_LSTMS = {  # (layer, input shape)
+    "2d-same-states": (lambda: cudnn_rnn.ConvLSTM2D(2, 3, 3, padding="same", return_sequences=True, return_state=True),
+                       (2, 4, 6, 5, 2)),
+    "1d-strided-backwards": (lambda: cudnn_rnn.ConvLSTM1D(2, 3, 2, strides=2, go_backwards=True, return_sequences=True),
+                             (3, 5, 9, 2)),
+    "3d-dilated-keras2-gates": (lambda: cudnn_rnn.ConvLSTM3D(1, 2, 2, padding="same", dilation_rate=2,
+                                                             recurrent_activation="hard_sigmoid_keras2"),
+                                (2, 3, 5, 5, 5, 1)),
+    "2d-even-kernel-gelu-zero-output-channels-first": (
+        lambda: cudnn_rnn.ConvLSTM2D(2, 3, (2, 3), padding="same", activation="gelu", zero_output_for_mask=True,
+                                     return_sequences=True, data_format="channels_first"), (2, 4, 2, 6, 5)),
+}
+
+
+@pytest.mark.parametrize("masks", ["no-mask", "holes"])
+@pytest.mark.parametrize("name", list(CONV_LSTMS))
+def test_conv_lstm_runs_in_onnxruntime_as_ours(name, masks, tmp_path):
+    """ConvLSTM1D/2D/3D as an ONNX Conv over every step and a Loop over time: strides, dilation,
+    Keras's asymmetric 'same' padding, go_backwards, both data formats, masks with holes, states;
+    the graph re-run at another batch and length."""
+    torch.manual_seed(0)
+    rng = np.random.RandomState(1)
+    make, shape = CONV_LSTMS[name]
+    module = _Call(make()).eval()
+
+    def inputs(batch, time):
+        x = torch.randn(batch, time, *shape[2:])
+        return (x, _holes(batch, time, rng)) if masks == "holes" else (x,)
+
+    args = inputs(*shape[:2])
+    got = _run(module, args, tmp_path / "m.onnx")
+    args2 = inputs(shape[0] + 1, shape[1] + 3)
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    got2 = session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), args2)})
+    for g, a in ((got, args), (got2, args2)):
+        with torch.no_grad():
+            ref = module(*a)
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        assert len(g) == len(ref)
+        for i, (o, r) in enumerate(zip(g, ref)):
+            np.testing.assert_allclose(o, r.numpy(), atol=ATOL, rtol=RTOL, err_msg=f"{name} output {i}")
+
+
+def test_conv_lstm_initial_states(tmp_path):
+    class WithStates(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = cudnn_rnn.ConvLSTM2D(2, 3, 3, padding="same", return_sequences=True, return_state=True)
+
+        def forward(self, x, mask, h, c):
+            return tuple(self.layer(x, mask=mask, initial_state=[h, c]))
+
+    torch.manual_seed(3)
+    module = WithStates().eval()
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    mask[1] = False  # no real step: the initial states come out
+    mask[2, 1] = False
+    args = (torch.randn(3, 4, 5, 5, 2), mask, torch.randn(3, 5, 5, 3), torch.randn(3, 5, 5, 3))
+    got = _run(module, args, tmp_path / "m.onnx")
+    with torch.no_grad():
+        ref = module(*args)
+    for o, r in zip(got, ref):
+        np.testing.assert_allclose(o, r.numpy(), atol=ATOL, rtol=RTOL)
 
 
 def _keras_model(kind):
     from keras_oracle import keras
     from keras import layers
 
+    if kind == "conv-lstm":  # keras.io's next-frame prediction shape
+        return keras.Sequential([keras.Input((None, 8, 8, 1)),
+                                 layers.ConvLSTM2D(4, 3, padding="same", return_sequences=True),
+                                 layers.BatchNormalization(),
+                                 layers.ConvLSTM2D(3, (2, 2), padding="same", return_sequences=True),
+                                 layers.Conv3D(1, 3, padding="same", activation="sigmoid")])
     if kind == "standard-operators":  # Bidirectional LSTM, GRU reset_after=False with hard_sigmoid gates
         rnns = [layers.Bidirectional(layers.LSTM(5, return_sequences=True)),
                 layers.GRU(4, reset_after=False, recurrent_activation="hard_sigmoid")]
@@ -180,7 +245,7 @@ def _keras_model(kind):
 
 @pytest.mark.keras
 @pytest.mark.parametrize("kind,padding", [("standard-operators", "left"), ("standard-operators", "holes"),
-                                          ("loop", "holes")])
+                                          ("loop", "holes"), ("conv-lstm", None)])
 def test_converted_keras_model_through_the_cli(kind, padding, tmp_path):
     """A Keras 3 model (Embedding mask_zero, recurrent layers, a dense head) -> cudnn-rnn convert
     model.keras model.onnx -> onnxruntime, on left-padded tokens (Keras's pad_sequences default)
@@ -195,6 +260,13 @@ def test_converted_keras_model_through_the_cli(kind, padding, tmp_path):
                           str(tmp_path / "m.onnx")], cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "KERAS_BACKEND": "torch"})
     assert out.returncode == 0, out.stdout + out.stderr
+    if kind == "conv-lstm":
+        frames = rng.uniform(size=(2, 5, 8, 8, 1)).astype("float32")
+        expected = keras.ops.convert_to_numpy(model(frames))
+        session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+        got = session.run(None, {session.get_inputs()[0].name: frames})[0]
+        np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL)
+        return
     tokens = rng.randint(1, 20, size=(4, 9)).astype("int64")
     if padding == "left":
         for b, n in enumerate([9, 6, 3, 1]):
