@@ -102,6 +102,14 @@ def _stack(op, tensors: List):
         tensors[0], zero)
 
 
+def _require_float32(x, what: str) -> None:
+    import onnx_ir as ir
+
+    if x.dtype is not None and x.dtype != ir.DataType.FLOAT:
+        raise OnnxExportError(f"{what} runs in {x.dtype.name.lower()}: ONNX export takes float32 layers "
+                              "(model.float()); onnxruntime's recurrent kernels are float32 only")
+
+
 def rnn_forward_to_onnx(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, cell, activation,
                         recurrent_activation, use_bias, reset_after, num_layers, bidirectional, go_backwards,
                         zero_output_for_mask, need_grad=True):
@@ -111,10 +119,7 @@ def rnn_forward_to_onnx(x, weights, mask, h0, c0, dropout_masks, recurrent_dropo
 
     if dropout_masks or recurrent_dropout_masks:
         raise OnnxExportError("dropout masks in the exported call: export the model in eval mode (model.eval())")
-    if x.dtype is not None and x.dtype != ir.DataType.FLOAT:
-        raise OnnxExportError(f"a recurrent layer runs in {x.dtype.name.lower()}: ONNX export takes float32 layers "
-                              "(model.float()); "
-                              "onnxruntime's LSTM / GRU / RNN kernels are float32 only")
+    _require_float32(x, "a recurrent layer")
     if bidirectional and go_backwards:
         raise OnnxExportError("a Bidirectional whose forward layer has go_backwards=True cannot be exported")
     D = 2 if bidirectional else 1
@@ -438,9 +443,7 @@ def conv_lstm_forward_to_onnx(x, kernel, recurrent_kernel, bias, mask, h0, c0, d
 
     if dropout_mask is not None or recurrent_dropout_mask is not None:
         raise OnnxExportError("dropout masks in the exported call: export the model in eval mode (model.eval())")
-    if x.dtype is not None and x.dtype != ir.DataType.FLOAT:
-        raise OnnxExportError(f"a ConvLSTM layer runs in {x.dtype.name.lower()}: ONNX export takes float32 layers "
-                              "(model.float())")
+    _require_float32(x, "a ConvLSTM layer")
     for name in (activation, recurrent_activation):
         if name not in _LOOP_ACTIVATIONS:
             raise OnnxExportError(f"activation '{name}' has no ONNX translation; this layer cannot be exported")
