@@ -71,6 +71,33 @@ def _chain(e):
         e = e.__cause__ or e.__context__
 
 
+def _check_onnx(path: str, model, inputs) -> int:
+    """The exported file run in onnxruntime on the example inputs against the model itself: 0,
+    or 3 (as verify's oracle failures) when they differ by more than 1e-4."""
+    try:
+        import onnxruntime
+    except ImportError:
+        print("(pip install onnxruntime to have the export checked against the model)")
+        return 0
+    session = onnxruntime.InferenceSession(path)
+    got = session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), inputs)})
+    with torch.no_grad():
+        ref = model(*inputs)
+    ref = list(ref) if isinstance(ref, (list, tuple)) else [ref]
+    def differ(g, r):  # NaN where both have NaN counts as agreement (a model can compute NaN)
+        both = np.isnan(g) & np.isnan(r)
+        return float(np.max(np.where(both, 0.0, np.abs(g - r)), initial=0.0))
+
+    diff = max(differ(g, r.numpy()) for g, r in zip(got, ref))
+    if len(got) != len(ref) or not diff <= 1e-4:
+        print(f"cudnn-rnn: {path}: onnxruntime's outputs differ from the model's on the example inputs "
+              f"(max |onnx - ours| = {diff:.3g}, {len(got)} outputs against {len(ref)}): please report it",
+              file=sys.stderr)
+        return 3
+    print(f"checked in onnxruntime {onnxruntime.__version__}: max |onnx - ours| = {diff:.2g} on the example inputs")
+    return 0
+
+
 def cmd_convert(args) -> int:
     from .keras.convert import save_converted
 
@@ -94,6 +121,9 @@ def cmd_convert(args) -> int:
         except OnnxExportError as e:
             print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX: {e}", file=sys.stderr)
             return 2
+        status = _check_onnx(args.out, model, inputs)
+        if status:
+            return status
         print("run it with onnxruntime (onnxruntime.InferenceSession); inputs as the model takes them, any mask")
     elif args.out.endswith(".pt2"):
         # forward(*inputs): the varargs are one packed argument for export

@@ -254,15 +254,18 @@ def test_converted_keras_model_through_the_cli(kind, padding, tmp_path):
 
     rng = np.random.RandomState(3)
     model = _keras_model(kind)
-    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
+    model.set_weights([rng.uniform(0.5, 1.5, w.shape).astype("float32") if "variance" in w.path  # BatchNormalization
+                       else rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.weights])
     model.save(tmp_path / "m.keras")
     out = subprocess.run([sys.executable, "-m", "cudnn_rnn", "convert", str(tmp_path / "m.keras"),
                           str(tmp_path / "m.onnx")], cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "KERAS_BACKEND": "torch"})
     assert out.returncode == 0, out.stdout + out.stderr
+    assert "checked in onnxruntime" in out.stdout, out.stdout
     if kind == "conv-lstm":
         frames = rng.uniform(size=(2, 5, 8, 8, 1)).astype("float32")
         expected = keras.ops.convert_to_numpy(model(frames))
+        assert np.isfinite(expected).all()
         session = ort.InferenceSession(str(tmp_path / "m.onnx"))
         got = session.run(None, {session.get_inputs()[0].name: frames})[0]
         np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL)
@@ -275,6 +278,7 @@ def test_converted_keras_model_through_the_cli(kind, padding, tmp_path):
         tokens[rng.uniform(size=tokens.shape) < 0.35] = 0
         tokens[0, 4] = 7
     expected = keras.ops.convert_to_numpy(model(tokens.astype("int32")))
+    assert np.isfinite(expected).all()
     session = ort.InferenceSession(str(tmp_path / "m.onnx"))
     got = session.run(None, {session.get_inputs()[0].name: tokens})[0]
     np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL)
@@ -350,3 +354,18 @@ def test_softplus_keeps_large_values(tmp_path):
         ref = layer(x)
     assert ref.abs().max() > 90
     np.testing.assert_allclose(got[0], ref.numpy(), atol=ATOL, rtol=RTOL)
+
+
+def test_cli_check_of_the_exported_file_fails_loudly(tmp_path, capsys):
+    """cudnn-rnn convert runs the .onnx file in onnxruntime against the model: a file that does
+    not compute what the model does is reported (exit status 3), here another layer's export."""
+    from cudnn_rnn.cli import _check_onnx
+
+    torch.manual_seed(6)
+    exported, other = _Call(cudnn_rnn.GRU(3, 4)).eval(), _Call(cudnn_rnn.GRU(3, 4)).eval()
+    args = (torch.randn(2, 5, 3),)
+    _run(exported, args, tmp_path / "m.onnx")
+    assert _check_onnx(str(tmp_path / "m.onnx"), exported, args) == 0
+    assert "checked in onnxruntime" in capsys.readouterr().out
+    assert _check_onnx(str(tmp_path / "m.onnx"), other, args) == 3
+    assert "onnxruntime's outputs differ from the model's" in capsys.readouterr().err
