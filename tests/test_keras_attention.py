@@ -196,3 +196,62 @@ def test_explicit_masks_scalar_weights_and_export_round_trip(tmp_path):
     session = ort.InferenceSession(str(tmp_path / "m.onnx"))
     feeds = dict(zip([i.name for i in session.get_inputs()], arrays))
     np.testing.assert_allclose(session.run(None, feeds)[0], want, atol=ATOL, rtol=RTOL)
+
+
+def _mha_readers(kind):
+    """A model where a MultiHeadAttention and other layers read the same masked tensors."""
+    q_in, v_in = keras.Input((TQ,), dtype="int32"), keras.Input((TV,), dtype="int32")
+    hq = layers.LSTM(4, return_sequences=True)(layers.Embedding(12, 4, mask_zero=True)(q_in))
+    hv = layers.GRU(4, return_sequences=True)(layers.Embedding(12, 4, mask_zero=True)(v_in))
+    mha = layers.MultiHeadAttention(2, 3)
+    if kind == "mha-then-additive":
+        outs = [mha(hq, hv), layers.AdditiveAttention()([hq, hv])]
+    elif kind == "additive-then-mha":
+        outs = [layers.AdditiveAttention()([hq, hv]), mha(hq, hv)]
+    elif kind == "mha-then-lstm":  # the LSTM reads hq after MultiHeadAttention: unmasked in Keras 3
+        outs = [mha(hq, hv), layers.LSTM(4, return_sequences=True)(hq)]
+    else:  # two MultiHeadAttention calls on one value, then an Attention
+        outs = [mha(hq, hv), layers.MultiHeadAttention(1, 2)(hq, hv), layers.Attention()([hq, hv])]
+    return keras.Model([q_in, v_in], layers.GRU(3)(layers.Concatenate()(outs)))
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("kind", ["mha-then-additive", "additive-then-mha", "mha-then-lstm", "two-mha-then-attention"])
+def test_multi_head_attention_deletes_the_masks_it_reads(kind, tmp_path):
+    """Keras 3's MultiHeadAttention deletes the Keras masks of its query, value and key, so a
+    layer Keras runs after it (keras_run_order: by depth, then the order Keras reached the
+    nodes) reads those tensors unmasked, one run before it masked. Outputs as Keras 3 computes
+    them, .keras and legacy .h5."""
+    rng = np.random.RandomState(11)
+    model = _mha_readers(kind)
+    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
+    xs = [rng.randint(1, 12, size=(B, TQ)).astype("int32"), rng.randint(1, 12, size=(B, TV)).astype("int32")]
+    xs[0][1, 3:] = 0
+    xs[1][2, :3] = 0
+    xs[1][0, 4] = 0
+    expected = keras.ops.convert_to_numpy(model(xs, training=False))
+    model.save(tmp_path / "m.keras")
+    model.save(tmp_path / "m.h5")
+    for path in (tmp_path / "m.keras", tmp_path / "m.h5"):
+        ours = load_keras(str(path))
+        with torch.no_grad():
+            got = ours(*[torch.from_numpy(x).long() for x in xs]).numpy()
+        np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL, err_msg=str(path.name))
+
+
+@pytest.mark.keras
+def test_keras_run_order_is_keras_own(tmp_path):
+    """keras_run_order (cudnn_rnn/keras/graph.py) against the order Keras 3 itself runs a
+    functional graph in (Functional._nodes_by_depth, deepest first): the random models above and
+    the MultiHeadAttention ones."""
+    from cudnn_rnn.keras.graph import keras_run_order
+
+    models = [random_model(seed)[0] for seed in range(12)] + [_mha_readers(k) for k in
+                                                              ("mha-then-additive", "two-mha-then-attention")]
+    for i, model in enumerate(models):
+        model.save(tmp_path / f"m{i}.keras")
+        order = keras_run_order(load_keras(str(tmp_path / f"m{i}.keras")).spec)
+        ours = [node for node, _ in sorted(order.items(), key=lambda e: e[1])]
+        theirs = [(n.operation.name, n.operation._inbound_nodes.index(n))
+                  for d in sorted(model._nodes_by_depth, reverse=True) for n in model._nodes_by_depth[d]]
+        assert ours == theirs, f"model {i}"

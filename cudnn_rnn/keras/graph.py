@@ -284,3 +284,56 @@ def _renumber_nested_calls(spec: ModelSpec) -> None:
             call.inputs = [fix(r) for r in call.inputs]
             call.kwargs = {k: [fix(r) for r in v] if isinstance(v, list) else v for k, v in call.kwargs.items()}
     spec.outputs = [fix(r) for r in spec.outputs]
+
+
+def _tensor_refs(value) -> List[Ref]:
+    """The Refs in a parsed call argument (a Ref, or nested lists of them), in order."""
+    if isinstance(value, Ref):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [r for v in value for r in _tensor_refs(v)]
+    return []
+
+
+def keras_run_order(spec: ModelSpec) -> Dict[tuple, int]:
+    """Where each call (layer name, call index) comes when Keras 3 runs the functional graph
+    (keras/src/ops/function.py): _build_map's depth-first post-order from the outputs, then
+    map_graph's depths (a node one deeper than its deepest reader, every call of a layer as
+    deep as its deepest), run deepest first and, within a depth, in the order the nodes got
+    theirs. A call's parents are its tensor arguments, positional first, then keyword
+    arguments by sorted name (tree.flatten of (args, kwargs))."""
+    calls = {(layer.name, i): call for layer in spec.layers for i, call in enumerate(layer.calls)}
+
+    def parents(node):
+        call = calls.get(node)
+        if call is None:  # an input layer's node
+            return []
+        refs = list(call.inputs) + [r for k in sorted(call.kwargs) for r in _tensor_refs(call.kwargs[k])]
+        return [(r.layer, r.call) for r in refs]
+
+    post, finished, stack = [], set(), []
+    for out in spec.outputs:  # the recursion of _build_map_helper, iteratively (graphs can be deep)
+        root = (out.layer, out.call)
+        if root in finished:
+            continue
+        stack.append((root, iter(parents(root))))
+        finished.add(root)
+        while stack:
+            node, pending = stack[-1]
+            nxt = next((p for p in pending if p not in finished), None)
+            if nxt is None:
+                stack.pop()
+                post.append(node)
+            else:
+                finished.add(nxt)
+                stack.append((nxt, iter(parents(nxt))))
+    depths: Dict[tuple, int] = {}
+    layer_depths: Dict[str, int] = {}
+    for node in reversed(post):
+        depth = max(depths.setdefault(node, 0), layer_depths.get(node[0], 0))
+        layer_depths[node[0]] = depth
+        depths[node] = depth
+        for p in parents(node):
+            depths[p] = max(depth + 1, depths.get(p, 0))
+    ranked = sorted(enumerate(depths.items()), key=lambda e: (-e[1][1], e[0]))
+    return {node: k for k, (_, (node, _)) in enumerate(ranked)}

@@ -197,7 +197,8 @@ def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, whe
         except Exception as e:  # noqa: BLE001 - a config value of the wrong type or range
             raise ConversionError(path, f"{layer.class_name} config cannot be converted ({type(e).__name__}: "
                                         f"{str(e)[:300]})", layer.name) from None
-    return KerasModel(spec, modules, path, [_input_spec(spec, ref, path) for ref in spec.inputs])
+    keras3 = BuildContext(path, version, None, None).keras_major >= 3
+    return KerasModel(spec, modules, path, [_input_spec(spec, ref, path) for ref in spec.inputs], keras3=keras3)
 
 
 def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:

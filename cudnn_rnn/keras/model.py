@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import ConversionError
-from .graph import ModelSpec, Ref
+from .graph import ModelSpec, Ref, keras_run_order
 from .untrusted import few
 
 
@@ -22,7 +22,8 @@ class KerasModel(nn.Module):
     """Runs the rebuilt graph. forward(*inputs) returns the output tensor, or a list when the
     Keras model has several outputs; forward_with_masks also returns the output masks."""
 
-    def __init__(self, spec: ModelSpec, modules: Dict[str, nn.Module], path: str, input_specs: List[tuple]):
+    def __init__(self, spec: ModelSpec, modules: Dict[str, nn.Module], path: str, input_specs: List[tuple],
+                 keras3: bool = False):
         super().__init__()
         self.name = spec.name
         self.spec = spec  # the parsed graph (plain data): what save_keras walks
@@ -32,6 +33,8 @@ class KerasModel(nn.Module):
         self.single_output = spec.single_output and len(spec.outputs) == 1
         self.input_specs = input_specs  # (Keras dtype name, batch shape with None for free dims) per input
         self.schedule = self._schedule(spec, path)
+        # per scheduled call, the inputs whose Keras mask is gone when Keras 3 runs it
+        self.masks_dropped = self._masks_dropped(spec, self.schedule) if keras3 else [()] * len(self.schedule)
 
     @staticmethod
     def _schedule(spec: ModelSpec, path) -> List[Tuple[str, str, int, list, Optional[list]]]:
@@ -82,6 +85,30 @@ class KerasModel(nn.Module):
             raise ConversionError(path, f"the graph cannot be ordered: layers {few(names)} wait on inputs that never come")
         return schedule
 
+    @staticmethod
+    def _masks_dropped(spec: ModelSpec, schedule) -> List[tuple]:
+        """Keras 3's MultiHeadAttention deletes the Keras masks of the tensors it reads as query,
+        value and key (keras/src/layers/attention/multi_head_attention.py: set_keras_mask(.., None)
+        after Layer.__call__ took them for its own call), so every call Keras runs after it
+        (keras_run_order) reads those tensors unmasked; calls before it, and explicit mask=
+        arguments, are unaffected. Per scheduled call, the input positions that lose their mask."""
+        classes = {layer.name: layer.class_name for layer in spec.layers}
+        deleting = [(name, call) for name, _, call, _, _ in schedule if classes.get(name) == "MultiHeadAttention"]
+        if not deleting:
+            return [()] * len(schedule)
+        order = keras_run_order(spec)
+        deleted_at: Dict[tuple, int] = {}  # output ref -> the earliest MultiHeadAttention call that deletes its mask
+        for name, call in deleting:
+            c = next(layer for layer in spec.layers if layer.name == name).calls[call]
+            refs = list(c.inputs) + [r for k in ("query", "value", "key") for r in (c.kwargs.get(k) or [])
+                                     if isinstance(r, Ref)]
+            at = order.get((name, call), -1)
+            for r in refs:
+                key = (r.layer, r.call, r.output)
+                deleted_at[key] = min(deleted_at.get(key, at), at)
+        return [tuple(j for j, r in enumerate(refs) if r in deleted_at and order.get((name, call), -1) > deleted_at[r])
+                for name, _, call, refs, _ in schedule]
+
     def forward_with_masks(self, *inputs: Tensor, masks: Optional[List[Optional[Tensor]]] = None):
         if len(inputs) != len(self.input_refs):
             raise ValueError(f"{self.name} takes {len(self.input_refs)} input(s); got {len(inputs)}")
@@ -93,10 +120,12 @@ class KerasModel(nn.Module):
             outs, ms = env[(ref[0], ref[1])]
             return outs[ref[2]], ms[ref[2]]
 
-        for name, key, call, refs, mask_refs in self.schedule:
+        for (name, key, call, refs, mask_refs), dropped in zip(self.schedule, self.masks_dropped):
             got = [fetch(r) for r in refs]
             xs = [t for t, _ in got]
             ms = [m for _, m in got]
+            for j in dropped:
+                ms[j] = None
             if mask_refs is not None:  # an explicit mask=, or a list of them (Attention: [query, value])
                 for j, r in enumerate(mask_refs[: len(ms)]):
                     ms[j] = fetch(r)[0] if r is not None else None
