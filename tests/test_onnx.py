@@ -43,6 +43,20 @@ def _run(module, args, path):
     return session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)})
 
 
+def _agree_at_both_shapes(module, path, got, args, args2, name):
+    """The exported file's outputs (got, on args) and its run on args2 (another batch and
+    length: the dynamic dimensions) against the module's, within 1e-5."""
+    session = ort.InferenceSession(str(path))
+    got2 = session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), args2)})
+    for g, a in ((got, args), (got2, args2)):
+        with torch.no_grad():
+            ref = module(*a)
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        assert len(g) == len(ref)
+        for i, (o, r) in enumerate(zip(g, ref)):
+            np.testing.assert_allclose(o, r.numpy(), atol=ATOL, rtol=RTOL, err_msg=f"{name} output {i}")
+
+
 def _right_padded(batch, time, rng):
     mask = np.ones((batch, time), dtype=bool)
     for b, n in enumerate(rng.randint(0, time + 1, size=batch)):
@@ -132,15 +146,7 @@ def test_layers_run_in_onnxruntime_as_ours(name, masks, tmp_path):
     # dynamic batch and time: the same graph on another shape
     x2 = torch.randn(5, 9, 4)
     args2 = (x2, make(5, 9, rng)) if make else (x2,)
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
-    got2 = session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), args2)})
-    for g, a in ((got, args), (got2, args2)):
-        with torch.no_grad():
-            ref = module(*a)
-        ref = ref if isinstance(ref, tuple) else (ref,)
-        assert len(g) == len(ref)
-        for i, (o, r) in enumerate(zip(g, ref)):
-            np.testing.assert_allclose(o, r.numpy(), atol=ATOL, rtol=RTOL, err_msg=f"{name} output {i}")
+    _agree_at_both_shapes(module, tmp_path / "m.onnx", got, args, args2, name)
 
 
 @pytest.mark.parametrize("activation", cudnn_rnn.cells.ACTIVATIONS)
@@ -190,15 +196,7 @@ def test_conv_lstm_runs_in_onnxruntime_as_ours(name, masks, tmp_path):
     args = inputs(*shape[:2])
     got = _run(module, args, tmp_path / "m.onnx")
     args2 = inputs(shape[0] + 1, shape[1] + 3)
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
-    got2 = session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), args2)})
-    for g, a in ((got, args), (got2, args2)):
-        with torch.no_grad():
-            ref = module(*a)
-        ref = ref if isinstance(ref, tuple) else (ref,)
-        assert len(g) == len(ref)
-        for i, (o, r) in enumerate(zip(g, ref)):
-            np.testing.assert_allclose(o, r.numpy(), atol=ATOL, rtol=RTOL, err_msg=f"{name} output {i}")
+    _agree_at_both_shapes(module, tmp_path / "m.onnx", got, args, args2, name)
 
 
 def test_conv_lstm_initial_states(tmp_path):
