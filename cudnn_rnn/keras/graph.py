@@ -286,12 +286,12 @@ def _renumber_nested_calls(spec: ModelSpec) -> None:
     spec.outputs = [fix(r) for r in spec.outputs]
 
 
-def _tensor_refs(value) -> List[Ref]:
+def tensor_refs(value) -> List[Ref]:
     """The Refs in a parsed call argument (a Ref, or nested lists of them), in order."""
     if isinstance(value, Ref):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [r for v in value for r in _tensor_refs(v)]
+        return [r for v in value for r in tensor_refs(v)]
     return []
 
 
@@ -308,7 +308,7 @@ def keras_run_order(spec: ModelSpec) -> Dict[tuple, int]:
         call = calls.get(node)
         if call is None:  # an input layer's node
             return []
-        refs = list(call.inputs) + [r for k in sorted(call.kwargs) for r in _tensor_refs(call.kwargs[k])]
+        refs = list(call.inputs) + [r for k in sorted(call.kwargs) for r in tensor_refs(call.kwargs[k])]
         return [(r.layer, r.call) for r in refs]
 
     post, finished, stack = [], set(), []

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import ConversionError
-from .graph import ModelSpec, Ref, keras_run_order
+from .graph import ModelSpec, Ref, keras_run_order, tensor_refs
 from .untrusted import few
 
 
@@ -100,8 +100,7 @@ class KerasModel(nn.Module):
         deleted_at: Dict[tuple, int] = {}  # output ref -> the earliest MultiHeadAttention call that deletes its mask
         for name, call in deleting:
             c = next(layer for layer in spec.layers if layer.name == name).calls[call]
-            refs = list(c.inputs) + [r for k in ("query", "value", "key") for r in (c.kwargs.get(k) or [])
-                                     if isinstance(r, Ref)]
+            refs = list(c.inputs) + [r for k in ("query", "value", "key") for r in tensor_refs(c.kwargs.get(k))]
             at = order.get((name, call), -1)
             for r in refs:
                 key = (r.layer, r.call, r.output)
