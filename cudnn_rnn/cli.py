@@ -73,16 +73,27 @@ def _chain(e):
 
 def _check_onnx(path: str, model, inputs) -> int:
     """The exported file run in onnxruntime against the model itself on the example inputs (float
-    ones replaced by seeded values in [-1, 1): zeros would leave the kernels unread): 0, or 3 (as
-    verify's oracle failures) when they differ by more than 1e-4."""
+    ones replaced by seeded values in [-1, 1): zeros would leave the kernels unread; token ids
+    padded with id 0 on the right in the first row and on the left in the last, so that
+    mask_zero masks are exercised): 0, or 3 (as verify's oracle failures) when they differ by
+    more than 1e-4."""
     try:
         import onnxruntime
     except ImportError:
         print("(pip install onnxruntime to have the export checked against the model)")
         return 0
     gen = torch.Generator().manual_seed(0)
-    inputs = tuple(torch.rand(a.shape, generator=gen, dtype=a.dtype) * 2 - 1 if a.is_floating_point() else a
-                   for a in inputs)
+
+    def varied(a):
+        if a.is_floating_point():
+            return torch.rand(a.shape, generator=gen, dtype=a.dtype) * 2 - 1
+        if a.dtype != torch.bool and a.dim() == 2 and a.shape[1] >= 3:  # token ids: id 0 pads (mask_zero)
+            a = a.clone()
+            a[0, -2:] = 0  # right padding
+            a[-1, :2] = 0  # left padding (Keras's pad_sequences default)
+        return a
+
+    inputs = tuple(varied(a) for a in inputs)
     session = onnxruntime.InferenceSession(path)
     got = session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), inputs)})
     with torch.no_grad():
