@@ -159,6 +159,10 @@ class _ConvLSTM(nn.Module):
         n = t.dim()
         return t.permute(*range(lead), n - 1, *range(lead, n - 1))
 
+    def layer_weights(self) -> List[Tensor]:
+        """[kernel, recurrent_kernel(, bias)] as Keras lists them."""
+        return [p for p in (self.kernel, self.recurrent_kernel, self.bias) if p is not None]
+
     def _weights(self):
         """kernel, recurrent kernel as the op takes them: [4F, C, *k] and [4F, F, *k]."""
         r = self.rank

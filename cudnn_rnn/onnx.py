@@ -79,17 +79,22 @@ def _reorder_lstm(op, t, axis: int):
     return op.Concat(i, o, f, c, axis=axis)
 
 
-def _direction_weights(op, cell: str, kernel, recurrent, bias, reset_after: bool, use_bias: bool):
+def _gru_biases(op, bias):
+    """A reset_after GRU's bias [2, 3u] as (input bias, recurrent bias)."""
+    wb, rb = op.Split(bias, num_outputs=2, axis=0)
+    return op.Squeeze(wb, op.Constant(value_ints=[0])), op.Squeeze(rb, op.Constant(value_ints=[0]))
+
+
+def _direction_weights(op, cell: str, kernel, recurrent, bias, reset_after: bool):
     """W [G*u, I], R [G*u, u], B [2*G*u] of one direction, in ONNX's layout."""
     W = op.Transpose(kernel, perm=[1, 0])
     R = op.Transpose(recurrent, perm=[1, 0])
     if cell == "lstm":
         W, R = _reorder_lstm(op, W, 0), _reorder_lstm(op, R, 0)
-    if not use_bias:
+    if bias is None:
         return W, R, None
-    if cell == "gru" and reset_after:  # [2, 3u]: input bias, recurrent bias
-        wb, rb = op.Split(bias, num_outputs=2, axis=0)
-        wb, rb = op.Squeeze(wb, op.Constant(value_ints=[0])), op.Squeeze(rb, op.Constant(value_ints=[0]))
+    if cell == "gru" and reset_after:
+        wb, rb = _gru_biases(op, bias)
     else:
         wb = _reorder_lstm(op, bias, 0) if cell == "lstm" else bias
         rb = op.Mul(wb, op.CastLike(op.Constant(value_float=0.0), wb))
@@ -222,7 +227,7 @@ def _standard_layer(op, cell, names, xin, ws, m, init_h, init_c, u, reset_after,
         attrs["activation_beta"] = betas
     if cell == "gru":
         attrs["linear_before_reset"] = 1 if reset_after else 0
-    parts = [_direction_weights(op, cell, k, r, b, reset_after, b is not None) for k, r, b in ws]
+    parts = [_direction_weights(op, cell, k, r, b, reset_after) for k, r, b in ws]
     W, R = _stack(op, [p[0] for p in parts]), _stack(op, [p[1] for p in parts])
     B = _stack(op, [p[2] for p in parts]) if parts[0][2] is not None else None
     comp = _Compaction(op, m) if m is not None else None
@@ -278,38 +283,34 @@ class _Body:
         return node
 
 
+# Keras activation -> its Loop-body form f(b, x, k), b the body builder, k outer-scope constants
+# of x's dtype (_constants)
+_LOOP_ACTIVATIONS = {
+    "linear": lambda b, x, k: x,
+    "tanh": lambda b, x, k: b.Tanh(x),
+    "sigmoid": lambda b, x, k: b.Sigmoid(x),
+    "relu": lambda b, x, k: b.Relu(x),
+    "softsign": lambda b, x, k: b.Softsign(x),
+    "softplus": lambda b, x, k: b.Softplus(x),
+    "exponential": lambda b, x, k: b.Exp(x),
+    "hard_sigmoid": lambda b, x, k: b.HardSigmoid(x, alpha=1.0 / 6.0, beta=0.5),
+    "hard_sigmoid_keras2": lambda b, x, k: b.HardSigmoid(x, alpha=0.2, beta=0.5),
+    "elu": lambda b, x, k: b.Elu(x, alpha=1.0),
+    "selu": lambda b, x, k: b.Selu(x, alpha=1.6732632423543772848170429916717, gamma=1.0507009873554804934193349852946),
+    "relu6": lambda b, x, k: b.Min(b.Relu(x), k["six"]),
+    "silu": lambda b, x, k: b.Mul(x, b.Sigmoid(x)),
+    # Keras's default gelu, exact: x/2 (1 + erf(x / sqrt 2))
+    "gelu": lambda b, x, k: b.Mul(b.Mul(x, k["half"]), b.Add(k["one"], b.Erf(b.Mul(x, k["inv_sqrt2"])))),
+    "mish": lambda b, x, k: b.Mul(x, b.Tanh(b.Softplus(x))),
+    "hard_silu": lambda b, x, k: b.Mul(x, b.HardSigmoid(x, alpha=1.0 / 6.0, beta=0.5)),
+    "log_sigmoid": lambda b, x, k: b.Neg(b.Softplus(b.Neg(x))),
+    "tanh_shrink": lambda b, x, k: b.Sub(x, b.Tanh(x)),
+}
+
+
 def _activate(b: _Body, name: str, x, k):
-    """Keras activation `name` of x in the body; k holds outer-scope constants of x's dtype."""
-    if name == "linear":
-        return x
-    if name in ("tanh", "sigmoid", "relu", "softsign", "softplus", "exponential"):
-        return getattr(b, {"exponential": "Exp"}.get(name, name.capitalize()))(x)
-    if name in ("hard_sigmoid", "hard_sigmoid_keras2"):
-        return b.HardSigmoid(x, alpha=_ACTIVATIONS[name][1], beta=0.5)
-    if name == "elu":
-        return b.Elu(x, alpha=1.0)
-    if name == "selu":
-        return b.Selu(x, alpha=1.6732632423543772848170429916717, gamma=1.0507009873554804934193349852946)
-    if name == "relu6":
-        return b.Min(b.Relu(x), k["six"])
-    if name == "silu":
-        return b.Mul(x, b.Sigmoid(x))
-    if name == "gelu":  # Keras's default, exact: x/2 (1 + erf(x / sqrt 2))
-        return b.Mul(b.Mul(x, k["half"]), b.Add(k["one"], b.Erf(b.Mul(x, k["inv_sqrt2"]))))
-    if name == "mish":
-        return b.Mul(x, b.Tanh(b.Softplus(x)))
-    if name == "hard_silu":
-        return b.Mul(x, b.HardSigmoid(x, alpha=1.0 / 6.0, beta=0.5))
-    if name == "log_sigmoid":
-        return b.Neg(b.Softplus(b.Neg(x)))
-    if name == "tanh_shrink":
-        return b.Sub(x, b.Tanh(x))
-    raise OnnxExportError(f"activation '{name}' has no ONNX translation")  # _LOOP_ACTIVATIONS lists the above
-
-
-_LOOP_ACTIVATIONS = frozenset(("linear", "tanh", "sigmoid", "relu", "softsign", "softplus", "exponential",
-                               "hard_sigmoid", "hard_sigmoid_keras2", "elu", "selu", "relu6", "silu", "gelu", "mish",
-                               "hard_silu", "log_sigmoid", "tanh_shrink"))
+    """Keras activation `name` of x in a Loop body (names checked against _LOOP_ACTIVATIONS at entry)."""
+    return _LOOP_ACTIVATIONS[name](b, x, k)
 
 
 def _constants(op, like) -> dict:
@@ -336,9 +337,8 @@ def _loop_layer(op, cell, names, xin, ws, m, init_h, init_c, u, reset_after, zer
         rec_bias = None
         if bias is not None:
             if cell == "gru" and reset_after:
-                in_b, rec_b = op.Split(bias, num_outputs=2, axis=0)
-                proj = op.Add(proj, op.Squeeze(in_b, op.Constant(value_ints=[0])))
-                rec_bias = op.Squeeze(rec_b, op.Constant(value_ints=[0]))
+                in_bias, rec_bias = _gru_biases(op, bias)
+                proj = op.Add(proj, in_bias)
             else:
                 proj = op.Add(proj, bias)
         real = op.Transpose(m_d, perm=[1, 0]) if m_d is not None else None  # [T, B]

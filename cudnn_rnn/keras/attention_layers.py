@@ -11,7 +11,7 @@ a query step of MultiHeadAttention whose every key is masked attends uniformly t
 return_attention_scores: keras.layers.Softmax with a mask), which zeroes the masked
 probabilities. Keras 3's MultiHeadAttention also removes the masks from the tensors it reads, as
 a side effect that depends on the order Keras runs the graph in: a layer reading the same
-tensor after it then sees no mask there. That is not reproduced (README). The per-call options
+tensor after it then sees no mask there (reproduced by model.py, KerasModel._masks_dropped). The per-call options
 (use_causal_mask, return_attention_scores) and where each tensor comes from (positional or
 keyword: query=, value=, key=, attention_mask=) are read from the layer's calls in the graph.
 """
@@ -161,7 +161,6 @@ class MultiHeadAttention(nn.Module):
                  binding: Dict[str, int], causal: bool, return_scores: bool, sliding_window: Optional[int],
                  zero_masked: bool):
         super().__init__()
-        self.names = list(weights)  # Keras's sub-layer order: query, key(, gate), value, output
         self.proj = nn.ParameterDict({name: nn.Parameter(w[0]) for name, w in weights.items()})
         self.bias = nn.ParameterDict({name: nn.Parameter(w[1]) for name, w in weights.items() if len(w) > 1})
         self.num_heads, self.key_dim, self.dropout = num_heads, key_dim, dropout
@@ -170,7 +169,7 @@ class MultiHeadAttention(nn.Module):
 
     def keras_groups(self):
         return [(_GROUPS_KERAS3[name], [self.proj[name]] + ([self.bias[name]] if name in self.bias else []))
-                for name in self.names]
+                for name in self.proj]  # Keras's sub-layer order: query, key(, gate), value, output
 
     def _project(self, name: str, x: Tensor) -> Tensor:  # [B, T, F] -> [B, T, H, D]
         y = torch.einsum("btf,fhd->bthd", x, self.proj[name])
@@ -255,7 +254,7 @@ def build_multi_head_attention(cfg, ctx):
                 "gate": [("q", heads, value_dim), (heads, value_dim)],
                 "value": [("v", heads, value_dim), (heads, value_dim)],
                 "output": [(heads, value_dim, d_out), (d_out,)]}
-    check_shapes(ctx, "MultiHeadAttention", [a for n in names for a in arrays[names.index(n)]],
+    check_shapes(ctx, "MultiHeadAttention", [a for w in arrays for a in w],
                  [s for n in names for s in expected[n][:per]])
     opts = _call_options(ctx)
     binding = _binding(ctx, ["query", "value", "key"])

@@ -10,7 +10,7 @@ from .. import conv_lstm
 from .activations import activation_name
 from .errors import ConversionError
 from .. import layers as rnn_layers
-from .recurrent import BIDIRECTIONAL_LAYERS, keras3_call_of, mask_run
+from .recurrent import BIDIRECTIONAL_LAYERS, graph_outputs, keras3_call_of, mask_run
 from .registry import builder, layer_config_of
 from .values import Values, check_shapes, int_tuple
 
@@ -26,14 +26,13 @@ class ConvRecurrent(nn.Module):
         self.layer, self.keras3_call = layer, keras3_call
 
     def keras_groups(self):
-        return [("cell", [p for p in (self.layer.kernel, self.layer.recurrent_kernel, self.layer.bias)
-                          if p is not None])]
+        return [("cell", self.layer.layer_weights())]
 
     def forward(self, inputs, masks):
         initial = list(inputs[1:]) or None
         out = self.layer(inputs[0], mask=mask_run(inputs, masks, self.keras3_call), initial_state=initial)
         outs = out if isinstance(out, list) else [out]
-        return outs, [masks[0] if self.layer.return_sequences else None] + [None] * (len(outs) - 1)
+        return graph_outputs(outs[:1], outs[1:], masks[0] if self.layer.return_sequences else None)
 
 
 def _weight_count(cfg: dict, ctx) -> int:
@@ -74,7 +73,7 @@ def _conv_lstm_layer(class_name: str, cfg: dict, ctx, w, **overrides) -> conv_ls
     except ValueError as e:
         raise ctx.error(str(e)) from None
     with torch.no_grad():
-        for param, array in zip((layer.kernel, layer.recurrent_kernel, layer.bias), w):
+        for param, array in zip(layer.layer_weights(), w):
             param.copy_(torch.as_tensor(array, dtype=ctx.dtype))
     return layer
 
@@ -96,11 +95,8 @@ class ConvBidirectional(nn.Module):
         self.merge_mode, self.keras3_call = merge_mode, keras3_call
 
     def keras_groups(self):
-        def weights(layer):
-            return [p for p in (layer.kernel, layer.recurrent_kernel, layer.bias) if p is not None]
-
-        return [("forward_layer/cell", weights(self.forward_layer)),
-                ("backward_layer/cell", weights(self.backward_layer))]
+        return [("forward_layer/cell", self.forward_layer.layer_weights()),
+                ("backward_layer/cell", self.backward_layer.layer_weights())]
 
     def forward(self, inputs, masks):
         initial = list(inputs[1:])
@@ -113,8 +109,7 @@ class ConvBidirectional(nn.Module):
         y_b = outs_b[0].flip(1) if sequences else outs_b[0]
         merged = rnn_layers.merge_directions(outs_f[0], y_b, self.merge_mode)
         merged = merged if isinstance(merged, list) else [merged]
-        outs = merged + outs_f[1:] + outs_b[1:]
-        return outs, [masks[0] if sequences else None] * len(merged) + [None] * (len(outs) - len(merged))
+        return graph_outputs(merged, outs_f[1:] + outs_b[1:], masks[0] if sequences else None)
 
 
 def build_conv_bidirectional(cfg, ctx, fcls: str, fcfg: dict, merge) -> ConvBidirectional:

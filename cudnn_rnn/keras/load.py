@@ -23,7 +23,7 @@ from .errors import ConversionError
 from .graph import ModelSpec, parse_model
 from .model import KerasModel, NestedModel
 from .recorded_ops import OP_CLASSES, build_op
-from .registry import BuildContext
+from .registry import BuildContext, keras_major
 from .weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
 
 # Layers that hold no weights: how Keras 2 matched a weights-only file's groups to layers by order.
@@ -197,8 +197,8 @@ def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, whe
         except Exception as e:  # noqa: BLE001 - a config value of the wrong type or range
             raise ConversionError(path, f"{layer.class_name} config cannot be converted ({type(e).__name__}: "
                                         f"{str(e)[:300]})", layer.name) from None
-    keras3 = BuildContext(path, version, None, None).keras_major >= 3
-    return KerasModel(spec, modules, path, [_input_spec(spec, ref, path) for ref in spec.inputs], keras3=keras3)
+    return KerasModel(spec, modules, path, [_input_spec(spec, ref, path) for ref in spec.inputs],
+                      keras3=keras_major(version) >= 3)
 
 
 def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:

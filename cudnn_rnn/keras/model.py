@@ -92,14 +92,14 @@ class KerasModel(nn.Module):
         after Layer.__call__ took them for its own call), so every call Keras runs after it
         (keras_run_order) reads those tensors unmasked; calls before it, and explicit mask=
         arguments, are unaffected. Per scheduled call, the input positions that lose their mask."""
-        classes = {layer.name: layer.class_name for layer in spec.layers}
-        deleting = [(name, call) for name, _, call, _, _ in schedule if classes.get(name) == "MultiHeadAttention"]
+        layers = {layer.name: layer for layer in spec.layers}
+        deleting = [(name, call) for name, _, call, _, _ in schedule if layers[name].class_name == "MultiHeadAttention"]
         if not deleting:
             return [()] * len(schedule)
         order = keras_run_order(spec)
         deleted_at: Dict[tuple, int] = {}  # output ref -> the earliest MultiHeadAttention call that deletes its mask
         for name, call in deleting:
-            c = next(layer for layer in spec.layers if layer.name == name).calls[call]
+            c = layers[name].calls[call]
             refs = list(c.inputs) + [r for k in ("query", "value", "key") for r in tensor_refs(c.kwargs.get(k))]
             at = order.get((name, call), -1)
             for r in refs:

@@ -26,7 +26,7 @@ class Recurrent(nn.Module):
     the initial states; outputs [output, *states] as Keras; the output mask is the input mask
     when return_sequences (Keras RNN.compute_mask)."""
 
-    def __init__(self, layer: nn.Module, keras3_call: bool = True):
+    def __init__(self, layer: nn.Module, keras3_call: bool):
         super().__init__()
         self.layer = layer
         self.keras3_call = keras3_call
@@ -41,9 +41,8 @@ class Recurrent(nn.Module):
         initial = list(inputs[1:]) or None
         out = self.layer(inputs[0], mask=mask_run(inputs, masks, self.keras3_call), initial_state=initial)
         outs = out if isinstance(out, list) else [out]
-        seq_mask = masks[0] if self.layer.return_sequences else None
         n_outputs = 2 if isinstance(self.layer, rnn_layers.Bidirectional) and self.layer.merge_mode is None else 1
-        return outs, [seq_mask] * n_outputs + [None] * (len(outs) - n_outputs)
+        return graph_outputs(outs[:n_outputs], outs[n_outputs:], masks[0] if self.layer.return_sequences else None)
 
 
 def keras3_call_of(ctx) -> bool:
@@ -51,6 +50,13 @@ def keras3_call_of(ctx) -> bool:
     pass no explicit mask (Keras 3 records the masks it fills in, and one the user passes, as the
     call's `mask`; an RNN called with initial_state gets none filled in)."""
     return ctx.keras_major >= 3 and not any(call.kwargs.get("mask") is not None for call in ctx.spec.calls)
+
+
+def graph_outputs(head: list, states: list, seq_mask):
+    """A recurrent layer's graph outputs [*head, *states] and their masks: the output (or both
+    unmerged directions) carry the sequence mask when it returns sequences (seq_mask None
+    otherwise), the states none."""
+    return head + states, [seq_mask] * len(head) + [None] * len(states)
 
 
 def mask_run(inputs, masks, keras3_call: bool):
@@ -73,7 +79,7 @@ class CellStack(nn.Module):
 
     def __init__(self, parts: List[rnn_layers._RNNBase], return_sequences: bool, return_state: bool,
                  go_backwards: bool, groups: List[str], backward: Optional["CellStack"] = None,
-                 merge_mode: Optional[str] = "concat", keras3_call: bool = True):
+                 merge_mode: Optional[str] = "concat", *, keras3_call: bool):
         super().__init__()
         self.keras3_call = keras3_call
         self.parts = nn.ModuleList(parts)
@@ -114,8 +120,8 @@ class CellStack(nn.Module):
         y, states = self.run(inputs[0], mask, initial[: self.state_count])
         if self.backward is None:
             output = y if self.return_sequences else y[:, -1]
-            outs = [output] + (states if self.return_state else [])
-            return outs, [masks[0] if self.return_sequences else None] + [None] * (len(outs) - 1)
+            return graph_outputs([output], states if self.return_state else [],
+                                 masks[0] if self.return_sequences else None)
         y_b, states_b = self.backward.run(inputs[0], mask, initial[self.state_count:])
         if self.return_sequences:
             y_b = y_b.flip(1)  # Keras's Bidirectional puts the backward outputs back in time order
@@ -123,10 +129,8 @@ class CellStack(nn.Module):
             y, y_b = y[:, -1], y_b[:, -1]
         merged = rnn_layers.merge_directions(y, y_b, self.merge_mode)
         merged = merged if isinstance(merged, list) else [merged]
-        outs = merged + (states + states_b if self.return_state else [])
-        seq_mask = masks[0] if self.return_sequences else None
-        n_outputs = len(merged)
-        return outs, [seq_mask] * n_outputs + [None] * (len(outs) - n_outputs)
+        return graph_outputs(merged, states + states_b if self.return_state else [],
+                             masks[0] if self.return_sequences else None)
 
 
 def recurrent_layer(module: nn.Module) -> Optional[nn.Module]:

@@ -40,6 +40,16 @@ def builder(*class_names):
     return register
 
 
+def keras_major(version: Optional[str]) -> int:
+    """The producer's major version; files without one come from Keras 2 or older."""
+    if not version:
+        return 2
+    try:
+        return int(str(version).split(".")[0])
+    except ValueError:
+        return 2
+
+
 @dataclass
 class BuildContext:
     path: str
@@ -50,13 +60,7 @@ class BuildContext:
 
     @property
     def keras_major(self) -> int:
-        """The producer's major version; files without one come from Keras 2 or older."""
-        if not self.keras_version:
-            return 2
-        try:
-            return int(str(self.keras_version).split(".")[0])
-        except ValueError:
-            return 2
+        return keras_major(self.keras_version)
 
     def error(self, message: str) -> ConversionError:
         return ConversionError(self.path, message, self.spec.name)
