@@ -69,6 +69,9 @@ BF16_LAYERS = {
     "lstm": lambda I, U: cudnn_rnn.LSTM(I, U, return_sequences=True),
     "gru": lambda I, U: cudnn_rnn.GRU(I, U, return_sequences=True),
     "simple_rnn": lambda I, U: cudnn_rnn.SimpleRNN(I, U, return_sequences=True),
+    # the inner layer reads (and its gradients are laid out) time-major
+    "lstm-2layer": lambda I, U: cudnn_rnn.LSTM(I, U, num_layers=2, return_sequences=True),
+    "gru-2layer": lambda I, U: cudnn_rnn.GRU(I, U, num_layers=2, return_sequences=True),
     # the backward direction reads x from the last step down
     "bidirectional-lstm": lambda I, U: cudnn_rnn.Bidirectional(cudnn_rnn.LSTM(I, U, return_sequences=True)),
 }

@@ -1,11 +1,13 @@
 #include "cpu/bf16_gemm.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cpu/vec_loops.h"
 
@@ -80,6 +82,24 @@ void bf16_release() {
 void to_bf16(const float* src, at::BFloat16* dst, int64_t n) {
   static_assert(sizeof(at::BFloat16) == sizeof(uint16_t), "at::BFloat16 is its bits");
   float_loops().to_bf16(src, reinterpret_cast<uint16_t*>(dst), n);
+}
+
+void transpose_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, at::BFloat16* dst) {
+  constexpr int64_t kTile = 64;  // 64 x 64 float32 read, its transpose kept: 32 KiB, in L1 / L2
+  at::parallel_for(0, (rows + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> tile(kTile * kTile);
+    for (int64_t r0 = t0 * kTile; r0 < std::min(rows, t1 * kTile); r0 += kTile) {
+      const int64_t rt = std::min(kTile, rows - r0);
+      for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+        const int64_t ct = std::min(kTile, cols - c0);
+        for (int64_t r = 0; r < rt; ++r) {
+          const float* s = src + (r0 + r) * ld + c0;
+          for (int64_t c = 0; c < ct; ++c) tile[c * kTile + r] = s[c];
+        }
+        for (int64_t c = 0; c < ct; ++c) to_bf16(tile.data() + c * kTile, dst + (c0 + c) * rows + r0, rt);
+      }
+    }
+  });
 }
 
 }  // namespace cpu

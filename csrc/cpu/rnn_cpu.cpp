@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -206,31 +207,37 @@ void bf16_product(int64_t M, const at::BFloat16* A, int64_t lda, const cpu::Bf16
 }
 
 // out2[r] = (accumulate ? out2[r] : bias, or 0) + in2[r] · op(W) (CpuPolicy::row_gemm) with
-// bfloat16 operands: tiles of 64 rows across threads, each converted to bfloat16, multiplied
-// into a float32 tile and written to its rows.
+// bfloat16 operands: tiles of 64 rows across threads, each converted to bfloat16 (or read from
+// in2_low, in2 in bfloat16 with rows of bf16_depth(K) values, where given and every row is
+// wanted), multiplied into a float32 tile and written to its rows.
 inline bool bf16_row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W, bool trans_w, const Tensor& bias,
-                          bool accumulate, const Tensor& out2) {
+                          bool accumulate, const Tensor& out2, const Tensor& in2_low) {
   if (!in2.is_contiguous() || !out2.is_contiguous() || (bias.defined() && !bias.is_contiguous())) return false;
   const int64_t K = in2.size(1), N = out2.size(1);
   const int64_t M = rows.defined() ? rows.numel() : in2.size(0);
   if (M == 0) return true;
   const cpu::Bf16Panels panels = cpu::pack_bf16(trans_w ? W.t() : W);
   const int64_t Kp = panels.Kp;
+  const bool low = in2_low.defined() && !rows.defined();
+  TORCH_INTERNAL_ASSERT(!low || (in2_low.is_contiguous() && in2_low.size(0) == M && in2_low.size(1) == Kp &&
+                                 in2_low.scalar_type() == at::kBFloat16),
+                        "bf16_row_gemm: in2_low is in2 in bfloat16, rows of bf16_depth(K)");
+  const at::BFloat16* a_low = low ? in2_low.data_ptr<at::BFloat16>() : nullptr;
   const int64_t* r = rows.defined() ? rows.data_ptr<int64_t>() : nullptr;
   const float* a = in2.data_ptr<float>();
   const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* c = out2.data_ptr<float>();
   constexpr int64_t tile = 64;
   at::parallel_for(0, (M + tile - 1) / tile, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<at::BFloat16> at_(tile * Kp);  // zeros: the pad column of an odd K stays zero
+    std::vector<at::BFloat16> at_(low ? 0 : tile * Kp);  // zeros: the pad column of an odd K stays zero
     std::vector<float> ct(r ? tile * N : 0);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t m0 = t * tile, m = std::min(tile, M - m0);
-      for (int64_t i = 0; i < m; ++i) cpu::to_bf16(a + (r ? r[m0 + i] : m0 + i) * K, at_.data() + i * Kp, K);
+      for (int64_t i = 0; i < m && !low; ++i) cpu::to_bf16(a + (r ? r[m0 + i] : m0 + i) * K, at_.data() + i * Kp, K);
       if (!r) {  // consecutive rows: straight into out2, over the bias or what it holds
         float* d = c + m0 * N;
         if (b && !accumulate) fill_rows(b, N, m, d);
-        cpu::bf16_gemm(m, at_.data(), Kp, panels, 0, N, d, N, accumulate || b);
+        cpu::bf16_gemm(m, low ? a_low + m0 * Kp : at_.data(), Kp, panels, 0, N, d, N, accumulate || b);
         continue;
       }
       cpu::bf16_gemm(m, at_.data(), Kp, panels, 0, N, ct.data(), N, false);
@@ -292,18 +299,20 @@ struct ActiveRows {
 // runs the product instead of BLAS.
 // With `mkl` (this block's R[j0 : j0 + w, :]^T packed by mkl_pack_blocks), BLAS reads it packed.
 // With `bf` (this block's R[j0 : j0 + w, :]^T packed for bfloat16), Db (D's active rows in
-// bfloat16, [n, bf16_depth(G*u)]) is multiplied on oneDNN's micro-kernel.
+// bfloat16, rows of bf16_depth(G*u) values a leading dimension ldb apart) is multiplied on
+// oneDNN's micro-kernel.
 template <typename T>
 void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t G, const T* D, int64_t ld,
                         const T* compact, const T* R, const T* RT, const T* mkl, const T* panels,
-                        const cpu::Bf16Panels* bf, const at::BFloat16* Db, int64_t j0, int64_t w, T* tmp, T* dh) {
+                        const cpu::Bf16Panels* bf, const at::BFloat16* Db, int64_t ldb, int64_t j0, int64_t w, T* tmp,
+                        T* dh) {
   if (panels) {
     const int64_t* rows = act.n < B ? act.rows.data() : nullptr;
     const int64_t from_j0 = j0 / cpu::kPanel * cpu::packed_size(G * u, cpu::kPanel);  // panel of unit j0
     packed_product<T>(act.n, w, G * u, D, {rows, ld}, panels + from_j0, nullptr, true, dh + j0, {rows, u});
   } else if (act.n == B) {
     if (bf) {
-      bf16_product<T>(B, Db, bf->Kp, *bf, w, dh + j0, u, true);
+      bf16_product<T>(B, Db, ldb, *bf, w, dh + j0, u, true);
     } else if (RT) {
       brgemm<T>(B, w, G * u, D, ld, RT + j0, u, true, dh + j0, u);
     } else if (mkl) {
@@ -313,7 +322,7 @@ void add_recurrent_grad(const ActiveRows<T>& act, int64_t B, int64_t u, int64_t 
     }
   } else if (act.n > 0) {
     if (bf) {
-      bf16_product<T>(act.n, Db, bf->Kp, *bf, w, tmp, w, false);
+      bf16_product<T>(act.n, Db, ldb, *bf, w, tmp, w, false);
     } else if (RT) {
       brgemm<T>(act.n, w, G * u, compact, G * u, RT + j0, u, false, tmp, w);
     } else if (mkl) {
@@ -634,7 +643,7 @@ struct TimeLoops {
   // the cell backward of those units. The last GEMM (into dh0) runs after the loop.
   template <typename T>
   static bool time_loop_backward(const RnnConfig& cfg, const driver::DirectionArgs& a, BackwardStep<T>& step,
-                                 const Tensor& dxw, Tensor& dh, const Tensor& drec) {
+                                 const Tensor& dxw, Tensor& dh, const Tensor& drec, Tensor& dxw_low) {
     if (!fused_loop_applies<T>(cfg, a)) return false;
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates(), Tn = cfg.time;
     const bool gru = cfg.cell == CellKind::GRU;
@@ -662,15 +671,27 @@ struct TimeLoops {
     if (packed) pack_panels<T>(R, G * u, true, G * u, u, panels.data_ptr<T>());
     const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
     Tensor RT = !bf16 && engine == cpu::GemmEngine::Brgemm ? a.w.recurrent.t().contiguous() : Tensor();  // [G*u, u]
-    // bfloat16: each block's R[j0 : j0 + w, :]^T packed for oneDNN, and the gate gradients' rows
-    // as the GEMMs read them.
+    // bfloat16: each block's R[j0 : j0 + w, :]^T packed for oneDNN. The gate gradients also in
+    // bfloat16 (dxw_low: dxw's layout, rows of gup values, the pad zero), each row's units
+    // converted by the task that computed them: the recurrent GEMMs of LSTM and SimpleRNN read
+    // them, and after the loop the input and weight gradients (no float32 pass over [T, B, G*u]
+    // converting them); GRU's recurrent GEMMs read its own recurrent-side gradients, converted
+    // the same way into two step buffers (drec_low). Db: a step's active rows gathered.
     std::vector<cpu::Bf16Panels> bf(blocks.n);
     for (int64_t k = 0; k < blocks.n && bf16; ++k) {
       bf[k] = cpu::pack_bf16(a.w.recurrent.narrow(0, blocks.start[k], blocks.width(k)).t());
     }
-    const int64_t gup = cpu::bf16_depth(G * u);  // Db's row length, the pad zero
-    Tensor Db = bf16 ? at::zeros({B, gup}, dxw.options().dtype(at::kBFloat16)) : Tensor();
-    at::BFloat16* Db_p = bf16 ? Db.data_ptr<at::BFloat16>() : nullptr;
+    const int64_t gup = cpu::bf16_depth(G * u);
+    const auto bf16_opts = dxw.options().dtype(at::kBFloat16);
+    if (bf16) {
+      dxw_low = workspace({dxw.size(0), dxw.size(1), gup}, bf16_opts);
+      if (gup > G * u) dxw_low.narrow(2, G * u, gup - G * u).zero_();
+    }
+    const Seq<at::BFloat16> low = bf16 ? driver::seq_of<at::BFloat16>(dxw_low, a.in_batch_major) : Seq<at::BFloat16>{};
+    Tensor drec_low = bf16 && gru ? at::zeros({2, B, gup}, bf16_opts) : Tensor();
+    at::BFloat16* drec_low_p = drec_low.defined() ? drec_low.data_ptr<at::BFloat16>() : nullptr;
+    Tensor Db = bf16 && step.mask ? at::empty({B, gup}, bf16_opts) : Tensor();
+    at::BFloat16* Db_p = Db.defined() ? Db.data_ptr<at::BFloat16>() : nullptr;
     const T* RT_p = RT.defined() ? RT.data_ptr<T>() : nullptr;
     // BLAS with MKL's packed API: each block's R[j0 : j0 + w, :]^T packed once.
     std::vector<Tensor> mkl(blocks.n);
@@ -689,29 +710,59 @@ struct TimeLoops {
       if (gru) return {drec.data_ptr<T>() + s * B * G * u, G * u};
       return {step.dxw.row(time_of(s), 0), step.dxw.row_stride};
     };
+    // The same in bfloat16.
+    auto low_grads_of = [&](int64_t s) -> std::pair<const at::BFloat16*, int64_t> {
+      if (gru) return {drec_low_p + (s % 2) * B * gup, gup};
+      return {low.row(time_of(s), 0), low.row_stride};
+    };
+    // Units [j0, j0 + w) of step s's gate gradients, every row, into their bfloat16 copies.
+    auto convert_block = [&](int64_t s, int64_t j0, int64_t w) {
+      const int64_t t = time_of(s);
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t q = 0; q < G; ++q) {
+          to_bf16<T>(step.dxw.row(t, b) + q * u + j0, low.row(t, b) + q * u + j0, w);
+          if (gru) to_bf16<T>(step.drec + b * G * u + q * u + j0, drec_low_p + ((s % 2) * B + b) * gup + q * u + j0, w);
+        }
+      }
+    };
     // Step s's gate gradients for its recurrent GEMM into dh (tasks over unit blocks); `act`
     // holds step s's rows.
+    struct Grads {
+      const T* D;
+      int64_t ld;
+      const at::BFloat16* low;  // bfloat16: the active rows, a leading dimension ldl apart
+      int64_t ldl;
+    };
     auto gather_grads = [&](const ActiveRows<T>& act, int64_t s) {
       const auto [D, ld] = grads_of(s);
       if (compact_p && act.n < B) act.gather(D, ld, G * u, compact_p);
-      for (int64_t i = 0; i < act.n && bf16; ++i) to_bf16<T>(D + act.rows[i] * ld, Db_p + i * gup, G * u);
-      return std::pair<const T*, int64_t>{D, ld};
+      Grads g{D, ld, nullptr, 0};
+      if (bf16) {
+        std::tie(g.low, g.ldl) = low_grads_of(s);
+        if (act.n < B) {
+          act.gather(g.low, g.ldl, gup, Db_p);
+          g.low = Db_p;
+          g.ldl = gup;
+        }
+      }
+      return g;
     };
     ActiveRows<T> act(B), act_later(B);  // rows of step s and of step s + 1
     for (int64_t s = Tn - 1; s >= 0; --s) {
       driver::set_backward_step(step, cfg, a, s, dh.data_ptr<T>(), dh_next.data_ptr<T>());
       step.drec = gru ? drec.data_ptr<T>() + s * B * G * u : nullptr;
       act.collect(step.mask, B, Tn, step.t);
-      std::pair<const T*, int64_t> later{nullptr, 0};
+      Grads later{nullptr, 0, nullptr, 0};
       if (s + 1 < Tn) later = gather_grads(act_later, s + 1);
       at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t j0 = blocks.start[k], w = blocks.width(k);
-          if (later.first) {
-            add_recurrent_grad<T>(act_later, B, u, G, later.first, later.second, compact_p, R, RT_p, mkl_p[k],
-                                  panels_p, bf16 ? &bf[k] : nullptr, Db_p, j0, w, tmp_p[k], step.dh);
+          if (later.D) {
+            add_recurrent_grad<T>(act_later, B, u, G, later.D, later.ld, compact_p, R, RT_p, mkl_p[k], panels_p,
+                                  bf16 ? &bf[k] : nullptr, later.low, later.ldl, j0, w, tmp_p[k], step.dh);
           }
           backward_block<T>(step, j0, w, scratch_p[k]);
+          if (bf16) convert_block(s, j0, w);
         }
         if (bf16) cpu::bf16_release();
       });
@@ -722,9 +773,9 @@ struct TimeLoops {
     T* dh0 = dh.data_ptr<T>();
     at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
-        add_recurrent_grad<T>(act_later, B, u, G, first.first, first.second, compact_p, R, RT_p, mkl_p[k],
-                              panels_p, bf16 ? &bf[k] : nullptr, Db_p, blocks.start[k], blocks.width(k), tmp_p[k],
-                              dh0);
+        add_recurrent_grad<T>(act_later, B, u, G, first.D, first.ld, compact_p, R, RT_p, mkl_p[k], panels_p,
+                              bf16 ? &bf[k] : nullptr, first.low, first.ldl, blocks.start[k], blocks.width(k),
+                              tmp_p[k], dh0);
       }
       if (bf16) cpu::bf16_release();
     });
@@ -766,13 +817,23 @@ struct CpuPolicy : TimeLoops {
     return cudnn_rnn::workspace(sizes, opts);
   }
 
+  // bfloat16 from float32 through the tiled transpose (cpu/bf16_gemm.h); the rest through ATen.
+  static Tensor transposed_to(const Tensor& A, at::ScalarType dtype) {
+    if (dtype != at::kBFloat16 || A.scalar_type() != at::kFloat || A.dim() != 2 || A.stride(1) != 1) {
+      return driver::PolicyDefaults::transposed_to(A, dtype);
+    }
+    Tensor out = at::empty({A.size(1), A.size(0)}, A.options().dtype(at::kBFloat16));
+    cpu::transpose_to_bf16(A.data_ptr<float>(), A.size(0), A.size(1), A.stride(0), out.data_ptr<at::BFloat16>());
+    return out;
+  }
+
   // The packed kernel for the input projection and the input gradient (float32, AVX2): W packed
   // once (its panels split across threads), then the rows in blocks of 6-row tiles across
   // threads, listed rows read and written in place (no gather, no scatter).
   template <typename T>
   static bool row_gemm(const RnnConfig& cfg, const Tensor& in2, const Tensor& rows, const Tensor& W, bool trans_w,
-                       const Tensor& bias, bool accumulate, const Tensor& out2) {
-    if (bf16_gemms<T>(cfg)) return bf16_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2);
+                       const Tensor& bias, bool accumulate, const Tensor& out2, const Tensor& in2_low = Tensor()) {
+    if (bf16_gemms<T>(cfg)) return bf16_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2, in2_low);
     const int64_t K = in2.size(1), N = out2.size(1);
     if (gemm_engine<T>(K, N) != cpu::GemmEngine::Packed || !in2.is_contiguous() || !out2.is_contiguous() || !W.is_contiguous() ||
         (bias.defined() && !bias.is_contiguous())) {
