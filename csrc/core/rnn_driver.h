@@ -364,6 +364,17 @@ Tensor stacked_weight_grad(const std::vector<std::pair<Tensor, Tensor>>& parts, 
   return product(A, D);
 }
 
+// What a backend's time_loop_backward may compute beside dxw and dh, while it has them in cache.
+struct BackwardExtras {
+  bool bias_sums = false;  // in: whether the driver wants the bias gradients from the loop
+  // out: the bias gradients (float32 or the call's T: the sums over rows of dxw, and for GRU
+  // reset_after [2, G*u] with drec's), or undefined
+  Tensor dbias;
+  // out: the gate gradients in cfg.gemm_dtype, [x3.size(0), x3.size(1), Kp] (Kp >= G*u, the
+  // columns past G*u zero) in dxw's layout, or undefined
+  Tensor dxw_low;
+};
+
 // What a Policy may leave out: policies derive from this and override what they have.
 struct PolicyDefaults {
   // Large per-call buffers (the CPU backend keeps a pool of them; at::empty reuses through the
@@ -374,7 +385,7 @@ struct PolicyDefaults {
   // `rows` (int64; every row when undefined), op(W) = W [K, N] or, with trans_w, the transpose
   // of W [N, K]: the hoisted input projection and the input-gradient GEMM. false leaves it to
   // the driver's ATen GEMMs. in2_low: in2 already in cfg.gemm_dtype, as time_loop_backward
-  // leaves dxw_low, or undefined.
+  // leaves BackwardExtras::dxw_low, or undefined.
   template <typename T>
   static bool row_gemm(const RnnConfig&, const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&, bool,
                        const Tensor&, const Tensor& = Tensor()) {
@@ -402,11 +413,9 @@ struct PolicyDefaults {
   static bool time_loop_forward(const RnnConfig&, const DirectionArgs&, ForwardStep<T>&) {
     return false;
   }
-  // dxw_low (out): the loop may also leave the gate gradients in cfg.gemm_dtype there, as
-  // [x3.size(0), x3.size(1), Kp] (Kp >= G*u, the columns past G*u zero) in dxw's layout.
   template <typename T>
   static bool time_loop_backward(const RnnConfig&, const DirectionArgs&, BackwardStep<T>&, const Tensor&, Tensor&,
-                                 const Tensor&, Tensor&) {
+                                 const Tensor&, BackwardExtras&) {
     return false;
   }
 };
@@ -486,8 +495,12 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   step.dc = cfg.has_cell_state() ? dc.data_ptr<T>() : nullptr;
   step.mask = a.mask.defined() ? a.mask.data_ptr<bool>() : nullptr;
   step.first = first.data_ptr<int64_t>();
-  Tensor dxw_low;  // the loop's low-precision copy of dxw, if it leaves one
-  if (!Policy::template time_loop_backward<T>(cfg, a, step, dxw, dh, drec, dxw_low)) {
+  // The weight gradients below take the real rows only where the time loop allows (compact);
+  // otherwise the loop may sum the bias gradients as it goes.
+  const bool compact = !a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask);
+  BackwardExtras extras;
+  extras.bias_sums = cfg.use_bias && !compact;
+  if (!Policy::template time_loop_backward<T>(cfg, a, step, dxw, dh, drec, extras)) {
     Tensor dh_next = at::empty({B, u}, opts);
     Tensor tmp = at::empty({B, u}, opts);
     Tensor step_drec = at::empty({B, G * u}, opts);  // this step's recurrent-side gradients
@@ -522,7 +535,8 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   // separate GEMMs below measured faster: no copy of x.)
   const WeightProducts product{Policy::template low_precision_weight_grads<T>(cfg), cfg.gemm_dtype,
                                &Policy::transposed_to};
-  if (!a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask)) {
+  if (extras.dbias.defined()) g.dbias = extras.dbias;
+  if (compact) {
     const RealRows real = real_rows(cfg, a.mask, a.in_batch_major, reversed);
     const Tensor d = select_rows<Policy>(dxw2, real.in_layout);
     // dx3's real rows += d · K^T: in place, or gathered, one GEMM, scattered back
@@ -550,6 +564,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
     }
   } else {
     // The low-precision gate gradients, read by two products: the time loop's, or converted here.
+    const Tensor& dxw_low = extras.dxw_low;
     const Tensor dxw2_padded = product.low && dxw_low.defined() ? dxw_low.view({rows, dxw_low.size(2)}) : Tensor();
     const Tensor dxw2_low = !product.low            ? Tensor()
                             : dxw2_padded.defined() ? dxw2_padded.narrow(1, 0, G * u)

@@ -40,7 +40,11 @@ Bf16Panels pack_bf16(const at::Tensor& b) {
   out.N = b.size(1);
   const int64_t panels = (out.N + kBf16Panel - 1) / kBf16Panel;
   at::Tensor padded = at::zeros({out.Kp, panels * kBf16Panel}, b.options().dtype(at::kBFloat16));
-  padded.narrow(0, 0, out.K).narrow(1, 0, out.N).copy_(b);
+  if (b.scalar_type() == at::kFloat && b.stride(0) == 1 && out.N > 1) {  // the transpose of a row-major matrix
+    transpose_to_bf16(b.data_ptr<float>(), out.N, out.K, b.stride(1), padded.data_ptr<at::BFloat16>(), padded.size(1));
+  } else {
+    padded.narrow(0, 0, out.K).narrow(1, 0, out.N).copy_(b);
+  }
   out.data = at::empty({panels * out.Kp * kBf16Panel + kBf16Panel}, padded.options());
 #if defined(CPUBLAS_BRGEMM_BF16BF16F32)
   const at::BFloat16* src = padded.data_ptr<at::BFloat16>();
@@ -84,7 +88,7 @@ void to_bf16(const float* src, at::BFloat16* dst, int64_t n) {
   float_loops().to_bf16(src, reinterpret_cast<uint16_t*>(dst), n);
 }
 
-void transpose_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, at::BFloat16* dst) {
+void transpose_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, at::BFloat16* dst, int64_t ldd) {
   constexpr int64_t kTile = 64;  // 64 x 64 float32 read, its transpose kept: 32 KiB, in L1 / L2
   at::parallel_for(0, (rows + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> tile(kTile * kTile);
@@ -96,7 +100,7 @@ void transpose_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld,
           const float* s = src + (r0 + r) * ld + c0;
           for (int64_t c = 0; c < ct; ++c) tile[c * kTile + r] = s[c];
         }
-        for (int64_t c = 0; c < ct; ++c) to_bf16(tile.data() + c * kTile, dst + (c0 + c) * rows + r0, rt);
+        for (int64_t c = 0; c < ct; ++c) to_bf16(tile.data() + c * kTile, dst + (c0 + c) * ldd + r0, rt);
       }
     }
   });

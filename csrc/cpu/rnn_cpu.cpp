@@ -643,7 +643,7 @@ struct TimeLoops {
   // the cell backward of those units. The last GEMM (into dh0) runs after the loop.
   template <typename T>
   static bool time_loop_backward(const RnnConfig& cfg, const driver::DirectionArgs& a, BackwardStep<T>& step,
-                                 const Tensor& dxw, Tensor& dh, const Tensor& drec, Tensor& dxw_low) {
+                                 const Tensor& dxw, Tensor& dh, const Tensor& drec, driver::BackwardExtras& extras) {
     if (!fused_loop_applies<T>(cfg, a)) return false;
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates(), Tn = cfg.time;
     const bool gru = cfg.cell == CellKind::GRU;
@@ -683,6 +683,7 @@ struct TimeLoops {
     }
     const int64_t gup = cpu::bf16_depth(G * u);
     const auto bf16_opts = dxw.options().dtype(at::kBFloat16);
+    Tensor& dxw_low = extras.dxw_low;
     if (bf16) {
       dxw_low = workspace({dxw.size(0), dxw.size(1), gup}, bf16_opts);
       if (gup > G * u) dxw_low.narrow(2, G * u, gup - G * u).zero_();
@@ -715,13 +716,27 @@ struct TimeLoops {
       if (gru) return {drec_low_p + (s % 2) * B * gup, gup};
       return {low.row(time_of(s), 0), low.row_stride};
     };
-    // Units [j0, j0 + w) of step s's gate gradients, every row, into their bfloat16 copies.
-    auto convert_block = [&](int64_t s, int64_t j0, int64_t w) {
+    // The bias gradients (extras.bias_sums): the sums over rows of dxw (and of drec, GRU),
+    // accumulated in float64 by the tasks as they finish a step's units.
+    Tensor sums = extras.bias_sums ? at::zeros({gru ? 2 : 1, G * u}, dxw.options().dtype(at::kDouble)) : Tensor();
+    double* sums_p = sums.defined() ? sums.data_ptr<double>() : nullptr;
+    // Units [j0, j0 + w) of step s's gate gradients, every row: into their bfloat16 copies, and
+    // added to the bias sums.
+    auto finish_block = [&](int64_t s, int64_t j0, int64_t w) {
       const int64_t t = time_of(s);
       for (int64_t b = 0; b < B; ++b) {
         for (int64_t q = 0; q < G; ++q) {
-          to_bf16<T>(step.dxw.row(t, b) + q * u + j0, low.row(t, b) + q * u + j0, w);
-          if (gru) to_bf16<T>(step.drec + b * G * u + q * u + j0, drec_low_p + ((s % 2) * B + b) * gup + q * u + j0, w);
+          const int64_t col = q * u + j0;
+          const T* dx = step.dxw.row(t, b) + col;
+          const T* dr = gru ? step.drec + b * G * u + col : nullptr;
+          if (bf16) {
+            to_bf16<T>(dx, low.row(t, b) + col, w);
+            if (gru) to_bf16<T>(dr, drec_low_p + ((s % 2) * B + b) * gup + col, w);
+          }
+          if (sums_p) {
+            for (int64_t j = 0; j < w; ++j) sums_p[col + j] += dx[j];
+            for (int64_t j = 0; j < w && gru; ++j) sums_p[G * u + col + j] += dr[j];
+          }
         }
       }
     };
@@ -762,7 +777,7 @@ struct TimeLoops {
                                   bf16 ? &bf[k] : nullptr, later.low, later.ldl, j0, w, tmp_p[k], step.dh);
           }
           backward_block<T>(step, j0, w, scratch_p[k]);
-          if (bf16) convert_block(s, j0, w);
+          if (bf16 || sums_p) finish_block(s, j0, w);
         }
         if (bf16) cpu::bf16_release();
       });
@@ -779,6 +794,7 @@ struct TimeLoops {
       }
       if (bf16) cpu::bf16_release();
     });
+    if (sums_p) extras.dbias = (gru ? sums : sums[0]).to(dxw.scalar_type());
     return true;
   }
 
@@ -823,7 +839,7 @@ struct CpuPolicy : TimeLoops {
       return driver::PolicyDefaults::transposed_to(A, dtype);
     }
     Tensor out = at::empty({A.size(1), A.size(0)}, A.options().dtype(at::kBFloat16));
-    cpu::transpose_to_bf16(A.data_ptr<float>(), A.size(0), A.size(1), A.stride(0), out.data_ptr<at::BFloat16>());
+    cpu::transpose_to_bf16(A.data_ptr<float>(), A.size(0), A.size(1), A.stride(0), out.data_ptr<at::BFloat16>(), A.size(0));
     return out;
   }
 
