@@ -15,6 +15,7 @@
 //   row_gemm<T>(...)                              a backend's own row GEMM (PolicyDefaults: none)
 //   low_precision_weight_grads<T>(cfg)            weight-gradient GEMMs in cfg.gemm_dtype (PolicyDefaults: no)
 //   projects_input_in_loop<T>(cfg, a)             the time loop projects each step's input (PolicyDefaults: no)
+//   takes_input_bias<T>(cfg, a)                   the time loop adds the input bias (PolicyDefaults: no)
 //   transposed_to(A, dtype)                       A^T row-major in dtype, for those GEMMs (PolicyDefaults: ATen)
 //
 // Layouts: x and y are batch-major [B, T, F]; the outputs of inner layers live in the reserve
@@ -400,6 +401,12 @@ struct PolicyDefaults {
   static bool projects_input_in_loop(const RnnConfig&, const DirectionArgs&) {
     return false;
   }
+  // Whether time_loop_forward will add the input bias itself (and take the loop): the hoisted
+  // projection then leaves it out.
+  template <typename T>
+  static bool takes_input_bias(const RnnConfig&, const DirectionArgs&) {
+    return false;
+  }
   // Whether the weight-gradient GEMMs of a low-precision call (RnnConfig::gemm_dtype) run in it.
   template <typename T>
   static bool low_precision_weight_grads(const RnnConfig&) {
@@ -426,10 +433,13 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
   const bool gru_before = cfg.cell == CellKind::GRU && !cfg.reset_after;
 
   const bool compact = !a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask);
-  // A time loop that projects each step's input itself gets no hoisted projection (step.xw empty).
+  // A time loop that projects each step's input itself gets no hoisted projection (step.xw empty);
+  // one that adds the input bias itself gets a projection without it.
   const bool in_loop = Policy::template projects_input_in_loop<T>(cfg, a);
+  DirWeights projected = a.w;
+  if (Policy::template takes_input_bias<T>(cfg, a)) projected.bias_in = Tensor();
   Tensor xw = in_loop ? Tensor()
-                      : input_projection<Policy, T>(cfg, a.x3, a.in_batch_major, a.w, a.dmask,
+                      : input_projection<Policy, T>(cfg, a.x3, a.in_batch_major, projected, a.dmask,
                                                     compact ? real_rows_in_layout(cfg, a.mask, a.in_batch_major) : Tensor());
   const auto opts = a.x3.options();
   Tensor seen = a.mask.defined() ? at::zeros({B}, opts.dtype(at::kByte)) : at::ones({B}, opts.dtype(at::kByte));
