@@ -46,8 +46,7 @@ void bf16_gemm(int64_t M, const at::BFloat16* A, int64_t lda, const Bf16Panels& 
 void bf16_release();
 
 // dst[c * ldd + r] = src[r * ld + c] rounded to bfloat16 for r < rows, c < cols: A^T of a
-// row-major float32 A as a row-major bfloat16 matrix, in tiles across threads (ATen's copy of a
-// transposed view into a contiguous bfloat16 tensor ran 20x slower at the weight gradients' size).
+// row-major float32 A as a row-major bfloat16 matrix, in tiles across threads.
 void transpose_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, at::BFloat16* dst, int64_t ldd);
 
 // dst[i] = src[i] rounded to the nearest bfloat16 (ties to even), on the calling thread.

@@ -196,6 +196,16 @@ void to_bf16(const T* src, at::BFloat16* dst, int64_t n) {
   }
 }
 
+// acc[i] += x[i] (float64 accumulators), vectorised for float32.
+template <typename T>
+void add_to_f64(const T* x, double* acc, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    cpu::float_loops().add_to_f64(x, acc, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
+  }
+}
+
 template <typename T>
 void bf16_product(int64_t M, const at::BFloat16* A, int64_t lda, const cpu::Bf16Panels& B, int64_t nw, T* C,
                   int64_t ldc, bool add_C) {
@@ -749,8 +759,8 @@ struct TimeLoops {
             if (gru) to_bf16<T>(dr, drec_low_p + ((s % 2) * B + b) * gup + col, w);
           }
           if (sums_p) {
-            for (int64_t j = 0; j < w; ++j) sums_p[col + j] += dx[j];
-            for (int64_t j = 0; j < w && gru; ++j) sums_p[G * u + col + j] += dr[j];
+            add_to_f64<T>(dx, sums_p + col, w);
+            if (gru) add_to_f64<T>(dr, sums_p + G * u + col, w);
           }
         }
       }
@@ -853,7 +863,7 @@ struct CpuPolicy : TimeLoops {
     if (dtype != at::kBFloat16 || A.scalar_type() != at::kFloat || A.dim() != 2 || A.stride(1) != 1) {
       return driver::PolicyDefaults::transposed_to(A, dtype);
     }
-    Tensor out = at::empty({A.size(1), A.size(0)}, A.options().dtype(at::kBFloat16));
+    Tensor out = workspace({A.size(1), A.size(0)}, A.options().dtype(at::kBFloat16));
     cpu::transpose_to_bf16(A.data_ptr<float>(), A.size(0), A.size(1), A.stride(0), out.data_ptr<at::BFloat16>(), A.size(0));
     return out;
   }

@@ -165,6 +165,10 @@ void to_bf16_loop(const float* x, uint16_t* y, int64_t n) {
   }
 }
 
+void add_to_f64_loop(const float* __restrict__ x, double* __restrict__ acc, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<double>(x[i]);
+}
+
 void lstm_forward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* xw, int64_t xs, const float* rec,
                       int64_t rs, const float* c_prev, float* saved, int64_t ss, float* h_new, float* c_new) {
   CUDNN_RNN_PICK(lstm_forward, act_tanh, ract_tanh, n, xw, xs, rec, rs, c_prev, saved, ss, h_new, c_new);
