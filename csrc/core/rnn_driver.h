@@ -476,6 +476,7 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
 
 struct DirectionGrads {
   Tensor dx3;  // accumulated gradient of the layer input (same layout as x3)
+  bool dx3_fresh = false;  // dx3 holds nothing yet (not even zeros): the first direction writes it
   Tensor dkernel, drecurrent, dbias;
   Tensor dh0, dc0;  // [B, u]
 };
@@ -546,6 +547,10 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   const WeightProducts product{Policy::template low_precision_weight_grads<T>(cfg), cfg.gemm_dtype,
                                &Policy::transposed_to};
   if (extras.dbias.defined()) g.dbias = extras.dbias;
+  // The input gradient is written by a GEMM without accumulating where it is the first and that
+  // GEMM covers every row (a zero fill and a read of [T, B, In] the less); else added to zeros.
+  const bool dx3_write = g.dx3_fresh && !compact && !a.dmask.defined();
+  if (g.dx3_fresh && !dx3_write) g.dx3.zero_();
   if (compact) {
     const RealRows real = real_rows(cfg, a.mask, a.in_batch_major, reversed);
     const Tensor d = select_rows<Policy>(dxw2, real.in_layout);
@@ -584,9 +589,14 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       g.dkernel = product(xd.reshape({rows, in}), dxw2, dxw2_low);
       if (a.dmask.defined()) {
         g.dx3.add_(at::mm(dxw2, a.w.kernel.t()).view(a.x3.sizes()) * over_time(a.dmask[0], a.in_batch_major));
-      } else if (!Policy::template row_gemm<T>(cfg, dxw2, Tensor(), a.w.kernel, true, Tensor(), true,
+      } else if (!Policy::template row_gemm<T>(cfg, dxw2, Tensor(), a.w.kernel, true, Tensor(), !dx3_write,
                                                  g.dx3.view({rows, in}), dxw2_padded)) {
-        g.dx3.view({rows, in}).addmm_(dxw2, a.w.kernel.t());
+        Tensor dx2 = g.dx3.view({rows, in});
+        if (dx3_write) {
+          at::mm_out(dx2, dxw2, a.w.kernel.t());
+        } else {
+          dx2.addmm_(dxw2, a.w.kernel.t());
+        }
       }
     } else {
       g.dkernel = at::empty({in, G * u}, opts);
@@ -700,12 +710,13 @@ BackwardResult backward(const RnnConfig& cfg, const BackwardCall& call) {
     for (int64_t l = L - 1; l >= 0; --l) {
       const bool last = l == L - 1;
       Tensor x3 = l == 0 ? xc : inner_layer_output(cfg, reserve, l - 1);
-      Tensor dx3 = Policy::workspace(x3.sizes(), x3.options()).zero_();
+      Tensor dx3 = Policy::workspace(x3.sizes(), x3.options());  // the first direction writes it
       for (int64_t d = 0; d < D; ++d) {
         const int64_t ld = l * D + d;
         DirectionArgs a = direction_args(cfg, call.in, mask, reserve, l, d, x3);
         DirectionGrads g;
         g.dx3 = dx3;
+        g.dx3_fresh = d == 0;
         direction_backward<Policy, scalar_t>(cfg, a, dout, last, call.grad_h_n[ld].contiguous(),
                                              cfg.has_cell_state() ? call.grad_c_n[ld].contiguous() : Tensor(), g);
         const int64_t base = ld * cfg.tensors_per_direction();
