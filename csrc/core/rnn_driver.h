@@ -368,6 +368,9 @@ Tensor stacked_weight_grad(const std::vector<std::pair<Tensor, Tensor>>& parts, 
 // What a backend's time_loop_backward may compute beside dxw and dh, while it has them in cache.
 struct BackwardExtras {
   bool bias_sums = false;  // in: whether the driver wants the bias gradients from the loop
+  // in: whether the driver reads dxw after the loop; without, a loop that leaves dxw_low may
+  // keep only the current step's float32 gate gradients (a [B, G*u] buffer that stays in cache)
+  bool keep_dxw = true;
   // out: the bias gradients (float32 or the call's T: the sums over rows of dxw, and for GRU
   // reset_after [2, G*u] with drec's), or undefined
   Tensor dbias;
@@ -511,6 +514,8 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   const bool compact = !a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask);
   BackwardExtras extras;
   extras.bias_sums = cfg.use_bias && !compact;
+  // The non-compacted weight and input gradients read dxw_low only, where it is left.
+  extras.keep_dxw = compact || a.dmask.defined() || !Policy::template low_precision_weight_grads<T>(cfg);
   if (!Policy::template time_loop_backward<T>(cfg, a, step, dxw, dh, drec, extras)) {
     Tensor dh_next = at::empty({B, u}, opts);
     Tensor tmp = at::empty({B, u}, opts);

@@ -717,6 +717,11 @@ struct TimeLoops {
     Tensor drec_low = bf16 && gru ? at::zeros({2, B, gup}, bf16_opts) : Tensor();
     at::BFloat16* drec_low_p = drec_low.defined() ? drec_low.data_ptr<at::BFloat16>() : nullptr;
     Tensor Db = bf16 && step.mask ? at::empty({B, gup}, bf16_opts) : Tensor();
+    // Where the driver reads only dxw_low after the loop, the float32 gate gradients live one
+    // step at a time in a [B, G*u] buffer (not written out as [T, B, G*u]: 52 MB at fastrnns
+    // size, and as much again read for ownership).
+    Tensor dxw_step = bf16 && !extras.keep_dxw ? at::empty({B, G * u}, dxw.options()) : Tensor();
+    if (dxw_step.defined()) step.dxw = Seq<T>{dxw_step.data_ptr<T>(), 0, G * u};
     at::BFloat16* Db_p = Db.defined() ? Db.data_ptr<at::BFloat16>() : nullptr;
     const T* RT_p = RT.defined() ? RT.data_ptr<T>() : nullptr;
     // BLAS with MKL's packed API: each block's R[j0 : j0 + w, :]^T packed once.
