@@ -46,6 +46,9 @@ struct ForwardCall {
   OptTensor h0, c0;
   RnnOptions options;
   bool need_grad;  // false: no backward will run (no saved activations, cuDNN INFERENCE mode)
+  // A float16 / bfloat16 call computed in float32 (driver::forward_any_precision): the caller's
+  // x, for a backend that reads it in that precision; in.x is then float32.
+  at::Tensor x_low = {};
 };
 
 struct BackwardCall {

@@ -220,6 +220,8 @@ struct DirectionArgs {
   Tensor dmask;  // [1|G, B, In] or undefined
   Tensor rmask;  // [1|G, B, u] or undefined
   DirReserve rs;
+  // Layer 0 of a low-precision call: the caller's x (ForwardCall::x_low), contiguous; else undefined.
+  Tensor x3_low = {};
 };
 
 // Direction d of layer l of a call: x3 its input, mask the call's mask made contiguous (or
@@ -659,7 +661,15 @@ template <typename Policy>
 ForwardResult forward(const RnnConfig& cfg, const ForwardCall& call) {
   const Tensor& x = call.in.x;
   const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, D = cfg.num_directions, L = cfg.num_layers;
-  Tensor xc = x.contiguous();
+  // Layer 0's input in float32, made on first need: a low-precision call whose every direction
+  // projects its input in the loop reads the caller's x (DirectionArgs::x3_low) instead, and
+  // x3 only for its shape and options (a stride-0 expansion, no data).
+  Tensor xc = call.x_low.defined() ? Tensor() : x.contiguous();
+  Tensor x_low = call.x_low.defined() ? call.x_low.contiguous() : Tensor();
+  auto layer0_input = [&]() {
+    if (!xc.defined()) xc = x_low.to(x.scalar_type());
+    return xc;
+  };
   Tensor y = Policy::workspace({B, Tn, D * u}, x.options());
   Tensor h_n = at::empty({L * D, B, u}, x.options());
   Tensor c_n = cfg.has_cell_state() ? at::empty({L * D, B, u}, x.options()) : at::empty({0}, x.options());
@@ -675,8 +685,16 @@ ForwardResult forward(const RnnConfig& cfg, const ForwardCall& call) {
       Tensor out3 = last ? y : inner_layer_output(cfg, reserve, l);
       for (int64_t d = 0; d < D; ++d) {
         const int64_t ld = l * D + d;
-        DirectionArgs a =
-            direction_args(cfg, call.in, mask, reserve, l, d, l == 0 ? xc : inner_layer_output(cfg, reserve, l - 1));
+        DirectionArgs a = direction_args(cfg, call.in, mask, reserve, l, d,
+                                         l == 0 ? at::zeros({1, 1, 1}, x.options()).expand(x.sizes())
+                                                : inner_layer_output(cfg, reserve, l - 1));
+        if (l == 0) {
+          a.x3_low = x_low;
+          if (!x_low.defined() || !Policy::template projects_input_in_loop<scalar_t>(cfg, a)) {
+            a.x3 = layer0_input();
+            a.x3_low = Tensor();
+          }
+        }
         if (call.h0.has_value()) a.rs.h[0].copy_((*call.h0)[ld]); else a.rs.h[0].zero_();
         if (cfg.has_cell_state()) {
           if (call.c0.has_value()) a.rs.c[0].copy_((*call.c0)[ld]); else a.rs.c[0].zero_();
@@ -758,7 +776,13 @@ inline RnnInputs to_float(const RnnInputs& in) {
 template <typename Policy>
 ForwardResult forward_any_precision(const RnnConfig& cfg, const ForwardCall& call) {
   if (!low_precision(call.in.x)) return forward<Policy>(cfg, call);
-  const ForwardCall f{to_float(call.in), to_float(call.h0), to_float(call.c0), call.options, call.need_grad};
+  // x stays in the caller's precision (x_low); in.x is a float32 stand-in of its shape (stride 0,
+  // no data): forward() converts x where a direction reads it in float32.
+  RnnInputs in = call.in;
+  in.x = Tensor();
+  ForwardCall f{to_float(in), to_float(call.h0), to_float(call.c0), call.options, call.need_grad};
+  f.in.x = at::zeros({1, 1, 1}, call.in.x.options().dtype(at::kFloat)).expand(call.in.x.sizes());
+  f.x_low = call.in.x;
   RnnConfig c = cfg;
   c.gemm_dtype = call.in.x.scalar_type();
   auto [y, h_n, c_n, reserve] = forward<Policy>(c, f);

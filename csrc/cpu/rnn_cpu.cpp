@@ -551,8 +551,13 @@ struct TimeLoops {
     // the pad zero), each block's kernel columns [In, G*w] packed and its bias, its output [B, G*w].
     const bool in_loop = projects_input_in_loop<T>(cfg, a);
     const int64_t I = a.x3.size(2), ip = cpu::bf16_depth(I);
-    Tensor xb = in_loop ? at::zeros({a.x3.size(0), a.x3.size(1), ip}, hb.options()) : Tensor();
-    if (in_loop) xb.narrow(2, 0, I).copy_(a.x3);
+    // The caller's bfloat16 x as it is where it has the rows the GEMMs read (an even width).
+    const bool x_as_is = in_loop && a.x3_low.defined() && a.x3_low.scalar_type() == at::kBFloat16 && ip == I &&
+                         a.x3_low.is_contiguous();
+    Tensor xb = x_as_is  ? a.x3_low
+                : in_loop ? at::zeros({a.x3.size(0), a.x3.size(1), ip}, hb.options())
+                          : Tensor();
+    if (in_loop && !x_as_is) xb.narrow(2, 0, I).copy_(a.x3_low.defined() ? a.x3_low : a.x3);
     const Seq<const at::BFloat16> x_rows =
         in_loop ? Seq<const at::BFloat16>{xb.data_ptr<at::BFloat16>(), a.in_batch_major ? ip : B * ip,
                                                   a.in_batch_major ? cfg.time * ip : ip}
