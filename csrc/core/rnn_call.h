@@ -56,6 +56,7 @@ struct BackwardCall {
   RnnInputs in;
   at::Tensor reserve;  // what rnn_forward returned: the bytes of the backend that ran it
   RnnOptions options;
+  at::Tensor x_low = {};  // as ForwardCall::x_low
 };
 
 using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;               // y, h_n, c_n, reserve

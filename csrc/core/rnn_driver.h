@@ -432,12 +432,19 @@ struct PolicyDefaults {
   }
 };
 
+// Whether a direction runs its GEMMs over the real rows of a masked batch only (the time loop
+// never reads a masked step's input projection and writes zero gate gradients there).
+template <typename Policy, typename T>
+bool compacts(const RnnConfig& cfg, const DirectionArgs& a) {
+  return !a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask);
+}
+
 template <typename Policy, typename T>
 void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tensor& out3, bool out_batch_major) {
   const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, G = cfg.gates();
   const bool gru_before = cfg.cell == CellKind::GRU && !cfg.reset_after;
 
-  const bool compact = !a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask);
+  const bool compact = compacts<Policy, T>(cfg, a);
   // A time loop that projects each step's input itself gets no hoisted projection (step.xw empty);
   // one that adds the input bias itself gets a projection without it.
   const bool in_loop = Policy::template projects_input_in_loop<T>(cfg, a);
@@ -486,6 +493,13 @@ struct DirectionGrads {
   Tensor dh0, dc0;  // [B, u]
 };
 
+// Whether direction_backward reads the float32 values of the layer input x3: everywhere except
+// the kernel gradient's low-precision GEMM over every row, which reads x3_low where given.
+template <typename Policy, typename T>
+bool backward_reads_input(const RnnConfig& cfg, const DirectionArgs& a) {
+  return a.dmask.defined() || !Policy::template low_precision_weight_grads<T>(cfg) || compacts<Policy, T>(cfg, a);
+}
+
 template <typename Policy, typename T>
 void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tensor& dout3, bool out_batch_major,
                         const Tensor& dhn, const Tensor& dcn, DirectionGrads& g) {
@@ -513,7 +527,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   step.first = first.data_ptr<int64_t>();
   // The weight gradients below take the real rows only where the time loop allows (compact);
   // otherwise the loop may sum the bias gradients as it goes.
-  const bool compact = !a.dmask.defined() && Policy::template takes_time_loop<T>(cfg, a) && worth_compacting(a.mask);
+  const bool compact = compacts<Policy, T>(cfg, a);
   BackwardExtras extras;
   extras.bias_sums = cfg.use_bias && !compact;
   // The non-compacted weight and input gradients read dxw_low only, where it is left.
@@ -592,7 +606,9 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
                             : dxw2_padded.defined() ? dxw2_padded.narrow(1, 0, G * u)
                                                     : dxw2.to(product.dtype);
     if (!a.dmask.defined() || a.dmask.size(0) == 1) {
-      Tensor xd = a.dmask.defined() ? a.x3 * over_time(a.dmask[0], a.in_batch_major) : a.x3;
+      Tensor xd = a.dmask.defined() ? a.x3 * over_time(a.dmask[0], a.in_batch_major)
+                  : a.x3_low.defined() ? a.x3_low
+                                       : a.x3;
       g.dkernel = product(xd.reshape({rows, in}), dxw2, dxw2_low);
       if (a.dmask.defined()) {
         g.dx3.add_(at::mm(dxw2, a.w.kernel.t()).view(a.x3.sizes()) * over_time(a.dmask[0], a.in_batch_major));
@@ -720,7 +736,14 @@ BackwardResult backward(const RnnConfig& cfg, const BackwardCall& call) {
                     "reserve must be the uint8 tensor of ", reserve_bytes, " bytes rnn_forward returned for this "
                     "configuration; got ", call.reserve.scalar_type(), " of shape ", call.reserve.sizes());
 
-  Tensor xc = x.contiguous();
+  // Layer 0's input in float32 made on first need, as in forward(): a direction whose backward
+  // reads x only for the low-precision weight-gradient GEMM takes the caller's x (x3_low).
+  Tensor xc = call.x_low.defined() ? Tensor() : x.contiguous();
+  Tensor x_low = call.x_low.defined() ? call.x_low.contiguous() : Tensor();
+  auto layer0_input = [&]() {
+    if (!xc.defined()) xc = x_low.to(x.scalar_type());
+    return xc;
+  };
   Tensor reserve = call.reserve.contiguous().view(x.scalar_type());
   Tensor mask = call.in.mask.has_value() ? call.in.mask->contiguous() : Tensor();
   std::vector<Tensor> grad_weights(call.in.weights.size());
@@ -732,11 +755,18 @@ BackwardResult backward(const RnnConfig& cfg, const BackwardCall& call) {
     Tensor dout = call.grad_y.contiguous();  // gradient of the current layer's output
     for (int64_t l = L - 1; l >= 0; --l) {
       const bool last = l == L - 1;
-      Tensor x3 = l == 0 ? xc : inner_layer_output(cfg, reserve, l - 1);
+      Tensor x3 = l == 0 ? x : inner_layer_output(cfg, reserve, l - 1);
       Tensor dx3 = Policy::workspace(x3.sizes(), x3.options());  // the first direction writes it
       for (int64_t d = 0; d < D; ++d) {
         const int64_t ld = l * D + d;
         DirectionArgs a = direction_args(cfg, call.in, mask, reserve, l, d, x3);
+        if (l == 0) {
+          a.x3_low = x_low;
+          if (!x_low.defined() || backward_reads_input<Policy, scalar_t>(cfg, a)) {
+            a.x3 = layer0_input();
+            a.x3_low = Tensor();
+          }
+        }
         DirectionGrads g;
         g.dx3 = dx3;
         g.dx3_fresh = d == 0;
@@ -773,15 +803,20 @@ inline RnnInputs to_float(const RnnInputs& in) {
           to_float(in.recurrent_dropout_masks)};
 }
 
+// A float32 stand-in of x's shape without data (stride 0): in.x of a low-precision call computed
+// in float32, whose x travels as x_low and is converted where a direction reads it.
+inline RnnInputs float_inputs_but_x(const RnnInputs& call_in) {
+  RnnInputs in = call_in;
+  in.x = Tensor();
+  in = to_float(in);
+  in.x = at::zeros({1, 1, 1}, call_in.x.options().dtype(at::kFloat)).expand(call_in.x.sizes());
+  return in;
+}
+
 template <typename Policy>
 ForwardResult forward_any_precision(const RnnConfig& cfg, const ForwardCall& call) {
   if (!low_precision(call.in.x)) return forward<Policy>(cfg, call);
-  // x stays in the caller's precision (x_low); in.x is a float32 stand-in of its shape (stride 0,
-  // no data): forward() converts x where a direction reads it in float32.
-  RnnInputs in = call.in;
-  in.x = Tensor();
-  ForwardCall f{to_float(in), to_float(call.h0), to_float(call.c0), call.options, call.need_grad};
-  f.in.x = at::zeros({1, 1, 1}, call.in.x.options().dtype(at::kFloat)).expand(call.in.x.sizes());
+  ForwardCall f{float_inputs_but_x(call.in), to_float(call.h0), to_float(call.c0), call.options, call.need_grad};
   f.x_low = call.in.x;
   RnnConfig c = cfg;
   c.gemm_dtype = call.in.x.scalar_type();
@@ -793,8 +828,9 @@ ForwardResult forward_any_precision(const RnnConfig& cfg, const ForwardCall& cal
 template <typename Policy>
 BackwardResult backward_any_precision(const RnnConfig& cfg, const BackwardCall& call) {
   if (!low_precision(call.in.x)) return backward<Policy>(cfg, call);
-  const BackwardCall f{to_float(call.grad_y), to_float(call.grad_h_n), to_float(call.grad_c_n), to_float(call.in),
-                       call.reserve, call.options};
+  BackwardCall f{to_float(call.grad_y), to_float(call.grad_h_n), to_float(call.grad_c_n),
+                 float_inputs_but_x(call.in),   call.reserve,           call.options};
+  f.x_low = call.in.x;
   RnnConfig c = cfg;
   c.gemm_dtype = call.in.x.scalar_type();
   auto [dx, dw, dh0, dc0] = backward<Policy>(c, f);

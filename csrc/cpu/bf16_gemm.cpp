@@ -94,11 +94,11 @@ void to_bf16(const float* src, at::BFloat16* dst, int64_t n) {
 
 namespace {
 
-// dst[c * ldd + r] = t[r * kTile + c] for r < rt, c < ct: a tile of bfloat16 bits transposed, in
+// dst[c * ldd + r] = t[r * ldt + c] for r < rt, c < ct: a tile of bfloat16 bits transposed, in
 // 8 x 8 blocks of SSE2 unpacks (x86-64's baseline) where they fit, element by element elsewhere.
 constexpr int64_t kTile = 64;
 
-void transpose_tile(const uint16_t* t, int64_t rt, int64_t ct, uint16_t* dst, int64_t ldd) {
+void transpose_tile(const uint16_t* t, int64_t ldt, int64_t rt, int64_t ct, uint16_t* dst, int64_t ldd) {
   int64_t r8 = 0, c8 = 0;
 #if defined(__SSE2__)
   r8 = rt / 8 * 8;
@@ -106,7 +106,7 @@ void transpose_tile(const uint16_t* t, int64_t rt, int64_t ct, uint16_t* dst, in
   for (int64_t r = 0; r < r8; r += 8) {
     for (int64_t c = 0; c < c8; c += 8) {
       __m128i v[8];
-      for (int i = 0; i < 8; ++i) v[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + (r + i) * kTile + c));
+      for (int i = 0; i < 8; ++i) v[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + (r + i) * ldt + c));
       const __m128i a0 = _mm_unpacklo_epi16(v[0], v[1]), a1 = _mm_unpackhi_epi16(v[0], v[1]);
       const __m128i a2 = _mm_unpacklo_epi16(v[2], v[3]), a3 = _mm_unpackhi_epi16(v[2], v[3]);
       const __m128i a4 = _mm_unpacklo_epi16(v[4], v[5]), a5 = _mm_unpackhi_epi16(v[4], v[5]);
@@ -123,7 +123,7 @@ void transpose_tile(const uint16_t* t, int64_t rt, int64_t ct, uint16_t* dst, in
   }
 #endif
   for (int64_t r = 0; r < rt; ++r) {
-    for (int64_t c = (r < r8 ? c8 : 0); c < ct; ++c) dst[c * ldd + r] = t[r * kTile + c];
+    for (int64_t c = (r < r8 ? c8 : 0); c < ct; ++c) dst[c * ldd + r] = t[r * ldt + c];
   }
 }
 
@@ -141,7 +141,20 @@ void transpose_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld,
       for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
         const int64_t ct = std::min(kTile, cols - c0);
         for (int64_t r = 0; r < rt; ++r) float_loops().to_bf16(src + (r0 + r) * ld + c0, tile.data() + r * kTile, ct);
-        transpose_tile(tile.data(), rt, ct, d + c0 * ldd + r0, ldd);
+        transpose_tile(tile.data(), kTile, rt, ct, d + c0 * ldd + r0, ldd);
+      }
+    }
+  });
+}
+
+void transpose_bf16(const at::BFloat16* src, int64_t rows, int64_t cols, int64_t ld, at::BFloat16* dst, int64_t ldd) {
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+  at::parallel_for(0, (rows + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t r0 = t0 * kTile; r0 < std::min(rows, t1 * kTile); r0 += kTile) {
+      for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+        transpose_tile(s + r0 * ld + c0, ld, std::min(kTile, rows - r0), std::min(kTile, cols - c0), d + c0 * ldd + r0,
+                       ldd);
       }
     }
   });

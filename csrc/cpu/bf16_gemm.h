@@ -48,6 +48,8 @@ void bf16_release();
 // dst[c * ldd + r] = src[r * ld + c] rounded to bfloat16 for r < rows, c < cols: A^T of a
 // row-major float32 A as a row-major bfloat16 matrix, in tiles across threads.
 void transpose_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, at::BFloat16* dst, int64_t ldd);
+// The same from a bfloat16 A.
+void transpose_bf16(const at::BFloat16* src, int64_t rows, int64_t cols, int64_t ld, at::BFloat16* dst, int64_t ldd);
 
 // dst[i] = src[i] rounded to the nearest bfloat16 (ties to even), on the calling thread.
 void to_bf16(const float* src, at::BFloat16* dst, int64_t n);

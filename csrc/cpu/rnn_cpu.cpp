@@ -868,13 +868,21 @@ struct CpuPolicy : TimeLoops {
     return cudnn_rnn::workspace(sizes, opts);
   }
 
-  // bfloat16 from float32 through the tiled transpose (cpu/bf16_gemm.h); the rest through ATen.
+  // bfloat16 from float32 or bfloat16 through the tiled transposes (cpu/bf16_gemm.h); the rest
+  // through ATen.
   static Tensor transposed_to(const Tensor& A, at::ScalarType dtype) {
-    if (dtype != at::kBFloat16 || A.scalar_type() != at::kFloat || A.dim() != 2 || A.stride(1) != 1) {
+    const bool from_float = A.scalar_type() == at::kFloat, from_bf16 = A.scalar_type() == at::kBFloat16;
+    if (dtype != at::kBFloat16 || !(from_float || from_bf16) || A.dim() != 2 || A.stride(1) != 1) {
       return driver::PolicyDefaults::transposed_to(A, dtype);
     }
     Tensor out = workspace({A.size(1), A.size(0)}, A.options().dtype(at::kBFloat16));
-    cpu::transpose_to_bf16(A.data_ptr<float>(), A.size(0), A.size(1), A.stride(0), out.data_ptr<at::BFloat16>(), A.size(0));
+    if (from_float) {
+      cpu::transpose_to_bf16(A.data_ptr<float>(), A.size(0), A.size(1), A.stride(0), out.data_ptr<at::BFloat16>(),
+                             A.size(0));
+    } else {
+      cpu::transpose_bf16(A.data_ptr<at::BFloat16>(), A.size(0), A.size(1), A.stride(0), out.data_ptr<at::BFloat16>(),
+                          A.size(0));
+    }
     return out;
   }
 
