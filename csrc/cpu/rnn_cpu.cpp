@@ -563,19 +563,31 @@ struct TimeLoops {
                                                   a.in_batch_major ? cfg.time * ip : ip}
                 : Seq<const at::BFloat16>{};
     Tensor xb_rows = in_loop && step.mask ? at::zeros({B, ip}, hb.options()) : Tensor();
+    // LSTM and SimpleRNN, whose gates add the two products: the input's accumulates into the
+    // recurrent product's output, and the cell reads the biases (input and recurrent) as its
+    // "input projection", one [G*w] row for every batch row (no per-step bias fill, one
+    // [B, G*w] array the less through the cache). GRU's candidate gate keeps them apart.
+    const bool joint = in_loop && cfg.cell != CellKind::GRU;
     std::vector<cpu::Bf16Panels> wk(blocks.n);
     std::vector<Tensor> xbias(blocks.n), xwk(blocks.n);
     std::vector<T*> xwk_p(blocks.n, nullptr);
     std::vector<const T*> xbias_p(blocks.n, nullptr);
+    const Tensor joint_bias = !joint                    ? Tensor()
+                              : step_bias.defined() && a.w.bias_in.defined() ? a.w.bias_in + step_bias
+                              : step_bias.defined()                          ? step_bias
+                              : a.w.bias_in.defined()                        ? a.w.bias_in
+                                                                             : at::zeros({G * u}, a.x3.options());
     for (int64_t k = 0; k < blocks.n && in_loop; ++k) {
       const int64_t j0 = blocks.start[k], w = blocks.width(k);
       wk[k] = cpu::pack_bf16(block_columns(a.w.kernel, G, u, j0, w));
-      if (a.w.bias_in.defined()) {
-        xbias[k] = block_columns(a.w.bias_in, G, u, j0, w);
+      if (joint || a.w.bias_in.defined()) {
+        xbias[k] = block_columns(joint ? joint_bias : a.w.bias_in, G, u, j0, w);
         xbias_p[k] = xbias[k].data_ptr<T>();
       }
-      xwk[k] = at::empty({B, G * w}, a.x3.options());
-      xwk_p[k] = xwk[k].data_ptr<T>();
+      if (!joint) {
+        xwk[k] = at::empty({B, G * w}, a.x3.options());
+        xwk_p[k] = xwk[k].data_ptr<T>();
+      }
     }
     // Raw pointers, taken here: the worker threads make no ATen calls.
     const T* panels_p = packed ? panels.data_ptr<T>() : nullptr;
@@ -623,13 +635,16 @@ struct TimeLoops {
           if (s + 1 < cfg.time && !in_loop) {
             prefetch_projection<T>(step, cfg.reversed(a.dir) ? step.t - 1 : step.t + 1, j0, w);
           }
-          if (act.n > 0 && in_loop) {
+          if (act.n > 0 && in_loop && !joint) {
             T* xo = xwk_p[k];
             if (xbias_p[k]) fill_rows<T>(xbias_p[k], ldr, act.n, xo);
             bf16_product<T>(act.n, x_in, x_ld, wk[k], ldr, xo, ldr, xbias_p[k] != nullptr);
           }
           // r[i, g*w + j] = recurrent pre-activation of gate g, unit j0 + j, for the i-th active row
-          if (act.n > 0 && bf16) {
+          if (act.n > 0 && joint) {  // r = h · R + x · K, the biases in the cell's xw row
+            bf16_product<T>(act.n, hb_in, up, bf[k], ldr, r, ldr, false);
+            bf16_product<T>(act.n, x_in, x_ld, wk[k], ldr, r, ldr, true);
+          } else if (act.n > 0 && bf16) {
             if (bias_p[k]) fill_rows<T>(bias_p[k], ldr, act.n, r);
             bf16_product<T>(act.n, hb_in, up, bf[k], ldr, r, ldr, bias_p[k] != nullptr);
           } else if (act.n > 0 && packed) {
@@ -654,7 +669,11 @@ struct TimeLoops {
               gemm<T>(false, act.n, ldr, u, h_in, u, kernel_p[k], ldr, bias_p[k] ? T(1) : T(0), r, ldr);
             }
           }
-          forward_block<T>(step, j0, w, xwk_p[k], r, scratch_p[k]);
+          if (joint) {
+            forward_block<T>(step, j0, w, xbias_p[k], 0, r, scratch_p[k]);
+          } else {
+            forward_block<T>(step, j0, w, xwk_p[k], G * w, r, scratch_p[k]);
+          }
           if (bf16) {
             for (int64_t b = 0; b < B; ++b) to_bf16<T>(step.h_next + b * u + j0, hb_out + b * up + j0, w);
           }
@@ -836,10 +855,12 @@ struct TimeLoops {
  private:
   // Units [j0, j0 + w) of one forward step, every row, given the step's recurrent products of
   // those units (rec: [active rows, G*w], gate stride w; its row i belongs to the i-th real row).
-  // xw: those units' input projections in the same form (rows of the real rows, gate stride w)
-  // when the loop projected them, or null for the hoisted projection's.
+  // xw: those units' input projections in the same form (rows of the real rows, gate stride w,
+  // xw_stride apart: 0 for one row every row reads) when the loop projected them, or null for
+  // the hoisted projection's.
   template <typename T>
-  static void forward_block(const ForwardStep<T>& p, int64_t j0, int64_t w, const T* xw, const T* rec, T* scratch) {
+  static void forward_block(const ForwardStep<T>& p, int64_t j0, int64_t w, const T* xw, int64_t xw_stride,
+                            const T* rec, T* scratch) {
     const T* recr = rec;
     const T* xwr = xw;
     for (int64_t b = 0; b < p.batch; ++b) {
@@ -851,7 +872,7 @@ struct TimeLoops {
       }
       if (real) {
         recr += p.gates * w;
-        xwr += xw ? p.gates * w : 0;
+        xwr += xw ? xw_stride : 0;
       }
     }
   }
