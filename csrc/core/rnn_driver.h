@@ -614,6 +614,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
         g.dx3.add_(at::mm(dxw2, a.w.kernel.t()).view(a.x3.sizes()) * over_time(a.dmask[0], a.in_batch_major));
       } else if (!Policy::template row_gemm<T>(cfg, dxw2, Tensor(), a.w.kernel, true, Tensor(), !dx3_write,
                                                  g.dx3.view({rows, in}), dxw2_padded)) {
+        TORCH_INTERNAL_ASSERT(extras.keep_dxw, "direction_backward: dxw was kept one step at a time");
         Tensor dx2 = g.dx3.view({rows, in});
         if (dx3_write) {
           at::mm_out(dx2, dxw2, a.w.kernel.t());
@@ -677,9 +678,9 @@ template <typename Policy>
 ForwardResult forward(const RnnConfig& cfg, const ForwardCall& call) {
   const Tensor& x = call.in.x;
   const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, D = cfg.num_directions, L = cfg.num_layers;
-  // Layer 0's input in float32, made on first need: a low-precision call whose every direction
-  // projects its input in the loop reads the caller's x (DirectionArgs::x3_low) instead, and
-  // x3 only for its shape and options (a stride-0 expansion, no data).
+  // Layer 0's input in float32, made on first need: in a low-precision call, in.x is a stand-in
+  // of its shape (forward_any_precision), and a direction that projects its input in the loop
+  // reads the caller's x (DirectionArgs::x3_low) and the stand-in only for shape and options.
   Tensor xc = call.x_low.defined() ? Tensor() : x.contiguous();
   Tensor x_low = call.x_low.defined() ? call.x_low.contiguous() : Tensor();
   auto layer0_input = [&]() {
@@ -702,8 +703,7 @@ ForwardResult forward(const RnnConfig& cfg, const ForwardCall& call) {
       for (int64_t d = 0; d < D; ++d) {
         const int64_t ld = l * D + d;
         DirectionArgs a = direction_args(cfg, call.in, mask, reserve, l, d,
-                                         l == 0 ? at::zeros({1, 1, 1}, x.options()).expand(x.sizes())
-                                                : inner_layer_output(cfg, reserve, l - 1));
+                                         l > 0 ? inner_layer_output(cfg, reserve, l - 1) : x_low.defined() ? x : xc);
         if (l == 0) {
           a.x3_low = x_low;
           if (!x_low.defined() || !Policy::template projects_input_in_loop<scalar_t>(cfg, a)) {
