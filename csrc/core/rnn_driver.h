@@ -672,21 +672,33 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   g.dc0 = dc;
 }
 
+// Layer 0's input. In a low-precision call computed in float32 (forward_any_precision), in.x is a
+// data-less float32 stand-in of x's shape and the caller's x travels as x_low: a direction that
+// reads only x_low gets it as x3_low (and the stand-in as x3, for its shape and options); the
+// others get x in float32, converted on first need. Other calls: x made contiguous.
+struct Layer0Input {
+  Tensor x, x_low, x_float;
+  Layer0Input(const Tensor& x, const Tensor& low)
+      : x(x), x_low(low.defined() ? low.contiguous() : Tensor()), x_float(low.defined() ? Tensor() : x.contiguous()) {}
+  void give(DirectionArgs& a, bool reads_only_low) {
+    if (x_low.defined() && reads_only_low) {
+      a.x3 = x;
+      a.x3_low = x_low;
+      return;
+    }
+    if (!x_float.defined()) x_float = x_low.to(x.scalar_type());
+    a.x3 = x_float;
+    a.x3_low = Tensor();
+  }
+};
+
 // The whole stack, forward. The reserve is this driver's (saved activations, states, inner
 // layer outputs), as bytes.
 template <typename Policy>
 ForwardResult forward(const RnnConfig& cfg, const ForwardCall& call) {
   const Tensor& x = call.in.x;
   const int64_t B = cfg.batch, Tn = cfg.time, u = cfg.units, D = cfg.num_directions, L = cfg.num_layers;
-  // Layer 0's input in float32, made on first need: in a low-precision call, in.x is a stand-in
-  // of its shape (forward_any_precision), and a direction that projects its input in the loop
-  // reads the caller's x (DirectionArgs::x3_low) and the stand-in only for shape and options.
-  Tensor xc = call.x_low.defined() ? Tensor() : x.contiguous();
-  Tensor x_low = call.x_low.defined() ? call.x_low.contiguous() : Tensor();
-  auto layer0_input = [&]() {
-    if (!xc.defined()) xc = x_low.to(x.scalar_type());
-    return xc;
-  };
+  Layer0Input input0(x, call.x_low);
   Tensor y = Policy::workspace({B, Tn, D * u}, x.options());
   Tensor h_n = at::empty({L * D, B, u}, x.options());
   Tensor c_n = cfg.has_cell_state() ? at::empty({L * D, B, u}, x.options()) : at::empty({0}, x.options());
@@ -702,15 +714,8 @@ ForwardResult forward(const RnnConfig& cfg, const ForwardCall& call) {
       Tensor out3 = last ? y : inner_layer_output(cfg, reserve, l);
       for (int64_t d = 0; d < D; ++d) {
         const int64_t ld = l * D + d;
-        DirectionArgs a = direction_args(cfg, call.in, mask, reserve, l, d,
-                                         l > 0 ? inner_layer_output(cfg, reserve, l - 1) : x_low.defined() ? x : xc);
-        if (l == 0) {
-          a.x3_low = x_low;
-          if (!x_low.defined() || !Policy::template projects_input_in_loop<scalar_t>(cfg, a)) {
-            a.x3 = layer0_input();
-            a.x3_low = Tensor();
-          }
-        }
+        DirectionArgs a = direction_args(cfg, call.in, mask, reserve, l, d, l == 0 ? x : inner_layer_output(cfg, reserve, l - 1));
+        if (l == 0) input0.give(a, Policy::template projects_input_in_loop<scalar_t>(cfg, a));
         if (call.h0.has_value()) a.rs.h[0].copy_((*call.h0)[ld]); else a.rs.h[0].zero_();
         if (cfg.has_cell_state()) {
           if (call.c0.has_value()) a.rs.c[0].copy_((*call.c0)[ld]); else a.rs.c[0].zero_();
@@ -736,14 +741,7 @@ BackwardResult backward(const RnnConfig& cfg, const BackwardCall& call) {
                     "reserve must be the uint8 tensor of ", reserve_bytes, " bytes rnn_forward returned for this "
                     "configuration; got ", call.reserve.scalar_type(), " of shape ", call.reserve.sizes());
 
-  // Layer 0's input in float32 made on first need, as in forward(): a direction whose backward
-  // reads x only for the low-precision weight-gradient GEMM takes the caller's x (x3_low).
-  Tensor xc = call.x_low.defined() ? Tensor() : x.contiguous();
-  Tensor x_low = call.x_low.defined() ? call.x_low.contiguous() : Tensor();
-  auto layer0_input = [&]() {
-    if (!xc.defined()) xc = x_low.to(x.scalar_type());
-    return xc;
-  };
+  Layer0Input input0(x, call.x_low);
   Tensor reserve = call.reserve.contiguous().view(x.scalar_type());
   Tensor mask = call.in.mask.has_value() ? call.in.mask->contiguous() : Tensor();
   std::vector<Tensor> grad_weights(call.in.weights.size());
@@ -760,13 +758,8 @@ BackwardResult backward(const RnnConfig& cfg, const BackwardCall& call) {
       for (int64_t d = 0; d < D; ++d) {
         const int64_t ld = l * D + d;
         DirectionArgs a = direction_args(cfg, call.in, mask, reserve, l, d, x3);
-        if (l == 0) {
-          a.x3_low = x_low;
-          if (!x_low.defined() || backward_reads_input<Policy, scalar_t>(cfg, a)) {
-            a.x3 = layer0_input();
-            a.x3_low = Tensor();
-          }
-        }
+        // its backward reads x only for the low-precision weight-gradient GEMM: the caller's x
+        if (l == 0) input0.give(a, !backward_reads_input<Policy, scalar_t>(cfg, a));
         DirectionGrads g;
         g.dx3 = dx3;
         g.dx3_fresh = d == 0;

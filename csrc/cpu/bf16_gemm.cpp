@@ -98,7 +98,7 @@ namespace {
 // 8 x 8 blocks of SSE2 unpacks (x86-64's baseline) where they fit, element by element elsewhere.
 constexpr int64_t kTile = 64;
 
-void transpose_tile(const uint16_t* t, int64_t ldt, int64_t rt, int64_t ct, uint16_t* dst, int64_t ldd) {
+void transpose_tile(const at::BFloat16* t, int64_t ldt, int64_t rt, int64_t ct, at::BFloat16* dst, int64_t ldd) {
   int64_t r8 = 0, c8 = 0;
 #if defined(__SSE2__)
   r8 = rt / 8 * 8;
@@ -133,27 +133,24 @@ void transpose_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld,
   // Per tile of 64 x 64: each row rounded to bfloat16 (the vectorised loop), then the 16-bit tile
   // transposed (ATen's copy of a transposed view into a contiguous bfloat16 tensor ran 20x slower,
   // a float32 tile transposed element by element 4x).
-  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
   at::parallel_for(0, (rows + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<uint16_t> tile(kTile * kTile);
+    std::vector<at::BFloat16> tile(kTile * kTile);
     for (int64_t r0 = t0 * kTile; r0 < std::min(rows, t1 * kTile); r0 += kTile) {
       const int64_t rt = std::min(kTile, rows - r0);
       for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
         const int64_t ct = std::min(kTile, cols - c0);
-        for (int64_t r = 0; r < rt; ++r) float_loops().to_bf16(src + (r0 + r) * ld + c0, tile.data() + r * kTile, ct);
-        transpose_tile(tile.data(), kTile, rt, ct, d + c0 * ldd + r0, ldd);
+        for (int64_t r = 0; r < rt; ++r) to_bf16(src + (r0 + r) * ld + c0, tile.data() + r * kTile, ct);
+        transpose_tile(tile.data(), kTile, rt, ct, dst + c0 * ldd + r0, ldd);
       }
     }
   });
 }
 
 void transpose_bf16(const at::BFloat16* src, int64_t rows, int64_t cols, int64_t ld, at::BFloat16* dst, int64_t ldd) {
-  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
   at::parallel_for(0, (rows + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t r0 = t0 * kTile; r0 < std::min(rows, t1 * kTile); r0 += kTile) {
       for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-        transpose_tile(s + r0 * ld + c0, ld, std::min(kTile, rows - r0), std::min(kTile, cols - c0), d + c0 * ldd + r0,
+        transpose_tile(src + r0 * ld + c0, ld, std::min(kTile, rows - r0), std::min(kTile, cols - c0), dst + c0 * ldd + r0,
                        ldd);
       }
     }

@@ -572,11 +572,10 @@ struct TimeLoops {
     std::vector<Tensor> xbias(blocks.n), xwk(blocks.n);
     std::vector<T*> xwk_p(blocks.n, nullptr);
     std::vector<const T*> xbias_p(blocks.n, nullptr);
-    const Tensor joint_bias = !joint                    ? Tensor()
-                              : step_bias.defined() && a.w.bias_in.defined() ? a.w.bias_in + step_bias
-                              : step_bias.defined()                          ? step_bias
-                              : a.w.bias_in.defined()                        ? a.w.bias_in
-                                                                             : at::zeros({G * u}, a.x3.options());
+    Tensor joint_bias = joint ? at::zeros({G * u}, a.x3.options()) : Tensor();
+    for (const Tensor& b : {a.w.bias_in, step_bias}) {
+      if (joint && b.defined()) joint_bias.add_(b);
+    }
     for (int64_t k = 0; k < blocks.n && in_loop; ++k) {
       const int64_t j0 = blocks.start[k], w = blocks.width(k);
       wk[k] = cpu::pack_bf16(block_columns(a.w.kernel, G, u, j0, w));
