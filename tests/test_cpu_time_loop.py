@@ -154,6 +154,29 @@ def test_float32_loop_matches_float64(cell, kwargs, units, batch, bidirectional,
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("cell,kwargs", [
+    ("lstm", {}),
+    ("lstm", {"use_bias": False, "go_backwards": True}),
+    ("simple_rnn", {}),
+    ("gru", {}),
+])
+@pytest.mark.parametrize("engine", _engines(), indirect=True)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_float32_unmasked_loop_matches_float64(cell, kwargs, bidirectional, threads, engine):
+    """Without a mask every row is real: each engine's unmasked path (no rows gathered or
+    compacted, the biases under the recurrent product; none, with use_bias=False), split into
+    unit blocks on 4 threads. Held to the float64 run (itself held to torch.nn above)."""
+    layer = _layer(cell, bidirectional, **kwargs)
+    layer32 = copy.deepcopy(layer).float()
+    x = torch.randn(BATCH[cell], T, I, dtype=torch.float64)
+    threads(4)
+    assert len(_C._testing.cpu_unit_blocks(BATCH[cell], U, GATES[cell])) > 2
+    out64, grads64 = _run(layer, x)
+    out32, grads32 = _run(layer32, x.float())
+    for a, b in zip(out32 + list(grads32), out64 + list(grads64)):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
 _GEMM_PATH_RUN = """
 import sys, torch, cudnn_rnn
 torch.set_num_threads(2)
