@@ -92,8 +92,13 @@ def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout
     y = x.new_empty((batch, time, spec.directions * units))
     h_n = x.new_empty((stacks, batch, units))
     c_n = x.new_empty((stacks, batch, units)) if spec.cell == "lstm" else x.new_empty((0,))
-    # The reserve's size depends on the backend (CPU saved activations, cuDNN's reserve space).
-    reserve = x.new_empty((torch.library.get_ctx().new_dynamic_size(),), dtype=torch.uint8)
+    # The reserve's size depends on the backend (CPU saved activations, cuDNN's reserve space): an
+    # unbacked size where a shape environment can make one (torch.compile); a plain FakeTensorMode
+    # (shape propagation, load_keras's check of huge declared shapes) gets an empty placeholder,
+    # as nothing but the backward reads the reserve.
+    mode = torch._guards.detect_fake_mode()
+    size = torch.library.get_ctx().new_dynamic_size() if mode is None or mode.shape_env is not None else 0
+    reserve = x.new_empty((size,), dtype=torch.uint8)
     return y, h_n, c_n, reserve
 
 

@@ -499,3 +499,91 @@ def test_normalization_weights_that_would_broadcast(tmp_path):
                  lambda n, d: buf.getvalue() if n == "model.weights.h5" else d)
     with pytest.raises(ConversionError, match="does not run on inputs of its declared shape.*1 features"):
         load_keras(p)
+
+
+def _declare_time(src, dst, steps):
+    """Copies a .keras archive whose inputs are declared `steps` long."""
+    def edit(name, data):
+        if name != "config.json":
+            return data
+        cfg = json.loads(data)
+        for layer in cfg["config"]["layers"]:
+            if layer["class_name"] == "InputLayer":
+                c = layer["config"]
+                key = "batch_shape" if "batch_shape" in c else "batch_input_shape"
+                c[key] = [None, steps] + c[key][2:]
+        return json.dumps(cfg).encode()
+
+    _rewrite_zip(src, dst, edit)
+
+
+_HUGE_TRIAL = """
+import re, resource, sys
+import cudnn_rnn
+from cudnn_rnn.keras import load_keras
+vm = int(re.search(r"VmSize:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) << 10
+resource.setrlimit(resource.RLIMIT_AS, (vm + (4 << 30), resource.RLIM_INFINITY))  # a regression fails, not the machine
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+model = load_keras(sys.argv[1])
+print("loaded", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) >> 10, "MiB")
+"""
+
+
+def test_huge_declared_shape_is_checked_without_allocating_it(tmp_path):
+    """The attention fixture with its inputs declared 32768 steps long: run on inputs of that
+    shape, its attention scores are 2 x 32768^2 floats (8 GiB), from a file of a few hundred KB.
+    load_keras's trial run may not allocate that in the caller's process: it checks the shapes on
+    fake tensors instead, and the model loads."""
+    import subprocess
+    import sys
+    p = tmp_path / "long.keras"
+    _declare_time(os.path.join(DATA, "tfk_attention.keras"), p, 32768)
+    run = subprocess.run([sys.executable, "-c", _HUGE_TRIAL, str(p)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    grown = int(run.stdout.split()[-2])
+    assert grown < 1024, run.stdout
+
+
+def test_trial_on_fake_tensors_still_checks(tmp_path, monkeypatch):
+    """With every tensor over the trial's limit, the check runs on fake tensors: the same model
+    loads (same outputs), and a config the weights cannot run is still refused."""
+    import torch
+    from cudnn_rnn.keras import load as load_module
+    x = torch.randint(1, 20, (3, 6))
+    real = load_keras(KERAS)
+    monkeypatch.setattr(load_module, "TRIAL_TENSOR_BYTES", 64)
+    faked = load_keras(KERAS)
+    with torch.no_grad():
+        assert torch.equal(faked(x), real(x))
+
+    def edit(name, data):
+        if name != "config.json":
+            return data
+        cfg = json.loads(data)
+        for layer in cfg["config"]["layers"]:
+            if layer["class_name"] == "LSTM":
+                layer["config"]["return_sequences"] = False  # the Bidirectional after it needs sequences
+        return json.dumps(cfg).encode()
+
+    p = tmp_path / "flat.keras"
+    _rewrite_zip(KERAS, p, edit)
+    with pytest.raises(ConversionError, match=r"does not run on inputs of its declared shape"):
+        load_keras(p)
+
+
+def test_bytes_path(tmp_path):
+    import torch
+    x = torch.randint(1, 20, (2, 6))
+    with torch.no_grad():
+        assert torch.equal(load_keras(os.fsencode(KERAS))(x), load_keras(KERAS)(x))
+    with pytest.raises(ConversionError, match=r"nope.keras: cannot be opened"):
+        load_keras(os.fsencode(tmp_path / "nope.keras"))
+
+
+def test_keras_1_file_is_named_as_such(tmp_path):
+    p = tmp_path / "old.h5"
+    shutil.copy(LEGACY, p)
+    with h5py.File(p, "r+") as f:
+        f.attrs["keras_version"] = b"1.2.2"
+    with pytest.raises(ConversionError, match=r"old.h5: was saved by Keras 1.2.2; Keras 1 files are not supported"):
+        load_keras(p)

@@ -102,7 +102,7 @@ def open_regular(path: str):
 def open_keras_file(path, config_only: bool = False) -> KerasFile:
     """Opens any Keras container. Weights-only files have config None; with config_only, no
     weights are read."""
-    path = str(path)
+    path = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
     f = open_regular(path)
     with f:
         try:

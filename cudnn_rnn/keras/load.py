@@ -13,6 +13,10 @@ from typing import Callable, Mapping, Optional, Union
 
 import numpy as np
 import torch
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor,
+                                           FakeTensorMode, UnsupportedOperatorException)
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
 
 from .. import conv_lstm
 from .. import layers as rnn_layers
@@ -57,6 +61,9 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
         version = version or arch_version
     if config is None:
         raise ConversionError(kf.path, "holds weights only; pass architecture= (a .keras / .h5 model file or a config)")
+    if keras_major(version) < 2:  # per-gate weights (W_i, U_i, ...), output_dim, inner_activation
+        raise ConversionError(kf.path, f"was saved by Keras {str(version)[:20]}; Keras 1 files are not supported "
+                                       "(Keras 2 and 3 are: load the model in Keras 2 and save it again)")
     custom = custom_builders(custom_layers)
     with _boundary(kf.path):
         if isinstance(config, dict) and "class_name" not in config and "config" not in config and "layers" in config:
@@ -107,13 +114,67 @@ class _boundary:
 
 MAX_CHECK_VALUES = 1 << 24   # per sample: a declared input larger than this is refused
 ONE_SAMPLE_VALUES = 1 << 20  # beyond this the trial run uses a batch of one
+TRIAL_TENSOR_BYTES = 1 << 30  # the trial run makes no tensor larger than this
+
+
+class _TooLarge(Exception):
+    def __init__(self, func, shape, nbytes):
+        super().__init__(f"{func} would make a {nbytes / (1 << 30):.1f} GiB tensor of shape {list(shape)}")
+
+
+class _TrialBudget(TorchDispatchMode):
+    """Every op of the trial run first runs on meta tensors (shapes only, no memory); an output
+    above TRIAL_TENSOR_BYTES stops the run before anything is allocated. The declared shapes
+    come from the file: a few KB of config can declare a time axis whose attention scores or
+    embedding output take tens of GiB. Ops without a meta kernel (this package's, whose outputs
+    are sized by their inputs and weights) or whose output shape depends on the data just run."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            out = func(*tree_map(_meta, args), **tree_map(_meta, kwargs))
+        except Exception:  # noqa: BLE001 - no meta kernel, or a data-dependent shape
+            out = None
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.numel() * t.element_size() > TRIAL_TENSOR_BYTES:
+                raise _TooLarge(func, t.shape, t.numel() * t.element_size())
+        return func(*args, **kwargs)
+
+
+def _meta(x):
+    """x on the meta device: tensors (same shape, strides and dtype) and device arguments."""
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
+    return torch.device("meta") if isinstance(x, torch.device) else x
+
+
+def _faked(mode: FakeTensorMode, tree):
+    """tree with its real tensors as fake ones: an op whose inputs are all real would run for real
+    under the fake mode."""
+    return tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)
+                    else t, tree)
+
+
+def _trial(model: KerasModel, inputs, shapes_only: bool) -> None:
+    """One run of the model: real, its tensors held to TRIAL_TENSOR_BYTES, or on fake tensors
+    (the parameters stay real; an op that reads nothing else is as large as they are)."""
+    with torch.no_grad():
+        if shapes_only:
+            mode = FakeTensorMode(allow_non_fake_inputs=True)
+            with mode:
+                model(*_faked(mode, inputs))
+        else:
+            with _TrialBudget():
+                model(*inputs)
 
 
 def check_runs(model: KerasModel, path) -> KerasModel:
     """Runs the model once on inputs of its declared shapes; a model that cannot is refused.
     An input without a declared shape gets the one its first layer implies.
     Free time dimensions get 8 steps, then 128 and 1024 (convolutions and pooling need a
-    minimum length) before the model is declared broken."""
+    minimum length) before the model is declared broken. A run that would make a tensor above
+    TRIAL_TENSOR_BYTES runs again on fake tensors (shapes only); where that cannot run (an op
+    whose output shape depends on the data), the model is refused."""
     model.input_specs = [declared if len(declared[1]) >= 2 else _implied_input(model, ref, declared, path)
                          for ref, declared in zip(model.spec.inputs, model.input_specs)]
     error = None
@@ -124,10 +185,20 @@ def check_runs(model: KerasModel, path) -> KerasModel:
             if time == 8:
                 raise ConversionError(path, f"declares inputs of {max(sizes)} values per sample (limit {MAX_CHECK_VALUES})")
             break
+        inputs = model.example_inputs(batch=2 if max(sizes, default=0) <= ONE_SAMPLE_VALUES else 1, time=time)
         try:
-            with torch.no_grad():
-                model(*model.example_inputs(batch=2 if max(sizes, default=0) <= ONE_SAMPLE_VALUES else 1, time=time))
+            try:
+                _trial(model, inputs, shapes_only=False)
+            except _TooLarge as large:
+                try:
+                    _trial(model, inputs, shapes_only=True)
+                except (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException):
+                    shapes = [tuple(shape) for _, shape in model.input_specs]
+                    raise ConversionError(path, f"cannot be checked on inputs of its declared shape {shapes}: "
+                                                f"{large} (limit {TRIAL_TENSOR_BYTES >> 30} GiB)") from None
             return model
+        except ConversionError:
+            raise
         except Exception as e:  # noqa: BLE001 - any failure means the config and weights disagree
             error = error or e
         finally:  # the trial run leaves nothing behind in stateful layers
