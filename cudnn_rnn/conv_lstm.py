@@ -277,6 +277,9 @@ def _conv_lstm_forward_fake(x, kernel, recurrent_kernel, bias, mask, h0, c0, dro
             x.new_empty((t, b, *sp, 4 * f)), x.new_empty((t + 1, b, *sp, f)), x.new_empty((t + 1, b, *sp, f)))
 
 
+torch.library.register_kernel("cudnn_rnn::conv_lstm_forward", "Meta", _conv_lstm_forward_fake)  # shapes only
+
+
 @torch.library.register_fake("cudnn_rnn::conv_lstm_backward")
 def _conv_lstm_backward_fake(grad_y, grad_h_n, grad_c_n, x, kernel, recurrent_kernel, bias, *rest):
     grad_bias = bias.new_empty(bias.shape) if bias is not None else x.new_empty((0,))

@@ -93,13 +93,18 @@ def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout
     h_n = x.new_empty((stacks, batch, units))
     c_n = x.new_empty((stacks, batch, units)) if spec.cell == "lstm" else x.new_empty((0,))
     # The reserve's size depends on the backend (CPU saved activations, cuDNN's reserve space): an
-    # unbacked size where a shape environment can make one (torch.compile); a plain FakeTensorMode
-    # (shape propagation, load_keras's check of huge declared shapes) gets an empty placeholder,
-    # as nothing but the backward reads the reserve.
-    mode = torch._guards.detect_fake_mode()
-    size = torch.library.get_ctx().new_dynamic_size() if mode is None or mode.shape_env is not None else 0
-    reserve = x.new_empty((size,), dtype=torch.uint8)
+    # unbacked size where a shape environment can make one (torch.compile); the Meta kernel and a
+    # plain FakeTensorMode (shape propagation, load_keras's check of huge declared shapes) get an
+    # empty placeholder, as nothing but the backward reads the reserve.
+    ctx, mode = torch.library.get_ctx(), torch._guards.detect_fake_mode()
+    dynamic = ctx is not None and (mode is None or mode.shape_env is not None)
+    reserve = x.new_empty((ctx.new_dynamic_size() if dynamic else 0,), dtype=torch.uint8)
     return y, h_n, c_n, reserve
+
+
+# Meta kernels (shapes without data or a fake mode; load_keras's trial-run size check) are the
+# fake impls.
+torch.library.register_kernel("cudnn_rnn::rnn_forward", "Meta", _rnn_forward_fake)
 
 
 @torch.library.register_fake("cudnn_rnn::rnn_backward")

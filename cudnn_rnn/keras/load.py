@@ -126,8 +126,8 @@ class _TrialBudget(TorchDispatchMode):
     """Every op of the trial run first runs on meta tensors (shapes only, no memory); an output
     above TRIAL_TENSOR_BYTES stops the run before anything is allocated. The declared shapes
     come from the file: a few KB of config can declare a time axis whose attention scores or
-    embedding output take tens of GiB. Ops without a meta kernel (this package's, whose outputs
-    are sized by their inputs and weights) or whose output shape depends on the data just run."""
+    embedding output take tens of GiB (this package's ops too: their Meta kernels are their fake
+    impls). An op without a meta kernel or whose output shape depends on the data just runs."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
