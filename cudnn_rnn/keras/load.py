@@ -114,12 +114,12 @@ class _boundary:
 
 MAX_CHECK_VALUES = 1 << 24   # per sample: a declared input larger than this is refused
 ONE_SAMPLE_VALUES = 1 << 20  # beyond this the trial run uses a batch of one
-TRIAL_TENSOR_BYTES = 1 << 30  # the trial run makes no tensor larger than this
+TRIAL_TENSOR_BYTES = 1 << 28  # the trial run makes no tensor larger than this (256 MiB)
 
 
 class _TooLarge(Exception):
     def __init__(self, func, shape, nbytes):
-        super().__init__(f"{func} would make a {nbytes / (1 << 30):.1f} GiB tensor of shape {list(shape)}")
+        super().__init__(f"{func} would make a {nbytes / (1 << 20):.0f} MiB tensor of shape {list(shape)}")
 
 
 class _TrialBudget(TorchDispatchMode):
@@ -195,7 +195,7 @@ def check_runs(model: KerasModel, path) -> KerasModel:
                 except (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException):
                     shapes = [tuple(shape) for _, shape in model.input_specs]
                     raise ConversionError(path, f"cannot be checked on inputs of its declared shape {shapes}: "
-                                                f"{large} (limit {TRIAL_TENSOR_BYTES >> 30} GiB)") from None
+                                                f"{large} (limit {TRIAL_TENSOR_BYTES >> 20} MiB)") from None
             return model
         except ConversionError:
             raise
