@@ -128,19 +128,23 @@ def test_wrong_weight_shape(tmp_path):
         load_keras(p)
 
 
-def test_config_disagrees_with_weights(tmp_path):
-    p = tmp_path / "u.keras"
-
+def _set_layer_config(src, dst, class_name, **values):
+    """Copies a .keras archive with `values` set in the config of every `class_name` layer."""
     def edit(name, data):
         if name != "config.json":
             return data
         cfg = json.loads(data)
         for layer in cfg["config"]["layers"]:
-            if layer["class_name"] == "Embedding":
-                layer["config"]["output_dim"] = 9
+            if layer["class_name"] == class_name:
+                layer["config"].update(values)
         return json.dumps(cfg).encode()
 
-    _rewrite_zip(KERAS, p, edit)
+    _rewrite_zip(src, dst, edit)
+
+
+def test_config_disagrees_with_weights(tmp_path):
+    p = tmp_path / "u.keras"
+    _set_layer_config(KERAS, p, "Embedding", output_dim=9)
     with pytest.raises(ConversionError, match=r"layer 'embedding': weight .* has shape \(20, 8\); the config implies \(20, 9\)"):
         load_keras(p)
 
@@ -556,17 +560,8 @@ def test_trial_on_fake_tensors_still_checks(tmp_path, monkeypatch):
     with torch.no_grad():
         assert torch.equal(faked(x), real(x))
 
-    def edit(name, data):
-        if name != "config.json":
-            return data
-        cfg = json.loads(data)
-        for layer in cfg["config"]["layers"]:
-            if layer["class_name"] == "LSTM":
-                layer["config"]["return_sequences"] = False  # the Bidirectional after it needs sequences
-        return json.dumps(cfg).encode()
-
     p = tmp_path / "flat.keras"
-    _rewrite_zip(KERAS, p, edit)
+    _set_layer_config(KERAS, p, "LSTM", return_sequences=False)  # the Bidirectional after it needs sequences
     with pytest.raises(ConversionError, match=r"does not run on inputs of its declared shape"):
         load_keras(p)
 

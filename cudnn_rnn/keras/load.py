@@ -13,8 +13,8 @@ from typing import Callable, Mapping, Optional, Union
 
 import numpy as np
 import torch
-from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor,
-                                           FakeTensorMode, UnsupportedOperatorException)
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode,
+                                           UnsupportedOperatorException)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -148,33 +148,33 @@ def _meta(x):
     return torch.device("meta") if isinstance(x, torch.device) else x
 
 
-def _faked(mode: FakeTensorMode, tree):
-    """tree with its real tensors as fake ones: an op whose inputs are all real would run for real
-    under the fake mode."""
-    return tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)
-                    else t, tree)
-
-
-def _trial(model: KerasModel, inputs, shapes_only: bool) -> None:
-    """One run of the model: real, its tensors held to TRIAL_TENSOR_BYTES, or on fake tensors
-    (the parameters stay real; an op that reads nothing else is as large as they are)."""
+def _trial(model: KerasModel, inputs, path) -> None:
+    """One run of the model, its tensors held to TRIAL_TENSOR_BYTES; past that, a run on fake
+    tensors (shapes only: the inputs are made fake, as an op whose inputs are all real would run
+    for real under the fake mode; the parameters stay real, and an op reading nothing else is as
+    large as they are). A model the fake run cannot take (an op's shape depends on the data) is
+    refused."""
     with torch.no_grad():
-        if shapes_only:
-            mode = FakeTensorMode(allow_non_fake_inputs=True)
-            with mode:
-                model(*_faked(mode, inputs))
-        else:
+        try:
             with _TrialBudget():
                 model(*inputs)
+        except _TooLarge as large:
+            mode = FakeTensorMode(allow_non_fake_inputs=True)
+            try:
+                with mode:
+                    model(*[mode.from_tensor(t) for t in inputs])
+            except (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException):
+                shapes = [tuple(shape) for _, shape in model.input_specs]
+                raise ConversionError(path, f"cannot be checked on inputs of its declared shape {shapes}: "
+                                            f"{large} (limit {TRIAL_TENSOR_BYTES >> 20} MiB)") from None
 
 
 def check_runs(model: KerasModel, path) -> KerasModel:
     """Runs the model once on inputs of its declared shapes; a model that cannot is refused.
     An input without a declared shape gets the one its first layer implies.
     Free time dimensions get 8 steps, then 128 and 1024 (convolutions and pooling need a
-    minimum length) before the model is declared broken. A run that would make a tensor above
-    TRIAL_TENSOR_BYTES runs again on fake tensors (shapes only); where that cannot run (an op
-    whose output shape depends on the data), the model is refused."""
+    minimum length) before the model is declared broken (_trial: how a run that would make a
+    tensor above TRIAL_TENSOR_BYTES is checked instead)."""
     model.input_specs = [declared if len(declared[1]) >= 2 else _implied_input(model, ref, declared, path)
                          for ref, declared in zip(model.spec.inputs, model.input_specs)]
     error = None
@@ -187,15 +187,7 @@ def check_runs(model: KerasModel, path) -> KerasModel:
             break
         inputs = model.example_inputs(batch=2 if max(sizes, default=0) <= ONE_SAMPLE_VALUES else 1, time=time)
         try:
-            try:
-                _trial(model, inputs, shapes_only=False)
-            except _TooLarge as large:
-                try:
-                    _trial(model, inputs, shapes_only=True)
-                except (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException):
-                    shapes = [tuple(shape) for _, shape in model.input_specs]
-                    raise ConversionError(path, f"cannot be checked on inputs of its declared shape {shapes}: "
-                                                f"{large} (limit {TRIAL_TENSOR_BYTES >> 20} MiB)") from None
+            _trial(model, inputs, path)
             return model
         except ConversionError:
             raise
