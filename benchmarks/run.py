@@ -242,6 +242,7 @@ def _machine(device_name: str) -> Dict:
         "MKL_ENABLE_INSTRUCTIONS": os.environ.get("MKL_ENABLE_INSTRUCTIONS"),
         "cudnn_rnn_cpu_gemm": cudnn_rnn._C.cpu_gemm_engine(),  # a fastrnns-sized GEMM's
         "cudnn_rnn_cpu_gemm_small": cudnn_rnn._C.cpu_gemm_engine(64, 256),  # a Keras-typical one's
+        "cudnn_rnn_cpu_packed_build": cudnn_rnn._C.cpu_packed_gemm_isa(),  # the packed kernel's build
         "cudnn_rnn_cpu_loops": cudnn_rnn._C.cpu_loops_isa(),  # the activation and fused cell loops'
         "cudnn_rnn_cpu_bf16_gemms": cudnn_rnn._C.cpu_bf16_gemms(),  # bfloat16 calls' GEMMs in bfloat16
     }
@@ -306,7 +307,8 @@ def main(argv=None) -> Dict:
                        if machine[k])
     print(f"cpu: {machine['cpu']}; ISA {' '.join(machine['isa_flags']) or '?'}; ATen dispatches "
           f"{machine['aten_cpu_capability']}{'; ' + limits if limits else ''}; our float32 GEMMs: "
-          f"{machine['cudnn_rnn_cpu_gemm']} (small ones: {machine['cudnn_rnn_cpu_gemm_small']}); cell loops: "
+          f"{machine['cudnn_rnn_cpu_gemm']} (small ones: {machine['cudnn_rnn_cpu_gemm_small']}; packed kernel "
+          f"build: {machine['cudnn_rnn_cpu_packed_build']}); cell loops: "
           f"{machine['cudnn_rnn_cpu_loops']}; bfloat16 GEMMs: {'yes' if machine['cudnn_rnn_cpu_bf16_gemms'] else 'no'}")
     for key, status in peer_status.items():
         print(f"peer {key}: {status}")

@@ -63,6 +63,7 @@ def build_info() -> dict:
     info.update(native)
     info["cpu_cell_loops"] = _C.cpu_loops_isa()
     info["cpu_float32_gemms"] = _C.cpu_gemm_engine()
+    info["cpu_packed_gemm_build"] = _C.cpu_packed_gemm_isa()
     info["cpu_bfloat16_gemms"] = "bfloat16 (oneDNN brgemm)" if _C.cpu_bf16_gemms() else "float32 (no AMX / AVX512_BF16)"
     return info
 

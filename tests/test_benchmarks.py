@@ -148,6 +148,10 @@ def test_report_names_the_machine(smoke_run):
     assert machine["cpu"] and machine["aten_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert machine["cudnn_rnn_cpu_gemm"] == cudnn_rnn._C.cpu_gemm_engine() in ("packed", "brgemm", "blas")
     assert machine["cudnn_rnn_cpu_loops"] == cudnn_rnn._C.cpu_loops_isa() in ("avx512", "avx2", "baseline")
+    # The packed kernel's build follows the cell loops' instruction set (cpu/packed_gemm.h).
+    packed = machine["cudnn_rnn_cpu_packed_build"]
+    assert packed == cudnn_rnn._C.cpu_packed_gemm_isa() in ("avx512", "avx2", "none")
+    assert (packed == "avx512") == (machine["cudnn_rnn_cpu_loops"] == "avx512")
     assert machine["cudnn_rnn_cpu_bf16_gemms"] is cudnn_rnn._C.cpu_bf16_gemms()
 
 

@@ -96,11 +96,22 @@ def _engines():
         + ["blas"]
 
 
+def _engine_builds():
+    """_engines() with the packed kernel once per build this CPU runs (AVX2, AVX-512)."""
+    packed = [e for e in _engines() if e == "packed"]
+    avx512 = _C._testing.cpu_packed_gemm_avx512()
+    builds = [f"packed-{isa}" for isa in ("avx2", "avx512") if packed and (isa == "avx2" or avx512)]
+    return builds + [e for e in _engines() if e != "packed"]
+
+
 @pytest.fixture
 def engine(request):
-    _C._testing.override_cpu_gemm_engine(request.param)
+    name, _, isa = request.param.partition("-")
+    _C._testing.override_cpu_gemm_engine(name)
+    _C._testing.override_packed_gemm_isa(isa)
     yield request.param
     _C._testing.override_cpu_gemm_engine("")
+    _C._testing.override_packed_gemm_isa("")
 
 
 @pytest.mark.parametrize("cell,kwargs", [
@@ -131,13 +142,13 @@ def test_split_loop_matches_one_block_with_masks(cell, kwargs, bidirectional, th
     ("gru", {"go_backwards": True}),
     ("simple_rnn", {}),
 ])
-@pytest.mark.parametrize("engine", _engines(), indirect=True)
+@pytest.mark.parametrize("engine", _engine_builds(), indirect=True)
 @pytest.mark.parametrize("units,batch,bidirectional", [(U, None, False), (U, None, True), (199, 5, False)])
 @pytest.mark.parametrize("n_threads", [1, 4])
 def test_float32_loop_matches_float64(cell, kwargs, units, batch, bidirectional, n_threads, threads, engine):
     """float32 runs the recurrent GEMMs, the input projection and the input gradient on each
-    engine: the packed AVX2 kernel (csrc/cpu/packed_gemm.cpp: row tiles of 1 to 6 rows, panels of
-    16 with a partial last one, odd K (U = 199) for the tiles that split k in interleaved sums,
+    engine: the packed kernel's AVX2 and AVX-512 builds (csrc/cpu/packed_gemm.cpp: row tiles of 1
+    to 6 rows, panels of 16 with a partial last one, AVX-512 groups of 1 to 4 panels, odd K (U = 199) for the tiles that split k in interleaved sums,
     K blocks of 512 in the backward at U = 199, masked rows read and written in place), oneDNN's
     brgemm (gate by gate, gathered rows) and BLAS; float64 runs them on BLAS and is held to
     torch.nn above. Same weights, inputs and mask."""
@@ -160,7 +171,7 @@ def test_float32_loop_matches_float64(cell, kwargs, units, batch, bidirectional,
     ("simple_rnn", {}),
     ("gru", {}),
 ])
-@pytest.mark.parametrize("engine", _engines(), indirect=True)
+@pytest.mark.parametrize("engine", _engine_builds(), indirect=True)
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_float32_unmasked_loop_matches_float64(cell, kwargs, bidirectional, threads, engine):
     """Without a mask every row is real: each engine's unmasked path (no rows gathered or

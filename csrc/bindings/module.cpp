@@ -14,6 +14,7 @@
 #include "cpu/bf16_gemm.h"
 #include "cpu/buffer_pool.h"
 #include "cpu/gemm_engine.h"
+#include "cpu/packed_gemm.h"
 #include "cpu/vec_loops.h"
 #include "cudnn_host/backend_choice.h"
 
@@ -88,6 +89,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       }, pybind11::arg("k") = 4096, pybind11::arg("n") = 4096,
       "the engine of the CPU backend's float32 GEMMs with a K x N operand B: 'packed', 'brgemm' or 'blas' "
       "(CUDNN_RNN_CPU_GEMM forces one)");
+  m.def("cpu_packed_gemm_isa", [] {
+        if (!cr::cpu::packed_gemm_available()) return std::string("none");
+        return std::string(cr::cpu::packed_gemm_isa() == cr::cpu::PackedIsa::Avx512 ? "avx512" : "avx2");
+      }, "the build of the packed float32 GEMM kernel the 'packed' engine runs: 'avx512', 'avx2' (the cell "
+         "loops' instruction set) or 'none' (no AVX2 + FMA)");
   m.def("cpu_loops_isa", [] { return std::string(cr::cpu::float_loops().isa); },
         "the instruction set of the CPU backend's float32 activation and fused cell loops: 'avx512', 'avx2' or "
         "'baseline' (the widest the CPU and ATen's level allow; ATEN_CPU_CAPABILITY lowers it)");

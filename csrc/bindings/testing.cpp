@@ -62,6 +62,31 @@ WeightOffsetTable offset_table(const at::Tensor& offsets) {
   return table;
 }
 
+// A[rows] · B (+ C[rows] with C, + bias without) through the packed GEMM of the running build
+// (cpu/packed_gemm.h), B packed here; C's other rows as they were. A [R, K], B [K, N] (with
+// trans_b: [N, K]), C [R, N], all float32; rows: int64 row indices (every row without).
+at::Tensor packed_product(const at::Tensor& A, const at::Tensor& B, bool trans_b, const c10::optional<at::Tensor>& bias,
+                          const c10::optional<at::Tensor>& C, const c10::optional<at::Tensor>& rows) {
+  TORCH_CHECK(cpu::packed_gemm_available(), "this CPU has no packed GEMM");
+  const at::Tensor a = A.contiguous(), b = B.contiguous();
+  TORCH_CHECK(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.dim() == 2 && b.dim() == 2,
+              "A and B must be 2-D float32");
+  const int64_t K = a.size(1), N = trans_b ? b.size(0) : b.size(1);
+  TORCH_CHECK((trans_b ? b.size(1) : b.size(0)) == K, "B does not match A's depth");
+  at::Tensor panels = at::empty({cpu::packed_size(K, N)}, a.options());
+  cpu::pack_panels(b.data_ptr<float>(), b.size(1), trans_b, K, N, panels.data_ptr<float>());
+  at::Tensor out = C ? C->contiguous().clone() : at::zeros({a.size(0), N}, a.options());
+  TORCH_CHECK(out.size(0) == a.size(0) && out.size(1) == N, "C must be [rows of A, N]");
+  const at::Tensor r = rows ? rows->contiguous() : at::Tensor();
+  const at::Tensor bv = bias ? bias->contiguous() : at::Tensor();
+  TORCH_CHECK(!bv.defined() || bv.numel() == N, "bias must have N values");
+  const int64_t M = r.defined() ? r.numel() : a.size(0);
+  const int64_t* rp = r.defined() ? r.data_ptr<int64_t>() : nullptr;
+  cpu::packed_gemm(M, N, K, a.data_ptr<float>(), {rp, K}, panels.data_ptr<float>(),
+                   bv.defined() ? bv.data_ptr<float>() : nullptr, C.has_value(), out.data_ptr<float>(), {rp, N});
+  return out;
+}
+
 }  // namespace
 
 void register_testing(pybind11::module_& m) {
@@ -118,9 +143,18 @@ void register_testing(pybind11::module_& m) {
   }, "bounds of the unit blocks the CPU time loop gives its threads");
   m.def("cpu_packed_gemm", &cpu::packed_gemm_available,
         "whether this CPU can run the packed float32 GEMM kernel (AVX2 + FMA)");
+  m.def("packed_gemm", &packed_product, py::arg("A"), py::arg("B"), py::arg("trans_b") = false,
+        py::arg("bias") = py::none(), py::arg("C") = py::none(), py::arg("rows") = py::none(),
+        "A[rows] · B (+ C[rows] with C, else + bias) through the packed GEMM, B packed here");
   m.def("cpu_brgemm", &cpu::brgemm_available, "whether this torch has cpublas::brgemm for float32");
   m.def("override_cpu_gemm_engine", &cpu::override_gemm_engine,
         "run the CPU GEMMs on 'packed', 'brgemm' or 'blas' from now on ('' for the chosen engine)");
+  m.def("cpu_packed_gemm_avx512", &cpu::packed_gemm_avx512_available,
+        "whether this CPU can run the packed GEMM's AVX-512 build (AVX-512 F/BW/DQ/VL)");
+  m.def("override_packed_gemm_isa", &cpu::override_packed_gemm_isa,
+        "run the packed GEMM's 'avx2' or 'avx512' build from now on ('' for the machine's choice)");
+  m.def("packed_gemm_isa", [] { return cpu::packed_gemm_isa() == cpu::PackedIsa::Avx512 ? "avx512" : "avx2"; },
+        "which build of the packed GEMM runs");
   m.def("parallel_for_threads", [] {
     // How many distinct threads at::parallel_for runs 64 one-item tasks on (1 when the extension
     // was compiled without OpenMP, whatever torch's thread count).

@@ -1,11 +1,21 @@
-// The packed-panel float32 GEMM of packed_gemm.h. Register tile: up to 6 rows x 16 columns
-// (12 ymm accumulators; per k two panel loads, one broadcast per row, two FMAs per row). Loop
-// order: K in blocks of kKc, then the panels of B, then the rows of A in tiles, so one panel
-// block (kKc x 16 floats, 32 KiB) stays in L1/L2 while every row tile streams past it, and
-// the A rows of one K block (M x kKc) stay in L2.
+// The packed-panel float32 GEMM of packed_gemm.h, in two builds picked at run time
+// (packed_gemm_isa): AVX2 + FMA tiles of up to 6 rows x 1 panel (12 ymm accumulators; per k two
+// panel loads, one broadcast per row, two FMAs per row) and AVX-512 tiles of up to 6 rows x 4
+// panels (24 zmm accumulators; per k four panel loads, one broadcast per row). Loop order
+// (run_tiles): K in blocks of kKc, then the panels of B (one or a group of four), then the rows
+// of A in tiles, so one block of panels (kKc x 16 or 64 floats, 32 or 128 KiB) stays in L1/L2
+// while every row tile streams past it, and the A rows of one K block (M x kKc) stay in L2.
+// On the Intel Xeon (AVX-512) the AVX-512 build ran a fastrnns LSTM forward's recurrent loop in
+// 54 ms against the AVX2 build's 84 (MKL's packed GEMM: 49).
 #include "cpu/packed_gemm.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "cpu/vec_loops.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -41,6 +51,36 @@ bool packed_gemm_available() {
   return ok;
 }
 
+bool packed_gemm_avx512_available() {
+  static const bool ok = packed_gemm_available() && __builtin_cpu_supports("avx512f") &&
+                         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                         __builtin_cpu_supports("avx512vl");
+  return ok;
+}
+
+namespace {
+std::atomic<int>& isa_override() {
+  static std::atomic<int> slot{-1};
+  return slot;
+}
+}  // namespace
+
+PackedIsa packed_gemm_isa() {
+  const int forced = isa_override().load(std::memory_order_relaxed);
+  if (forced >= 0) return static_cast<PackedIsa>(forced);
+  // The cell loops' choice: the CPU's and ATen's level (ATEN_CPU_CAPABILITY=avx2 lowers both).
+  static const PackedIsa machine = std::string(float_loops().isa) == "avx512" ? PackedIsa::Avx512 : PackedIsa::Avx2;
+  return machine;
+}
+
+void override_packed_gemm_isa(const std::string& name) {
+  TORCH_CHECK_VALUE(name.empty() || name == "avx2" || name == "avx512",
+                    "packed GEMM instruction set must be 'avx2' or 'avx512'; got '", name, "'");
+  TORCH_CHECK_VALUE(name != "avx512" || packed_gemm_avx512_available(),
+                    "the AVX-512 packed GEMM needs a CPU with AVX-512 F/BW/DQ/VL; this one has not");
+  isa_override().store(name.empty() ? -1 : name == "avx512" ? int(PackedIsa::Avx512) : int(PackedIsa::Avx2));
+}
+
 // AVX2 + FMA code generation for these functions only; callers check packed_gemm_available().
 #define CUDNN_RNN_AVX2 __attribute__((target("avx2,fma")))
 
@@ -54,8 +94,8 @@ CUDNN_RNN_AVX2 inline __m256i lanes(int64_t n) {
 
 // One tile: MR rows x the 16 columns of one panel, cols (<= 16) of them stored.
 template <int MR>
-CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, const float* b, float* const* c_rows, const float* bias,
-          bool load_c, int64_t cols) {
+CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, const float* b, int64_t /*pstride: one panel*/,
+                         float* const* c_rows, const float* bias, bool load_c, int64_t cols) {
   const float* a[MR];
 #pragma GCC unroll 6
   for (int i = 0; i < MR; ++i) a[i] = a_rows[i];
@@ -135,15 +175,20 @@ CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, const float* b,
   }
 }
 
-using TileFn = void (*)(int64_t, const float* const*, const float*, float* const*, const float*, bool, int64_t);
+// A tile (either build): (kc, a_rows, b, pstride, c_rows, bias, load_c, last): rows a_rows[i] +
+// [0, kc) times the kc x 16 blocks of its panels (pstride floats apart) into c_rows[i], the
+// last panel's first `last` columns stored.
+using TileFn = void (*)(int64_t, const float* const*, const float*, int64_t, float* const*, const float*, bool,
+                        int64_t);
 constexpr int kMR = 6;
-constexpr TileFn kTiles[kMR + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
+constexpr TileFn kTiles[kMR + 1][2] = {{nullptr, nullptr}, {nullptr, tile<1>}, {nullptr, tile<2>}, {nullptr, tile<3>},
+                                       {nullptr, tile<4>},  {nullptr, tile<5>}, {nullptr, tile<6>}};
 
-}  // namespace
-
-CUDNN_RNN_AVX2 void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const float* panels,
-                                const float* bias, bool accumulate, float* C, Rows c) {
-  if (M <= 0 || N <= 0) return;
+// The loop both builds run: K in blocks of kKc, then the panels of B in groups of `group`
+// (tiles[mr][g] multiplies mr rows by g panels), then the rows of A in tiles of kMR.
+template <typename Tiles>
+void run_tiles(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const float* panels, const float* bias,
+               bool accumulate, float* C, Rows c, int64_t group, const Tiles& tiles) {
   const int64_t np = panel_count(N);
   const int64_t k_blocks = K == 0 ? 1 : (K + kKc - 1) / kKc;
   const float* ap[kMR];
@@ -153,9 +198,10 @@ CUDNN_RNN_AVX2 void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A,
     for (int64_t kb = 0; kb < k_blocks; ++kb) {
       const int64_t k0 = kb * kKc, kc = std::min(kKc, K - k0);
       const bool load_c = kb > 0 || accumulate;
-      for (int64_t q = 0; q < np; ++q) {
+      for (int64_t q = 0; q < np; q += group) {
+        const int64_t g = std::min(group, np - q);
+        const int64_t last = std::min(kPanel, N - (q + g - 1) * kPanel);
         const float* bq = panels + (q * K + k0) * kPanel;
-        const int64_t cols = std::min(kPanel, N - q * kPanel);
         const float* bias_q = !load_c && bias ? bias + q * kPanel : nullptr;
         for (int64_t m0 = mb; m0 < m_end; m0 += kMR) {
           const int64_t mr = std::min<int64_t>(kMR, m_end - m0);
@@ -163,16 +209,98 @@ CUDNN_RNN_AVX2 void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A,
             ap[i] = row_of(A, a, m0 + i) + k0;
             cp[i] = row_of(C, c, m0 + i) + q * kPanel;
           }
-          kTiles[mr](kc, ap, bq, cp, bias_q, load_c, cols);
+          tiles[mr][g](kc, ap, bq, K * kPanel, cp, bias_q, load_c, last);
         }
       }
     }
   }
 }
 
+// AVX-512 (F/VL/BW/DQ) code generation for these functions only; packed_gemm() runs them where
+// packed_gemm_isa() says "avx512".
+#define CUDNN_RNN_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+
+// One AVX-512 tile: MR rows x NP panels (one zmm each per row, up to 6 x 4 = 24 accumulators;
+// per k NP panel loads and one broadcast per row); the panels lie pstride floats apart and the
+// last one has `last` (<= 16) columns stored. A single row also splits k in two interleaved
+// partial sums (8 accumulators against the FMA latency).
+template <int MR, int NP>
+CUDNN_RNN_AVX512 void tile512(int64_t kc, const float* const* a_rows, const float* b, int64_t pstride,
+                              float* const* c_rows, const float* bias, bool load_c, int64_t last) {
+  const float* a[MR];
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) a[i] = a_rows[i];
+  __mmask16 mask[NP];
+#pragma GCC unroll 4
+  for (int p = 0; p < NP; ++p) mask[p] = p + 1 < NP || last >= kPanel ? __mmask16(0xFFFF) : __mmask16((1u << last) - 1);
+  __m512 acc[MR][NP];
+#pragma GCC unroll 4
+  for (int p = 0; p < NP; ++p) {
+    const __m512 v = !load_c && bias ? _mm512_maskz_loadu_ps(mask[p], bias + p * kPanel) : _mm512_setzero_ps();
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) acc[i][p] = load_c ? _mm512_maskz_loadu_ps(mask[p], c_rows[i] + p * kPanel) : v;
+  }
+  int64_t k = 0;
+  if constexpr (MR == 1) {
+    __m512 odd[NP];
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) odd[p] = _mm512_setzero_ps();
+    for (; k + 2 <= kc; k += 2) {
+      const __m512 a0 = _mm512_set1_ps(a[0][k]), a1 = _mm512_set1_ps(a[0][k + 1]);
+#pragma GCC unroll 4
+      for (int p = 0; p < NP; ++p) {
+        acc[0][p] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(b + p * pstride + k * kPanel), acc[0][p]);
+        odd[p] = _mm512_fmadd_ps(a1, _mm512_loadu_ps(b + p * pstride + (k + 1) * kPanel), odd[p]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) acc[0][p] = _mm512_add_ps(acc[0][p], odd[p]);
+  }
+  for (; k < kc; ++k) {
+    __m512 bv[NP];
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) bv[p] = _mm512_loadu_ps(b + p * pstride + k * kPanel);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m512 ai = _mm512_set1_ps(a[i][k]);
+#pragma GCC unroll 4
+      for (int p = 0; p < NP; ++p) acc[i][p] = _mm512_fmadd_ps(ai, bv[p], acc[i][p]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) _mm512_mask_storeu_ps(c_rows[i] + p * kPanel, mask[p], acc[i][p]);
+  }
+}
+
+constexpr int kNP = 4;
+#define CUDNN_RNN_TILE_ROW(mr) {nullptr, tile512<mr, 1>, tile512<mr, 2>, tile512<mr, 3>, tile512<mr, 4>}
+constexpr TileFn kTiles512[kMR + 1][kNP + 1] = {{nullptr, nullptr, nullptr, nullptr, nullptr},
+                                                CUDNN_RNN_TILE_ROW(1), CUDNN_RNN_TILE_ROW(2), CUDNN_RNN_TILE_ROW(3),
+                                                CUDNN_RNN_TILE_ROW(4), CUDNN_RNN_TILE_ROW(5), CUDNN_RNN_TILE_ROW(6)};
+#undef CUDNN_RNN_TILE_ROW
+
+}  // namespace
+
+void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const float* panels, const float* bias,
+                 bool accumulate, float* C, Rows c) {
+  if (M <= 0 || N <= 0) return;
+  if (packed_gemm_isa() == PackedIsa::Avx512) {
+    run_tiles(M, N, K, A, a, panels, bias, accumulate, C, c, kNP, kTiles512);
+  } else {
+    run_tiles(M, N, K, A, a, panels, bias, accumulate, C, c, 1, kTiles);
+  }
+}
+
 #else  // not x86-64: a plain loop, so the function is defined (callers use BLAS here)
 
 bool packed_gemm_available() { return false; }
+bool packed_gemm_avx512_available() { return false; }
+PackedIsa packed_gemm_isa() { return PackedIsa::Avx2; }
+void override_packed_gemm_isa(const std::string& name) {
+  TORCH_CHECK_VALUE(name.empty(), "the packed GEMM runs on x86-64 only");
+}
 
 void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const float* panels, const float* bias,
                  bool accumulate, float* C, Rows c) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace cudnn_rnn {
 namespace cpu {
@@ -17,6 +18,15 @@ inline int64_t packed_size(int64_t K, int64_t N) { return K * kPanel * panel_cou
 
 // Whether this CPU runs the packed kernel (AVX2 and FMA); without it callers use BLAS.
 bool packed_gemm_available();
+
+// Which build of the kernel runs: AVX-512 where the cell loops run theirs (the CPU has
+// AVX-512 F/BW/DQ/VL and ATen's level is AVX512; cpu::float_loops), else AVX2.
+enum class PackedIsa { Avx2, Avx512 };
+// Whether this CPU can run the AVX-512 build (AVX-512 F/BW/DQ/VL).
+bool packed_gemm_avx512_available();
+PackedIsa packed_gemm_isa();
+// Tests only: run `name` ('avx2', 'avx512') from now on, or "" for the machine's choice again.
+void override_packed_gemm_isa(const std::string& name);
 
 // Packs B [K, N] into dst (packed_size(K, N) floats): B[k, n] = src[k * ld + n], or with trans
 // src[n * ld + k].
