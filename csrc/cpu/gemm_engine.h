@@ -1,7 +1,8 @@
 // Which engine runs the CPU backend's own float32 GEMMs: the time loop's recurrent products,
 // the input projection and the input gradient (float64 always runs BLAS).
-//   packed  the hand-written AVX2/FMA kernel against a matrix packed once per call (packed_gemm.h):
-//           masked rows read and written in place
+//   packed  the hand-written kernel against a matrix packed once per call (packed_gemm.h), in an
+//           AVX-512 or an AVX2/FMA build (the cell loops' instruction set): masked rows read and
+//           written in place
 //   brgemm  oneDNN's micro-kernel through at::native::cpublas::brgemm (JIT for the machine's
 //           ISA; BLAS where torch built no oneDNN ukernels): the recurrent products gate by gate;
 //           the input projection and gradient on ATen's GEMM
@@ -11,11 +12,12 @@
 // CUDNN_RNN_CPU_GEMM=packed|brgemm|blas picks one for every GEMM (read once). The default follows
 // the machine and the GEMM, as measured by benchmarks/run.py (README, "Performance"): on Intel
 // CPUs at ATen's AVX-512 level (ATEN_CPU_CAPABILITY=avx2 lowers it) BLAS for the GEMMs whose
-// operand B has at least 2^18 elements (K x N), where MKL's own AVX-512 kernels beat the AVX2
-// kernel's half-width tiles by 1.2-1.55x (fastrnns, PTB sizes), and the packed kernel below that,
-// where it still won (the masked Keras-typical B=32, H=64 workload: BLAS 1.03-1.16x slower); the
-// packed kernel on the other AVX2 CPUs (it beat BLAS on AVX2 and on MKL's paths for other
-// vendors); BLAS without AVX2. brgemm is opt-in: called on the recurrent products as they are
+// operand B has at least 2^18 elements (K x N), where MKL's packed AVX-512 GEMM is level with the
+// packed kernel's AVX-512 build or ahead (fastrnns: level; PTB's B=20: 1.1x; it beat the AVX2
+// build by 1.2-1.55x), and the packed kernel below that, where it wins (the masked Keras-typical
+// B=32, H=64 workload: BLAS 1.03-1.16x slower); the packed kernel on the other AVX2 CPUs (it beat
+// BLAS on AVX2 and on MKL's paths for other vendors; on AVX-512 CPUs of other vendors, AMD Zen 4
+// and later, its AVX-512 build); BLAS without AVX2. brgemm is opt-in: called on the recurrent products as they are
 // (B unpacked: could_pack is false for float32) it ran between the two on the Intel host.
 #pragma once
 
