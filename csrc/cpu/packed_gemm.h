@@ -1,7 +1,8 @@
 // float32 GEMM against a matrix packed once: the CPU time loop's recurrent products (every step
 // multiplies by the same recurrent kernel, so it is packed once per call instead of once per
-// step, as BLAS does) with AVX2 + FMA register tiles. Rows of A and C may be picked through an
-// index list, so the masked rows of a step never enter the product and never need gathering.
+// step, as BLAS does) with AVX-512 or AVX2 + FMA register tiles. Rows of A and C may be picked
+// through an index list, so the masked rows of a step never enter the product and never need
+// gathering.
 #pragma once
 
 #include <cstdint>
@@ -22,9 +23,9 @@ bool packed_gemm_available();
 // Which build of the kernel runs: AVX-512 where the cell loops run theirs (the CPU has
 // AVX-512 F/BW/DQ/VL and ATen's level is AVX512; cpu::float_loops), else AVX2.
 enum class PackedIsa { Avx2, Avx512 };
+PackedIsa packed_gemm_isa();
 // Whether this CPU can run the AVX-512 build (AVX-512 F/BW/DQ/VL).
 bool packed_gemm_avx512_available();
-PackedIsa packed_gemm_isa();
 // Tests only: run `name` ('avx2', 'avx512') from now on, or "" for the machine's choice again.
 void override_packed_gemm_isa(const std::string& name);
 
