@@ -1,9 +1,19 @@
+import getpass
 import os
 import sys
+import tempfile
 
-import numpy as np
-import pytest
-import torch
+# torch.compile's kernel cache (/tmp/torchinductor_<user>) is not keyed on ATen's instruction-set
+# level: kernels compiled under ATEN_CPU_CAPABILITY=avx2 and then reused at the AVX-512 level gave
+# a plain Linear-ReLU-Linear model wrong outputs and corrupted the heap (torch 2.14.1, Intel Xeon;
+# a fresh cache gave the right ones). Each level gets a cache of its own unless the caller chose one.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(),
+    f"torchinductor_{getpass.getuser()}_cudnn_rnn_{os.environ.get('ATEN_CPU_CAPABILITY', 'default').lower()}"))
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
