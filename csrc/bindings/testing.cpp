@@ -153,8 +153,6 @@ void register_testing(pybind11::module_& m) {
         "whether this CPU can run the packed GEMM's AVX-512 build (AVX-512 F/BW/DQ/VL)");
   m.def("override_packed_gemm_isa", &cpu::override_packed_gemm_isa,
         "run the packed GEMM's 'avx2' or 'avx512' build from now on ('' for the machine's choice)");
-  m.def("packed_gemm_isa", [] { return cpu::packed_gemm_isa() == cpu::PackedIsa::Avx512 ? "avx512" : "avx2"; },
-        "which build of the packed GEMM runs");
   m.def("parallel_for_threads", [] {
     // How many distinct threads at::parallel_for runs 64 one-item tasks on (1 when the extension
     // was compiled without OpenMP, whatever torch's thread count).

@@ -17,14 +17,22 @@ namespace cpu {
         ns::lstm_forward_row, ns::lstm_backward_row, ns::gru_forward_row, ns::gru_backward_row             \
   }
 
+bool cpu_has_avx512() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  return ok;
+#else
+  return false;
+#endif
+}
+
 const FloatLoops& float_loops() {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const FloatLoops loops = [] {
     const std::string level = at::get_cpu_capability();  // "DEFAULT", "AVX2", "AVX512", ...
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && level != "DEFAULT";
-    const bool avx512 = avx2 && level.rfind("AVX512", 0) == 0 && __builtin_cpu_supports("avx512f") &&
-                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                        __builtin_cpu_supports("avx512vl");
+    const bool avx512 = avx2 && level.rfind("AVX512", 0) == 0 && cpu_has_avx512();
     return avx512 ? CUDNN_RNN_LOOPS(vec_avx512, "avx512")
                   : avx2 ? CUDNN_RNN_LOOPS(vec_avx2, "avx2") : CUDNN_RNN_LOOPS(vec_base, "baseline");
   }();

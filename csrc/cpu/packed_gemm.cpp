@@ -51,12 +51,7 @@ bool packed_gemm_available() {
   return ok;
 }
 
-bool packed_gemm_avx512_available() {
-  static const bool ok = packed_gemm_available() && __builtin_cpu_supports("avx512f") &&
-                         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                         __builtin_cpu_supports("avx512vl");
-  return ok;
-}
+bool packed_gemm_avx512_available() { return packed_gemm_available() && cpu_has_avx512(); }
 
 namespace {
 std::atomic<int>& isa_override() {

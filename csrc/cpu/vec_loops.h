@@ -51,6 +51,10 @@ struct FloatLoops {
   decltype(&vec_base::gru_backward_row) gru_backward_row;
 };
 
+// Whether the CPU (and its OS) runs AVX-512 F/BW/DQ/VL code: what the avx512 loops and the packed
+// GEMM's AVX-512 build are compiled for. False off x86-64.
+bool cpu_has_avx512();
+
 // The loops of the widest instruction set both the CPU and ATen's level allow (ATen's
 // get_cpu_capability(): ATEN_CPU_CAPABILITY=avx2 lowers it), picked on first use.
 const FloatLoops& float_loops();
