@@ -143,7 +143,8 @@ def test_split_loop_matches_one_block_with_masks(cell, kwargs, bidirectional, th
     ("simple_rnn", {}),
 ])
 @pytest.mark.parametrize("engine", _engine_builds(), indirect=True)
-@pytest.mark.parametrize("units,batch,bidirectional", [(U, None, False), (U, None, True), (199, 5, False)])
+@pytest.mark.parametrize("units,batch,bidirectional", [(U, None, False), (U, None, True), (199, 5, False),
+                                                        (37, 130, False)])
 @pytest.mark.parametrize("n_threads", [1, 4])
 def test_float32_loop_matches_float64(cell, kwargs, units, batch, bidirectional, n_threads, threads, engine):
     """float32 runs the recurrent GEMMs, the input projection and the input gradient on each
@@ -151,7 +152,8 @@ def test_float32_loop_matches_float64(cell, kwargs, units, batch, bidirectional,
     to 6 rows, panels of 16 with a partial last one, AVX-512 groups of 1 to 4 panels, odd K (U = 199) for the tiles that split k in interleaved sums,
     K blocks of 512 in the backward at U = 199, masked rows read and written in place), oneDNN's
     brgemm (gate by gate, gathered rows) and BLAS; float64 runs them on BLAS and is held to
-    torch.nn above. Same weights, inputs and mask."""
+    torch.nn above. Same weights, inputs and mask. Batch 130: the loop's bias sums (float32
+    partials over 64 rows at most, 64-column tiles and a tail) over more than one row group."""
     batch = batch or BATCH[cell]
     layer = _layer(cell, bidirectional, units, **kwargs)
     layer32 = copy.deepcopy(layer).float()

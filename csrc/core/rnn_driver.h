@@ -649,7 +649,11 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       const Tensor h2 = gru_after ? hin.reshape({Tn * B, u}) : in_input_layout(hin);
       const Tensor d2 = (gru_after ? drec.view({Tn * B, G * u}) : dxw2).narrow(1, g0 * u, (g1 - g0) * u);
       const Tensor d2_low = gru_after || !dxw2_low.defined() ? Tensor() : dxw2_low.narrow(1, g0 * u, (g1 - g0) * u);
-      g.drecurrent.narrow(1, g0 * u, (g1 - g0) * u).copy_(product(h2, d2, d2_low));
+      if (g0 == 0 && g1 == G && !product.low) {
+        at::mm_out(g.drecurrent, h2.t(), d2);  // every gate: straight into the gradient
+      } else {
+        g.drecurrent.narrow(1, g0 * u, (g1 - g0) * u).copy_(product(h2, d2, d2_low));
+      }
     };
     if (!a.rmask.defined()) {
       rec_grad(hprev, 0, hr_gates);

@@ -196,13 +196,15 @@ void to_bf16(const T* src, at::BFloat16* dst, int64_t n) {
   }
 }
 
-// acc[i] += x[i] (float64 accumulators), vectorised for float32.
+// acc[j] += sum over r < rows of x[r * ld + j] (float64 accumulators), vectorised for float32.
 template <typename T>
-void add_to_f64(const T* x, double* acc, int64_t n) {
+void add_rows_to_f64(const T* x, int64_t ld, int64_t rows, int64_t n, double* acc) {
   if constexpr (std::is_same_v<T, float>) {
-    cpu::float_loops().add_to_f64(x, acc, n);
+    cpu::float_loops().add_rows_to_f64(x, ld, rows, n, acc);
   } else {
-    for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < n; ++j) acc[j] += x[r * ld + j];
+    }
   }
 }
 
@@ -777,22 +779,19 @@ struct TimeLoops {
     // added to the bias sums.
     auto finish_block = [&](int64_t s, int64_t j0, int64_t w) {
       const int64_t t = time_of(s);
-      for (int64_t b = 0; b < B; ++b) {
-        for (int64_t q = 0; q < G; ++q) {
-          const int64_t col = q * u + j0;
-          const T* dx = step.dxw.row(t, b) + col;
-          const T* dr = gru ? step.drec + b * G * u + col : nullptr;
-          if (bf16) {
-            to_bf16<T>(dx, low.row(t, b) + col, w);
-            if (gru) to_bf16<T>(dr, drec_low_p + ((s % 2) * B + b) * gup + col, w);
-          }
-          if (sums_p) {
-            add_to_f64<T>(dx, sums_p + col, w);
-            if (gru) add_to_f64<T>(dr, sums_p + G * u + col, w);
-          }
+      for (int64_t q = 0; q < G; ++q) {
+        const int64_t col = q * u + j0;
+        for (int64_t b = 0; b < B && bf16; ++b) {
+          to_bf16<T>(step.dxw.row(t, b) + col, low.row(t, b) + col, w);
+          if (gru) to_bf16<T>(step.drec + b * G * u + col, drec_low_p + ((s % 2) * B + b) * gup + col, w);
+        }
+        if (sums_p) {
+          add_rows_to_f64<T>(step.dxw.row(t, 0) + col, step.dxw.row_stride, B, w, sums_p + col);
+          if (gru) add_rows_to_f64<T>(step.drec + col, G * u, B, w, sums_p + G * u + col);
         }
       }
     };
+
     // Step s's gate gradients for its recurrent GEMM into dh (tasks over unit blocks); `act`
     // holds step s's rows.
     struct Grads {

@@ -20,7 +20,8 @@ namespace cpu {
   void sigmoid_loop(const float* x, float* y, int64_t n);                                                            \
   void clip_ramp_loop(const float* x, float* y, int64_t n, float slope); /* clip(x * slope + 0.5, 0, 1) */           \
   void to_bf16_loop(const float* x, uint16_t* y, int64_t n); /* bfloat16 bits, to nearest (ties to even) */           \
-  void add_to_f64_loop(const float* x, double* acc, int64_t n); /* acc[i] += x[i] */                                   \
+  /* acc[j] += sum over r < rows of x[r * ld + j], j < n */                                                         \
+  void add_rows_to_f64_loop(const float* x, int64_t ld, int64_t rows, int64_t n, double* acc);                     \
   void lstm_forward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* xw, int64_t xs, const float* rec,     \
                         int64_t rs, const float* c_prev, float* saved, int64_t ss, float* h_new, float* c_new);      \
   /* dc: in the gradient w.r.t. c_new, out the one w.r.t. c_prev */                                                  \
@@ -44,7 +45,7 @@ struct FloatLoops {
   void (*sigmoid)(const float*, float*, int64_t);
   void (*clip_ramp)(const float*, float*, int64_t, float);
   void (*to_bf16)(const float*, uint16_t*, int64_t);
-  void (*add_to_f64)(const float*, double*, int64_t);
+  void (*add_rows_to_f64)(const float*, int64_t, int64_t, int64_t, double*);
   decltype(&vec_base::lstm_forward_row) lstm_forward_row;
   decltype(&vec_base::lstm_backward_row) lstm_backward_row;
   decltype(&vec_base::gru_forward_row) gru_forward_row;

@@ -165,8 +165,29 @@ void to_bf16_loop(const float* x, uint16_t* y, int64_t n) {
   }
 }
 
-void add_to_f64_loop(const float* __restrict__ x, double* __restrict__ acc, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<double>(x[i]);
+// Column sums of rows x 64-column tiles in float32 (the partials stay in registers), added to
+// the float64 accumulators every 64 rows: one load per value instead of a float64
+// read-modify-write per value and row.
+void add_rows_to_f64_loop(const float* __restrict__ x, int64_t ld, int64_t rows, int64_t n,
+                          double* __restrict__ acc) {
+  constexpr int64_t kCols = 64, kRows = 64;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+    const int64_t r1 = r0 + kRows < rows ? r0 + kRows : rows;
+    int64_t j0 = 0;
+    for (; j0 + kCols <= n; j0 += kCols) {
+      float part[kCols] = {};
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* xr = x + r * ld + j0;
+        for (int64_t j = 0; j < kCols; ++j) part[j] += xr[j];
+      }
+      for (int64_t j = 0; j < kCols; ++j) acc[j0 + j] += static_cast<double>(part[j]);
+    }
+    for (int64_t j = j0; j < n; ++j) {
+      float part = 0.0f;
+      for (int64_t r = r0; r < r1; ++r) part += x[r * ld + j];
+      acc[j] += static_cast<double>(part);
+    }
+  }
 }
 
 void lstm_forward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* xw, int64_t xs, const float* rec,
