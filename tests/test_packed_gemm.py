@@ -58,3 +58,48 @@ def test_rows_bias_and_accumulation(build, trans_b):
 def test_build_override_is_checked():
     with pytest.raises(ValueError, match="'avx2' or 'avx512'; got 'sse'"):
         _C._testing.override_packed_gemm_isa("sse")
+
+
+needs_avx512 = pytest.mark.skipif(not _C._testing.cpu_packed_gemm_avx512(), reason="no AVX-512 F/BW/DQ/VL on this CPU")
+
+
+@pytest.fixture
+def packed_engine():
+    _C._testing.override_cpu_gemm_engine("packed")
+    _C._testing.override_packed_gemm_isa("avx512")
+    yield
+    _C._testing.override_cpu_gemm_engine("")
+    _C._testing.override_packed_gemm_isa("")
+
+
+@needs_avx512
+@pytest.mark.parametrize("R,k,N", [(0, 3, 5), (1, 1, 1), (7, 5, 3), (513, 37, 130), (1100, 17, 199),
+                                   (20000, 33, 450), (16384, 130, 257)])
+def test_weight_grad_matches_float64(packed_engine, R, k, N):
+    """The backward's weight-gradient GEMM A^T D on the AVX-512 build (csrc/cpu/rnn_cpu.cpp
+    packed_weight_grad: A packed, D's blocks copied into row tiles of 6 with the rows past N zero,
+    K blocks of 512, the threads splitting D's columns, the product transposed) against float64;
+    the last three shapes reach its 2^28 size floor; error at most 3x torch.mm's in float32, both
+    against float64. Below the floor it declines (None)."""
+    g = torch.Generator().manual_seed(R + k + N)
+    A = torch.randn(R, k, generator=g)
+    D = torch.randn(R, N + 7, generator=g)[:, :N]  # rows N + 7 apart, as a gate block's are
+    got = _C._testing.packed_weight_grad(A, D)
+    if R * k * N < 2 ** 28:
+        assert got is None
+        return
+    assert got is not None and got.shape == (k, N) and got.is_contiguous()
+    want = A.double().t() @ D.double()
+    # Sums of up to 20000 products: held to ATen's own float32 GEMM's error on the same product.
+    err, err_mm = (got.double() - want).abs().max(), ((A.t() @ D).double() - want).abs().max()
+    assert err <= 3 * err_mm + 1e-6, (err, err_mm)
+
+
+@needs_avx512
+def test_weight_grad_declines_where_blas_serves():
+    """With BLAS as the engine (the Intel default for large GEMMs) the weight gradients stay on it."""
+    _C._testing.override_cpu_gemm_engine("blas")
+    try:
+        assert _C._testing.packed_weight_grad(torch.randn(20000, 130), torch.randn(20000, 257)) is None
+    finally:
+        _C._testing.override_cpu_gemm_engine("")

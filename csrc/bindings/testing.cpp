@@ -146,6 +146,9 @@ void register_testing(pybind11::module_& m) {
   m.def("packed_gemm", &packed_product, py::arg("A"), py::arg("B"), py::arg("trans_b") = false,
         py::arg("bias") = py::none(), py::arg("C") = py::none(), py::arg("rows") = py::none(),
         "A[rows] · B (+ C[rows] with C, else + bias) through the packed GEMM, B packed here");
+  m.def("packed_weight_grad", &cpu::packed_weight_grad, py::arg("A"), py::arg("D"),
+        "A^T D (float32) as the CPU backward's weight gradients run it on the packed kernel's AVX-512 build; "
+        "None where BLAS or another engine serves the shape or that build does not run");
   m.def("cpu_brgemm", &cpu::brgemm_available, "whether this torch has cpublas::brgemm for float32");
   m.def("override_cpu_gemm_engine", &cpu::override_gemm_engine,
         "run the CPU GEMMs on 'packed', 'brgemm' or 'blas' from now on ('' for the chosen engine)");

@@ -17,6 +17,8 @@
 //   projects_input_in_loop<T>(cfg, a)             the time loop projects each step's input (PolicyDefaults: no)
 //   takes_input_bias<T>(cfg, a)                   the time loop adds the input bias (PolicyDefaults: no)
 //   transposed_to(A, dtype)                       A^T row-major in dtype, for those GEMMs (PolicyDefaults: ATen)
+//   weight_grad(A, D)                             float32 A^T · D by the backend's own GEMM, or undefined
+//                                                 for ATen's (PolicyDefaults: undefined)
 //
 // Layouts: x and y are batch-major [B, T, F]; the outputs of inner layers live in the reserve
 // time-major [T, B, D*u]. A "sequence" below is a 3-D tensor in either layout.
@@ -343,8 +345,12 @@ struct WeightProducts {
   bool low = false;
   at::ScalarType dtype = at::kFloat;
   Tensor (*transposed_to)(const Tensor&, at::ScalarType) = nullptr;
+  Tensor (*own)(const Tensor&, const Tensor&) = nullptr;  // Policy::weight_grad
   Tensor operator()(const Tensor& A, const Tensor& D, const Tensor& D_low = Tensor()) const {
-    if (!low) return at::mm(A.t(), D);
+    if (!low) {
+      Tensor product = own ? own(A, D) : Tensor();
+      return product.defined() ? product : at::mm(A.t(), D);
+    }
     return at::mm(transposed_to(A, dtype), D_low.defined() ? D_low : D.to(dtype)).to(at::kFloat);
   }
 };
@@ -421,6 +427,8 @@ struct PolicyDefaults {
   static Tensor transposed_to(const Tensor& A, at::ScalarType dtype) {
     return A.t().to(dtype, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
   }
+  // float32 A^T · D by the backend's own GEMM, or undefined for ATen's.
+  static Tensor weight_grad(const Tensor&, const Tensor&) { return Tensor(); }
   template <typename T>
   static bool time_loop_forward(const RnnConfig&, const DirectionArgs&, ForwardStep<T>&) {
     return false;
@@ -566,7 +574,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   // reset_after: two, its recurrent side having gradients of its own). (Over every row, the
   // separate GEMMs below measured faster: no copy of x.)
   const WeightProducts product{Policy::template low_precision_weight_grads<T>(cfg), cfg.gemm_dtype,
-                               &Policy::transposed_to};
+                               &Policy::transposed_to, &Policy::weight_grad};
   if (extras.dbias.defined()) g.dbias = extras.dbias;
   // The input gradient is written by a GEMM without accumulating where it is the first and that
   // GEMM covers every row (a zero fill and a read of [T, B, In] the less); else added to zeros.
@@ -650,7 +658,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       const Tensor d2 = (gru_after ? drec.view({Tn * B, G * u}) : dxw2).narrow(1, g0 * u, (g1 - g0) * u);
       const Tensor d2_low = gru_after || !dxw2_low.defined() ? Tensor() : dxw2_low.narrow(1, g0 * u, (g1 - g0) * u);
       if (g0 == 0 && g1 == G && !product.low) {
-        at::mm_out(g.drecurrent, h2.t(), d2);  // every gate: straight into the gradient
+        g.drecurrent = product(h2, d2);  // every gate: the product is the gradient (no copy)
       } else {
         g.drecurrent.narrow(1, g0 * u, (g1 - g0) * u).copy_(product(h2, d2, d2_low));
       }

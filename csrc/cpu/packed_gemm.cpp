@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
+#include <vector>
 
 #include "cpu/vec_loops.h"
 
@@ -89,8 +90,9 @@ CUDNN_RNN_AVX2 inline __m256i lanes(int64_t n) {
 
 // One tile: MR rows x the 16 columns of one panel, cols (<= 16) of them stored.
 template <int MR>
-CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, const float* b, int64_t /*pstride: one panel*/,
-                         float* const* c_rows, const float* bias, bool load_c, int64_t cols) {
+CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, int64_t /*lda: rows only*/, const float* b,
+                         int64_t /*pstride: one panel*/, float* const* c_rows, const float* bias, bool load_c,
+                         int64_t cols) {
   const float* a[MR];
 #pragma GCC unroll 6
   for (int i = 0; i < MR; ++i) a[i] = a_rows[i];
@@ -170,18 +172,19 @@ CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, const float* b,
   }
 }
 
-// A tile (either build): (kc, a_rows, b, pstride, c_rows, bias, load_c, last): rows a_rows[i] +
-// [0, kc) times the kc x 16 blocks of its panels (pstride floats apart) into c_rows[i], the
-// last panel's first `last` columns stored.
-using TileFn = void (*)(int64_t, const float* const*, const float*, int64_t, float* const*, const float*, bool,
-                        int64_t);
+// A tile (either build): (kc, a_rows, lda, b, pstride, c_rows, bias, load_c, last): rows a_rows[i] +
+// [0, kc) (transposed tiles: a_rows[i] + k * lda for k < kc) times the kc x 16 blocks of its
+// panels (pstride floats apart) into c_rows[i], the last panel's first `last` columns stored.
+using TileFn = void (*)(int64_t, const float* const*, int64_t, const float*, int64_t, float* const*, const float*,
+                        bool, int64_t);
 constexpr int kMR = 6;
 constexpr TileFn kTiles[kMR + 1][2] = {{nullptr, nullptr}, {nullptr, tile<1>}, {nullptr, tile<2>}, {nullptr, tile<3>},
                                        {nullptr, tile<4>},  {nullptr, tile<5>}, {nullptr, tile<6>}};
 
 // The loop both builds run: K in blocks of kKc, then the panels of B in groups of `group`
-// (tiles[mr][g] multiplies mr rows by g panels), then the rows of A in tiles of kMR.
-template <typename Tiles>
+// (tiles[mr][g] multiplies mr rows by g panels), then the rows of A in tiles of kMR. TA: A is
+// given transposed (row i of A is column i of A^T, whose rows lie a.ld apart; a.rows unused).
+template <bool TA = false, typename Tiles>
 void run_tiles(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const float* panels, const float* bias,
                bool accumulate, float* C, Rows c, int64_t group, const Tiles& tiles) {
   const int64_t np = panel_count(N);
@@ -201,10 +204,10 @@ void run_tiles(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const fl
         for (int64_t m0 = mb; m0 < m_end; m0 += kMR) {
           const int64_t mr = std::min<int64_t>(kMR, m_end - m0);
           for (int64_t i = 0; i < mr; ++i) {
-            ap[i] = row_of(A, a, m0 + i) + k0;
+            ap[i] = TA ? A + k0 * a.ld + m0 + i : row_of(A, a, m0 + i) + k0;
             cp[i] = row_of(C, c, m0 + i) + q * kPanel;
           }
-          tiles[mr][g](kc, ap, bq, K * kPanel, cp, bias_q, load_c, last);
+          tiles[mr][g](kc, ap, a.ld, bq, K * kPanel, cp, bias_q, load_c, last);
         }
       }
     }
@@ -219,8 +222,8 @@ void run_tiles(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const fl
 // per k NP panel loads and one broadcast per row); the panels lie pstride floats apart and the
 // last one has `last` (<= 16) columns stored. A single row also splits k in two interleaved
 // partial sums (8 accumulators against the FMA latency).
-template <int MR, int NP>
-CUDNN_RNN_AVX512 void tile512(int64_t kc, const float* const* a_rows, const float* b, int64_t pstride,
+template <int MR, int NP, bool TA = false>
+CUDNN_RNN_AVX512 void tile512(int64_t kc, const float* const* a_rows, int64_t lda, const float* b, int64_t pstride,
                               float* const* c_rows, const float* bias, bool load_c, int64_t last) {
   const float* a[MR];
 #pragma GCC unroll 6
@@ -233,10 +236,24 @@ CUDNN_RNN_AVX512 void tile512(int64_t kc, const float* const* a_rows, const floa
   for (int p = 0; p < NP; ++p) {
     const __m512 v = !load_c && bias ? _mm512_maskz_loadu_ps(mask[p], bias + p * kPanel) : _mm512_setzero_ps();
 #pragma GCC unroll 6
-    for (int i = 0; i < MR; ++i) acc[i][p] = load_c ? _mm512_maskz_loadu_ps(mask[p], c_rows[i] + p * kPanel) : v;
+    for (int i = 0; i < MR; ++i) acc[i][p] = load_c && !TA ? _mm512_maskz_loadu_ps(mask[p], c_rows[i] + p * kPanel) : v;
   }
   int64_t k = 0;
-  if constexpr (MR == 1) {
+  if constexpr (TA) {  // row i's k-th value at a[0] + k * lda + i: one pointer per k
+    const float* ak = a[0];
+    for (; k < kc; ++k, ak += lda) {
+      __m512 bv[NP];
+#pragma GCC unroll 4
+      for (int p = 0; p < NP; ++p) bv[p] = _mm512_loadu_ps(b + p * pstride + k * kPanel);
+#pragma GCC unroll 6
+      for (int i = 0; i < MR; ++i) {
+        const __m512 ai = _mm512_set1_ps(ak[i]);
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; ++p) acc[i][p] = _mm512_fmadd_ps(ai, bv[p], acc[i][p]);
+      }
+    }
+  }
+  if constexpr (MR == 1 && !TA) {
     __m512 odd[NP];
 #pragma GCC unroll 4
     for (int p = 0; p < NP; ++p) odd[p] = _mm512_setzero_ps();
@@ -265,7 +282,13 @@ CUDNN_RNN_AVX512 void tile512(int64_t kc, const float* const* a_rows, const floa
 #pragma GCC unroll 6
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 4
-    for (int p = 0; p < NP; ++p) _mm512_mask_storeu_ps(c_rows[i] + p * kPanel, mask[p], acc[i][p]);
+    for (int p = 0; p < NP; ++p) {
+      // Transposed tiles (the weight gradients' long sums over rows) add each K block's own sum
+      // to C rather than continuing C's: float32 error of 20000-row sums 10x lower, at
+      // torch.mm's.
+      if (TA && load_c) acc[i][p] = _mm512_add_ps(acc[i][p], _mm512_maskz_loadu_ps(mask[p], c_rows[i] + p * kPanel));
+      _mm512_mask_storeu_ps(c_rows[i] + p * kPanel, mask[p], acc[i][p]);
+    }
   }
 }
 
@@ -274,6 +297,12 @@ constexpr int kNP = 4;
 constexpr TileFn kTiles512[kMR + 1][kNP + 1] = {{nullptr, nullptr, nullptr, nullptr, nullptr},
                                                 CUDNN_RNN_TILE_ROW(1), CUDNN_RNN_TILE_ROW(2), CUDNN_RNN_TILE_ROW(3),
                                                 CUDNN_RNN_TILE_ROW(4), CUDNN_RNN_TILE_ROW(5), CUDNN_RNN_TILE_ROW(6)};
+#undef CUDNN_RNN_TILE_ROW
+#define CUDNN_RNN_TILE_ROW(mr) \
+  {nullptr, tile512<mr, 1, true>, tile512<mr, 2, true>, tile512<mr, 3, true>, tile512<mr, 4, true>}
+constexpr TileFn kTiles512T[kMR + 1][kNP + 1] = {{nullptr, nullptr, nullptr, nullptr, nullptr},
+                                                 CUDNN_RNN_TILE_ROW(1), CUDNN_RNN_TILE_ROW(2), CUDNN_RNN_TILE_ROW(3),
+                                                 CUDNN_RNN_TILE_ROW(4), CUDNN_RNN_TILE_ROW(5), CUDNN_RNN_TILE_ROW(6)};
 #undef CUDNN_RNN_TILE_ROW
 
 }  // namespace
@@ -285,6 +314,49 @@ void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const 
     run_tiles(M, N, K, A, a, panels, bias, accumulate, C, c, kNP, kTiles512);
   } else {
     run_tiles(M, N, K, A, a, panels, bias, accumulate, C, c, 1, kTiles);
+  }
+}
+
+// run_tiles' loop order with A^T's block of kMc columns x kKc rows first copied into row tiles
+// ([kc][kMR] each, the rows past M zero): read in place, every k of a tile touched another cache
+// line of A^T (rows a whole gate-gradient row apart) and the fastrnns weight gradient ran at 90 ms
+// against MKL's 37; packed, A^T is read once, in order.
+void packed_gemm_at(int64_t M, int64_t N, int64_t K, const float* At, int64_t lda, const float* panels,
+                    bool accumulate, float* C, int64_t ldc) {
+  TORCH_CHECK(packed_gemm_isa() == PackedIsa::Avx512, "packed_gemm_at: the AVX-512 build only");
+  if (M <= 0 || N <= 0) return;
+  std::vector<float> block(size_t(kMc * kKc));
+  const int64_t np = panel_count(N);
+  const int64_t k_blocks = K == 0 ? 1 : (K + kKc - 1) / kKc;
+  const float* ap[kMR];
+  float* cp[kMR];
+  for (int64_t mb = 0; mb < M; mb += kMc) {
+    const int64_t m_end = std::min(M, mb + kMc), tiles = (m_end - mb + kMR - 1) / kMR;
+    for (int64_t kb = 0; kb < k_blocks; ++kb) {
+      const int64_t k0 = kb * kKc, kc = std::min(kKc, K - k0);
+      for (int64_t k = 0; k < kc; ++k) {
+        const float* src = At + (k0 + k) * lda;
+        for (int64_t t = 0; t < tiles; ++t) {
+          float* dst = block.data() + (t * kc + k) * kMR;
+          for (int64_t i = 0; i < kMR; ++i) {
+            const int64_t m = mb + t * kMR + i;
+            dst[i] = m < m_end ? src[m] : 0.0f;
+          }
+        }
+      }
+      const bool load_c = kb > 0 || accumulate;
+      for (int64_t q = 0; q < np; q += kNP) {
+        const int64_t g = std::min<int64_t>(kNP, np - q);
+        const int64_t last = std::min(kPanel, N - (q + g - 1) * kPanel);
+        const float* bq = panels + (q * K + k0) * kPanel;
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int64_t m0 = mb + t * kMR, mr = std::min<int64_t>(kMR, m_end - m0);
+          ap[0] = block.data() + t * kc * kMR;
+          for (int64_t i = 0; i < mr; ++i) cp[i] = C + (m0 + i) * ldc + q * kPanel;
+          kTiles512T[mr][g](kc, ap, kMR, bq, K * kPanel, cp, nullptr, load_c, last);
+        }
+      }
+    }
   }
 }
 
@@ -309,6 +381,10 @@ void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const 
       cr[j] = s;
     }
   }
+}
+
+void packed_gemm_at(int64_t, int64_t, int64_t, const float*, int64_t, const float*, bool, float*, int64_t) {
+  TORCH_CHECK(false, "packed_gemm_at: the AVX-512 build only");
 }
 
 #endif

@@ -1,5 +1,8 @@
-// The CPU backend's own time loop (cpu/rnn_cpu.cpp): what it splits across threads.
+// The CPU backend's own time loop (cpu/rnn_cpu.cpp): what it splits across threads; and its
+// weight-gradient GEMM.
 #pragma once
+
+#include <ATen/ATen.h>
 
 #include <cstdint>
 #include <vector>
@@ -22,6 +25,11 @@ struct UnitBlocks {
   UnitBlocks(int64_t batch, int64_t units, int64_t gates);
   int64_t width(int64_t k) const { return start[k + 1] - start[k]; }
 };
+
+// A^T · D in float32 (A: [R, k], D: [R, N]) on the packed kernel's AVX-512 build, or an undefined
+// tensor where BLAS or another engine serves the shape (cpu/gemm_engine.h) or that build does not
+// run.
+at::Tensor packed_weight_grad(const at::Tensor& A, const at::Tensor& D);
 
 }  // namespace cpu
 }  // namespace cudnn_rnn
