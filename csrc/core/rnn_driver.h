@@ -652,7 +652,6 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       return out.view({rows, p.size(2)});
     };
     const int64_t hr_gates = gru_before ? 2 : G;
-    g.drecurrent = at::empty({u, G * u}, opts);
     auto rec_grad = [&](const Tensor& hin, int64_t g0, int64_t g1) {
       const Tensor h2 = gru_after ? hin.reshape({Tn * B, u}) : in_input_layout(hin);
       const Tensor d2 = (gru_after ? drec.view({Tn * B, G * u}) : dxw2).narrow(1, g0 * u, (g1 - g0) * u);
@@ -660,6 +659,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       if (g0 == 0 && g1 == G && !product.low) {
         g.drecurrent = product(h2, d2);  // every gate: the product is the gradient (no copy)
       } else {
+        if (!g.drecurrent.defined()) g.drecurrent = at::empty({u, G * u}, opts);
         g.drecurrent.narrow(1, g0 * u, (g1 - g0) * u).copy_(product(h2, d2, d2_low));
       }
     };

@@ -181,35 +181,45 @@ constexpr int kMR = 6;
 constexpr TileFn kTiles[kMR + 1][2] = {{nullptr, nullptr}, {nullptr, tile<1>}, {nullptr, tile<2>}, {nullptr, tile<3>},
                                        {nullptr, tile<4>},  {nullptr, tile<5>}, {nullptr, tile<6>}};
 
-// The loop both builds run: K in blocks of kKc, then the panels of B in groups of `group`
-// (tiles[mr][g] multiplies mr rows by g panels), then the rows of A in tiles of kMR. TA: A is
-// given transposed (row i of A is column i of A^T, whose rows lie a.ld apart; a.rows unused).
-template <bool TA = false, typename Tiles>
-void run_tiles(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const float* panels, const float* bias,
-               bool accumulate, float* C, Rows c, int64_t group, const Tiles& tiles) {
+// One K block [k0, k0 + kc) against every panel of B in groups of `group` (tiles[mr][g]
+// multiplies mr rows by g panels), the rows [m_begin, m_end) in tiles of kMR: set_rows(m0, mr, q,
+// ap, cp) points ap / cp at the tile's A rows (or its transposed block) and C rows at panel q.
+template <typename Tiles, typename SetRows>
+void panel_pass(int64_t N, int64_t K, int64_t k0, int64_t kc, const float* panels, const float* bias, bool load_c,
+                int64_t lda, int64_t m_begin, int64_t m_end, int64_t group, const Tiles& tiles,
+                const SetRows& set_rows) {
   const int64_t np = panel_count(N);
-  const int64_t k_blocks = K == 0 ? 1 : (K + kKc - 1) / kKc;
   const float* ap[kMR];
   float* cp[kMR];
+  for (int64_t q = 0; q < np; q += group) {
+    const int64_t g = std::min(group, np - q);
+    const int64_t last = std::min(kPanel, N - (q + g - 1) * kPanel);
+    const float* bq = panels + (q * K + k0) * kPanel;
+    const float* bias_q = !load_c && bias ? bias + q * kPanel : nullptr;
+    for (int64_t m0 = m_begin; m0 < m_end; m0 += kMR) {
+      const int64_t mr = std::min<int64_t>(kMR, m_end - m0);
+      set_rows(m0, mr, q, ap, cp);
+      tiles[mr][g](kc, ap, lda, bq, K * kPanel, cp, bias_q, load_c, last);
+    }
+  }
+}
+
+// The loop both builds run: rows in blocks of kMc, K in blocks of kKc, then panel_pass.
+template <typename Tiles>
+void run_tiles(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const float* panels, const float* bias,
+               bool accumulate, float* C, Rows c, int64_t group, const Tiles& tiles) {
+  const int64_t k_blocks = K == 0 ? 1 : (K + kKc - 1) / kKc;
   for (int64_t mb = 0; mb < M; mb += kMc) {
     const int64_t m_end = std::min(M, mb + kMc);
     for (int64_t kb = 0; kb < k_blocks; ++kb) {
       const int64_t k0 = kb * kKc, kc = std::min(kKc, K - k0);
-      const bool load_c = kb > 0 || accumulate;
-      for (int64_t q = 0; q < np; q += group) {
-        const int64_t g = std::min(group, np - q);
-        const int64_t last = std::min(kPanel, N - (q + g - 1) * kPanel);
-        const float* bq = panels + (q * K + k0) * kPanel;
-        const float* bias_q = !load_c && bias ? bias + q * kPanel : nullptr;
-        for (int64_t m0 = mb; m0 < m_end; m0 += kMR) {
-          const int64_t mr = std::min<int64_t>(kMR, m_end - m0);
-          for (int64_t i = 0; i < mr; ++i) {
-            ap[i] = TA ? A + k0 * a.ld + m0 + i : row_of(A, a, m0 + i) + k0;
-            cp[i] = row_of(C, c, m0 + i) + q * kPanel;
-          }
-          tiles[mr][g](kc, ap, a.ld, bq, K * kPanel, cp, bias_q, load_c, last);
-        }
-      }
+      panel_pass(N, K, k0, kc, panels, bias, kb > 0 || accumulate, a.ld, mb, m_end, group, tiles,
+                 [&](int64_t m0, int64_t mr, int64_t q, const float** ap, float** cp) {
+                   for (int64_t i = 0; i < mr; ++i) {
+                     ap[i] = row_of(A, a, m0 + i) + k0;
+                     cp[i] = row_of(C, c, m0 + i) + q * kPanel;
+                   }
+                 });
     }
   }
 }
@@ -293,16 +303,14 @@ CUDNN_RNN_AVX512 void tile512(int64_t kc, const float* const* a_rows, int64_t ld
 }
 
 constexpr int kNP = 4;
-#define CUDNN_RNN_TILE_ROW(mr) {nullptr, tile512<mr, 1>, tile512<mr, 2>, tile512<mr, 3>, tile512<mr, 4>}
-constexpr TileFn kTiles512[kMR + 1][kNP + 1] = {{nullptr, nullptr, nullptr, nullptr, nullptr},
-                                                CUDNN_RNN_TILE_ROW(1), CUDNN_RNN_TILE_ROW(2), CUDNN_RNN_TILE_ROW(3),
-                                                CUDNN_RNN_TILE_ROW(4), CUDNN_RNN_TILE_ROW(5), CUDNN_RNN_TILE_ROW(6)};
-#undef CUDNN_RNN_TILE_ROW
-#define CUDNN_RNN_TILE_ROW(mr) \
-  {nullptr, tile512<mr, 1, true>, tile512<mr, 2, true>, tile512<mr, 3, true>, tile512<mr, 4, true>}
-constexpr TileFn kTiles512T[kMR + 1][kNP + 1] = {{nullptr, nullptr, nullptr, nullptr, nullptr},
-                                                 CUDNN_RNN_TILE_ROW(1), CUDNN_RNN_TILE_ROW(2), CUDNN_RNN_TILE_ROW(3),
-                                                 CUDNN_RNN_TILE_ROW(4), CUDNN_RNN_TILE_ROW(5), CUDNN_RNN_TILE_ROW(6)};
+#define CUDNN_RNN_TILE_ROW(mr, ta) \
+  {nullptr, tile512<mr, 1, ta>, tile512<mr, 2, ta>, tile512<mr, 3, ta>, tile512<mr, 4, ta>}
+#define CUDNN_RNN_TILE_TABLE(ta)                                                                          \
+  {{nullptr, nullptr, nullptr, nullptr, nullptr}, CUDNN_RNN_TILE_ROW(1, ta), CUDNN_RNN_TILE_ROW(2, ta), \
+   CUDNN_RNN_TILE_ROW(3, ta), CUDNN_RNN_TILE_ROW(4, ta), CUDNN_RNN_TILE_ROW(5, ta), CUDNN_RNN_TILE_ROW(6, ta)}
+constexpr TileFn kTiles512[kMR + 1][kNP + 1] = CUDNN_RNN_TILE_TABLE(false);
+constexpr TileFn kTiles512T[kMR + 1][kNP + 1] = CUDNN_RNN_TILE_TABLE(true);  // A^T row tiles
+#undef CUDNN_RNN_TILE_TABLE
 #undef CUDNN_RNN_TILE_ROW
 
 }  // namespace
@@ -326,10 +334,7 @@ void packed_gemm_at(int64_t M, int64_t N, int64_t K, const float* At, int64_t ld
   TORCH_CHECK(packed_gemm_isa() == PackedIsa::Avx512, "packed_gemm_at: the AVX-512 build only");
   if (M <= 0 || N <= 0) return;
   std::vector<float> block(size_t(kMc * kKc));
-  const int64_t np = panel_count(N);
   const int64_t k_blocks = K == 0 ? 1 : (K + kKc - 1) / kKc;
-  const float* ap[kMR];
-  float* cp[kMR];
   for (int64_t mb = 0; mb < M; mb += kMc) {
     const int64_t m_end = std::min(M, mb + kMc), tiles = (m_end - mb + kMR - 1) / kMR;
     for (int64_t kb = 0; kb < k_blocks; ++kb) {
@@ -344,18 +349,11 @@ void packed_gemm_at(int64_t M, int64_t N, int64_t K, const float* At, int64_t ld
           }
         }
       }
-      const bool load_c = kb > 0 || accumulate;
-      for (int64_t q = 0; q < np; q += kNP) {
-        const int64_t g = std::min<int64_t>(kNP, np - q);
-        const int64_t last = std::min(kPanel, N - (q + g - 1) * kPanel);
-        const float* bq = panels + (q * K + k0) * kPanel;
-        for (int64_t t = 0; t < tiles; ++t) {
-          const int64_t m0 = mb + t * kMR, mr = std::min<int64_t>(kMR, m_end - m0);
-          ap[0] = block.data() + t * kc * kMR;
-          for (int64_t i = 0; i < mr; ++i) cp[i] = C + (m0 + i) * ldc + q * kPanel;
-          kTiles512T[mr][g](kc, ap, kMR, bq, K * kPanel, cp, nullptr, load_c, last);
-        }
-      }
+      panel_pass(N, K, k0, kc, panels, nullptr, kb > 0 || accumulate, kMR, mb, m_end, kNP, kTiles512T,
+                 [&](int64_t m0, int64_t mr, int64_t q, const float** ap, float** cp) {
+                   ap[0] = block.data() + (m0 - mb) * kc;  // tile (m0 - mb) / kMR: kc x kMR floats
+                   for (int64_t i = 0; i < mr; ++i) cp[i] = C + (m0 + i) * ldc + q * kPanel;
+                 });
     }
   }
 }

@@ -180,7 +180,6 @@ inline Tensor block_columns(const Tensor& m, int64_t G, int64_t u, int64_t j0, i
   return m.dim() == 1 ? b.view({G * w}) : b;
 }
 
-// bfloat16 GEMMs (cpu/bf16_gemm.h) for a float32 run of a bfloat16 call, where oneDNN packs them.
 }  // namespace
 
 namespace cpu {
@@ -214,7 +213,7 @@ Tensor packed_weight_grad(const Tensor& A, const Tensor& D) {
   float* c = ct.data_ptr<float>();
   const float* d = D.data_ptr<float>();
   // Whole 16-column strips of D per thread (no cache line of D read by two threads' tiles).
-  const int64_t nt = std::max<int64_t>(1, at::get_num_threads()), strips = (N + kPanel - 1) / kPanel;
+  const int64_t nt = std::max<int64_t>(1, at::get_num_threads()), strips = panel_count(N);
   const int64_t per = (strips + nt - 1) / nt;
   at::parallel_for(0, nt, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
@@ -229,6 +228,7 @@ Tensor packed_weight_grad(const Tensor& A, const Tensor& D) {
 
 namespace {
 
+// bfloat16 GEMMs (cpu/bf16_gemm.h) for a float32 run of a bfloat16 call, where oneDNN packs them.
 template <typename T>
 bool bf16_gemms(const RnnConfig& cfg) {
   return std::is_same_v<T, float> && cfg.gemm_dtype == at::kBFloat16 && cpu::bf16_gemm_available();
