@@ -240,12 +240,17 @@ def test_unused_outputs_need_no_gradient():
     assert torch.autograd.gradcheck(lambda x: layer(x)[1], (x,))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mask_kind", ["holes", None])
 @pytest.mark.parametrize("cell,reset_after", [("lstm", True), ("gru", True), ("gru", False), ("simple_rnn", True)])
-def test_inference_path_equals_training_path(cell, reset_after):
-    """Without autograd the CPU keeps no per-step activations (one step of scratch instead): the
-    outputs must not change."""
+def test_inference_path_equals_training_path(cell, reset_after, mask_kind, dtype):
+    """Without autograd the CPU keeps no per-step activations (one step of scratch, the fused
+    float32 rows writing none) and two state slots instead of T + 1: the outputs and final
+    states must not change."""
     x, ws, mask, h0, c0, dm, rdm, config = _case(cell, reset_after=reset_after, bidirectional=True, num_layers=2,
-                                                 mask_kind="holes")
+                                                 mask_kind=mask_kind)
+    x, h0, c0 = (t.detach().to(dtype).requires_grad_() if t is not None else None for t in (x, h0, c0))
+    ws = [w.detach().to(dtype).requires_grad_() for w in ws]
     trained = ops.rnn_forward(x, ws, mask, h0, c0, dm, rdm, **config)
     with torch.no_grad():
         inferred = ops.rnn_forward(x, ws, mask, h0, c0, dm, rdm, **config)

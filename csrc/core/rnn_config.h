@@ -69,13 +69,17 @@ struct RnnConfig {
   //                         activated gates for float32 tanh/sigmoid cells and pre-activations
   //                         otherwise (cpu/cell_rows.h), the generic CUDA kernels keep
   //                         pre-activations (cuda/generic_kernels_body.h)
-  //   h      [T + 1, B, u]  hidden state before step 0 .. after step T-1
-  //   c      [T + 1, B, u]  LSTM only
+  //   h      [T + 1, B, u]  hidden state before step 0 .. after step T-1 (!keep_saved: [2, B, u],
+  //                         step s reading slot s % 2 and writing the other: state_slot)
+  //   c      [T + 1, B, u]  LSTM only (likewise)
   // then, for layers 0 .. L-2, that layer's output [T, B, D*u] (the next layer's input).
   int64_t saved_width() const { return cell == CellKind::SimpleRNN ? units : 4 * units; }
   int64_t stored_saved_steps() const { return keep_saved ? time : 0; }
+  int64_t stored_states() const { return keep_saved ? time + 1 : 2; }
+  // Where the state before step s (s = 0 .. T) lies in the reserve's h and c.
+  int64_t state_slot(int64_t s) const { return keep_saved ? s : s % 2; }
   int64_t reserve_per_direction() const {
-    return stored_saved_steps() * batch * saved_width() + (time + 1) * batch * units * (has_cell_state() ? 2 : 1);
+    return stored_saved_steps() * batch * saved_width() + stored_states() * batch * units * (has_cell_state() ? 2 : 1);
   }
   int64_t reserve_size() const {
     return num_layers * num_directions * reserve_per_direction() +

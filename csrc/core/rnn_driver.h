@@ -97,9 +97,10 @@ inline DirReserve dir_reserve(const RnnConfig& cfg, const Tensor& reserve, int64
     // One step's scratch seen at every step (time stride 0): nothing to keep for backward.
     r.saved = at::empty({1, B, S}, reserve.options()).expand({T, B, S});
   }
-  r.h = reserve.narrow(0, off, (T + 1) * B * u).view({T + 1, B, u});
-  off += (T + 1) * B * u;
-  if (cfg.has_cell_state()) r.c = reserve.narrow(0, off, (T + 1) * B * u).view({T + 1, B, u});
+  const int64_t states = cfg.stored_states();
+  r.h = reserve.narrow(0, off, states * B * u).view({states, B, u});
+  off += states * B * u;
+  if (cfg.has_cell_state()) r.c = reserve.narrow(0, off, states * B * u).view({states, B, u});
   return r;
 }
 
@@ -258,13 +259,15 @@ void set_forward_step(ForwardStep<T>& step, const RnnConfig& cfg, const Directio
   const int64_t Bu = cfg.batch * cfg.units;
   step.t = cfg.reversed(a.dir) ? cfg.time - 1 - s : s;
   step.out_index = a.dir == 1 ? cfg.time - 1 - s : s;
+  const int64_t from = cfg.state_slot(s) * Bu, to = cfg.state_slot(s + 1) * Bu;
   T* h = a.rs.h.data_ptr<T>();
-  step.h_prev = h + s * Bu;
-  step.h_next = h + (s + 1) * Bu;
+  step.h_prev = h + from;
+  step.h_next = h + to;
   T* c = cfg.has_cell_state() ? a.rs.c.data_ptr<T>() : nullptr;
-  step.c_prev = c ? c + s * Bu : nullptr;
-  step.c_next = c ? c + (s + 1) * Bu : nullptr;
+  step.c_prev = c ? c + from : nullptr;
+  step.c_next = c ? c + to : nullptr;
   step.saved = a.rs.saved.data_ptr<T>() + s * a.rs.saved.stride(0);
+  step.keep_saved = cfg.keep_saved;
 }
 
 template <typename T>
@@ -484,7 +487,7 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
 
   for (int64_t s = 0; s < Tn; ++s) {
     set_forward_step(step, cfg, a, s);
-    Tensor h_prev = a.rs.h[s];
+    Tensor h_prev = a.rs.h[cfg.state_slot(s)];
     recurrent_projection(cfg, h_prev, a.w.recurrent, a.w.bias_rec, a.rmask, 0, gru_before ? 2 : G, hd_buf, rec);
     if (gru_before) {
       Policy::template gru_before_gates<T>(step);  // z, r and the candidate matmul's input r * hd_h
@@ -733,8 +736,8 @@ ForwardResult forward(const RnnConfig& cfg, const ForwardCall& call) {
           if (call.c0.has_value()) a.rs.c[0].copy_((*call.c0)[ld]); else a.rs.c[0].zero_();
         }
         direction_forward<Policy, scalar_t>(cfg, a, out3, last);
-        h_n[ld].copy_(a.rs.h[Tn]);
-        if (cfg.has_cell_state()) c_n[ld].copy_(a.rs.c[Tn]);
+        h_n[ld].copy_(a.rs.h[cfg.state_slot(Tn)]);
+        if (cfg.has_cell_state()) c_n[ld].copy_(a.rs.c[cfg.state_slot(Tn)]);
       }
     }
   });

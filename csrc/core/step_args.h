@@ -37,6 +37,7 @@ struct ForwardStep {
   const T* c_prev;         // [B, u] (LSTM)
   T* c_next;               // [B, u] (LSTM)
   T* saved;                // [B, S]
+  bool keep_saved;         // saved is read by a backward (else it is scratch the cell need not fill)
   Seq<T> out;              // layer output
   const bool* mask;        // [B, T] or null
   uint8_t* seen;           // [B]: has a real step been processed (carry-over outputs need it)

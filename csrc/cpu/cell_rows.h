@@ -80,14 +80,16 @@ Gates<const T> activated_gates(Activation act, Activation ract, int64_t n, int64
   return g;
 }
 
+// keep_saved: a backward will read saved (else it is scratch: the fused rows leave it alone).
 template <typename T>
 void lstm_row_forward(Activation act, Activation ract, int64_t n, Gates<const T> xw, Gates<const T> rec,
-                      const T* c_prev, Gates<T> saved, T* h_new, T* c_new, T* scratch) {
+                      const T* c_prev, Gates<T> saved, bool keep_saved, T* h_new, T* c_new, T* scratch) {
   const bool activated = saves_activated<T>(act, ract);
   if constexpr (std::is_same_v<T, float>) {
     if (activated) {
       return float_loops().lstm_forward_row(act == Activation::Tanh, ract == Activation::Tanh, n, xw.p, xw.stride,
-                                            rec.p, rec.stride, c_prev, saved.p, saved.stride, h_new, c_new);
+                                            rec.p, rec.stride, c_prev, keep_saved ? saved.p : nullptr, saved.stride,
+                                            h_new, c_new);
     }
   }
   // the activated gates i, f, c~, o: in place in saved, or in scratch
@@ -136,12 +138,13 @@ void lstm_row_backward(Activation act, Activation ract, int64_t n, Gates<const T
 // activated, see saves_activated) and hh.
 template <typename T>
 void gru_after_row_forward(Activation act, Activation ract, int64_t n, Gates<const T> xw, Gates<const T> rec,
-                           const T* h_prev, Gates<T> saved, T* h_new, T* scratch) {
+                           const T* h_prev, Gates<T> saved, bool keep_saved, T* h_new, T* scratch) {
   const bool activated = saves_activated<T>(act, ract);
   if constexpr (std::is_same_v<T, float>) {
     if (activated) {
       return float_loops().gru_forward_row(act == Activation::Tanh, ract == Activation::Tanh, n, xw.p, xw.stride,
-                                           rec.p, rec.stride, h_prev, saved.p, saved.stride, h_new);
+                                           rec.p, rec.stride, h_prev, keep_saved ? saved.p : nullptr, saved.stride,
+                                           h_new);
     }
   }
   // the activated z, r, n: in place in saved, or in scratch

@@ -420,17 +420,17 @@ void forward_row(const ForwardStep<T>& p, int64_t b, int64_t j0, int64_t w, cons
       outr[j] = zero ? T(0) : hp[j];
     }
     if (p.c_next) std::copy(p.c_prev + b * u + j0, p.c_prev + b * u + j0 + w, p.c_next + b * u + j0);
-    for (int64_t q = 0; q < S / u; ++q) std::fill(sv + q * u, sv + q * u + w, T(0));
+    for (int64_t q = 0; q < S / u && p.keep_saved; ++q) std::fill(sv + q * u, sv + q * u + w, T(0));
     return;
   }
   switch (p.cell) {
     case CellKind::LSTM:
-      cpu::lstm_row_forward<T>(p.act, p.ract, w, {xwr, xs}, {rec, rs}, p.c_prev + b * u + j0, {sv, u}, hn,
+      cpu::lstm_row_forward<T>(p.act, p.ract, w, {xwr, xs}, {rec, rs}, p.c_prev + b * u + j0, {sv, u}, p.keep_saved, hn,
                                p.c_next + b * u + j0, scratch);
       break;
     case CellKind::GRU:
       if (p.reset_after) {
-        cpu::gru_after_row_forward<T>(p.act, p.ract, w, {xwr, xs}, {rec, rs}, hp, {sv, u}, hn, scratch);
+        cpu::gru_after_row_forward<T>(p.act, p.ract, w, {xwr, xs}, {rec, rs}, hp, {sv, u}, p.keep_saved, hn, scratch);
       } else {  // row loops only (j0 = 0, w = u)
         cpu::gru_before_row_update<T>(p.act, p.ract, u, xwr, p.rec_h + b * u, hp, sv, hn, scratch);
       }

@@ -13,7 +13,8 @@ namespace cpu {
 
 // Row arguments: a gate-blocked array p holds gate q's n values at p + q * stride (xs, rs, ss,
 // dxs, drs); act_tanh / ract_tanh say whether act / ract is tanh (else sigmoid). `saved` holds the
-// activated gates (LSTM i, f, c~, o; GRU z, r, n and the recurrent candidate hh).
+// activated gates (LSTM i, f, c~, o; GRU z, r, n and the recurrent candidate hh); forward rows
+// take a null saved where nothing will read them (inference).
 #define CUDNN_RNN_DECLARE_LOOPS(ns)                                                                                  \
   namespace ns {                                                                                                     \
   void tanh_loop(const float* x, float* y, int64_t n);                                                               \

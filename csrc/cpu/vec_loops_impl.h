@@ -66,7 +66,8 @@ inline float gate_grad_f32(float y) {
 
 // The fused cell rows (vec_loops.h): one pass over the units, every stream restrict-qualified
 // so that GCC vectorises without alias checks. A: act is tanh, R: ract is tanh (else sigmoid).
-template <bool A, bool R>
+// Save: write the activated gates to saved (else saved is null: inference keeps nothing).
+template <bool A, bool R, bool Save>
 void lstm_forward(int64_t n, const float* __restrict__ xw, int64_t xs, const float* __restrict__ rec, int64_t rs,
                   const float* __restrict__ c_prev, float* __restrict__ saved, int64_t ss, float* __restrict__ h_new,
                   float* __restrict__ c_new) {
@@ -75,10 +76,12 @@ void lstm_forward(int64_t n, const float* __restrict__ xw, int64_t xs, const flo
     const float f = gate_f32<R>(xw[xs + j] + rec[rs + j]);
     const float g = gate_f32<A>(xw[2 * xs + j] + rec[2 * rs + j]);
     const float o = gate_f32<R>(xw[3 * xs + j] + rec[3 * rs + j]);
-    saved[j] = i;
-    saved[ss + j] = f;
-    saved[2 * ss + j] = g;
-    saved[3 * ss + j] = o;
+    if constexpr (Save) {
+      saved[j] = i;
+      saved[ss + j] = f;
+      saved[2 * ss + j] = g;
+      saved[3 * ss + j] = o;
+    }
     const float c = f * c_prev[j] + i * g;
     c_new[j] = c;
     h_new[j] = o * gate_f32<A>(c);
@@ -101,7 +104,7 @@ void lstm_backward(int64_t n, const float* __restrict__ saved, int64_t ss, const
   }
 }
 
-template <bool A, bool R>
+template <bool A, bool R, bool Save>
 void gru_forward(int64_t n, const float* __restrict__ xw, int64_t xs, const float* __restrict__ rec, int64_t rs,
                  const float* __restrict__ h_prev, float* __restrict__ saved, int64_t ss, float* __restrict__ h_new) {
   for (int64_t j = 0; j < n; ++j) {
@@ -109,10 +112,12 @@ void gru_forward(int64_t n, const float* __restrict__ xw, int64_t xs, const floa
     const float r = gate_f32<R>(xw[xs + j] + rec[rs + j]);
     const float hh = rec[2 * rs + j];
     const float c = gate_f32<A>(xw[2 * xs + j] + r * hh);
-    saved[j] = z;
-    saved[ss + j] = r;
-    saved[2 * ss + j] = c;
-    saved[3 * ss + j] = hh;
+    if constexpr (Save) {
+      saved[j] = z;
+      saved[ss + j] = r;
+      saved[2 * ss + j] = c;
+      saved[3 * ss + j] = hh;
+    }
     h_new[j] = z * h_prev[j] + (1.0f - z) * c;
   }
 }
@@ -134,10 +139,13 @@ void gru_backward(int64_t n, const float* __restrict__ saved, int64_t ss, const 
   }
 }
 
-// Calls F<A, R> for the runtime pair (act_tanh, ract_tanh).
+// Calls F<A, R, Extra...> for the runtime pair (act_tanh, ract_tanh).
 #define CUDNN_RNN_PICK(F, a, r, ...) \
   ((a) ? ((r) ? F<true, true>(__VA_ARGS__) : F<true, false>(__VA_ARGS__)) \
        : ((r) ? F<false, true>(__VA_ARGS__) : F<false, false>(__VA_ARGS__)))
+#define CUDNN_RNN_PICK_SAVE(F, save, a, r, ...) \
+  ((a) ? ((r) ? F<true, true, save>(__VA_ARGS__) : F<true, false, save>(__VA_ARGS__)) \
+       : ((r) ? F<false, true, save>(__VA_ARGS__) : F<false, false, save>(__VA_ARGS__)))
 
 }  // namespace
 
@@ -192,7 +200,11 @@ void add_rows_to_f64_loop(const float* __restrict__ x, int64_t ld, int64_t rows,
 
 void lstm_forward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* xw, int64_t xs, const float* rec,
                       int64_t rs, const float* c_prev, float* saved, int64_t ss, float* h_new, float* c_new) {
-  CUDNN_RNN_PICK(lstm_forward, act_tanh, ract_tanh, n, xw, xs, rec, rs, c_prev, saved, ss, h_new, c_new);
+  if (saved) {
+    CUDNN_RNN_PICK_SAVE(lstm_forward, true, act_tanh, ract_tanh, n, xw, xs, rec, rs, c_prev, saved, ss, h_new, c_new);
+  } else {
+    CUDNN_RNN_PICK_SAVE(lstm_forward, false, act_tanh, ract_tanh, n, xw, xs, rec, rs, c_prev, saved, ss, h_new, c_new);
+  }
 }
 
 void lstm_backward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* saved, int64_t ss, const float* c_prev,
@@ -202,7 +214,11 @@ void lstm_backward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* sa
 
 void gru_forward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* xw, int64_t xs, const float* rec,
                      int64_t rs, const float* h_prev, float* saved, int64_t ss, float* h_new) {
-  CUDNN_RNN_PICK(gru_forward, act_tanh, ract_tanh, n, xw, xs, rec, rs, h_prev, saved, ss, h_new);
+  if (saved) {
+    CUDNN_RNN_PICK_SAVE(gru_forward, true, act_tanh, ract_tanh, n, xw, xs, rec, rs, h_prev, saved, ss, h_new);
+  } else {
+    CUDNN_RNN_PICK_SAVE(gru_forward, false, act_tanh, ract_tanh, n, xw, xs, rec, rs, h_prev, saved, ss, h_new);
+  }
 }
 
 void gru_backward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* saved, int64_t ss, const float* h_prev,
@@ -211,6 +227,7 @@ void gru_backward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* sav
 }
 
 #undef CUDNN_RNN_PICK
+#undef CUDNN_RNN_PICK_SAVE
 
 }  // namespace CUDNN_RNN_VEC_NS
 }  // namespace cpu
