@@ -135,6 +135,43 @@ def test_split_loop_matches_one_block_with_masks(cell, kwargs, bidirectional, th
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_step_scheduler_runs_every_block_once_and_gives_up_a_lagging_thread(threads):
+    """csrc/cpu/time_loop.h: a step's blocks run across threads until one thread lags twice
+    running; then the caller runs stretches of steps alone (16, 32, ... steps), probing the
+    threads between them. Every block of every step runs exactly once either way."""
+    threads(2)
+    ones = torch.ones(200, 2, dtype=torch.long)
+    counts, _ = _C._testing.step_scheduler_trace(200, 2, 0)
+    assert torch.equal(counts, ones)
+    counts, stretches = _C._testing.step_scheduler_trace(200, 2, 2000)  # the other thread sleeps 2 ms a block
+    assert torch.equal(counts, ones)
+    if _C._testing.parallel_for_threads() == 2:
+        assert stretches >= 3  # 16 + 32 + 64 steps alone, each after a probe that lagged again
+    else:  # no OpenMP: the caller runs every block, nothing lags
+        assert stretches == 0
+
+
+@pytest.mark.parametrize("engine", _engine_builds(), indirect=True)
+@pytest.mark.parametrize("cell,kwargs", [("lstm", {}), ("gru", {"go_backwards": True}), ("simple_rnn", {})])
+def test_serial_steps_give_the_threaded_bits(cell, kwargs, threads, engine):
+    """The steps the scheduler runs on the calling thread (BLAS held to one thread there) are the
+    threaded steps' blocks one after another: the same bits, float32 on every engine, masked,
+    both directions, forward and backward."""
+    threads(4)
+    assert len(_C._testing.cpu_unit_blocks(BATCH[cell], U, GATES[cell])) > 2
+    layer = _layer(cell, True, **kwargs).float()
+    x = torch.randn(BATCH[cell], T, I)
+    mask = _random_mask(4, BATCH[cell])
+    out, grads = _run(layer, x, mask)
+    _C._testing.force_serial_steps(True)
+    try:
+        out_serial, grads_serial = _run(layer, x, mask)
+    finally:
+        _C._testing.force_serial_steps(False)
+    for a, b in zip(out + list(grads), out_serial + list(grads_serial)):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("cell,kwargs", [
     ("lstm", {}),
     ("lstm", {"go_backwards": True, "zero_output_for_mask": True}),

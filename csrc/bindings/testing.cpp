@@ -5,8 +5,10 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bindings/kernel_emulation.h"
@@ -156,6 +158,26 @@ void register_testing(pybind11::module_& m) {
         "whether this CPU can run the packed GEMM's AVX-512 build (AVX-512 F/BW/DQ/VL)");
   m.def("override_packed_gemm_isa", &cpu::override_packed_gemm_isa,
         "run the packed GEMM's 'avx2' or 'avx512' build from now on ('' for the machine's choice)");
+  m.def("force_serial_steps", &cpu::StepScheduler::force_serial,
+        "run every time-loop step's unit blocks on the calling thread (True) or as the scheduler decides");
+  m.def("step_scheduler_trace", [](int64_t steps, int64_t blocks, int64_t lag_us) {
+    // Runs `steps` steps of `blocks` blocks through a StepScheduler; a block run by a thread other
+    // than the caller sleeps lag_us first (a thread whose core is busy elsewhere). Returns how
+    // many times each (step, block) ran and how many serial stretches the scheduler took.
+    at::Tensor counts = at::zeros({steps, blocks}, at::kLong);
+    auto* c = counts.data_ptr<int64_t>();
+    const auto caller = std::this_thread::get_id();
+    cpu::StepScheduler scheduler(blocks);
+    for (int64_t s = 0; s < steps; ++s) {
+      scheduler.run([&](int64_t k0, int64_t k1) {
+        if (lag_us > 0 && std::this_thread::get_id() != caller) {
+          std::this_thread::sleep_for(std::chrono::microseconds(lag_us));
+        }
+        for (int64_t k = k0; k < k1; ++k) ++c[s * blocks + k];
+      });
+    }
+    return std::make_tuple(counts, scheduler.serial_stretches());
+  }, "the time loop's step scheduler on an empty body, one thread made to lag");
   m.def("parallel_for_threads", [] {
     // How many distinct threads at::parallel_for runs 64 one-item tasks on (1 when the extension
     // was compiled without OpenMP, whatever torch's thread count).

@@ -56,6 +56,9 @@ void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n, int k
 void cblas_sgemm_compute(int layout, int transa, int transb, int m, int n, int k, const float* a, int lda,
                          const float* b, int ldb, float beta, float* c, int ldc) __attribute__((weak));
 }
+// MKL's per-thread thread count for the GEMMs a thread issues (the C entry point; mkl.h maps
+// mkl_set_num_threads_local to it, the lowercase symbol is the Fortran one, by pointer).
+extern "C" int MKL_Set_Num_Threads_Local(int n) __attribute__((weak));
 constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112, kCblasPacked = 151, kCblasBMatrix = 162;
 
 template <typename T>
@@ -655,6 +658,7 @@ struct TimeLoops {
     ActiveRows<T> act(B);
     // BLAS and brgemm read the active rows of h_prev gathered; the packed kernel reads them in place.
     Tensor h_active = step.mask && !packed && !bf16 ? at::empty({B, u}, a.x3.options()) : Tensor();
+    cpu::StepScheduler scheduler(blocks.n);
     for (int64_t s = 0; s < cfg.time; ++s) {
       driver::set_forward_step(step, cfg, a, s);
       act.collect(step.mask, B, cfg.time, step.t);
@@ -677,7 +681,7 @@ struct TimeLoops {
         h_in = h_active.data_ptr<T>();
         rows = nullptr;
       }
-      at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
+      scheduler.run([&](int64_t k0, int64_t k1) {
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t j0 = blocks.start[k], w = blocks.width(k), ldr = G * w;
           T* r = rec_p[k];
@@ -863,13 +867,14 @@ struct TimeLoops {
       return g;
     };
     ActiveRows<T> act(B), act_later(B);  // rows of step s and of step s + 1
+    cpu::StepScheduler scheduler(blocks.n);
     for (int64_t s = Tn - 1; s >= 0; --s) {
       driver::set_backward_step(step, cfg, a, s, dh.data_ptr<T>(), dh_next.data_ptr<T>());
       step.drec = gru ? drec.data_ptr<T>() + s * B * G * u : nullptr;
       act.collect(step.mask, B, Tn, step.t);
       Grads later{nullptr, 0, nullptr, 0};
       if (s + 1 < Tn) later = gather_grads(act_later, s + 1);
-      at::parallel_for(0, blocks.n, 1, [&](int64_t k0, int64_t k1) {
+      scheduler.run([&](int64_t k0, int64_t k1) {
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t j0 = blocks.start[k], w = blocks.width(k);
           if (later.D) {
@@ -1061,6 +1066,8 @@ struct CpuBackend {
 };
 
 }  // namespace
+
+int cpu::StepScheduler::set_blas_threads(int n) { return MKL_Set_Num_Threads_Local ? MKL_Set_Num_Threads_Local(n) : 0; }
 
 cpu::UnitBlocks::UnitBlocks(int64_t batch, int64_t units, int64_t gates) {
   const int64_t work = batch * gates * units * units;  // multiply-adds of one step's GEMM

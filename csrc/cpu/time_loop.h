@@ -3,7 +3,11 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -24,6 +28,72 @@ struct UnitBlocks {
 
   UnitBlocks(int64_t batch, int64_t units, int64_t gates);
   int64_t width(int64_t k) const { return start[k + 1] - start[k]; }
+};
+
+// Runs each step's unit blocks (body(k0, k1): blocks [k0, k1)) across threads, one fork-join a
+// step, unless the threads fall out of step. When one task ends far behind the others twice
+// running (its core shared with another busy process: then every step waits for that thread's
+// next time slice, and a fastrnns GRU forward ran 5x slower than on an idle machine), the
+// calling thread runs the blocks of the next `stretch` steps alone (BLAS held to one thread),
+// then tries the threads again, doubling the stretch while they keep lagging. Unloaded, the
+// tasks end together and the steps run as before.
+class StepScheduler {
+ public:
+  explicit StepScheduler(int64_t blocks) : n_(blocks), end_(blocks) {}
+
+  template <typename Body>
+  void run(const Body& body) {
+    if (n_ == 1) {
+      at::parallel_for(0, 1, 1, body);
+      return;
+    }
+    if (serial_left_ > 0 || forced_serial().load(std::memory_order_relaxed)) {
+      if (serial_left_ > 0) --serial_left_;
+      const int previous = set_blas_threads(1);
+      body(int64_t(0), n_);
+      set_blas_threads(previous);
+      return;
+    }
+    const auto start = Clock::now();
+    at::parallel_for(0, n_, 1, [&](int64_t k0, int64_t k1) {
+      body(k0, k1);
+      std::fill(end_.begin() + k0, end_.begin() + k1, Clock::now());
+    });
+    const auto [first, last] = std::minmax_element(end_.begin(), end_.end());
+    const double fast = seconds(*first - start), slow = seconds(*last - start);
+    if (slow <= 2.0 * fast + kSlack) {
+      lagging_ = 0;
+      stretch_ = kStretch;
+    } else if (++lagging_ >= 2) {
+      serial_left_ = stretch_;
+      stretch_ = std::min<int64_t>(2 * stretch_, kMaxStretch);
+      lagging_ = 1;  // a probe that lags again goes back at once
+      ++serial_stretches_;
+    }
+  }
+
+  // How many times the threads were given up for a stretch (tests).
+  int64_t serial_stretches() const { return serial_stretches_; }
+  // Tests: every step on the calling thread (true) or as above (false).
+  static void force_serial(bool on) { forced_serial().store(on); }
+
+ private:
+  static std::atomic<bool>& forced_serial() {
+    static std::atomic<bool> on{false};
+    return on;
+  }
+  using Clock = std::chrono::steady_clock;
+  static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+  // MKL's thread count for GEMMs the calling thread issues (MKL's local setting; 0 restores the
+  // global one); a no-op without MKL.
+  static int set_blas_threads(int n);
+
+  static constexpr double kSlack = 200e-6;  // timer and wake-up jitter, seconds
+  static constexpr int64_t kStretch = 16, kMaxStretch = 256;
+  int64_t n_;
+  std::vector<Clock::time_point> end_;
+  int lagging_ = 0;
+  int64_t serial_left_ = 0, stretch_ = kStretch, serial_stretches_ = 0;
 };
 
 // A^T · D in float32 (A: [R, k], D: [R, N]) on the packed kernel's AVX-512 build, or an undefined
