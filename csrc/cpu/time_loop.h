@@ -33,7 +33,7 @@ struct UnitBlocks {
 // Runs each step's unit blocks (body(k0, k1): blocks [k0, k1)) across threads, one fork-join a
 // step, unless the threads fall out of step. When one task ends far behind the others twice
 // running (its core shared with another busy process: then every step waits for that thread's
-// next time slice, and a fastrnns GRU forward ran 5x slower than on an idle machine), the
+// next time slice, and a fastrnns GRU forward ran 5-7x slower than on an idle machine), the
 // calling thread runs the blocks of the next `stretch` steps alone (BLAS held to one thread),
 // then tries the threads again, doubling the stretch while they keep lagging. Unloaded, the
 // tasks end together and the steps run as before.
