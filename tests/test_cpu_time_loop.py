@@ -10,6 +10,7 @@ import torch
 import cudnn_rnn
 from cudnn_rnn import _C
 from cudnn_rnn.cells import GATES
+from test_packed_gemm import needs_avx512
 from test_torch_parity import _grads_as_module
 
 B, T, I, U = 64, 6, 24, 100  # U = 100: blocks of 32, 16, 32 and 20 units on 4 threads
@@ -227,31 +228,26 @@ def test_float32_unmasked_loop_matches_float64(cell, kwargs, bidirectional, thre
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(not _C._testing.cpu_packed_gemm_avx512(), reason="no AVX-512 F/BW/DQ/VL on this CPU")
+@needs_avx512
+@pytest.mark.parametrize("engine", ["packed-avx512"], indirect=True)
 @pytest.mark.parametrize("cell,kwargs", [("lstm", {}), ("gru", {"go_backwards": True})])
-def test_packed_weight_grads_match_float64(cell, kwargs, threads):
+def test_packed_weight_grads_match_float64(cell, kwargs, threads, engine):
     """Where the large GEMMs run on the packed engine (CPUs other than Intel's), the weight
     gradients do too from 2^28 multiply-adds (T*B = 4096 rows here: the kernel's and the
     recurrent kernel's both reach it): float32 held to the float64 run like every other engine's."""
-    _C._testing.override_cpu_gemm_engine("packed")
-    _C._testing.override_packed_gemm_isa("avx512")
-    try:
-        rows, units, width = 4096, 256, 128
-        assert rows * width * GATES[cell] * units >= 2 ** 28
-        layer = LAYERS[cell](width, units, return_sequences=True, return_state=True, dtype=torch.float64, **kwargs)
-        with torch.no_grad():
-            for p in layer.parameters():
-                p.uniform_(-0.1, 0.1)
-        layer32 = copy.deepcopy(layer).float()
-        x = torch.randn(64, rows // 64, width, dtype=torch.float64)
-        threads(2)
-        out64, grads64 = _run(layer, x)
-        out32, grads32 = _run(layer32, x.float())
-        for a, b in zip(out32 + list(grads32), out64 + list(grads64)):
-            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
-    finally:
-        _C._testing.override_cpu_gemm_engine("")
-        _C._testing.override_packed_gemm_isa("")
+    rows, units, width = 4096, 256, 128
+    assert rows * width * GATES[cell] * units >= 2 ** 28
+    layer = LAYERS[cell](width, units, return_sequences=True, return_state=True, dtype=torch.float64, **kwargs)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.uniform_(-0.1, 0.1)
+    layer32 = copy.deepcopy(layer).float()
+    x = torch.randn(64, rows // 64, width, dtype=torch.float64)
+    threads(2)
+    out64, grads64 = _run(layer, x)
+    out32, grads32 = _run(layer32, x.float())
+    for a, b in zip(out32 + list(grads32), out64 + list(grads64)):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
 _GEMM_PATH_RUN = """

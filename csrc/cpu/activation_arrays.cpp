@@ -11,9 +11,9 @@
 namespace cudnn_rnn {
 namespace cpu {
 
-#define CUDNN_RNN_LOOPS(ns, name)                                                                         \
+#define CUDNN_RNN_LOOPS(ns, name)                                                                          \
   FloatLoops {                                                                                             \
-    name, ns::tanh_loop, ns::sigmoid_loop, ns::clip_ramp_loop, ns::to_bf16_loop, ns::add_rows_to_f64_loop,      \
+    name, ns::tanh_loop, ns::sigmoid_loop, ns::clip_ramp_loop, ns::to_bf16_loop, ns::add_rows_to_f64_loop, \
         ns::lstm_forward_row, ns::lstm_backward_row, ns::gru_forward_row, ns::gru_backward_row             \
   }
 

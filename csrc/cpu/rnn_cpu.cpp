@@ -428,12 +428,13 @@ void forward_row(const ForwardStep<T>& p, int64_t b, int64_t j0, int64_t w, cons
   }
   switch (p.cell) {
     case CellKind::LSTM:
-      cpu::lstm_row_forward<T>(p.act, p.ract, w, {xwr, xs}, {rec, rs}, p.c_prev + b * u + j0, {sv, u}, p.keep_saved, hn,
-                               p.c_next + b * u + j0, scratch);
+      cpu::lstm_row_forward<T>(p.act, p.ract, w, {xwr, xs}, {rec, rs}, p.c_prev + b * u + j0, {sv, u},
+                               p.keep_saved, hn, p.c_next + b * u + j0, scratch);
       break;
     case CellKind::GRU:
       if (p.reset_after) {
-        cpu::gru_after_row_forward<T>(p.act, p.ract, w, {xwr, xs}, {rec, rs}, hp, {sv, u}, p.keep_saved, hn, scratch);
+        cpu::gru_after_row_forward<T>(p.act, p.ract, w, {xwr, xs}, {rec, rs}, hp, {sv, u}, p.keep_saved, hn,
+                                      scratch);
       } else {  // row loops only (j0 = 0, w = u)
         cpu::gru_before_row_update<T>(p.act, p.ract, u, xwr, p.rec_h + b * u, hp, sv, hn, scratch);
       }
@@ -1067,7 +1068,9 @@ struct CpuBackend {
 
 }  // namespace
 
-int cpu::StepScheduler::set_blas_threads(int n) { return MKL_Set_Num_Threads_Local ? MKL_Set_Num_Threads_Local(n) : 0; }
+int cpu::StepScheduler::set_blas_threads(int n) {
+  return MKL_Set_Num_Threads_Local ? MKL_Set_Num_Threads_Local(n) : 0;
+}
 
 cpu::UnitBlocks::UnitBlocks(int64_t batch, int64_t units, int64_t gates) {
   const int64_t work = batch * gates * units * units;  // multiply-adds of one step's GEMM

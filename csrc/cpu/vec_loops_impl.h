@@ -2,6 +2,7 @@
 // No include guard: each includer compiles these definitions for its own instruction set.
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace cudnn_rnn {
 namespace cpu {
@@ -139,13 +140,17 @@ void gru_backward(int64_t n, const float* __restrict__ saved, int64_t ss, const 
   }
 }
 
-// Calls F<A, R, Extra...> for the runtime pair (act_tanh, ract_tanh).
-#define CUDNN_RNN_PICK(F, a, r, ...) \
-  ((a) ? ((r) ? F<true, true>(__VA_ARGS__) : F<true, false>(__VA_ARGS__)) \
-       : ((r) ? F<false, true>(__VA_ARGS__) : F<false, false>(__VA_ARGS__)))
-#define CUDNN_RNN_PICK_SAVE(F, save, a, r, ...) \
-  ((a) ? ((r) ? F<true, true, save>(__VA_ARGS__) : F<true, false, save>(__VA_ARGS__)) \
-       : ((r) ? F<false, true, save>(__VA_ARGS__) : F<false, false, save>(__VA_ARGS__)))
+// Calls f(A, R) with A, R std::bool_constant for the runtime pair (act_tanh, ract_tanh): the
+// caller instantiates its loop for the pair (decltype(A)::value).
+template <typename F>
+void pick(bool act_tanh, bool ract_tanh, const F& f) {
+  if (act_tanh) {
+    ract_tanh ? f(std::true_type{}, std::true_type{}) : f(std::true_type{}, std::false_type{});
+  } else {
+    ract_tanh ? f(std::false_type{}, std::true_type{}) : f(std::false_type{}, std::false_type{});
+  }
+}
+#define CUDNN_RNN_AR decltype(A)::value, decltype(R)::value
 
 }  // namespace
 
@@ -200,34 +205,39 @@ void add_rows_to_f64_loop(const float* __restrict__ x, int64_t ld, int64_t rows,
 
 void lstm_forward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* xw, int64_t xs, const float* rec,
                       int64_t rs, const float* c_prev, float* saved, int64_t ss, float* h_new, float* c_new) {
-  if (saved) {
-    CUDNN_RNN_PICK_SAVE(lstm_forward, true, act_tanh, ract_tanh, n, xw, xs, rec, rs, c_prev, saved, ss, h_new, c_new);
-  } else {
-    CUDNN_RNN_PICK_SAVE(lstm_forward, false, act_tanh, ract_tanh, n, xw, xs, rec, rs, c_prev, saved, ss, h_new, c_new);
-  }
+  pick(act_tanh, ract_tanh, [&](auto A, auto R) {
+    if (saved) {
+      lstm_forward<CUDNN_RNN_AR, true>(n, xw, xs, rec, rs, c_prev, saved, ss, h_new, c_new);
+    } else {
+      lstm_forward<CUDNN_RNN_AR, false>(n, xw, xs, rec, rs, c_prev, saved, ss, h_new, c_new);
+    }
+  });
 }
 
 void lstm_backward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* saved, int64_t ss, const float* c_prev,
                        const float* c_new, const float* dh, float* dc, float* dx, int64_t dxs) {
-  CUDNN_RNN_PICK(lstm_backward, act_tanh, ract_tanh, n, saved, ss, c_prev, c_new, dh, dc, dx, dxs);
+  pick(act_tanh, ract_tanh,
+       [&](auto A, auto R) { lstm_backward<CUDNN_RNN_AR>(n, saved, ss, c_prev, c_new, dh, dc, dx, dxs); });
 }
 
 void gru_forward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* xw, int64_t xs, const float* rec,
                      int64_t rs, const float* h_prev, float* saved, int64_t ss, float* h_new) {
-  if (saved) {
-    CUDNN_RNN_PICK_SAVE(gru_forward, true, act_tanh, ract_tanh, n, xw, xs, rec, rs, h_prev, saved, ss, h_new);
-  } else {
-    CUDNN_RNN_PICK_SAVE(gru_forward, false, act_tanh, ract_tanh, n, xw, xs, rec, rs, h_prev, saved, ss, h_new);
-  }
+  pick(act_tanh, ract_tanh, [&](auto A, auto R) {
+    if (saved) {
+      gru_forward<CUDNN_RNN_AR, true>(n, xw, xs, rec, rs, h_prev, saved, ss, h_new);
+    } else {
+      gru_forward<CUDNN_RNN_AR, false>(n, xw, xs, rec, rs, h_prev, saved, ss, h_new);
+    }
+  });
 }
 
 void gru_backward_row(bool act_tanh, bool ract_tanh, int64_t n, const float* saved, int64_t ss, const float* h_prev,
                       const float* dh, float* dx, int64_t dxs, float* drec, int64_t drs, float* dh_prev) {
-  CUDNN_RNN_PICK(gru_backward, act_tanh, ract_tanh, n, saved, ss, h_prev, dh, dx, dxs, drec, drs, dh_prev);
+  pick(act_tanh, ract_tanh,
+       [&](auto A, auto R) { gru_backward<CUDNN_RNN_AR>(n, saved, ss, h_prev, dh, dx, dxs, drec, drs, dh_prev); });
 }
 
-#undef CUDNN_RNN_PICK
-#undef CUDNN_RNN_PICK_SAVE
+#undef CUDNN_RNN_AR
 
 }  // namespace CUDNN_RNN_VEC_NS
 }  // namespace cpu
