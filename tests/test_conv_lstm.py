@@ -432,3 +432,62 @@ def test_bidirectional_conv_lstm_matches_keras(merge_mode, tmp_path):
         assert len(got) == len(expected)
         for i, (a, b) in enumerate(zip(got, expected)):
             np.testing.assert_allclose(a.numpy(), b, atol=ATOL, rtol=RTOL, err_msg=f"{name} output {i}")
+
+
+def _assert_float32_matches_float64(rank, channels, filters, kernel, kw, batch, time, spatial, rng, seed):
+    layer32 = getattr(cudnn_rnn, f"ConvLSTM{rank}D")(channels, filters, kernel, **kw)
+    layer64 = getattr(cudnn_rnn, f"ConvLSTM{rank}D")(channels, filters, kernel, dtype=torch.float64, **kw)
+    with torch.no_grad():
+        for p32, p64 in zip(layer32.parameters(), layer64.parameters()):
+            p32.uniform_(-0.7, 0.7, generator=torch.Generator().manual_seed(seed))
+            p64.copy_(p32.double())
+    shape = x_shape(kw, batch, time, channels, spatial)
+    x64 = torch.from_numpy(rng.uniform(-1, 1, size=shape)).requires_grad_(True)
+    x32 = x64.detach().float().requires_grad_(True)
+    outs = []
+    for layer, x in ((layer32, x32), (layer64, x64)):
+        got = layer(x)
+        got = got if isinstance(got, list) else [got]
+        sum(((t.double() * (i + 1)) ** 2).sum() for i, t in enumerate(got)).backward()
+        outs.append([t.detach().double() for t in got] + [x.grad.double()] +
+                    [p.grad.double() for p in layer.parameters()])
+    for i, (a, b) in enumerate(zip(*outs)):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=lambda m: f"tensor {i} of {shape}, {kw}: {m}")
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_float32_matches_float64_on_one_channel_and_narrow_shapes(seed):
+    """The same layer in float32 and float64, outputs and every gradient, on shapes that include
+    one input channel, one filter, output widths of 1, strides, dilation and both data formats:
+    what ATen's float32 convolution gets wrong when a one-channel tensor is a permuted view."""
+    rng = np.random.RandomState(1000 + seed)
+    rank = 1 + seed % 3
+    channels, filters = (1, int(rng.randint(1, 4))) if seed % 2 == 0 else (int(rng.randint(1, 4)), 1)
+    kernel = tuple(int(k) for k in rng.choice([1, 2, 3], size=rank))
+    kw = dict(padding=str(rng.choice(["valid", "same"])),
+              data_format="channels_last" if seed % 4 < 2 else "channels_first",
+              return_sequences=bool(seed % 3), return_state=True)
+    if seed % 5 < 3:
+        kw["strides"] = tuple(int(s) for s in rng.choice([1, 2, 3], size=rank))
+    elif seed % 5 == 3:
+        kw["dilation_rate"] = tuple(int(d) for d in rng.choice([1, 2], size=rank))
+    # spatial sizes from the smallest the kernel takes (an output width of 1) to 4 more
+    span = [((k - 1) * (kw.get("dilation_rate") or (1,) * rank)[i] + 1) for i, k in enumerate(kernel)]
+    spatial = tuple(int(rng.randint(s if kw["padding"] == "valid" else 1, s + 5)) for s in span)
+    batch, time = int(rng.randint(1, 4)), int(rng.randint(1, 5))
+    _assert_float32_matches_float64(rank, channels, filters, kernel, kw, batch, time, spatial, rng, seed)
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("rank, kernel, strides, spatial", [
+    (2, (2, 3), (1, 2), (4, 4)),        # ATen's float32 convolution of a permuted one-channel view: wrong
+    (2, (3, 3), (1, 2), (5, 3)),
+    (3, (1, 2, 3), (1, 1, 2), (3, 4, 5)),
+    (3, (2, 3, 3), (1, 1, 2), (4, 5, 5)),
+    (1, 3, 2, (7,)),
+])
+def test_one_input_channel_with_strides(rank, kernel, strides, spatial, data_format):
+    rng = np.random.RandomState(7)
+    kw = dict(strides=strides, data_format=data_format, return_sequences=True, return_state=True)
+    for trial in range(3):  # the defect read memory it does not own: it changed from run to run
+        _assert_float32_matches_float64(rank, 1, 2, kernel, kw, 2, 3, spatial, rng, trial)

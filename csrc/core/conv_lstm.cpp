@@ -19,6 +19,20 @@ std::vector<int64_t> checked_list(at::IntArrayRef v, int64_t n, int64_t lo, cons
   return v.vec();
 }
 
+// t with the strides of a fresh contiguous tensor of its sizes, the same memory. A tensor with a
+// dimension of size 1 counts as contiguous under several strides (that dimension's stride is
+// never used), and ATen's float32 CPU convolution (torch 2.14, oneDNN) computes wrongly when a
+// one-channel input or weight carries a channel stride of 1 (a permuted view, or what
+// contiguous(ChannelsLast) makes): a ConvLSTM2D with strides (1, 2) on a one-channel input was off
+// by up to 1.1, by a different amount on every run (it read memory it does not own). Given
+// standard strides for both, it computes what float64 does.
+Tensor standard_strides(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  std::vector<int64_t> strides(c.dim(), 1);
+  for (int64_t d = c.dim() - 1; d > 0; --d) strides[d - 1] = strides[d] * c.size(d);
+  return c.as_strided(c.sizes(), strides, c.storage_offset());
+}
+
 // A convolution on channels-last tensors [N, *S, C] (Keras's layout, and the memory format
 // oneDNN and cuDNN run fastest: ATen sees them as channels_last views of [N, C, *S]), with Keras's
 // (possibly asymmetric) padding: symmetric padding goes to the convolution itself, the rest is
@@ -29,7 +43,14 @@ struct Conv {
   bool symmetric() const { return pad_before == pad_after; }
 
   // [N, *S, C] -> the [N, C, *S] view ATen convolves; and back (contiguous).
+  // One channel: the same memory is also a plain contiguous [N, 1, *S], and is given with its
+  // standard strides (standard_strides, as the weights are by conv_weight).
   static Tensor channels_first_view(const Tensor& t) {
+    if (t.size(-1) == 1) {
+      std::vector<int64_t> sizes{t.size(0), 1};
+      for (int64_t d = 1; d < t.dim() - 1; ++d) sizes.push_back(t.size(d));
+      return standard_strides(t.reshape(sizes));
+    }
     std::vector<int64_t> order{0, t.dim() - 1};
     for (int64_t d = 1; d < t.dim() - 1; ++d) order.push_back(d);
     return t.permute(order);
@@ -182,8 +203,10 @@ Dims check(const ConvLstmTensors& in, const OptTensor& h0, const OptTensor& c0, 
 Conv input_conv(const ConvLstmOptions& o) { return Conv{o.stride, o.pad_before, o.pad_after, o.dilation}; }
 
 // A kernel as the convolutions read it: channels_last for 2-D / 3-D (the inputs are; otherwise
-// ATen re-lays the weight out at every call, i.e. every step), contiguous otherwise.
+// ATen re-lays the weight out at every call, i.e. every step), contiguous otherwise; a kernel of
+// one input channel with standard strides, as its input is (standard_strides).
 Tensor conv_weight(const Tensor& w) {
+  if (w.size(1) == 1) return standard_strides(w);
   if (w.dim() == 4) return w.contiguous(at::MemoryFormat::ChannelsLast);
   if (w.dim() == 5) return w.contiguous(at::MemoryFormat::ChannelsLast3d);
   return w.contiguous();
