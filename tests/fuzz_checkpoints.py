@@ -553,7 +553,8 @@ def _reset_peak(pid="self") -> None:
 def _worker() -> None:
     import torch
 
-    from cudnn_rnn.keras import ConversionError, isolation, load_converted, load_keras
+    from cudnn_rnn.keras import ConversionError, load_converted, load_keras
+    from cudnn_rnn.keras.files import isolation
 
     torch.set_num_threads(1)
     out = sys.stdout

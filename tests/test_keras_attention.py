@@ -7,12 +7,14 @@ decoder's outputs) saved in each Keras 3 format and loaded with load_keras, with
 import json
 import os
 
+import h5py
 import numpy as np
 import pytest
 import torch
 
 from keras_oracle import keras  # noqa: F401  (sets KERAS_BACKEND=torch before importing keras)
 from keras import layers
+from keras.src.legacy.saving import legacy_h5_format
 
 from cudnn_rnn.keras import ConversionError, load_keras
 
@@ -97,8 +99,10 @@ def test_random_attention_models_match_keras(seed, tmp_path):
     model.save(tmp_path / "m.keras")
     model.save_weights(tmp_path / "m.weights.h5")
     model.save(tmp_path / "m.h5")
+    with h5py.File(tmp_path / "legacy.weights.h5", "w") as f:  # Keras 2's weights-only layout, by layer order
+        legacy_h5_format.save_weights_to_hdf5_group(f, model)
     for path, arch in ((tmp_path / "m.keras", None), (tmp_path / "m.weights.h5", str(tmp_path / "m.keras")),
-                       (tmp_path / "m.h5", None)):
+                       (tmp_path / "m.h5", None), (tmp_path / "legacy.weights.h5", model.to_json())):
         ours = load_keras(path, architecture=arch)
         with torch.no_grad():
             y = ours(*[torch.as_tensor(x) for x in xs])
@@ -244,7 +248,7 @@ def test_keras_run_order_is_keras_own(tmp_path):
     """keras_run_order (cudnn_rnn/keras/graph.py) against the order Keras 3 itself runs a
     functional graph in (Functional._nodes_by_depth, deepest first): the random models above and
     the MultiHeadAttention ones."""
-    from cudnn_rnn.keras.graph import keras_run_order
+    from cudnn_rnn.keras.graph.spec import keras_run_order
 
     models = [random_model(seed)[0] for seed in range(12)] + [_mha_readers(k) for k in
                                                               ("mha-then-additive", "two-mha-then-attention")]

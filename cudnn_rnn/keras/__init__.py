@@ -5,13 +5,13 @@ save_converted (convert.py), ConversionError, KerasModel, the layer registry BUI
 (builders.py) and recurrent_layer (the cudnn_rnn layer a converted model's module runs, or None)."""
 from __future__ import annotations
 
-from .builders import BUILDERS
+from .layers import BUILDERS
 from .convert import load_converted, save_converted
 from .errors import ConversionError
-from .export import save_keras
+from .writers.export import save_keras
 from .load import load_keras, rebuild
-from .model import KerasModel
-from .recurrent import recurrent_layer, recurrent_layers
+from .graph.model import KerasModel
+from .layers.recurrent import recurrent_layer, recurrent_layers
 
 __all__ = ["load_keras", "save_keras", "rebuild", "load_converted", "save_converted", "ConversionError", "KerasModel",
            "BUILDERS", "recurrent_layer", "recurrent_layers"]

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional, Union
 
 import torch
 
-from .containers import load_json, open_regular
+from .files.containers import load_json, open_regular
 from .errors import ConversionError
 
 if TYPE_CHECKING:
-    from .model import KerasModel
+    from .graph.model import KerasModel
 
 FORMAT = "cudnn_rnn.keras/1"
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -15,3 +15,10 @@ class ConversionError(ValueError):
             message = message[:MAX_MESSAGE] + f"... ({len(message) - MAX_MESSAGE} more characters)"
         where = f"{self.path}" + (f", layer '{self.layer}'" if self.layer else "")
         super().__init__(f"{where}: {message}")
+
+
+def few(names, k: int = 5) -> str:
+    """The first k names and a count of the rest: error messages stay short."""
+    names = list(names)
+    shown = ", ".join(repr(n) if len(str(n)) < 80 else repr(str(n)[:77] + "...") for n in names[:k])
+    return shown + (f" and {len(names) - k} more" if len(names) > k else "")

@@ -20,23 +20,15 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from .. import conv_lstm
 from .. import layers as rnn_layers
-from .builders import BUILDERS
-from .containers import load_json, open_keras_file
-from .custom import custom_builders, find_builder, short_name
+from .layers import BUILDERS
+from .files.containers import load_json, open_keras_file
+from .layers.custom import custom_builders, find_builder, short_name
 from .errors import ConversionError
-from .graph import ModelSpec, parse_model
-from .model import KerasModel, NestedModel
-from .recorded_ops import OP_CLASSES, build_op
-from .registry import BuildContext, keras_major
-from .weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
-
-# Layers that hold no weights: how Keras 2 matched a weights-only file's groups to layers by order.
-_NO_WEIGHTS = frozenset({
-    "InputLayer", "Dropout", "SpatialDropout1D", "Activation", "Flatten", "Reshape", "Permute", "RepeatVector",
-    "Masking", "GlobalAveragePooling1D", "GlobalMaxPooling1D", "MaxPooling1D", "AveragePooling1D", "Concatenate",
-    "Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum", "ReLU", "Softmax", "GaussianNoise",
-    "GaussianDropout", "AlphaDropout", "ActivityRegularization"})
-
+from .graph.spec import ModelSpec, parse_model
+from .graph.model import KerasModel, NestedModel
+from .layers.ops import OP_CLASSES, build_op
+from .layers.registry import BuildContext, holds_weights, keras_major
+from .files.weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
 
 def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, dict]] = None, dtype: torch.dtype = torch.float32,
                progress: Optional[Callable] = None,
@@ -72,7 +64,9 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
         _check_classes(spec, custom, kf.path)
         source = weight_source(kf, spec)
         if isinstance(source, LegacySource) and kf.config is None:
-            source.match_by_order([l.name for l in spec.layers if l.class_name not in _NO_WEIGHTS])
+            # (Keras's own order: the layers that hold weights; recorded operations are not layers)
+            source.match_by_order([l.name for l in spec.layers if not _is_op(l, custom) and (
+                l.model is not None or find_builder(l.class_name, {}, custom) is not None or holds_weights(l.class_name, l.config))])
         records: dict = {}
         model = _build(spec, kf.path, version, RecordingSource(source, records), dtype, spec.name, progress, custom)
         model.keras_config, model.keras_version, model.keras_weights = config, version, records
@@ -267,9 +261,12 @@ def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, whe
 def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:
     """The input shape a config leaves out (a Sequential built by fit), from the first layer that
     reads the input: its weights say how wide the input is."""
-    from .basic_layers import ActivationLayer, Dense, Dropout, Embedding, Identity, Masking
-    from .recurrent import recurrent_layers
-    from .sequence_layers import Conv1D
+    from .layers.activations import ActivationLayer
+    from .layers.base import Identity
+    from .layers.convolution import Conv1D
+    from .layers.core import Dense, Embedding, Masking
+    from .layers.recurrent import recurrent_layers
+    from .layers.regularization import Dropout, Noise
 
     source = (ref.layer, ref.call)
     for _ in range(8):  # through layers that keep the shape (Masking, Dropout, Activation)
@@ -287,7 +284,7 @@ def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:
             return (declared[0], (None, module.kernel.shape[0]))
         if isinstance(module, Conv1D):
             return (declared[0], (None, None, module.weight.shape[1] * module.groups))
-        if not isinstance(module, (Masking, Dropout, ActivationLayer, Identity)):
+        if not isinstance(module, (Masking, Dropout, Noise, ActivationLayer, Identity)):
             break
         source = (reader[0], reader[2])
     raise ConversionError(path, f"input {ref.layer} has no declared shape, and its first layer does not imply one",

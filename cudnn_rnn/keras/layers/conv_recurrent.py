@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import conv_lstm
+from ... import conv_lstm
 from .activations import activation_name
-from .errors import ConversionError
-from .. import layers as rnn_layers
+from ..errors import ConversionError
+from ... import layers as rnn_layers
 from .recurrent import BIDIRECTIONAL_LAYERS, graph_outputs, keras3_call_of, mask_run
 from .registry import builder, layer_config_of
 from .values import Values, check_shapes, int_tuple

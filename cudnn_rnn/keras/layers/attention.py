@@ -135,7 +135,7 @@ def _attention_options(cfg, ctx, additive: bool):
     return use_scale, score_mode, min(dropout, 1.0 - 1e-7), causal, opts["return_attention_scores"]
 
 
-@builder("Attention")
+@builder("Attention", weights=lambda cfg: bool(cfg.get("use_scale")) or cfg.get("score_mode") == "concat")
 def build_attention(cfg, ctx):
     use_scale, score_mode, dropout, causal, scores = _attention_options(cfg, ctx, additive=False)
     n = int(use_scale) + int(score_mode == "concat")
@@ -146,7 +146,7 @@ def build_attention(cfg, ctx):
     return DotAttention(False, scale, concat, dropout, causal, scores)
 
 
-@builder("AdditiveAttention")
+@builder("AdditiveAttention", weights=lambda cfg: cfg.get("use_scale", True) is not False)
 def build_additive_attention(cfg, ctx):
     use_scale, _, dropout, causal, scores = _attention_options(cfg, ctx, additive=True)
     (w,) = ctx.weights.take([("", int(use_scale))])

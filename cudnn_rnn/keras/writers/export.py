@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import layers as rnn_layers
-from .errors import ConversionError
-from .graph import ModelSpec, snake_case
-from .model import KerasModel, NestedModel
-from .registry import keras_groups
+from ... import layers as rnn_layers
+from ..errors import ConversionError
+from ..graph.spec import ModelSpec, snake_case
+from ..graph.model import KerasModel, NestedModel
+from ..layers.registry import keras_groups
 
 KERAS_VERSION = "3.15.1"  # the format written (Keras 3 saving_lib layout)
 

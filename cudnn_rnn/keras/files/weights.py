@@ -23,9 +23,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .containers import KerasFile, check_array
-from .errors import ConversionError
-from .graph import LayerSpec, ModelSpec, snake_case
-from .untrusted import few
+from ..errors import ConversionError
+from ..graph.spec import LayerSpec, ModelSpec, snake_case
+from ..errors import few
 
 Groups = Sequence[Tuple[str, int]]
 

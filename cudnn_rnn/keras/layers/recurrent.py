@@ -13,10 +13,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import layers as rnn_layers
-from ..cells import GATES
+from ... import layers as rnn_layers
+from ...cells import GATES
 from .activations import activation_name
-from .graph import snake_case
+from ..graph.spec import snake_case
 from .registry import BuildContext, builder, layer_config_of
 from .values import Values
 

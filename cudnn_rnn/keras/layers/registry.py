@@ -11,33 +11,46 @@ layers AND their masks, most other layers pass the mask through or drop it). A m
 weights also has keras_groups(): its weights as Keras stores them (export.py writes them back).
 
 Adding a layer is one function decorated with @builder("ClassName") that reads the config, takes
-its weights from `ctx` and returns a module; it lives in the module of its concern
-(basic_layers.py, sequence_layers.py, recurrent.py). BUILDERS is filled as those modules are
-imported: take it from builders.py, which imports them all.
+its weights from `ctx` and returns a module; it lives in the file of its family (pooling.py,
+convolution.py, ...: the list is in this package's __init__). BUILDERS is filled as those files
+are imported: take it from the package (cudnn_rnn.keras.layers), which imports them all.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Union
 
 import numpy as np
 import torch
 from torch import nn
 
-from .errors import ConversionError
-from .graph import LayerSpec
-from .weights import LayerWeights
+from ..errors import ConversionError
+from ..graph.spec import LayerSpec
+from ..files.weights import LayerWeights
 
 BUILDERS: Dict[str, Callable] = {}
+HOLDS_WEIGHTS: Dict[str, Union[bool, Callable[[dict], bool]]] = {}
 
 
-def builder(*class_names):
+def builder(*class_names, weights: Union[bool, Callable[[dict], bool]] = True):
+    """Registers the decorated function as the builder of `class_names`. `weights` says whether
+    a layer of the class holds weights: True, False, or a function of its config (Attention holds
+    a scale only with use_scale). Keras 2's weights-only files list their weight groups by the
+    order of the layers that hold weights, so the loader needs to know before it builds."""
     def register(fn):
         for name in class_names:
             BUILDERS[name] = fn
+            HOLDS_WEIGHTS[name] = weights
         return fn
 
     return register
+
+
+def holds_weights(class_name: str, config: dict) -> bool:
+    """Whether a layer of this class and config holds weights (a class not registered here, a
+    custom layer or a nested model, is taken to hold some)."""
+    rule = HOLDS_WEIGHTS.get(class_name, True)
+    return bool(rule(config)) if callable(rule) else rule
 
 
 def keras_major(version: Optional[str]) -> int:

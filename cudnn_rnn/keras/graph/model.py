@@ -8,9 +8,9 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from .errors import ConversionError
-from .graph import ModelSpec, Ref, keras_run_order, tensor_refs
-from .untrusted import few
+from ..errors import ConversionError
+from .spec import ModelSpec, Ref, keras_run_order, tensor_refs
+from ..errors import few
 
 
 def _module_key(name: str) -> str:

@@ -30,6 +30,8 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..errors import few
+
 MAX_CONFIG_BYTES = 16 << 20       # a Keras config of 1000 layers is about 2 MB of JSON
 MAX_METADATA_BYTES = 1 << 20
 MAX_MEMBER_BYTES = 8 << 30        # model.weights.h5
@@ -50,13 +52,6 @@ class ParseError(Exception):
     def __init__(self, message: str, layer: Optional[str] = None):
         super().__init__(message)
         self.message, self.layer = message, layer
-
-
-def few(names, k: int = 5) -> str:
-    """The first k names and a count of the rest: error messages stay short."""
-    names = list(names)
-    shown = ", ".join(repr(n) if len(str(n)) < 80 else repr(str(n)[:77] + "...") for n in names[:k])
-    return shown + (f" and {len(names) - k} more" if len(names) > k else "")
 
 
 def parse(fobj, size: int, config_only: bool = False) -> Tuple[dict, bytearray]:

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .errors import ConversionError
+from ..errors import ConversionError
 from .isolation import parse_file
 from .untrusted import MAX_CONFIG_BYTES, ParseError
 

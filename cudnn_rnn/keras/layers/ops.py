@@ -9,7 +9,7 @@ from typing import Callable, Dict
 import torch
 from torch import nn
 
-from .graph import LayerSpec
+from ..graph.spec import LayerSpec
 from .registry import BuildContext
 from .values import Values
 

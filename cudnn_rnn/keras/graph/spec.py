@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from .errors import ConversionError
-from .untrusted import few
+from ..errors import ConversionError
+from ..errors import few
 
 MODEL_CLASSES = ("Sequential", "Functional", "Model")
 

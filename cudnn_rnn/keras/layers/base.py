@@ -1,0 +1,51 @@
+"""What the layer families share: the one-input module base (_Single), the identity, and the
+data-format helpers (Keras's channels_last / channels_first against the channels-first layout
+torch.nn.functional computes in)."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from torch import Tensor, nn
+
+from .values import Values
+
+
+class _Single(nn.Module):
+    """One input, one output; the mask passes through (Keras supports_masking) or is dropped."""
+
+    keeps_mask = True
+
+    def forward(self, inputs: List[Tensor], masks: List[Optional[Tensor]]):
+        return [self.apply(inputs[0])], [masks[0] if self.keeps_mask else None]
+
+
+class Identity(_Single):
+    def apply(self, x):
+        return x
+
+
+def channels_last_format(cfg, ctx) -> bool:
+    """True for data_format="channels_last" (Keras's default), False for "channels_first"."""
+    return Values(cfg, ctx).str("data_format", "channels_last", ("channels_last", "channels_first")) == "channels_last"
+
+
+def to_channels_first(x: Tensor, channels_last: bool) -> Tensor:
+    """[N, *S, C] -> [N, C, *S] (unchanged when already channels first). One channel is given
+    with standard strides: torch 2.14's float32 CPU convolution computes a one-channel input whose
+    channel stride is 1 (the permuted view) wrongly (see csrc/core/conv_lstm.cpp)."""
+    if not channels_last:
+        return x
+    if x.shape[-1] == 1:
+        return x.reshape(x.shape[0], 1, *x.shape[1:-1]).contiguous()
+    return x.movedim(-1, 1)
+
+
+def from_channels_first(y: Tensor, channels_last: bool) -> Tensor:
+    """The inverse of to_channels_first."""
+    return y.movedim(1, -1) if channels_last else y
+
+
+def _channels_last(cfg, ctx):
+    """Refuses data_format="channels_first" for a layer that supports only channels_last."""
+    if cfg.get("data_format", "channels_last") not in ("channels_last", None):
+        raise ctx.error(f"data_format={str(cfg.get('data_format'))[:40]!r} is not supported (channels_last only)")

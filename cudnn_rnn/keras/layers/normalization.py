@@ -1,0 +1,193 @@
+"""The normalisation layers: BatchNormalization (its moving statistics), LayerNormalization,
+GroupNormalization, RMSNormalization and UnitNormalization over any axes; their modules and their
+builders."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .base import _Single
+from .registry import builder
+from .values import Values, check_shapes
+
+
+def _axes(axes: Sequence[int], x: Tensor) -> list:
+    out = sorted(a % x.dim() for a in axes)
+    if 0 in out:
+        raise ValueError(f"normalization over the batch axis (axis {list(axes)} of a {x.dim()}-D input)")
+    return out
+
+
+def _along(t: Optional[Tensor], axes: Sequence[int], x: Tensor) -> Optional[Tensor]:
+    """A weight of the input's sizes on `axes` shaped to broadcast against x."""
+    if t is None:
+        return None
+    want = tuple(x.shape[a] for a in axes)
+    if tuple(t.shape) != want:  # a (1,) weight would broadcast silently
+        raise ValueError(f"normalization weights have shape {tuple(t.shape)}; the input has {want} on axes {list(axes)}")
+    shape = [1] * x.dim()
+    for a in axes:
+        shape[a] = x.shape[a]
+    return t.reshape(shape)
+
+
+class Normalization(_Single):
+    """BatchNormalization (the moving statistics, as Keras at inference) and LayerNormalization
+    (mean and variance over `axes` of each sample; rms_scaling: the deprecated variance-only form)."""
+
+    def __init__(self, kind, gamma, beta, mean, var, epsilon, axes, rms_scaling=False):
+        super().__init__()
+        self.kind, self.epsilon, self.axes, self.rms_scaling = kind, epsilon, tuple(axes), rms_scaling
+        self.gamma, self.beta = gamma, beta
+        self.register_buffer("moving_mean", mean)
+        self.register_buffer("moving_variance", var)
+
+    def keras_groups(self):
+        own = [t for t in (self.gamma, self.beta) if t is not None]
+        if self.kind == "batch":
+            own += [self.moving_mean, self.moving_variance]
+        return [("", own)]
+
+    def apply(self, x):
+        axes = _axes(self.axes, x)
+        if self.kind == "batch":
+            y = (x - _along(self.moving_mean, axes, x)) * torch.rsqrt(_along(self.moving_variance, axes, x) + self.epsilon)
+        else:
+            var = x.var(dim=axes, keepdim=True, unbiased=False)
+            y = x * torch.rsqrt(var + self.epsilon) if self.rms_scaling else \
+                (x - x.mean(dim=axes, keepdim=True)) * torch.rsqrt(var + self.epsilon)
+        if self.gamma is not None:
+            y = y * _along(self.gamma, axes, x)
+        if self.beta is not None:
+            y = y + _along(self.beta, axes, x)
+        return y
+
+
+class GroupNormalization(_Single):
+    """Mean and variance over each group of `groups` channel groups (and every other non-batch
+    axis), then the per-channel gamma and beta."""
+
+    def __init__(self, groups: int, axis: int, epsilon: float, gamma, beta):
+        super().__init__()
+        self.groups, self.axis, self.epsilon, self.gamma, self.beta = groups, axis, epsilon, gamma, beta
+
+    def keras_groups(self):
+        return [("", [t for t in (self.gamma, self.beta) if t is not None])]
+
+    def apply(self, x):
+        axis = self.axis % x.dim()
+        channels = x.shape[axis]
+        groups = channels if self.groups == -1 else self.groups
+        if axis == 0 or channels % groups:
+            raise ValueError(f"GroupNormalization: {channels} channels on axis {axis} do not split into {groups} groups")
+        shape = list(x.shape)
+        shape[axis:axis + 1] = [groups, channels // groups]
+        g = x.reshape(shape)
+        reduce = [d for d in range(1, g.dim()) if d != axis]
+        mean = g.mean(dim=reduce, keepdim=True)
+        var = g.var(dim=reduce, keepdim=True, unbiased=False)
+        y = ((g - mean) * torch.rsqrt(var + self.epsilon)).reshape(x.shape)
+        if self.gamma is not None:
+            y = y * _along(self.gamma, [axis], x)
+        if self.beta is not None:
+            y = y + _along(self.beta, [axis], x)
+        return y
+
+
+class RMSNormalization(_Single):
+    keeps_mask = False
+
+    def __init__(self, axes, epsilon: float, scale):
+        super().__init__()
+        self.axes, self.epsilon, self.scale = tuple(axes), epsilon, scale
+
+    def keras_groups(self):
+        return [("", [self.scale])]
+
+    def apply(self, x):
+        axes = _axes(self.axes, x)
+        return x * torch.rsqrt((x * x).mean(dim=axes, keepdim=True) + self.epsilon) * _along(self.scale, axes, x)
+
+
+class UnitNormalization(_Single):
+    def __init__(self, axes):
+        super().__init__()
+        self.axes = tuple(axes)
+
+    def apply(self, x):
+        axes = _axes(self.axes, x)  # keras.ops.normalize(order=2, epsilon=1e-12)
+        return x * torch.clamp(torch.rsqrt((x * x).sum(dim=axes, keepdim=True)), max=1e12)
+
+
+# ---------------------------------------------------------------------------------------------
+# builders
+# ---------------------------------------------------------------------------------------------
+def _axis_list(cfg, ctx, default=-1) -> list:
+    axis = cfg.get("axis", default)
+    axis = default if axis is None else axis
+    axes = Values({"axis": axis if isinstance(axis, list) else [axis]}, ctx).int_list("axis", lo=-8, hi=8)
+    if not axes or 0 in axes or len(set(axes)) != len(axes):
+        raise ctx.error(f"config axis={str(axis)[:40]}; expected distinct non-batch axes")
+    return axes
+
+
+def _scale_center(cfg, ctx, statistics: int, axes: list):
+    """gamma / beta (when scale / center) and `statistics` more vectors, all of the input's
+    sizes on `axes`, as tensors."""
+    v = Values(cfg, ctx)
+    scale, center = v.bool("scale", True), v.bool("center", True)
+    (w,) = ctx.weights.take([("", int(scale) + int(center) + statistics)])
+    check_shapes(ctx, ctx.spec.class_name, w, [tuple(f"d{i}" for i in range(len(axes)))] * len(w))
+    w = list(w)
+    gamma = ctx.tensor(w.pop(0)) if scale else None
+    beta = ctx.tensor(w.pop(0)) if center else None
+    return gamma, beta, [torch.as_tensor(a, dtype=ctx.dtype) for a in w]
+
+
+@builder("BatchNormalization")
+def build_batchnorm(cfg, ctx):
+    axes = _axis_list(cfg, ctx)
+    if len(axes) != 1:
+        raise ctx.error(f"BatchNormalization over {len(axes)} axes is not supported (one axis)")
+    epsilon = Values(cfg, ctx).float("epsilon", 1e-3, 0.0, 1.0)
+    gamma, beta, (mean, var) = _scale_center(cfg, ctx, 2, axes)
+    return Normalization("batch", gamma, beta, mean, var, epsilon, axes)
+
+
+@builder("LayerNormalization")
+def build_layernorm(cfg, ctx):
+    axes = _axis_list(cfg, ctx)
+    v = Values(cfg, ctx)
+    epsilon, rms = v.float("epsilon", 1e-3, 0.0, 1.0), v.bool("rms_scaling", False)
+    if rms:  # gamma only
+        cfg = dict(cfg, scale=True, center=False)
+    gamma, beta, _ = _scale_center(cfg, ctx, 0, axes)
+    return Normalization("layer", gamma, beta, None, None, epsilon, axes, rms)
+
+
+@builder("GroupNormalization")
+def build_group_normalization(cfg, ctx):
+    v = Values(cfg, ctx)
+    groups = v.int("groups", 32, lo=-1)
+    if groups == 0:
+        raise ctx.error("config groups=0; expected a positive number or -1")
+    axes = _axis_list(cfg, ctx)
+    if len(axes) != 1:
+        raise ctx.error("GroupNormalization takes one axis")
+    gamma, beta, _ = _scale_center(cfg, ctx, 0, axes)
+    return GroupNormalization(groups, axes[0], v.float("epsilon", 1e-3, 0.0, 1.0), gamma, beta)
+
+
+@builder("RMSNormalization")
+def build_rms_normalization(cfg, ctx):
+    axes = _axis_list(cfg, ctx)
+    (w,) = ctx.weights.take([("", 1)])
+    check_shapes(ctx, "RMSNormalization", w, [tuple(f"d{i}" for i in range(len(axes)))])
+    return RMSNormalization(axes, Values(cfg, ctx).float("epsilon", 1e-6, 0.0, 1.0), ctx.tensor(w[0]))
+
+
+@builder("UnitNormalization", weights=False)
+def build_unit_normalization(cfg, ctx):
+    return UnitNormalization(_axis_list(cfg, ctx))
