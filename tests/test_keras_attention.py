@@ -29,7 +29,7 @@ def _rnn(rng, units, **kw):
 
 def _attention(rng, dim):
     """(layer, call kwargs, whether it returns scores) of a random attention layer."""
-    kind = str(rng.choice(["Attention", "AdditiveAttention", "MultiHeadAttention"]))
+    kind = str(rng.choice(["Attention", "AdditiveAttention", "MultiHeadAttention", "GroupedQueryAttention"]))
     call = {}
     if rng.rand() < 0.3:
         call["use_causal_mask"] = True
@@ -40,6 +40,15 @@ def _attention(rng, dim):
         layer = layers.Attention(use_scale=bool(rng.rand() < 0.5), score_mode=str(rng.choice(["dot", "concat"])))
     elif kind == "AdditiveAttention":
         layer = layers.AdditiveAttention(use_scale=bool(rng.rand() < 0.7))
+    elif kind == "GroupedQueryAttention":
+        kv_heads = int(rng.randint(1, 3))
+        kw = dict(head_dim=int(rng.randint(1, 5)), num_query_heads=kv_heads * int(rng.randint(1, 3)),
+                  num_key_value_heads=kv_heads, use_bias=bool(rng.rand() < 0.8), use_gate=bool(rng.rand() < 0.3))
+        if rng.rand() < 0.3:
+            kw["dropout"] = 0.2  # inference: no dropout, but Keras's other softmax path
+        if rng.rand() < 0.2:
+            kw["sliding_window"] = int(rng.randint(1, 4))
+        layer = layers.GroupQueryAttention(**kw)
     else:
         kw = dict(num_heads=int(rng.randint(1, 4)), key_dim=int(rng.randint(1, 5)), use_bias=bool(rng.rand() < 0.8))
         if rng.rand() < 0.4:
@@ -71,7 +80,7 @@ def random_model(seed):
     # (Keras 3 runs a decoder called with initial_state unmasked: test_keras_rnn_cells.py)
     dec = dec_rnn(dec_x, initial_state=states) if rng.rand() < 0.5 else dec_rnn(dec_x)
     layer, att_kind, call, scores = _attention(rng, units)
-    if att_kind == "MultiHeadAttention":
+    if att_kind in ("MultiHeadAttention", "GroupedQueryAttention"):
         out = layer(dec, enc, **call) if rng.rand() < 0.6 else layer(query=dec, value=enc, key=enc, **call)
     else:
         out = layer([dec, enc] if rng.rand() < 0.7 else [dec, enc, enc], **call)
@@ -92,7 +101,7 @@ def random_model(seed):
 
 
 @pytest.mark.keras
-@pytest.mark.parametrize("seed", range(32))
+@pytest.mark.parametrize("seed", range(40))
 def test_random_attention_models_match_keras(seed, tmp_path):
     model, xs = random_model(seed)
     expected = [keras.ops.convert_to_numpy(t) for t in keras.tree.flatten(model(xs, training=False))]

@@ -113,6 +113,11 @@ def _natural(path: str) -> list:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path)]
 
 
+# Config class names whose Python class is named otherwise: the weights file is keyed by the
+# class's own name (keras.layers.GroupQueryAttention is the class GroupedQueryAttention).
+_CLASS_NAMES = {"GroupQueryAttention": "GroupedQueryAttention"}
+
+
 class Keras3Source(WeightSource):
     def __init__(self, kf: KerasFile, spec: ModelSpec, prefix: str = "", index=None):
         self.kf = kf
@@ -128,7 +133,7 @@ class Keras3Source(WeightSource):
         for layer in layers:
             if layer.is_op:  # operations hold no weights and are not in model.layers
                 continue
-            base = snake_case(layer.class_name)
+            base = snake_case(_CLASS_NAMES.get(layer.class_name, layer.class_name))
             n = used.get(base, 0)
             used[base] = n + 1
             name = base if n == 0 else f"{base}_{n}"

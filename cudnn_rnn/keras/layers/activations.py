@@ -65,15 +65,17 @@ _TORCH_ACTIVATIONS = {
 
 
 def _sparsemax(x: Tensor, axis: int) -> Tensor:
-    """Martins & Astudillo's sparsemax: the Euclidean projection of x onto the simplex."""
+    """keras.activations.sparsemax as every Keras 3 backend computes it: the support as in
+    Martins & Astudillo, but the threshold from the sum of the cumulative sums over the support
+    (the paper takes the cumulative sum at its end)."""
     z, _ = torch.sort(x, dim=axis, descending=True)
     shape = [1] * x.dim()
     shape[axis] = -1
-    k = torch.arange(1, x.shape[axis] + 1, device=x.device, dtype=x.dtype).view(shape)
+    r = torch.arange(1, x.shape[axis] + 1, device=x.device, dtype=x.dtype).view(shape)
     cumulative = torch.cumsum(z, dim=axis)
-    support = (1 + k * z) > cumulative
-    k_z = support.sum(dim=axis, keepdim=True).clamp(min=1)
-    tau = (torch.gather(cumulative, axis, k_z - 1) - 1) / k_z.to(x.dtype)
+    support = z - (cumulative - 1) / r > 0
+    k = support.sum(dim=axis, keepdim=True)
+    tau = (torch.where(support, cumulative, torch.zeros_like(cumulative)).sum(dim=axis, keepdim=True) - 1) / k
     return torch.clamp(x - tau, min=0)
 
 
@@ -90,7 +92,6 @@ class _Activation(nn.Module):
 
     def extra_repr(self):
         return self.name
-
 
 
 def keras_relu(x: Tensor, negative_slope: float, max_value: Optional[float], threshold: float) -> Tensor:

@@ -155,7 +155,9 @@ def build_additive_attention(cfg, ctx):
 
 
 class MultiHeadAttention(nn.Module):
-    """keras.layers.MultiHeadAttention over the time axis of [B, T, F] query / value / key."""
+    """keras.layers.MultiHeadAttention over the time axis of [B, T, F] query / value / key, and
+    GroupedQueryAttention: fewer key / value heads than query heads, each repeated for its group
+    of consecutive query heads (Keras's ops.repeat)."""
 
     def __init__(self, weights: Dict[str, List[Tensor]], num_heads: int, key_dim: int, dropout: float,
                  binding: Dict[str, int], causal: bool, return_scores: bool, sliding_window: Optional[int],
@@ -202,6 +204,9 @@ class MultiHeadAttention(nn.Module):
         q = self._project("query", query) * (1.0 / math.sqrt(self.key_dim))
         k = self._project("key", key)
         v = self._project("value", value)
+        if k.shape[2] != self.num_heads:  # GroupedQueryAttention
+            k = k.repeat_interleave(self.num_heads // k.shape[2], dim=2)
+            v = v.repeat_interleave(self.num_heads // v.shape[2], dim=2)
         scores = torch.einsum("bshd,bthd->bhts", k, q)  # [B, H, Tq, Tv]
         if mask is not None:
             mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
@@ -243,26 +248,46 @@ def build_multi_head_attention(cfg, ctx):
         output_shape = output_shape[0]
     if output_shape is not None and (isinstance(output_shape, bool) or not isinstance(output_shape, int)):
         raise ctx.error(f"output_shape={str(output_shape)[:40]}; only one output width is supported")
+    d_out = "out" if output_shape is None else output_shape
+    return _attention_module(ctx, use_bias, use_gate, dropout, window, heads, heads, key_dim, value_dim, d_out)
+
+
+def _attention_module(ctx, use_bias, use_gate, dropout, window, heads, kv_heads, key_dim, value_dim, d_out):
+    """The weights (sub-layers query, key, gate, value, output, checked against the config) and
+    the call options of a MultiHeadAttention or GroupedQueryAttention."""
+    what = ctx.spec.class_name
     names = ["query", "key"] + (["gate"] if use_gate else []) + ["value", "output"]
     per = 2 if use_bias else 1
     # (tf.keras's .keras files name the sub-layers by their private attributes: _query_dense, ...)
     groups = [((_GROUPS_KERAS3[n], "_" + _GROUPS_KERAS3[n].lstrip("_")), per) for n in names]
     arrays = ctx.weights.take(groups)
     weights = {n: [ctx.tensor(a).data for a in w] for n, w in zip(names, arrays)}
-    d_out = "out" if output_shape is None else output_shape
-    expected = {"query": [("q", heads, key_dim), (heads, key_dim)], "key": [("k", heads, key_dim), (heads, key_dim)],
+    expected = {"query": [("q", heads, key_dim), (heads, key_dim)],
+                "key": [("k", kv_heads, key_dim), (kv_heads, key_dim)],
                 "gate": [("q", heads, value_dim), (heads, value_dim)],
-                "value": [("v", heads, value_dim), (heads, value_dim)],
+                "value": [("v", kv_heads, value_dim), (kv_heads, value_dim)],
                 "output": [(heads, value_dim, d_out), (d_out,)]}
-    check_shapes(ctx, "MultiHeadAttention", [a for w in arrays for a in w],
-                 [s for n in names for s in expected[n][:per]])
+    check_shapes(ctx, what, [a for w in arrays for a in w], [s for n in names for s in expected[n][:per]])
     opts = _call_options(ctx)
     binding = _binding(ctx, ["query", "value", "key"])
     if "query" not in binding or "value" not in binding:
-        raise ctx.error("MultiHeadAttention is called without a query and a value tensor")
+        raise ctx.error(f"{what} is called without a query and a value tensor")
     unknown = set(binding) - {"query", "value", "key", "attention_mask", "value_mask", "key_mask", "query_mask"}
     if unknown:
-        raise ctx.error(f"MultiHeadAttention call arguments {sorted(unknown)} are not supported")
+        raise ctx.error(f"{what} call arguments {sorted(unknown)} are not supported")
     zero_masked = ctx.keras_major >= 3 and (dropout > 0 or opts["return_attention_scores"])
     return MultiHeadAttention(weights, heads, key_dim, dropout, binding, opts["use_causal_mask"],
                               opts["return_attention_scores"], window, zero_masked)
+
+
+@builder("GroupedQueryAttention", "GroupQueryAttention")
+def build_grouped_query_attention(cfg, ctx):
+    v = Values(cfg, ctx)
+    head_dim, heads = v.int("head_dim", lo=1), v.int("num_query_heads", lo=1, hi=4096)
+    kv_heads = v.int("num_key_value_heads", lo=1, hi=4096)
+    if heads % kv_heads:
+        raise ctx.error(f"num_query_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+    dropout = min(v.float("dropout", 0.0, 0.0, 1.0), 1.0 - 1e-7)
+    window = v.int("sliding_window", lo=1) if cfg.get("sliding_window") is not None else None
+    return _attention_module(ctx, v.bool("use_bias", True), v.bool("use_gate", False), dropout, window, heads,
+                             kv_heads, head_dim, head_dim, "out")

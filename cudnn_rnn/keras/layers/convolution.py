@@ -8,7 +8,7 @@ uses on every backend (the full transposed convolution cropped, or zero-extended
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -119,9 +119,9 @@ def _common(cfg, ctx, rank: int, paddings=("valid", "same")):
     return v, kernel_size, strides, dilation, padding, activation, channels_last_format(cfg, ctx)
 
 
-def _weights(ctx, use_bias: bool, shapes: List[tuple]):
-    (w,) = ctx.weights.take([("", len(shapes) + int(use_bias))])
-    check_shapes(ctx, ctx.spec.class_name, w, shapes + ([(shapes[-1][-1],)] if use_bias else []))
+def _weights(ctx, use_bias: bool, kernel: tuple, filters: int):
+    (w,) = ctx.weights.take([("", 1 + int(use_bias))])
+    check_shapes(ctx, ctx.spec.class_name, w, [kernel] + ([(filters,)] if use_bias else []))
     return [np.array(a) for a in w]
 
 
@@ -141,7 +141,7 @@ def build_conv(cfg, ctx):
     filters, groups, use_bias = v.int("filters", lo=1), v.int("groups", 1, lo=1), v.bool("use_bias", True)
     if filters % groups:
         raise ctx.error(f"{ctx.spec.class_name} filters={filters} is not divisible by groups={groups}")
-    w = _weights(ctx, use_bias, [(*k, "in", filters)])
+    w = _weights(ctx, use_bias, (*k, "in", filters), filters)
     weight = _torch(ctx, w[0], (rank + 1, rank, *range(rank)))  # (*k, in/g, out) -> (out, in/g, *k)
     return Convolution("conv", weight, _bias(ctx, w, use_bias), strides, padding, dilation, groups, activation, last)
 
@@ -160,7 +160,7 @@ def build_conv_transpose(cfg, ctx):
         output_padding = [Values({"output_padding": p}, ctx).int("output_padding", lo=0, hi=1 << 16) for p in values]
         if any(p >= s for p, s in zip(output_padding, strides)):
             raise ctx.error(f"output_padding={output_padding} must be smaller than strides={list(strides)}")
-    w = _weights(ctx, use_bias, [(*k, filters, "in")])
+    w = _weights(ctx, use_bias, (*k, filters, "in"), filters)
     weight = _torch(ctx, w[0], (rank + 1, rank, *range(rank)))  # (*k, out, in) -> (in, out, *k)
     return Convolution("transpose", weight, _bias(ctx, w, use_bias), strides, padding, dilation, 1, activation, last,
                        output_padding=output_padding)

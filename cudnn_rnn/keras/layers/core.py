@@ -1,7 +1,10 @@
-"""The core layers: InputLayer, Identity, Dense, Embedding, Masking; their modules and their
-builders."""
+"""The core layers: InputLayer, Identity, Dense, EinsumDense, Embedding, Masking; their modules
+and their builders."""
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -84,3 +87,52 @@ def build_embedding(cfg, ctx):
 @builder("Masking", weights=False)
 def build_masking(cfg, ctx):
     return Masking(Values(cfg, ctx).float("mask_value", 0.0))
+
+
+_EINSUM = re.compile(r"^([a-zA-Z]+|\.\.\.[a-zA-Z]*|[a-zA-Z]*\.\.\.),([a-zA-Z]+)->([a-zA-Z]+|\.\.\.[a-zA-Z]*|[a-zA-Z]*\.\.\.)$")
+
+
+class EinsumDense(_Single):
+    keeps_mask = False
+
+    def __init__(self, equation: str, kernel, bias, activation: _Activation):
+        super().__init__()
+        self.equation, self.kernel, self.bias, self.activation = equation, kernel, bias, activation
+
+    def keras_groups(self):
+        return [("", [self.kernel] + ([self.bias] if self.bias is not None else []))]
+
+    def apply(self, x):
+        y = torch.einsum(self.equation, x, self.kernel)
+        return self.activation(y + self.bias if self.bias is not None else y)
+
+
+@builder("EinsumDense")
+def build_einsum_dense(cfg, ctx):
+    v = Values(cfg, ctx)
+    equation = v.str("equation")
+    match = _EINSUM.match(equation.replace(" ", ""))
+    if match is None:
+        raise ctx.error(f"EinsumDense equation {equation[:60]!r} is not of the form 'ab,bc->ac' (one input, one kernel)")
+    if cfg.get("quantization_mode") or cfg.get("quantization_config"):
+        raise ctx.error("a quantized EinsumDense is not supported")
+    input_spec, kernel_spec, output_spec = match.groups()
+    bias_axes = v.str("bias_axes", None)
+    if bias_axes is not None and (not bias_axes or any(c not in output_spec for c in bias_axes)):
+        raise ctx.error(f"EinsumDense bias_axes {bias_axes[:20]!r} are not all in the output {output_spec!r}")
+    activation = _Activation(activation_name(cfg.get("activation"), ctx), ctx)
+    (w,) = ctx.weights.take([("", 1 + int(bias_axes is not None))])
+    if np.ndim(w[0]) != len(kernel_spec):
+        raise ctx.error(f"EinsumDense kernel has shape {tuple(np.shape(w[0]))}; the equation names {len(kernel_spec)} axes")
+    bias = None
+    if bias_axes is not None:  # Keras: from the first bias axis on, the bias axes' sizes and 1 elsewhere
+        first = min(output_spec.index(c) for c in bias_axes)
+        expected = tuple("size" + c if c in bias_axes else 1 for c in output_spec[first:])
+        if np.ndim(w[1]) != len(expected):
+            raise ctx.error(f"EinsumDense bias has shape {tuple(np.shape(w[1]))}; bias_axes {bias_axes!r} of the output "
+                            f"{output_spec!r} imply {len(expected)} axes")
+        sizes = {c: n for c, n in zip(kernel_spec, np.shape(w[0]))}
+        check_shapes(ctx, "EinsumDense", w[1:], [tuple(sizes.get(e[4:], e) if isinstance(e, str) else e
+                                                        for e in expected)])
+        bias = ctx.tensor(w[1])
+    return EinsumDense(equation.replace(" ", ""), ctx.tensor(w[0]), bias, activation)

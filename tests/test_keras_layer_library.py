@@ -1,0 +1,450 @@
+"""The layer library (cudnn_rnn/keras/layers/) against Keras 3 itself (torch backend): for each
+family, random configurations of each class are built in Keras, given random weights, saved as
+.keras and legacy .h5, loaded with load_keras, and compared on random inputs: outputs within 1e-5
+relative, and for layers that hold weights the gradient of a fixed random projection of the
+output with respect to every trainable weight (Keras's autograd against ours, in Keras's weight
+layout). Noise layers in training are compared with Keras in distribution; augmentation layers
+are the identity at inference as in Keras, and refuse training mode.
+
+Average pooling with "same" padding is drawn only where the padding is even on both sides: where
+it is not, Keras 3.15's torch backend pads by repeating the edge element and so disagrees with its
+TensorFlow and JAX backends, whose definition (real elements only) cudnn_rnn follows."""
+import numpy as np
+import pytest
+import torch
+
+from keras_oracle import keras  # noqa: F401  (sets KERAS_BACKEND=torch before importing keras)
+from keras import layers
+from keras.src.activations import ALL_OBJECTS_DICT
+
+from cudnn_rnn.conv_lstm import same_padding
+from cudnn_rnn.keras import load_keras
+from cudnn_rnn.keras.layers.registry import keras_groups
+
+B = 2
+RTOL = 1e-5
+
+
+def _rank_shape(rng, rank, channels, lo=3, hi=7):
+    return tuple(int(s) for s in rng.randint(lo, hi, size=rank)) + (channels,)
+
+
+def _format(rng, shape, rank):
+    """(data_format, shape in that format) of a channels_last shape (*spatial, C)."""
+    if rng.rand() < 0.5:
+        return "channels_last", shape
+    return "channels_first", (shape[-1],) + shape[:-1]
+
+
+# --- random cases: each returns (keras layer or callable on the input list, input shapes) ----
+def pooling_case(rng, cls):
+    rank = int(cls[-2])
+    average = "Average" in cls
+    fmt, shape = _format(rng, _rank_shape(rng, rank, int(rng.randint(1, 4)), lo=4, hi=9), rank)
+    pool = tuple(int(p) for p in rng.randint(1, 4, size=rank))
+    strides = tuple(int(s) for s in rng.randint(1, 3, size=rank)) if rng.rand() < 0.5 else None
+    padding = str(rng.choice(["valid", "same"]))
+    spatial = shape[:-1] if fmt == "channels_last" else shape[1:]
+    if average and padding == "same" and any(
+            (lambda b, a: b != a)(*same_padding(n, p, s, 1)) for n, p, s in zip(spatial, pool, strides or pool)):
+        padding = "valid"  # (module docstring)
+    return getattr(layers, cls)(pool, strides=strides, padding=padding, data_format=fmt), [shape]
+
+
+def global_pooling_case(rng, cls):
+    rank = int(cls[-2])
+    fmt, shape = _format(rng, _rank_shape(rng, rank, int(rng.randint(1, 4))), rank)
+    return getattr(layers, cls)(data_format=fmt, keepdims=bool(rng.rand() < 0.4)), [shape]
+
+
+def adaptive_pooling_case(rng, cls):
+    rank = int(cls[-2])
+    fmt, shape = _format(rng, _rank_shape(rng, rank, int(rng.randint(1, 4)), lo=4, hi=9), rank)
+    size = tuple(int(s) for s in rng.randint(1, 5, size=rank))
+    return getattr(layers, cls)(size if rank > 1 else size[0], data_format=fmt), [shape]
+
+
+def conv_case(rng, cls):
+    rank = int(cls[-2])
+    channels = int(rng.choice([1, 2, 4]))
+    fmt, shape = _format(rng, _rank_shape(rng, rank, channels, lo=5, hi=9), rank)
+    kw = dict(kernel_size=tuple(int(k) for k in rng.randint(1, 4, size=rank)), data_format=fmt,
+              padding=str(rng.choice(["valid", "same", "causal"] if rank == 1 and fmt == "channels_last"
+                                     else ["valid", "same"])),
+              use_bias=bool(rng.rand() < 0.8), activation=str(rng.choice(["linear", "relu", "tanh"])))
+    if rng.rand() < 0.4:
+        kw["strides"] = tuple(int(s) for s in rng.randint(1, 3, size=rank))
+    elif rng.rand() < 0.4:
+        kw["dilation_rate"] = tuple(int(d) for d in rng.randint(1, 3, size=rank))
+    groups = int(rng.choice([1, 2])) if channels % 2 == 0 else 1
+    return getattr(layers, cls)(2 * int(rng.randint(1, 3)), groups=groups, **kw), [shape]
+
+
+def conv_transpose_case(rng, cls):
+    rank = int(cls[4])
+    fmt, shape = _format(rng, _rank_shape(rng, rank, int(rng.randint(1, 4)), lo=2, hi=5), rank)
+    kw = dict(kernel_size=tuple(int(k) for k in rng.randint(1, 4, size=rank)), data_format=fmt,
+              padding=str(rng.choice(["valid", "same"])), use_bias=bool(rng.rand() < 0.8))
+    if rng.rand() < 0.6:
+        kw["strides"] = tuple(int(s) for s in rng.randint(1, 4, size=rank))
+        if rng.rand() < 0.5:
+            kw["output_padding"] = tuple(int(rng.randint(0, s)) for s in kw["strides"])
+    elif rng.rand() < 0.5:
+        kw["dilation_rate"] = tuple(int(d) for d in rng.randint(1, 3, size=rank))
+    return getattr(layers, cls)(int(rng.randint(1, 4)), **kw), [shape]
+
+
+def depthwise_case(rng, cls):
+    rank = int(cls[-2])
+    fmt, shape = _format(rng, _rank_shape(rng, rank, int(rng.randint(1, 4)), lo=5, hi=8), rank)
+    kw = dict(kernel_size=tuple(int(k) for k in rng.randint(1, 4, size=rank)), data_format=fmt,
+              padding=str(rng.choice(["valid", "same"])), use_bias=bool(rng.rand() < 0.8),
+              depth_multiplier=int(rng.randint(1, 3)))
+    if rng.rand() < 0.4:
+        kw["strides"] = tuple(int(s) for s in rng.randint(1, 3, size=rank))
+    elif rng.rand() < 0.4:
+        kw["dilation_rate"] = tuple(int(d) for d in rng.randint(1, 3, size=rank))
+    if cls.startswith("Separable"):
+        return getattr(layers, cls)(int(rng.randint(1, 4)), **kw), [shape]
+    return getattr(layers, cls)(**kw), [shape]
+
+
+def cropping_case(rng, cls):
+    rank = int(cls[-2])
+    fmt, shape = _format(rng, _rank_shape(rng, rank, 2, lo=5, hi=8), rank)
+    pairs = tuple(tuple(int(c) for c in rng.randint(0, 3, size=2)) for _ in range(rank))
+    arg = pairs[0] if rank == 1 else pairs
+    if rank == 1:
+        return getattr(layers, cls)(arg), [_rank_shape(rng, 1, 2, lo=6, hi=9)]
+    return getattr(layers, cls)(arg, data_format=fmt), [shape]
+
+
+def up_sampling_case(rng, cls):
+    rank = int(cls[-2])
+    fmt, shape = _format(rng, _rank_shape(rng, rank, 2, lo=2, hi=5), rank)
+    if rank == 1:
+        return layers.UpSampling1D(int(rng.randint(1, 4))), [shape]
+    size = tuple(int(s) for s in rng.randint(1, 4, size=rank))
+    if rank == 2:
+        return layers.UpSampling2D(size, data_format=fmt, interpolation=str(rng.choice(["nearest", "bilinear"]))), [shape]
+    return layers.UpSampling3D(size, data_format=fmt), [shape]
+
+
+def dot_case(rng, cls):
+    kind = int(rng.randint(0, 4))
+    normalize = bool(rng.rand() < 0.5)
+    if kind == 0:
+        return layers.Dot(axes=1, normalize=normalize), [(5,), (5,)]
+    if kind == 1:
+        return layers.Dot(axes=(2, 2), normalize=normalize), [(4, 3), (6, 3)]
+    if kind == 2:
+        return layers.Dot(axes=(1, 2), normalize=normalize), [(4, 3), (5, 4)]
+    return layers.Dot(axes=-1, normalize=normalize), [(4, 3), (4, 3)]
+
+
+def activation_case(rng, cls):
+    shape = (int(rng.randint(2, 5)), int(rng.randint(2, 6)))
+    if cls == "ReLU":
+        kw = {}
+        if rng.rand() < 0.5:
+            kw["max_value"] = float(rng.choice([1.0, 6.0, 0.5]))
+        if rng.rand() < 0.5:
+            kw["negative_slope"] = float(rng.uniform(0, 0.5))
+        if rng.rand() < 0.5:
+            kw["threshold"] = float(rng.uniform(0, 0.5))
+        return layers.ReLU(**kw), [shape]
+    if cls == "ELU":
+        return layers.ELU(alpha=float(rng.uniform(0.1, 2))), [shape]
+    if cls == "LeakyReLU":
+        return layers.LeakyReLU(negative_slope=float(rng.uniform(0, 1))), [shape]
+    if cls == "PReLU":
+        return layers.PReLU(shared_axes=[1] if rng.rand() < 0.5 else None), [shape]
+    if cls == "Softmax":
+        return layers.Softmax(axis=int(rng.choice([-1, 1])) if rng.rand() < 0.7 else [1, 2]), [shape]
+    raise AssertionError(cls)
+
+
+ACTIVATION_NAMES = sorted(n for n in ALL_OBJECTS_DICT if n != "threshold")  # (threshold takes arguments)
+
+
+def normalization_case(rng, cls):
+    shape = (int(rng.randint(2, 5)), int(rng.randint(2, 4)), 4)
+    if cls == "BatchNormalization":
+        return layers.BatchNormalization(axis=int(rng.choice([-1, 1, 2])), scale=bool(rng.rand() < 0.8),
+                                         center=bool(rng.rand() < 0.8), epsilon=float(rng.choice([1e-3, 1e-5]))), [shape]
+    if cls == "LayerNormalization":
+        # (trailing axes: Keras 3.15's torch backend fails on others, F.layer_norm takes trailing ones only)
+        axis = [[-1], [2, 3], [1, 2, 3], [3]][int(rng.randint(0, 4))]
+        return layers.LayerNormalization(axis=axis, scale=bool(rng.rand() < 0.8), center=bool(rng.rand() < 0.8)), [shape]
+    if cls == "GroupNormalization":
+        return layers.GroupNormalization(groups=int(rng.choice([1, 2, 4, -1])), scale=bool(rng.rand() < 0.8),
+                                         center=bool(rng.rand() < 0.8)), [shape]
+    if cls == "RMSNormalization":
+        return layers.RMSNormalization(axis=[-1] if rng.rand() < 0.5 else [2, 3]), [shape]
+    return layers.UnitNormalization(axis=[-1] if rng.rand() < 0.5 else [1, 3]), [shape]
+
+
+def preprocessing_case(rng, cls):
+    if cls == "Rescaling":
+        scale = 1 / 255.0 if rng.rand() < 0.5 else [0.5, 2.0, -1.0]
+        return layers.Rescaling(scale, offset=float(rng.uniform(-1, 1))), [(4, 5, 3)]
+    if cls == "CenterCrop":
+        return layers.CenterCrop(int(rng.randint(1, 6)), int(rng.randint(1, 5)),
+                                 data_format=_format(rng, (1,), 1)[0]), [(6, 5, 3)]
+    invert = bool(rng.rand() < 0.3)
+    if rng.rand() < 0.5:  # adapted: mean and variance are weights
+        layer = layers.Normalization(axis=-1, invert=invert)
+        layer.adapt(rng.uniform(-2, 3, size=(20, 4, 3)).astype("float32"))
+        return layer, [(4, 3)]
+    return layers.Normalization(mean=[0.5, -1.0, 2.0], variance=[4.0, 0.25, 1.0], invert=invert), [(4, 3)]
+
+
+def einsum_case(rng, cls, case=None):
+    case = int(rng.randint(0, 5)) if case is None else case
+    act = str(rng.choice(["linear", "relu"]))
+    if case == 0:
+        return layers.EinsumDense("ab,bc->ac", output_shape=4, bias_axes="c", activation=act), [(3,)]
+    if case == 1:
+        return layers.EinsumDense("abc,cd->abd", output_shape=(None, 5), bias_axes="d"), [(4, 3)]
+    if case == 2:
+        return layers.EinsumDense("abc,cde->abde", output_shape=(None, 2, 3), bias_axes=str(rng.choice(["de", "d", "e"]))), \
+            [(4, 3)]
+    if case == 3:
+        return layers.EinsumDense("...b,bc->...c", output_shape=4, bias_axes=None), [(2, 3)]
+    return layers.EinsumDense("abc,bcd->ad", output_shape=3, bias_axes="d", activation=act), [(4, 2)]
+
+
+FAMILIES = {
+    "EinsumDense": einsum_case,
+    **{c: pooling_case for c in ["MaxPooling1D", "MaxPooling2D", "MaxPooling3D", "AveragePooling1D",
+                                  "AveragePooling2D", "AveragePooling3D"]},
+    **{c: global_pooling_case for c in ["GlobalMaxPooling1D", "GlobalMaxPooling2D", "GlobalMaxPooling3D",
+                                         "GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalAveragePooling3D"]},
+    **{c: adaptive_pooling_case for c in ["AdaptiveMaxPooling1D", "AdaptiveMaxPooling2D", "AdaptiveMaxPooling3D",
+                                           "AdaptiveAveragePooling1D", "AdaptiveAveragePooling2D",
+                                           "AdaptiveAveragePooling3D"]},
+    **{c: conv_case for c in ["Conv1D", "Conv2D", "Conv3D"]},
+    **{c: conv_transpose_case for c in ["Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose"]},
+    **{c: depthwise_case for c in ["DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D"]},
+    **{c: cropping_case for c in ["Cropping1D", "Cropping2D", "Cropping3D"]},
+    **{c.replace("Cropping", "ZeroPadding"): (lambda rng, cls: (lambda layer_shapes: (
+        getattr(layers, cls)(layer_shapes[0].cropping, **({} if cls.endswith("1D") else
+                                                          {"data_format": layer_shapes[0].data_format})),
+        layer_shapes[1]))(cropping_case(rng, cls.replace("ZeroPadding", "Cropping"))))
+       for c in ["Cropping1D", "Cropping2D", "Cropping3D"]},
+    **{c: up_sampling_case for c in ["UpSampling1D", "UpSampling2D", "UpSampling3D"]},
+    "Dot": dot_case,
+    **{c: activation_case for c in ["ReLU", "ELU", "LeakyReLU", "PReLU", "Softmax"]},
+    **{c: normalization_case for c in ["BatchNormalization", "LayerNormalization", "GroupNormalization",
+                                       "RMSNormalization", "UnitNormalization"]},
+    **{c: preprocessing_case for c in ["Rescaling", "CenterCrop", "Normalization"]},
+}
+
+
+def _random_weights(model, rng):
+    weights = []
+    for w in model.weights:
+        value = rng.uniform(-0.6, 0.6, w.shape).astype(w.dtype if w.dtype != "int64" else "int64")
+        if "variance" in w.path:
+            value = np.abs(value) + 0.5
+        weights.append(value)
+    model.set_weights(weights)
+
+
+def _keras_layout_grads(module):
+    """The gradients of a module's parameters in Keras's weight layout: the layout change that
+    keras_groups makes of the parameters (permutes, reshapes) made of their gradients."""
+    params = list(module.parameters())
+    saved = [p.data for p in params]
+    with torch.no_grad():
+        for p in params:
+            p.data = p.grad if p.grad is not None else torch.zeros_like(p)
+        try:
+            grads = [t.detach().clone() for _, ts in keras_groups(module) for t in ts]
+        finally:
+            for p, s in zip(params, saved):
+                p.data = s
+    return grads
+
+
+def check_against_keras(layer, shapes, rng, tmp_path, formats=(".keras", ".h5"), grads=True):
+    inputs = [keras.Input(s) for s in shapes]
+    out = layer(inputs if len(inputs) > 1 else inputs[0])
+    model = keras.Model(inputs, out)
+    _random_weights(model, rng)
+    xs = [rng.uniform(-1.5, 1.5, size=(B,) + tuple(s)).astype("float32") for s in shapes]
+    expected = keras.ops.convert_to_numpy(model(xs if len(xs) > 1 else xs[0], training=False))
+    scale = max(1.0, float(np.abs(expected).max()))
+    trainable = [w for w in model.layers[-1].weights if w.trainable]
+    if grads and trainable:
+        projection = rng.uniform(-1, 1, size=expected.shape).astype("float32")
+        xk = [torch.as_tensor(x) for x in xs]
+        yk = model(xk if len(xk) > 1 else xk[0], training=False)
+        (yk * torch.as_tensor(projection)).sum().backward()
+    for suffix in formats:
+        path = tmp_path / f"m{suffix}"
+        model.save(path)
+        ours = load_keras(path)
+        with torch.no_grad():
+            y = ours(*[torch.as_tensor(x) for x in xs])
+        np.testing.assert_allclose(y.numpy(), expected, rtol=RTOL, atol=RTOL * scale,
+                                   err_msg=f"{type(layer).__name__} {layer.get_config()} ({suffix})")
+        if grads and trainable:
+            y = ours(*[torch.as_tensor(x) for x in xs])
+            (y * torch.as_tensor(projection)).sum().backward()
+            module = ours.layers[model.layers[-1].name]
+            ours_grads = _keras_layout_grads(module)
+            weights = model.layers[-1].weights
+            assert len(ours_grads) == len(weights), (len(ours_grads), [w.path for w in weights])
+            for g, w in zip(ours_grads, weights):
+                if w.trainable:
+                    gk = w.value.grad.numpy()
+                    np.testing.assert_allclose(g.numpy(), gk, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(gk).max())),
+                                               err_msg=f"gradient of {w.path} ({suffix})")
+    return model
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("cls", sorted(FAMILIES))
+def test_layer_matches_keras(cls, seed, tmp_path):
+    rng = np.random.RandomState(seed * 1000 + sum(map(ord, cls)))
+    layer, shapes = FAMILIES[cls](rng, cls)
+    check_against_keras(layer, shapes, rng, tmp_path)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("case", range(5))
+def test_einsum_dense_equations(case, tmp_path):
+    rng = np.random.RandomState(case)
+    layer, shapes = einsum_case(rng, "EinsumDense", case)
+    check_against_keras(layer, shapes, rng, tmp_path)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("name", ACTIVATION_NAMES)
+def test_every_activation_name(name, tmp_path):
+    rng = np.random.RandomState(sum(map(ord, name)))
+    check_against_keras(layers.Activation(name), [(3, 4)], rng, tmp_path, formats=(".keras",))
+    check_against_keras(layers.Dense(4, activation=name), [(3, 5)], rng, tmp_path, formats=(".h5",))
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("inner", ["MaxPooling2D", "Conv2D", "SpatialDropout2D", "GlobalAveragePooling1D",
+                                   "BatchNormalization", "Flatten", "Dense"])
+def test_time_distributed_of_any_layer(inner, tmp_path):
+    """The classes the public checkpoints that failed to load wrap (TimeDistributed(MaxPooling2D),
+    TimeDistributed(SpatialDropout2D) before GlobalAveragePooling2D, ...)."""
+    rng = np.random.RandomState(3)
+    make = {"MaxPooling2D": lambda: layers.MaxPooling2D(2, padding="same"),
+            "Conv2D": lambda: layers.Conv2D(3, 3, padding="same", activation="relu"),
+            "SpatialDropout2D": lambda: layers.SpatialDropout2D(0.3),
+            "GlobalAveragePooling1D": lambda: layers.GlobalAveragePooling1D(),
+            "BatchNormalization": lambda: layers.BatchNormalization(),
+            "Flatten": lambda: layers.Flatten(),
+            "Dense": lambda: layers.Dense(3)}[inner]
+    shape = (4, 5, 6) if inner in ("GlobalAveragePooling1D", "Dense") else (4, 5, 6, 2)
+    inp = keras.Input(shape)
+    h = layers.TimeDistributed(make())(inp)
+    if h.ndim == 5:
+        h = layers.TimeDistributed(layers.GlobalAveragePooling2D())(h)
+    if h.ndim > 3:
+        h = layers.TimeDistributed(layers.Flatten())(h)
+    out = layers.LSTM(3)(h)
+    model = keras.Model(inp, out)
+    _random_weights(model, rng)
+    x = rng.uniform(-1, 1, size=(B,) + shape).astype("float32")
+    expected = keras.ops.convert_to_numpy(model(x, training=False))
+    for suffix in (".keras", ".h5"):
+        model.save(tmp_path / f"m{suffix}")
+        with torch.no_grad():
+            y = load_keras(tmp_path / f"m{suffix}")(torch.as_tensor(x)).numpy()
+        np.testing.assert_allclose(y, expected, rtol=RTOL, atol=RTOL)
+
+
+@pytest.mark.keras
+def test_cnn_lstm_video_classifier_converts_whole(tmp_path):
+    """The shape of the public CNN-LSTM video classifiers and ConvLSTM weather models: 3-D pooling,
+    TimeDistributed 2-D convolutions and pooling, a ConvLSTM2D, global pooling, Dot with normalize."""
+    rng = np.random.RandomState(5)
+    inp = keras.Input((4, 12, 10, 1))
+    h = layers.TimeDistributed(layers.Conv2D(4, 3, padding="same", activation="relu"))(inp)
+    h = layers.TimeDistributed(layers.MaxPooling2D(2))(h)
+    h = layers.ConvLSTM2D(3, 3, padding="same", return_sequences=True)(h)
+    h = layers.MaxPooling3D((1, 2, 2))(h)
+    h = layers.TimeDistributed(layers.GlobalAveragePooling2D())(h)
+    a = layers.LSTM(5)(h)
+    b = layers.GlobalMaxPooling1D()(h)
+    b = layers.Dense(5)(b)
+    out = layers.Dot(axes=1, normalize=True)([a, b])
+    model = keras.Model(inp, out)
+    _random_weights(model, rng)
+    x = rng.uniform(0, 1, size=(B, 4, 12, 10, 1)).astype("float32")
+    expected = keras.ops.convert_to_numpy(model(x, training=False))
+    for suffix in (".keras", ".h5"):
+        model.save(tmp_path / f"m{suffix}")
+        with torch.no_grad():
+            y = load_keras(tmp_path / f"m{suffix}")(torch.as_tensor(x)).numpy()
+        np.testing.assert_allclose(y, expected, rtol=RTOL, atol=RTOL)
+
+
+NOISE = {
+    "Dropout": lambda: layers.Dropout(0.3),
+    "DropoutNoiseShape": lambda: layers.Dropout(0.4, noise_shape=(None, 1, None)),
+    "SpatialDropout1D": lambda: layers.SpatialDropout1D(0.3),
+    "SpatialDropout2D": lambda: layers.SpatialDropout2D(0.3),
+    "SpatialDropout3D": lambda: layers.SpatialDropout3D(0.3),
+    "GaussianNoise": lambda: layers.GaussianNoise(0.5),
+    "GaussianDropout": lambda: layers.GaussianDropout(0.3),
+    "AlphaDropout": lambda: layers.AlphaDropout(0.2),
+}
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("name", sorted(NOISE))
+def test_noise_layers_in_training_behave_as_keras(name, tmp_path):
+    """Identity at inference; in training the same distribution as Keras's: the mean and standard
+    deviation of the output, the fraction of zeros, and which axes share one decision."""
+    layer = NOISE[name]()
+    shape = {"SpatialDropout2D": (6, 5, 40), "SpatialDropout3D": (3, 4, 5, 40)}.get(name, (30, 40))
+    model = keras.Sequential([keras.Input(shape), layer])
+    model.save(tmp_path / "m.keras")
+    ours = load_keras(tmp_path / "m.keras")
+    x = np.random.RandomState(0).uniform(0.5, 1.5, size=(512,) + shape).astype("float32")
+    with torch.no_grad():
+        np.testing.assert_array_equal(ours(torch.as_tensor(x)).numpy(), x)
+        ours.train()
+        got = ours(torch.as_tensor(x)).numpy()
+    want = keras.ops.convert_to_numpy(model(x, training=True))
+    for stat in (np.mean, np.std, lambda a: np.mean(a == 0)):
+        assert abs(stat(got) - stat(want)) < 0.03 * max(1.0, abs(stat(want))), (name, stat(got), stat(want))
+    if name.startswith("Spatial") or name == "DropoutNoiseShape":
+        # one decision per sample and channel: zeros fill whole spatial slices, as in Keras
+        zeros = got == 0
+        axes = tuple(range(1, got.ndim - 1))
+        assert np.array_equal(zeros.all(axis=axes), zeros.any(axis=axes))
+        kz = want == 0
+        assert np.array_equal(kz.all(axis=axes), kz.any(axis=axes))
+
+
+AUGMENTATION = ["RandomFlip", "RandomRotation", "RandomZoom", "RandomTranslation", "RandomContrast",
+                "RandomBrightness", "RandomCrop", "RandomShear", "RandomHue", "RandomSaturation"]
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("name", ["RandomFlip", "RandomRotation", "RandomZoom", "RandomTranslation", "RandomContrast",
+                                  "RandomBrightness", "RandomShear", "RandomGrayscale", "RandomSaturation"])
+def test_augmentation_is_identity_at_inference_and_refuses_training(name, tmp_path):
+    args = {"RandomRotation": (0.2,), "RandomZoom": (0.2,), "RandomTranslation": (0.1, 0.1), "RandomContrast": (0.3,),
+            "RandomBrightness": (0.2,), "RandomShear": (0.2,), "RandomSaturation": (0.3,)}.get(name, ())
+    model = keras.Sequential([keras.Input((8, 7, 3)), getattr(layers, name)(*args), layers.Conv2D(2, 3)])
+    _random_weights(model, np.random.RandomState(1))
+    x = np.random.RandomState(2).uniform(0, 1, size=(2, 8, 7, 3)).astype("float32")
+    expected = keras.ops.convert_to_numpy(model(x, training=False))
+    model.save(tmp_path / "m.keras")
+    ours = load_keras(tmp_path / "m.keras")
+    with torch.no_grad():
+        np.testing.assert_allclose(ours(torch.as_tensor(x)).numpy(), expected, rtol=RTOL, atol=RTOL)
+    ours.train()
+    with pytest.raises(RuntimeError, match=f"{name} is a Keras augmentation layer"):
+        ours(torch.as_tensor(x))
