@@ -448,3 +448,36 @@ def test_augmentation_is_identity_at_inference_and_refuses_training(name, tmp_pa
     ours.train()
     with pytest.raises(RuntimeError, match=f"{name} is a Keras augmentation layer"):
         ours(torch.as_tensor(x))
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("seed", range(4))
+def test_resizing_and_spectral_normalization(seed, tmp_path):
+    rng = np.random.RandomState(seed)
+    fmt = ["channels_last", "channels_first"][seed % 2]
+    layer = layers.Resizing(int(rng.randint(2, 9)), int(rng.randint(2, 9)), data_format=fmt,
+                            interpolation=["bilinear", "nearest"][seed // 2 % 2], crop_to_aspect_ratio=bool(seed % 3 == 0))
+    check_against_keras(layer, [(6, 7, 3) if fmt == "channels_last" else (3, 6, 7)], rng, tmp_path)
+    inner = layers.Dense(3, activation="tanh") if seed % 2 else layers.Conv2D(2, 3, padding="same")
+    sn = layers.SpectralNormalization(inner, power_iterations=int(rng.randint(1, 3)))
+    check_against_keras(sn, [(5,) if seed % 2 else (6, 5, 2)], rng, tmp_path, grads=False)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("mode", ["int", "one_hot", "multi_hot", "count"])
+def test_discretization_and_category_encoding(mode, tmp_path):
+    rng = np.random.RandomState(len(mode))
+    for layer, x in (
+            (layers.Discretization(bin_boundaries=[-0.5, 0.0, 0.25, 1.0], output_mode=mode),
+             rng.uniform(-1.5, 1.5, size=(3, 5)).astype("float32")),
+            (layers.CategoryEncoding(num_tokens=6, output_mode=mode if mode != "int" else "multi_hot"),
+             rng.randint(0, 6, size=(3, 4)).astype("int32")),
+            (layers.CategoryEncoding(num_tokens=6, output_mode="one_hot"), rng.randint(0, 6, size=(3, 1)).astype("int32"))):
+        inp = keras.Input(x.shape[1:], dtype=str(x.dtype))
+        model = keras.Model(inp, layer(inp))
+        expected = keras.ops.convert_to_numpy(model(x))
+        for suffix in (".keras", ".h5"):
+            model.save(tmp_path / f"m{suffix}")
+            with torch.no_grad():
+                y = load_keras(tmp_path / f"m{suffix}")(torch.as_tensor(x)).numpy()
+            np.testing.assert_array_equal(y, expected, err_msg=f"{layer.get_config()} ({suffix})")

@@ -276,10 +276,13 @@ class ReplaySource(WeightSource):
                 return [np.asarray(a) for a in got[0]]
 
             def take(self, groups, shapes=None):
-                got = self._next()
-                if [len(g) for g in got] != [n for _, n in groups]:
-                    raise ConversionError(source.path, f"the converted file holds {[len(g) for g in got]} weights; "
-                                                       f"the config implies {[n for _, n in groups]}", layer.name)
+                takes, i = source.records.get(key, []), source.used.get(key, 0)
+                got = takes[i] if i < len(takes) else None
+                if got is None or [len(g) for g in got] != [n for _, n in groups]:
+                    # (not consumed: a builder may ask again with other counts)
+                    raise ConversionError(source.path, f"the converted file holds {[len(g) for g in got or []]} "
+                                                       f"weights; the config implies {[n for _, n in groups]}", layer.name)
+                source.used[key] = i + 1
                 return [[np.asarray(a) for a in g] for g in got]
 
             def child_source(self, spec):

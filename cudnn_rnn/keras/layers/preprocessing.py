@@ -1,5 +1,5 @@
 """Preprocessing saved inside models: Rescaling, Normalization (adapted or given mean and
-variance, invert), CenterCrop; and the image augmentation layers (RandomFlip, RandomRotation,
+variance, invert), CenterCrop, Resizing, Discretization, CategoryEncoding; and the image augmentation layers (RandomFlip, RandomRotation,
 RandomZoom, ...), which Keras runs only in training: here they are exactly the identity at
 inference, and a model in training mode refuses them with one error (their random transforms are
 Keras's own and are not reproduced); their modules and their builders."""
@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .base import _Single, channels_last_format
+from .base import _Single, channels_last_format, from_channels_first, to_channels_first
 from .registry import builder
 from .values import MAX_SIZE, Values
 
@@ -151,3 +151,117 @@ def build_normalization(cfg, ctx):
 def build_center_crop(cfg, ctx):
     v = Values(cfg, ctx)
     return CenterCrop(v.int("height", lo=1), v.int("width", lo=1), channels_last_format(cfg, ctx))
+
+
+def encode_categorical(indices: torch.Tensor, mode: str, depth: int, dtype: torch.dtype) -> torch.Tensor:
+    """keras.src.utils.numerical_utils.encode_categorical_inputs: int, one_hot (a last axis of 1
+    dropped), multi_hot and count (over axis 1, or 0 for a vector); negative indices encode as
+    no class, indices of `depth` or more are an error."""
+    if mode == "int":
+        return indices.to(dtype)
+    if indices.dim() == 0:
+        indices = indices.unsqueeze(-1)
+    if mode == "one_hot" and indices.dim() > 1 and indices.shape[-1] == 1:
+        indices = indices.squeeze(-1)
+    indices = indices.long()
+    if bool((indices >= depth).any()):
+        raise ValueError(f"category indices must be below {depth}; got {int(indices.max())}")
+    hot = torch.nn.functional.one_hot(indices.clamp(min=0), depth).to(dtype) * (indices >= 0).unsqueeze(-1).to(dtype)
+    if mode == "one_hot":
+        return hot
+    axis = 1 if indices.dim() > 1 else 0
+    return hot.amax(dim=axis) if mode == "multi_hot" else hot.sum(dim=axis)
+
+
+class Discretization(_Single):
+    keeps_mask = False
+
+    def __init__(self, boundaries: torch.Tensor, mode: str, dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("boundaries", boundaries)
+        self.mode, self.dtype = mode, dtype
+
+    def apply(self, x):  # numpy.digitize: the bin i with boundaries[i - 1] <= x < boundaries[i]
+        indices = torch.bucketize(x.to(self.boundaries.dtype), self.boundaries, right=True)
+        return encode_categorical(indices, self.mode, self.boundaries.numel() + 1, self.dtype)
+
+
+class CategoryEncoding(_Single):
+    keeps_mask = False
+
+    def __init__(self, num_tokens: int, mode: str, dtype: torch.dtype):
+        super().__init__()
+        self.num_tokens, self.mode, self.dtype = num_tokens, mode, dtype
+
+    def apply(self, x):
+        return encode_categorical(x, self.mode, self.num_tokens, self.dtype)
+
+
+class Resizing(_Single):
+    """keras.layers.Resizing: bilinear (half-pixel, no antialiasing) or nearest (half-pixel),
+    after a centred crop to the target's aspect ratio with crop_to_aspect_ratio."""
+
+    keeps_mask = False
+
+    def __init__(self, height: int, width: int, interpolation: str, crop: bool, channels_last: bool):
+        super().__init__()
+        self.size, self.interpolation, self.crop, self.channels_last = (height, width), interpolation, crop, channels_last
+
+    def apply(self, x):
+        h = to_channels_first(x, self.channels_last)
+        if self.crop:
+            height, width = h.shape[-2], h.shape[-1]
+            th, tw = self.size
+            ch = max(min(height, int(float(width * th) / tw)), 1)
+            cw = max(min(width, int(float(height * tw) / th)), 1)
+            h = h[..., int(float(height - ch) / 2):int(float(height - ch) / 2) + ch,
+                  int(float(width - cw) / 2):int(float(width - cw) / 2) + cw]
+        mode = "bilinear" if self.interpolation == "bilinear" else "nearest-exact"
+        y = torch.nn.functional.interpolate(h.float() if not h.is_floating_point() else h, size=self.size, mode=mode,
+                                            align_corners=False if mode == "bilinear" else None, antialias=False)
+        return from_channels_first(y, self.channels_last)
+
+
+_MODES = ("int", "one_hot", "multi_hot", "count")
+
+
+def _output_dtype(ctx, mode: str, integer: torch.dtype) -> torch.dtype:
+    return integer if mode == "int" else ctx.dtype
+
+
+def _not_sparse(cfg, ctx):
+    if Values(cfg, ctx).bool("sparse", False):
+        raise ctx.error(f"{ctx.spec.class_name} sparse=True is not supported (dense outputs only)")
+
+
+@builder("Discretization", weights=False)
+def build_discretization(cfg, ctx):
+    _not_sparse(cfg, ctx)
+    boundaries = cfg.get("bin_boundaries")
+    if not isinstance(boundaries, list) or not 1 <= len(boundaries) <= MAX_SIZE or not all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) and np.isfinite(b) for b in boundaries) or \
+            any(a > b for a, b in zip(boundaries, boundaries[1:])):
+        raise ctx.error(f"config bin_boundaries={str(boundaries)[:60]!r}; expected a sorted list of numbers (an "
+                        "adapted layer stores them)")
+    mode = Values(cfg, ctx).str("output_mode", "int", _MODES)
+    return Discretization(torch.tensor([float(b) for b in boundaries], dtype=torch.float64), mode,
+                          _output_dtype(ctx, mode, torch.int32))
+
+
+@builder("CategoryEncoding", weights=False)
+def build_category_encoding(cfg, ctx):
+    _not_sparse(cfg, ctx)
+    v = Values(cfg, ctx)
+    return CategoryEncoding(v.int("num_tokens", lo=1), v.str("output_mode", "multi_hot", _MODES[1:]), ctx.dtype)
+
+
+@builder("Resizing", weights=False)
+def build_resizing(cfg, ctx):
+    v = Values(cfg, ctx)
+    interpolation = v.str("interpolation", "bilinear")
+    if interpolation not in ("bilinear", "nearest"):
+        raise ctx.error(f"Resizing interpolation={interpolation[:40]!r} is not supported (bilinear, nearest)")
+    if v.bool("pad_to_aspect_ratio", False) or v.bool("antialias", False):
+        raise ctx.error("Resizing with pad_to_aspect_ratio or antialias is not supported")
+    return Resizing(v.int("height", lo=1), v.int("width", lo=1), interpolation, v.bool("crop_to_aspect_ratio", False),
+                    channels_last_format(cfg, ctx))

@@ -1,9 +1,13 @@
-"""TimeDistributed of any layer the registry builds (its weights addressed below the wrapper
-with _SubWeights); its module and its builder."""
+"""The wrappers: TimeDistributed of any layer the registry builds (its weights addressed below
+the wrapper with _SubWeights) and SpectralNormalization (its stored kernel, at inference); their
+modules and their builders."""
 from __future__ import annotations
 
+import numpy as np
+import torch
 from torch import nn
 
+from ..errors import ConversionError
 from ..files.weights import LayerWeights
 from ..graph.spec import LayerSpec
 from .registry import BUILDERS, BuildContext, builder, holds_weights, keras_groups, layer_config_of
@@ -42,6 +46,19 @@ class _SubWeights:
         return self.outer.take([("/".join(p for p in (self.sub, s) if p), n) for s, n in groups], shapes)
 
 
+def _inner(cfg, ctx, wrapper: str):
+    try:
+        cls, inner_cfg = layer_config_of(cfg.get("layer"))
+    except ValueError as e:
+        raise ctx.error(f"{wrapper}: {e}") from None
+    if cls not in BUILDERS:
+        raise ctx.error(f"{wrapper}({cls[:100]}): the layer class {cls[:100]!r} is not supported")
+    if not isinstance(inner_cfg, dict):
+        raise ctx.error(f"{wrapper}: the wrapped layer's config is not a JSON object")
+    spec = LayerSpec(f"{ctx.spec.name}/{str(inner_cfg.get('name', cls))[:100]}", cls, inner_cfg, [])
+    return cls, inner_cfg, spec
+
+
 def _inner_holds_weights(cfg) -> bool:
     try:
         return holds_weights(*layer_config_of(cfg.get("layer")))
@@ -51,14 +68,60 @@ def _inner_holds_weights(cfg) -> bool:
 
 @builder("TimeDistributed", weights=_inner_holds_weights)
 def build_time_distributed(cfg, ctx):
-    try:
-        cls, inner_cfg = layer_config_of(cfg.get("layer"))
-    except ValueError as e:
-        raise ctx.error(f"TimeDistributed: {e}") from None
-    if cls not in BUILDERS:
-        raise ctx.error(f"TimeDistributed({cls[:100]}): the layer class {cls[:100]!r} is not supported")
-    if not isinstance(inner_cfg, dict):
-        raise ctx.error("TimeDistributed: the wrapped layer's config is not a JSON object")
-    inner_spec = LayerSpec(f"{ctx.spec.name}/{str(inner_cfg.get('name', cls))[:100]}", cls, inner_cfg, [])
+    cls, inner_cfg, inner_spec = _inner(cfg, ctx, "TimeDistributed")
     inner_ctx = BuildContext(ctx.path, ctx.keras_version, inner_spec, _SubWeights(ctx.weights, "layer"), ctx.dtype)
     return TimeDistributed(BUILDERS[cls](inner_cfg, inner_ctx))
+
+
+class _WithOwn(_SubWeights):
+    """The wrapped layer's weights below the wrapper, taken in one request with the wrapper's own
+    after them. SpectralNormalization's own are (kernel, vector_u) in a .keras file (the kernel
+    once more: it is the wrapped layer's) and vector_u alone, last, in a legacy .h5 file: `own`
+    lists the counts to try, and the vector is the last of them."""
+
+    def __init__(self, outer: LayerWeights, sub: str, own=(2, 1)):
+        super().__init__(outer, sub)
+        self.counts, self.own = own, None
+
+    def take(self, groups, shapes=None):
+        inner = [("/".join(p for p in (self.sub, s) if p), n) for s, n in groups]
+        for i, count in enumerate(self.counts):
+            try:
+                got = self.outer.take(inner + [("", count)], None if shapes is None else list(shapes) + [[None] * count])
+            except ConversionError:
+                if i == len(self.counts) - 1:
+                    raise
+                continue
+            self.own = got[-1]
+            return got[:-1]
+
+
+class SpectralNormalization(nn.Module):
+    """At inference the wrapped layer with its stored kernel (Keras keeps the normalised kernel
+    there after each training step); vector_u is kept for export only."""
+
+    def __init__(self, inner: nn.Module, vector_u):
+        super().__init__()
+        self.layer = inner
+        self.register_buffer("vector_u", vector_u)
+
+    def keras_groups(self):
+        inner = [("/".join(p for p in ("layer", sub) if p), ws) for sub, ws in keras_groups(self.layer)]
+        return inner + [("", [inner[0][1][0], self.vector_u])]  # own: the wrapped kernel, vector_u
+
+    def forward(self, inputs, masks):
+        if self.training:
+            raise RuntimeError("SpectralNormalization in training mode (a power iteration per step that updates the "
+                               "kernel) is not supported; call model.eval()")
+        outputs, _ = self.layer(inputs, masks)
+        return [outputs[0]], [None]
+
+
+@builder("SpectralNormalization")
+def build_spectral_normalization(cfg, ctx):
+    cls, inner_cfg, spec = _inner(cfg, ctx, "SpectralNormalization")
+    weights = _WithOwn(ctx.weights, "layer")
+    inner = BUILDERS[cls](inner_cfg, BuildContext(ctx.path, ctx.keras_version, spec, weights, ctx.dtype))
+    if weights.own is None or np.ndim(weights.own[-1]) != 2 or np.shape(weights.own[-1])[0] != 1:
+        raise ctx.error("SpectralNormalization: expected its vector_u (1, units) beside the wrapped layer's weights")
+    return SpectralNormalization(inner, torch.as_tensor(np.array(weights.own[-1]), dtype=ctx.dtype))
