@@ -29,6 +29,7 @@ CASES = [
     ("tfk_attention", "tfk_attention.keras", None),
     ("tfk_conv_lstm", "tfk_conv_lstm.h5", None),
     ("tfk_conv_lstm", "tfk_conv_lstm.keras", None),
+    ("tfk_tf_ops", "tfk_tf_ops.h5", None),
 ]
 
 

@@ -9,6 +9,8 @@ are the identity at inference as in Keras, and refuse training mode.
 Average pooling with "same" padding is drawn only where the padding is even on both sides: where
 it is not, Keras 3.15's torch backend pads by repeating the edge element and so disagrees with its
 TensorFlow and JAX backends, whose definition (real elements only) cudnn_rnn follows."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -481,3 +483,66 @@ def test_discretization_and_category_encoding(mode, tmp_path):
             with torch.no_grad():
                 y = load_keras(tmp_path / f"m{suffix}")(torch.as_tensor(x)).numpy()
             np.testing.assert_array_equal(y, expected, err_msg=f"{layer.get_config()} ({suffix})")
+
+
+OPS = {  # a functional model recording keras.ops calls and Python operators on Keras tensors
+    "arithmetic": lambda x, y: [x + y, x - 2.0, 2.0 - x, x * y, x / (keras.ops.abs(y) + 1), 3 * x ** 2,
+                                keras.ops.maximum(x, 0.1), keras.ops.minimum(0.0, y), -x],
+    "reductions": lambda x, y: [keras.ops.mean(x, axis=1), keras.ops.sum(x, axis=[1, 2], keepdims=True),
+                                keras.ops.max(y, axis=-1), keras.ops.min(x), keras.ops.std(x, axis=2),
+                                keras.ops.var(y, axis=1, keepdims=True), keras.ops.argmax(x, axis=-1),
+                                keras.ops.prod(y, axis=2)],
+    "shape": lambda x, y: [keras.ops.reshape(x, (-1, 20)), keras.ops.transpose(x, (0, 2, 1)),
+                           keras.ops.expand_dims(x, 1), keras.ops.squeeze(keras.ops.expand_dims(y, -1), -1),
+                           keras.ops.concatenate([x, y], axis=-1), keras.ops.stack([x, y], axis=1),
+                           keras.ops.flip(x, axis=1), keras.ops.repeat(x, 2, axis=1), keras.ops.tile(y, (1, 2, 1)),
+                           keras.ops.moveaxis(x, 1, 2), keras.ops.swapaxes(x, 1, 2), keras.ops.cumsum(y, axis=1)],
+    "indexing": lambda x, y: [x[:, -1], x[:, 1:3, ::2], x[:, :, 0], x[:, None, 2], y[0], x[:, ::-1] if False else x[:, 2:]],
+    "elementwise": lambda x, y: [keras.ops.exp(x), keras.ops.log(keras.ops.abs(y) + 1), keras.ops.sqrt(keras.ops.abs(x)),
+                                 keras.ops.square(y), keras.ops.tanh(x), keras.ops.sin(y), keras.ops.clip(x, -0.5, 0.7),
+                                 keras.ops.where(x > 0, x, 0.0), keras.ops.where(y < x, y, x), keras.ops.sign(y),
+                                 keras.ops.floor(x * 3), keras.ops.round(y, 1), keras.ops.cast(x > y, "float32")],
+    "nn": lambda x, y: [keras.ops.relu(x), keras.ops.sigmoid(y), keras.ops.softmax(x, axis=1),
+                        keras.ops.log_softmax(y), keras.ops.gelu(x), keras.ops.gelu(y, approximate=False),
+                        keras.ops.silu(x), keras.ops.elu(y), keras.ops.leaky_relu(x), keras.ops.softplus(y),
+                        keras.ops.einsum("btf,btf->bt", x, y), keras.ops.matmul(x, keras.ops.transpose(y, (0, 2, 1)))],
+}
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("group", sorted(OPS))
+def test_recorded_keras_operations(group, tmp_path):
+    x_in, y_in = keras.Input((5, 4)), keras.Input((5, 4))
+    outs = OPS[group](x_in, y_in)
+    model = keras.Model([x_in, y_in], outs)
+    rng = np.random.RandomState(0)
+    xs = [rng.uniform(-1.5, 1.5, size=(B, 5, 4)).astype("float32") for _ in range(2)]
+    expected = [keras.ops.convert_to_numpy(t) for t in model(xs)]
+    for suffix in (".keras", ".h5"):
+        model.save(tmp_path / f"m{suffix}")
+        ours = load_keras(tmp_path / f"m{suffix}")
+        with torch.no_grad():
+            got = ours(*[torch.as_tensor(x) for x in xs])
+        assert len(got) == len(expected)
+        for i, (a, b) in enumerate(zip(got, expected)):
+            np.testing.assert_allclose(a.numpy(), b, rtol=RTOL, atol=RTOL, err_msg=f"{group} output {i} ({suffix})")
+
+
+def test_unsupported_tensorflow_call_is_refused_by_name(tmp_path):
+    import shutil
+
+    import h5py
+    import json as json_
+
+    from cudnn_rnn.keras import ConversionError
+
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "data", "tfk_tf_ops.h5")
+    path = tmp_path / "edited.h5"
+    shutil.copy(src, path)
+    with h5py.File(path, "r+") as f:
+        config = json_.loads(f.attrs["model_config"])
+        layer = next(l for l in config["config"]["layers"] if l["config"].get("function") == "math.sigmoid")
+        layer["config"]["function"] = "math.bessel_i0"
+        f.attrs["model_config"] = json_.dumps(config)
+    with pytest.raises(ConversionError, match=r"tf\.math\.bessel_i0 \(a TFOpLambda layer\) is not supported"):
+        load_keras(path)

@@ -23,11 +23,20 @@ class Ref:
     output: int = 0
 
 
+@dataclass(frozen=True)
+class TensorArg:
+    """The i-th tensor input of a call, where it stands among the positional arguments."""
+    index: int
+
+
 @dataclass
 class Call:
     inputs: List[Ref]
     kwargs: Dict[str, Any] = field(default_factory=dict)  # tensors in kwargs are Refs (or lists of Refs)
     constants: List[Any] = field(default_factory=list)    # non-tensor positional args (Keras 3 ops)
+    # The positional arguments as written (Keras 3): TensorArg(i) for inputs[i], constants as
+    # given, lists as lists; what a recorded operation is called with (layers/ops.py).
+    args: List[Any] = field(default_factory=list)
 
     def tensor_kwargs(self) -> List[str]:
         """The keyword arguments other than initial_state and mask that hold tensors, in the order
@@ -108,6 +117,19 @@ def _refs_in(value, path) -> List[Ref]:
     return out
 
 
+def _template(value, counter):
+    """A Keras 3 call argument with each Keras tensor replaced by TensorArg (numbered in the order
+    _refs_in finds them)."""
+    if isinstance(value, dict):
+        if value.get("class_name") == "__keras_tensor__":
+            counter[0] += 1
+            return TensorArg(counter[0] - 1)
+        return {k: _template(v, counter) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_template(v, counter) for v in value]
+    return value
+
+
 def _parse_calls(entry: dict, path) -> List[Call]:
     calls = []
     nodes = entry.get("inbound_nodes", []) or []
@@ -120,6 +142,8 @@ def _parse_calls(entry: dict, path) -> List[Call]:
                 raise ConversionError(path, f"malformed inbound node {str(node)[:200]}", _layer_name(entry))
             inputs = _refs_in(args, path)
             constants = [a for a in args if not _refs_in(a, path)]
+            counter = [0]
+            template = [_template(a, counter) for a in args]
             kwargs = {}
             for k, v in kw.items():
                 if k == "mask" and isinstance(v, list):  # per input, None where a position has none
@@ -127,9 +151,14 @@ def _parse_calls(entry: dict, path) -> List[Call]:
                     continue
                 refs = _refs_in(v, path)
                 kwargs[k] = refs if refs else v
-            calls.append(Call(inputs, kwargs, constants))
+            calls.append(Call(inputs, kwargs, constants, template))
         elif isinstance(node, list):  # Keras 2: [[name, call, output, kwargs], ...]
             inputs, kwargs = [], {}
+            # tf.keras's TFOpLambda / SlicingOpLambda: a node that is one item is a call on one
+            # tensor; a list of items, a call on a list of tensors (tf.concat([a, b], ...))
+            single = len(node) >= 3 and isinstance(node[0], str)
+            if single:
+                node = [node]
             for item in node:
                 if not isinstance(item, list) or len(item) < 3:
                     raise ConversionError(path, f"malformed inbound node {str(item)[:200]}", _layer_name(entry))
@@ -142,7 +171,8 @@ def _parse_calls(entry: dict, path) -> List[Call]:
                             kwargs[k] = [_ref(v, path, f"the {k} argument")]
                         else:
                             kwargs[k] = v
-            calls.append(Call(inputs, kwargs))
+            template = [TensorArg(0)] if single else [[TensorArg(i) for i in range(len(inputs))]]
+            calls.append(Call(inputs, kwargs, [], template))
         else:
             raise ConversionError(path, f"malformed inbound node {str(node)[:200]}", _layer_name(entry))
     return calls

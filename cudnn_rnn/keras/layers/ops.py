@@ -1,93 +1,324 @@
-"""The Keras 3 operations recorded in functional graphs (keras.ops calls, mostly the mask
-computations: NotEqual, Any, ExpandDims, Cast, ConvertToTensor, ...): build_op makes an Op module of one. They are
-not layers, so they are not in BUILDERS; load.py builds them with build_op."""
+"""The Keras 3 operations a functional graph records (keras.ops calls on Keras tensors, and the
+Python operators on them: `x + y` is Add, `x[:, -1]` is GetItem): build_op makes an Op module of
+one. They are not layers, so they are not in BUILDERS; load.py builds them with build_op.
+
+tf.keras 2.x records TensorFlow calls as TFOpLambda / SlicingOpLambda layers (a function name
+such as "math.reduce_sum" and its arguments, no code): those in _TF_FUNCTIONS are built with
+TensorFlow's semantics (a layer builder, build_tf_call), every other is refused by name.
+
+An operation's constructor arguments (axis, keepdims, newshape, ...) are its config, read with
+Values; its call arguments are the call's positional arguments as written (Call.args: tensors,
+constants, lists, slices). Each entry of _OPS computes what keras.ops computes, with torch."""
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict
+import operator
+import re
+from typing import Callable, Dict, List, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ..graph.spec import LayerSpec
-from .registry import BuildContext
-from .values import Values
+from ..graph.spec import LayerSpec, TensorArg
+from .activations import keras_relu
+from .registry import BuildContext, builder
+from .values import MAX_SIZE, Values
 
 
 class Op(nn.Module):
-    """A keras.ops function in the graph: tensors in, one tensor out, no mask."""
+    """A keras.ops function in the graph: its positional arguments (tensors from the inputs,
+    constants as recorded) in, one tensor out, no mask."""
 
-    def __init__(self, fn: Callable, description: str):
+    def __init__(self, fn: Callable, template: list, description: str):
         super().__init__()
-        self.fn, self.description = fn, description
+        self.fn, self.template, self.description = fn, template, description
 
     def forward(self, inputs, masks):
-        return [self.fn(*inputs)], [None]
+        args = [_fill(a, inputs) for a in self.template] if self.template else list(inputs)
+        return [self.fn(*args)], [None]
 
     def extra_repr(self):
         return self.description
 
 
-def _op_constant(ctx, default=None):
-    consts = ctx.spec.calls[0].constants if ctx.spec.calls else []
-    return consts[0] if consts else default
+def _fill(value, inputs):
+    if isinstance(value, TensorArg):
+        return inputs[value.index]
+    if isinstance(value, list):
+        return [_fill(v, inputs) for v in value]
+    if isinstance(value, dict) and value.get("class_name") == "__slice__":
+        c = value.get("config") or {}
+        return slice(c.get("start"), c.get("stop"), c.get("step"))
+    return value
 
 
-def _axis_reduce(reduce):
+_DTYPES = {"bool": torch.bool, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+           "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
+           "int32": torch.int32, "int64": torch.int64}
+
+
+def _dtype(cfg, ctx, key="dtype") -> Optional[torch.dtype]:
+    name = cfg.get(key)
+    if isinstance(name, dict):  # a DTypePolicy
+        inner = name.get("config")
+        name = inner.get("name") if isinstance(inner, dict) else None
+    if name is None:
+        return None
+    if name not in _DTYPES:
+        raise ctx.error(f"config {key}={str(name)[:40]!r}; expected one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def _tensor(a, like):
+    """A Python number as a tensor beside `like` (torch.maximum and friends take tensors only)."""
+    return a if isinstance(a, torch.Tensor) else torch.as_tensor(a, device=like.device if isinstance(
+        like, torch.Tensor) else None)
+
+
+def _pair(fn):
+    return lambda a, b: fn(_tensor(a, b), _tensor(b, a))
+
+
+def _axes(cfg, ctx, key="axis"):
+    axis = cfg.get(key)
+    if axis is None:
+        return None
+    if isinstance(axis, list):
+        return tuple(Values(cfg, ctx).int_list(key, lo=-8, hi=8))
+    return Values(cfg, ctx).int(key, lo=-8, hi=8)
+
+
+def _reduce(name, fn):
+    """A reduction over cfg axis (None: every axis) with keepdims."""
     def build(cfg, ctx):
-        axis, keepdims = cfg.get("axis"), bool(cfg.get("keepdims", False))
-        if axis is None:
-            return Op(lambda x: reduce(x.reshape(-1), 0, False) if not keepdims else reduce(x, None, True), "all axes")
-        axes = tuple(axis) if isinstance(axis, list) else (axis,)
+        axis, keepdims = _axes(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
 
-        def fn(x):
-            for a in sorted((a % x.dim() for a in axes), reverse=True):
-                x = reduce(x, a, keepdims)
+        def reduce(x):
+            if axis is None:
+                y = fn(x.reshape(-1), 0)
+                return y.reshape([1] * x.dim()) if keepdims else y
+            axes = sorted((a % x.dim() for a in (axis if isinstance(axis, tuple) else (axis,))), reverse=True)
+            for a in axes:
+                x = fn(x, a, keepdims)
             return x
+        return reduce, f"{name} axis={axis} keepdims={keepdims}"
+    return build
 
-        return Op(fn, f"axis={axis}, keepdims={keepdims}")
 
+def _arg_reduce(fn):
+    def build(cfg, ctx):
+        axis, keepdims = _axes(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
+        if isinstance(axis, tuple):
+            raise ctx.error("an arg-reduction takes one axis")
+        return (lambda x: fn(x.reshape(-1), 0, False) if axis is None else fn(x, axis, keepdims)), f"axis={axis}"
+    return build
+
+
+def _unary(fn, name=""):
+    return lambda cfg, ctx: (fn, name)
+
+
+def _binary(fn, name=""):
+    return lambda cfg, ctx: (fn, name)
+
+
+def _get_item(x, key):
+    """x[key] with Keras's serialized key: an index, a slice, None (a new axis), Ellipsis or a
+    tuple of these."""
+    def one(k):
+        if k is None or isinstance(k, (int, slice)) and not isinstance(k, bool):
+            return k
+        if k == "Ellipsis" or k is Ellipsis or (isinstance(k, dict) and k.get("class_name") == "__ellipsis__"):
+            return Ellipsis
+        if isinstance(k, torch.Tensor):
+            return k
+        raise ValueError(f"GetItem index {str(k)[:40]!r} is not supported")
+    return x[tuple(one(k) for k in key)] if isinstance(key, list) else x[one(key)]
+
+
+def _reshape(cfg, ctx):
+    shape = Values(cfg, ctx).int_list("newshape", lo=-1, hi=MAX_SIZE)
+    if shape.count(-1) > 1:
+        raise ctx.error(f"Reshape newshape {shape} has more than one -1")
+    return (lambda x: x.reshape(shape)), f"newshape={shape}"
+
+
+def _transpose(cfg, ctx):
+    axes = cfg.get("axes")
+    if axes is None:
+        return (lambda x: x.permute(*reversed(range(x.dim())))), "reverse"
+    axes = Values(cfg, ctx).int_list("axes", lo=-8, hi=8)
+    return (lambda x: x.permute(*axes)), f"axes={axes}"
+
+
+def _squeeze(cfg, ctx):
+    axis = _axes(cfg, ctx)
+    if axis is None:
+        return (lambda x: x.squeeze()), "all"
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    return (lambda x: x.squeeze(tuple(a % x.dim() for a in axes))), f"axis={axis}"
+
+
+def _expand_dims(cfg, ctx):
+    axis = _axes(cfg, ctx)
+    if axis is None:
+        raise ctx.error("ExpandDims has no axis")
+    axes = axis if isinstance(axis, tuple) else (axis,)
+
+    def expand(x):
+        n = x.dim() + len(axes)
+        for a in sorted(a % n for a in axes):
+            x = x.unsqueeze(a)
+        return x
+    return expand, f"axis={axis}"
+
+
+def _one_axis(cfg, ctx, default=None):
+    axis = _axes(cfg, ctx)
+    axis = default if axis is None else axis
+    if not isinstance(axis, int):
+        raise ctx.error(f"config axis={str(cfg.get('axis'))[:40]}; expected one axis")
+    return axis
+
+
+def _clip(cfg, ctx):
+    v = Values(cfg, ctx)
+    lo, hi = v.float("x_min", None), v.float("x_max", None)
+    return (lambda x: torch.clamp(x, lo, hi)), f"[{lo}, {hi}]"
+
+
+def _cast(cfg, ctx):
+    dtype = _dtype(cfg, ctx)
+    return (lambda x: torch.as_tensor(x).to(dtype) if dtype is not None else torch.as_tensor(x)), f"dtype={dtype}"
+
+
+def _einsum(cfg, ctx):
+    subscripts = Values(cfg, ctx).str("subscripts")
+    if not re.fullmatch(r"[a-zA-Z.,\->\s]{1,200}", subscripts):
+        raise ctx.error(f"Einsum subscripts {subscripts[:60]!r} are not an einsum equation")
+    return (lambda *xs: torch.einsum(subscripts, *xs)), subscripts
+
+
+def _repeat(cfg, ctx):
+    v = Values(cfg, ctx)
+    repeats, axis = v.int("repeats", lo=1, hi=1 << 16), _axes(cfg, ctx)
+    if axis is None:
+        return (lambda x: x.reshape(-1).repeat_interleave(repeats)), f"repeats={repeats}"
+    return (lambda x: x.repeat_interleave(repeats, dim=axis)), f"repeats={repeats} axis={axis}"
+
+
+def _tile(cfg, ctx):
+    repeats = cfg.get("repeats")
+    reps = Values({"repeats": repeats if isinstance(repeats, list) else [repeats]}, ctx).int_list("repeats", lo=1,
+                                                                                                  hi=1 << 16)
+
+    def tile(x):
+        r = list(reps)
+        if len(r) < x.dim():
+            r = [1] * (x.dim() - len(r)) + r
+        return x.repeat(*r) if len(r) >= x.dim() else x
+    return tile, f"repeats={reps}"
+
+
+def _softmax_like(fn):
+    def build(cfg, ctx):
+        axis = _one_axis(cfg, ctx, -1)
+        return (lambda x: fn(x, dim=axis)), f"axis={axis}"
+    return build
+
+
+def _stack(cfg, ctx):
+    axis = _one_axis(cfg, ctx, 0)
+    return (lambda xs: torch.stack(list(xs), dim=axis)), f"axis={axis}"
+
+
+def _concatenate(cfg, ctx):
+    axis = _one_axis(cfg, ctx, 0)
+    # keras.ops.concatenate takes a list; older configs call it with the tensors themselves
+    return (lambda *xs: torch.cat(list(xs[0]) if len(xs) == 1 and isinstance(xs[0], list) else list(xs), dim=axis)), \
+        f"axis={axis}"
+
+
+def _cumulative(fn):
+    def build(cfg, ctx):
+        axis = _axes(cfg, ctx)
+        return (lambda x: fn(x.reshape(-1), 0) if axis is None else fn(x, axis)), f"axis={axis}"
+    return build
+
+
+def _like(fill):
+    def build(cfg, ctx):
+        dtype = _dtype(cfg, ctx)
+        return (lambda x: fill(x, dtype=dtype or x.dtype)), f"dtype={dtype}"
     return build
 
 
 _OPS: Dict[str, Callable] = {
-    "NotEqual": lambda cfg, ctx: _binary(torch.ne, ctx),
-    "Equal": lambda cfg, ctx: _binary(torch.eq, ctx),
-    "Greater": lambda cfg, ctx: _binary(torch.gt, ctx),
-    "Less": lambda cfg, ctx: _binary(torch.lt, ctx),
-    "LogicalOr": lambda cfg, ctx: _binary(torch.logical_or, ctx),
-    "LogicalAnd": lambda cfg, ctx: _binary(torch.logical_and, ctx),
-    "LogicalNot": lambda cfg, ctx: Op(torch.logical_not, "not"),
-    "Any": _axis_reduce(lambda x, a, k: x.any(dim=a, keepdim=k) if a is not None else x.any()),
-    "All": _axis_reduce(lambda x, a, k: x.all(dim=a, keepdim=k) if a is not None else x.all()),
-    "ExpandDims": lambda cfg, ctx: Op(lambda x: x.unsqueeze(int(cfg["axis"]) if int(cfg["axis"]) >= 0 else x.dim() + 1 + int(cfg["axis"])),
-                                      f"axis={cfg.get('axis')}"),
-    "ZerosLike": lambda cfg, ctx: Op(lambda x: torch.zeros_like(x, dtype=_dtype_of(cfg, x)), "zeros_like"),
-    "OnesLike": lambda cfg, ctx: Op(lambda x: torch.ones_like(x, dtype=_dtype_of(cfg, x)), "ones_like"),
-    "Concatenate": lambda cfg, ctx: Op(lambda *xs: torch.cat(xs, dim=int(cfg.get("axis", 0))), f"axis={cfg.get('axis')}"),
-    "Cast": lambda cfg, ctx: Op(lambda x: x.to(_dtype_of(cfg, x)), f"dtype={cfg.get('dtype')}"),
-    # (Attention.compute_mask records its query mask through keras.ops.convert_to_tensor)
-    "ConvertToTensor": lambda cfg, ctx: Op(lambda x: x.to(_dtype_of(cfg, x)), f"dtype={cfg.get('dtype')}"),
+    # arithmetic and comparison (keras.src.ops.numpy); Python numbers as recorded
+    "Add": _binary(operator.add), "Subtract": _binary(operator.sub), "Multiply": _binary(operator.mul),
+    "Divide": _binary(operator.truediv), "TrueDivide": _binary(operator.truediv),
+    "FloorDivide": _binary(operator.floordiv), "Mod": _binary(operator.mod), "Power": _binary(operator.pow),
+    "Maximum": _binary(_pair(torch.maximum)), "Minimum": _binary(_pair(torch.minimum)),
+    "Matmul": _binary(_pair(torch.matmul)), "Arctan2": _binary(_pair(torch.atan2)),
+    "Equal": _binary(operator.eq), "NotEqual": _binary(operator.ne), "Greater": _binary(operator.gt),
+    "GreaterEqual": _binary(operator.ge), "Less": _binary(operator.lt), "LessEqual": _binary(operator.le),
+    "LogicalAnd": _binary(_pair(torch.logical_and)), "LogicalOr": _binary(_pair(torch.logical_or)),
+    "LogicalXor": _binary(_pair(torch.logical_xor)), "LogicalNot": _unary(torch.logical_not),
+    # elementwise
+    "Abs": _unary(torch.abs), "Absolute": _unary(torch.abs), "Negative": _unary(torch.neg),
+    "Exp": _unary(torch.exp), "Expm1": _unary(torch.expm1), "Log": _unary(torch.log), "Log1p": _unary(torch.log1p),
+    "Log2": _unary(torch.log2), "Log10": _unary(torch.log10), "Sqrt": _unary(torch.sqrt), "Rsqrt": _unary(torch.rsqrt),
+    "Square": _unary(torch.square), "Sign": _unary(torch.sign), "Floor": _unary(torch.floor),
+    "Ceil": _unary(torch.ceil), "Reciprocal": _unary(torch.reciprocal), "Sin": _unary(torch.sin),
+    "Cos": _unary(torch.cos), "Tan": _unary(torch.tan), "Arcsin": _unary(torch.asin), "Arccos": _unary(torch.acos),
+    "Arctan": _unary(torch.atan), "Sinh": _unary(torch.sinh), "Cosh": _unary(torch.cosh), "Tanh": _unary(torch.tanh),
+    "Erf": _unary(torch.erf), "IsNan": _unary(torch.isnan), "IsInf": _unary(torch.isinf),
+    "IsFinite": _unary(torch.isfinite),
+    "Round": lambda cfg, ctx: ((lambda x, d=Values(cfg, ctx).int("decimals", 0, lo=-16, hi=16): torch.round(x, decimals=d)),
+                               "round"),
+    "Clip": _clip, "Where": _binary(lambda c, a, b: torch.where(_tensor(c, a).bool(), _tensor(a, b), _tensor(b, a))),
+    # activations (keras.src.ops.nn)
+    "Relu": _unary(F.relu), "Relu6": _unary(F.relu6), "Sigmoid": _unary(torch.sigmoid), "Softplus": _unary(F.softplus),
+    "Softsign": _unary(F.softsign), "Silu": _unary(F.silu), "Swish": _unary(F.silu), "Selu": _unary(F.selu),
+    "LogSigmoid": _unary(F.logsigmoid), "HardSigmoid": _unary(F.hardsigmoid), "HardSilu": _unary(F.hardswish),
+    "HardSwish": _unary(F.hardswish),
+    "Gelu": lambda cfg, ctx: ((lambda x, a=Values(cfg, ctx).bool("approximate", True): F.gelu(
+        x, approximate="tanh" if a else "none")), "gelu"),
+    "Elu": lambda cfg, ctx: ((lambda x, a=Values(cfg, ctx).float("alpha", 1.0): F.elu(x, a)), "elu"),
+    "LeakyRelu": lambda cfg, ctx: ((lambda x, s=Values(cfg, ctx).float("negative_slope", 0.2): keras_relu(
+        x, s, None, 0.0)), "leaky_relu"),
+    "Softmax": _softmax_like(F.softmax), "LogSoftmax": _softmax_like(F.log_softmax),
+    # reductions
+    "Sum": _reduce("sum", lambda x, a, k=False: x.sum(dim=a, keepdim=k)),
+    "Mean": _reduce("mean", lambda x, a, k=False: x.mean(dim=a, keepdim=k)),
+    "Max": _reduce("max", lambda x, a, k=False: x.amax(dim=a, keepdim=k)),
+    "Min": _reduce("min", lambda x, a, k=False: x.amin(dim=a, keepdim=k)),
+    "Amax": _reduce("max", lambda x, a, k=False: x.amax(dim=a, keepdim=k)),
+    "Amin": _reduce("min", lambda x, a, k=False: x.amin(dim=a, keepdim=k)),
+    "Prod": _reduce("prod", lambda x, a, k=False: x.prod(dim=a, keepdim=k)),
+    "Any": _reduce("any", lambda x, a, k=False: x.bool().any(dim=a, keepdim=k)),
+    "All": _reduce("all", lambda x, a, k=False: x.bool().all(dim=a, keepdim=k)),
+    "Std": _reduce("std", lambda x, a, k=False: x.std(dim=a, keepdim=k, unbiased=False)),
+    "Var": _reduce("var", lambda x, a, k=False: x.var(dim=a, keepdim=k, unbiased=False)),
+    "Argmax": _arg_reduce(lambda x, a, k: x.argmax(dim=a, keepdim=k).to(torch.int32)),
+    "Argmin": _arg_reduce(lambda x, a, k: x.argmin(dim=a, keepdim=k).to(torch.int32)),
+    "Cumsum": _cumulative(torch.cumsum), "Cumprod": _cumulative(torch.cumprod),
+    # shape and indexing
+    "Reshape": _reshape, "Transpose": _transpose, "Squeeze": _squeeze, "ExpandDims": _expand_dims,
+    "Concatenate": _concatenate, "Stack": _stack, "GetItem": _binary(_get_item),
+    "Flip": lambda cfg, ctx: ((lambda x, a=_axes(cfg, ctx): torch.flip(x, list(range(x.dim())) if a is None else
+                                                                      list(a) if isinstance(a, tuple) else [a])), "flip"),
+    "Repeat": _repeat, "Tile": _tile, "Einsum": _einsum,
+    "Moveaxis": lambda cfg, ctx: ((lambda x, s=_axes(cfg, ctx, "source"), d=_axes(cfg, ctx, "destination"):
+                                   torch.movedim(x, s, d)), "moveaxis"),
+    "Swapaxes": lambda cfg, ctx: ((lambda x, a=Values(cfg, ctx).int("axis1", lo=-8, hi=8),
+                                   b=Values(cfg, ctx).int("axis2", lo=-8, hi=8): x.transpose(a, b)), "swapaxes"),
+    # dtypes and constants
+    "Cast": _cast, "ConvertToTensor": _cast, "ZerosLike": _like(torch.zeros_like), "OnesLike": _like(torch.ones_like),
 }
 
-
 OP_CLASSES = frozenset(_OPS)
-
-
-def _dtype_of(cfg, x):
-    name = cfg.get("dtype")
-    if not name:
-        return x.dtype
-    return {"bool": torch.bool, "float32": torch.float32, "float64": torch.float64, "int32": torch.int32,
-            "int64": torch.int64}.get(str(name), x.dtype)
-
-
-def _binary(fn, ctx):
-    constant = _op_constant(ctx)
-    if constant is None:
-        return Op(fn, fn.__name__)
-    return Op(lambda x: fn(x, torch.as_tensor(constant, dtype=x.dtype if not isinstance(constant, bool) else torch.bool)),
-              f"{fn.__name__} {constant!r}")
 
 
 def build_op(spec: LayerSpec, ctx: "BuildContext") -> nn.Module:
@@ -95,17 +326,214 @@ def build_op(spec: LayerSpec, ctx: "BuildContext") -> nn.Module:
     if build is None:
         raise ctx.error(f"Keras operation {spec.module[:60]}.{spec.class_name[:60]} is not supported "
                         f"(supported: {', '.join(sorted(_OPS))})")
-    axis = spec.config.get("axis")
-    if axis is not None and not isinstance(axis, list):
-        Values(spec.config, ctx).int("axis", lo=-8, hi=8)
-    elif axis is not None:
-        Values(spec.config, ctx).int_list("axis", lo=-8, hi=8)
-    if spec.class_name == "ExpandDims" and axis is None:
-        raise ctx.error("ExpandDims has no axis")
-    if "dtype" in spec.config and spec.config["dtype"] is not None and not isinstance(spec.config["dtype"], (str, dict)):
-        raise ctx.error(f"config dtype={str(spec.config['dtype'])[:40]!r}; expected a dtype name")
-    constant = _op_constant(ctx)
-    if constant is not None and (not isinstance(constant, (int, float)) or
-                                 (isinstance(constant, float) and not math.isfinite(constant))):
-        raise ctx.error(f"the constant operand {str(constant)[:40]!r} is not a finite number")
-    return build(spec.config, ctx)
+    template = spec.calls[0].args if spec.calls else []
+    _check_constants(template, ctx)
+    fn, description = build(spec.config, ctx)
+    return Op(fn, template, description or spec.class_name)
+
+
+def _check_constants(value, ctx, depth=0) -> None:
+    """A recorded call's constant arguments: finite numbers, booleans, None, slices of integers,
+    and lists of these, nested a few deep (a hostile file's arguments go no further)."""
+    if depth > 4:
+        raise ctx.error("the operation's arguments nest too deeply")
+    if isinstance(value, TensorArg) or value is None or isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ctx.error(f"the constant operand {value!r} is not a finite number")
+        if abs(value) > 1 << 40:
+            raise ctx.error(f"the constant operand {value!r} is out of range")
+        return
+    if isinstance(value, list):
+        if len(value) > 64:
+            raise ctx.error("the operation has more than 64 arguments")
+        for v in value:
+            _check_constants(v, ctx, depth + 1)
+        return
+    if isinstance(value, dict) and value.get("class_name") == "__slice__" and isinstance(value.get("config"), dict):
+        for k in ("start", "stop", "step"):
+            e = value["config"].get(k)
+            if e is not None and (isinstance(e, bool) or not isinstance(e, int) or abs(e) > 1 << 40):
+                raise ctx.error(f"a slice bound {str(e)[:40]!r} is not an integer")
+        return
+    raise ctx.error(f"the operation argument {str(value)[:60]!r} is not supported")
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# tf.keras 2.x: TensorFlow calls recorded as TFOpLambda / SlicingOpLambda layers
+# ---------------------------------------------------------------------------------------------
+def _tf_axes(axis):
+    if axis is None or isinstance(axis, int):
+        return axis
+    return tuple(axis)
+
+
+def _tf_reduce(fn):
+    def reduce(input_tensor, axis=None, keepdims=False):
+        axis = _tf_axes(axis)
+        if axis is None:
+            y = fn(input_tensor.reshape(-1), 0, False)
+            return y.reshape([1] * input_tensor.dim()) if keepdims else y
+        for a in sorted((a % input_tensor.dim() for a in (axis if isinstance(axis, tuple) else (axis,))), reverse=True):
+            input_tensor = fn(input_tensor, a, keepdims)
+        return input_tensor
+    return reduce
+
+
+def _tf_slice(spec):
+    """A SlicingOpLambda slice_spec entry: {start, stop, step} is a slice, None a new axis."""
+    if isinstance(spec, dict):
+        return slice(spec.get("start"), spec.get("stop"), spec.get("step"))
+    if spec == "..." or spec == "Ellipsis":
+        return Ellipsis
+    return spec
+
+
+def _tf_getitem(tensor, slice_spec):
+    spec = slice_spec if isinstance(slice_spec, list) else [slice_spec]
+    return tensor[tuple(_tf_slice(s) for s in spec)]
+
+
+def _tf_transpose(a, perm=None, conjugate=False):
+    return a.permute(*(perm if perm is not None else reversed(range(a.dim()))))
+
+
+def _tf_squeeze(input, axis=None, squeeze_dims=None):  # noqa: A002 - TensorFlow's argument name
+    axis = axis if axis is not None else squeeze_dims
+    if axis is None:
+        return input.squeeze()
+    axes = axis if isinstance(axis, (list, tuple)) else [axis]
+    return input.squeeze(tuple(a % input.dim() for a in axes))
+
+
+def _tf_l2_normalize(x, axis=None, epsilon=1e-12, dim=None):
+    axis = _tf_axes(axis if axis is not None else dim)
+    dims = tuple(range(x.dim())) if axis is None else axis
+    return x * torch.rsqrt(torch.clamp((x * x).sum(dim=dims, keepdim=True), min=epsilon))
+
+
+def _tf_cast(x, dtype):
+    if dtype not in _DTYPES:
+        raise ValueError(f"tf.cast to {str(dtype)[:40]!r} is not supported")
+    return x.to(_DTYPES[dtype])
+
+
+def _tf_unary(fn):
+    return lambda x: fn(x)
+
+
+def _tf_binary(fn):
+    return lambda x, y: fn(_tensor(x, y), _tensor(y, x))
+
+
+_TF_FUNCTIONS: Dict[str, Callable] = {
+    **{f"{p}reduce_{n}": _tf_reduce(f) for p in ("math.", "") for n, f in (
+        ("sum", lambda x, a, k: x.sum(dim=a, keepdim=k)), ("mean", lambda x, a, k: x.mean(dim=a, keepdim=k)),
+        ("max", lambda x, a, k: x.amax(dim=a, keepdim=k)), ("min", lambda x, a, k: x.amin(dim=a, keepdim=k)),
+        ("prod", lambda x, a, k: x.prod(dim=a, keepdim=k)), ("any", lambda x, a, k: x.bool().any(dim=a, keepdim=k)),
+        ("all", lambda x, a, k: x.bool().all(dim=a, keepdim=k)),
+        ("std", lambda x, a, k: x.std(dim=a, keepdim=k, unbiased=False)),
+        ("variance", lambda x, a, k: x.var(dim=a, keepdim=k, unbiased=False)),
+        ("logsumexp", lambda x, a, k: torch.logsumexp(x, dim=a, keepdim=k)))},
+    "concat": lambda values, axis: torch.cat(list(values), dim=axis),
+    "stack": lambda values, axis=0: torch.stack(list(values), dim=axis),
+    "expand_dims": lambda input, axis: input.unsqueeze(axis if axis >= 0 else input.dim() + 1 + axis),  # noqa: A002
+    "squeeze": _tf_squeeze, "compat.v1.squeeze": _tf_squeeze,
+    "reshape": lambda tensor, shape: tensor.reshape(list(shape)),
+    "transpose": _tf_transpose, "compat.v1.transpose": _tf_transpose,
+    "tile": lambda input, multiples: input.repeat(*multiples),  # noqa: A002
+    "cast": _tf_cast, "dtypes.cast": _tf_cast,
+    "__operators__.getitem": _tf_getitem,
+    "__operators__.add": _tf_binary(operator.add), "math.add": _tf_binary(operator.add),
+    "math.subtract": _tf_binary(operator.sub), "math.multiply": _tf_binary(operator.mul),
+    "math.truediv": _tf_binary(operator.truediv), "math.divide": _tf_binary(operator.truediv),
+    "math.pow": _tf_binary(torch.pow), "math.maximum": _tf_binary(torch.maximum),
+    "math.minimum": _tf_binary(torch.minimum), "math.squared_difference": _tf_binary(lambda a, b: (a - b) ** 2),
+    "math.equal": _tf_binary(torch.eq), "math.not_equal": _tf_binary(torch.ne), "__operators__.eq": _tf_binary(torch.eq),
+    "__operators__.ne": _tf_binary(torch.ne), "math.greater": _tf_binary(torch.gt),
+    "math.greater_equal": _tf_binary(torch.ge), "math.less": _tf_binary(torch.lt), "math.less_equal": _tf_binary(torch.le),
+    "math.logical_and": _tf_binary(torch.logical_and), "math.logical_or": _tf_binary(torch.logical_or),
+    "linalg.matmul": lambda a, b, transpose_a=False, transpose_b=False: torch.matmul(
+        a.transpose(-1, -2) if transpose_a else a, b.transpose(-1, -2) if transpose_b else b),
+    **{name: _tf_unary(fn) for name, fn in (
+        ("math.negative", torch.neg), ("math.abs", torch.abs), ("math.exp", torch.exp), ("math.log", torch.log),
+        ("math.sqrt", torch.sqrt), ("math.rsqrt", torch.rsqrt), ("math.square", torch.square), ("math.tanh", torch.tanh),
+        ("nn.tanh", torch.tanh), ("math.sigmoid", torch.sigmoid), ("nn.sigmoid", torch.sigmoid), ("nn.relu", F.relu),
+        ("nn.relu6", F.relu6), ("nn.elu", F.elu), ("nn.selu", F.selu), ("math.softplus", F.softplus),
+        ("nn.softplus", F.softplus), ("nn.silu", F.silu), ("nn.swish", F.silu), ("math.erf", torch.erf),
+        ("math.log_sigmoid", F.logsigmoid), ("math.logical_not", torch.logical_not))},
+    "nn.gelu": lambda features, approximate=False: F.gelu(features, approximate="tanh" if approximate else "none"),
+    "nn.softmax": lambda logits, axis=None: F.softmax(logits, dim=-1 if axis is None else axis),
+    "math.softmax": lambda logits, axis=None: F.softmax(logits, dim=-1 if axis is None else axis),
+    "nn.log_softmax": lambda logits, axis=None: F.log_softmax(logits, dim=-1 if axis is None else axis),
+    "math.l2_normalize": _tf_l2_normalize, "nn.l2_normalize": _tf_l2_normalize,
+    "clip_by_value": lambda t, clip_value_min, clip_value_max: torch.clamp(t, clip_value_min, clip_value_max),
+}
+TF_FUNCTIONS = frozenset(_TF_FUNCTIONS)
+
+
+class TFCall(nn.Module):
+    """A recorded TensorFlow call: fn(first argument, **keyword arguments), the tensors among the
+    keyword arguments taken from the inputs that follow the positional ones (model.py's order)."""
+
+    def __init__(self, function: str, fn: Callable, template: list, constants: dict, tensor_names: List[str]):
+        super().__init__()
+        self.function, self.fn, self.template = function, fn, template
+        self.constants, self.tensor_names = constants, tensor_names
+
+    def forward(self, inputs, masks):
+        n = len(inputs) - len(self.tensor_names)
+        kwargs = dict(self.constants)
+        kwargs.update({name: inputs[n + i] for i, name in enumerate(self.tensor_names)})
+        return [self.fn(*[_fill(a, inputs[:n]) for a in self.template], **kwargs)], [None]
+
+    def extra_repr(self):
+        return f"tf.{self.function}"
+
+
+def _check_tf_value(value, ctx, depth=0):
+    if isinstance(value, str):
+        if len(value) > 40:
+            raise ctx.error(f"the argument {value[:40]!r}... is too long")
+        return
+    if isinstance(value, dict):
+        if set(value) - {"start", "stop", "step"}:
+            raise ctx.error(f"the argument {str(value)[:60]!r} is not supported")
+        _check_constants({"class_name": "__slice__", "config": value}, ctx, depth)
+        return
+    if isinstance(value, list):
+        if len(value) > 64 or depth > 4:
+            raise ctx.error("the call's arguments are too large")
+        for v in value:
+            _check_tf_value(v, ctx, depth + 1)
+        return
+    _check_constants(value, ctx, depth)
+
+
+def build_tf_call(cfg, ctx):
+    import inspect
+
+    function = Values(cfg, ctx).str("function")
+    fn = _TF_FUNCTIONS.get(function)
+    if fn is None:
+        raise ctx.error(f"the TensorFlow call tf.{function[:60]} (a {ctx.spec.class_name} layer) is not supported; "
+                        f"supported: {', '.join('tf.' + f for f in sorted(_TF_FUNCTIONS))}")
+    if len(ctx.spec.calls) != 1:
+        raise ctx.error(f"a {ctx.spec.class_name} layer called {len(ctx.spec.calls)} times is not supported")
+    call = ctx.spec.calls[0]
+    tensor_names = call.tensor_kwargs()
+    constants = {k: v for k, v in call.kwargs.items() if k not in tensor_names and k != "name"}
+    for value in constants.values():
+        _check_tf_value(value, ctx)
+    try:
+        inspect.signature(fn).bind(None, **{k: None for k in list(constants) + tensor_names})
+    except TypeError:
+        raise ctx.error(f"tf.{function} is called with arguments {sorted(constants) + tensor_names} that it does "
+                        "not take here") from None
+    return TFCall(function, fn, call.args or [TensorArg(0)], constants, tensor_names)
+
+
+builder("TFOpLambda", "SlicingOpLambda", weights=False)(build_tf_call)
