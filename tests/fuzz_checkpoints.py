@@ -691,9 +691,12 @@ def prepare(workdir: str) -> Dict[str, dict]:
 
 
 def _live_bases(workdir: str) -> Dict[str, dict]:
-    """Four more models written by Keras 3 itself (when it is installed), in each of its formats:
+    """Six more models written by Keras 3 itself (when it is installed), in each of its formats:
     a Bidirectional LSTM behind a masking Embedding, GRU(reset_after=False) + SimpleRNN, a
-    two-input functional model, Conv1D / BatchNormalization / LayerNormalization / LSTM."""
+    two-input functional model, Conv1D / BatchNormalization / LayerNormalization / LSTM, a video
+    model (TimeDistributed convolution and pooling, ConvLSTM2D, MaxPooling3D, GroupQueryAttention,
+    Dot, recorded operations) and a signal model (Rescaling, ZeroPadding, SeparableConv1D,
+    Conv1DTranspose, GroupNormalization, PReLU, Cropping, UpSampling, EinsumDense, RMSNormalization)."""
     os.environ.setdefault("KERAS_BACKEND", "torch")
     try:
         import keras
@@ -715,6 +718,31 @@ def _live_bases(workdir: str) -> Dict[str, dict]:
     a, b = keras.Input((None, 4)), keras.Input((None, 3))
     x = layers.Concatenate()([layers.LSTM(4, return_sequences=True)(a), layers.GRU(4, return_sequences=True)(b)])
     models["two-input"] = keras.Model([a, b], [layers.Dense(2)(layers.GlobalAveragePooling1D()(x)), layers.LSTM(3)(x)])
+    # the layer library around recurrent layers: pooling, convolutions, shape, merging, normalisation,
+    # preprocessing, attention and recorded operations
+    v = keras.Input((4, 8, 6, 1))
+    h = layers.TimeDistributed(layers.Conv2D(3, 3, padding="same"))(v)
+    h = layers.TimeDistributed(layers.MaxPooling2D(2))(h)
+    h = layers.ConvLSTM2D(2, 3, padding="same", return_sequences=True)(h)
+    h = layers.MaxPooling3D((1, 2, 2), padding="same")(h)
+    h = layers.TimeDistributed(layers.GlobalAveragePooling2D())(h)
+    h = layers.LSTM(4, return_sequences=True)(h)
+    q = layers.GroupQueryAttention(head_dim=2, num_query_heads=2, num_key_value_heads=1)(h, h)
+    d = layers.Dot(axes=-1, normalize=True)([layers.GlobalMaxPooling1D()(q), layers.Dense(4)(layers.Flatten()(h))])
+    models["video"] = keras.Model(v, [d, keras.ops.mean(q, axis=1)[:, 1:]])
+    t = keras.Input((12, 3))
+    g = layers.Rescaling(0.5, offset=0.1)(t)
+    g = layers.ZeroPadding1D((1, 2))(g)
+    g = layers.SeparableConv1D(4, 3, depth_multiplier=2)(g)
+    g = layers.Conv1DTranspose(3, 3, strides=2, padding="same")(g)
+    g = layers.GroupNormalization(groups=3)(g)
+    g = layers.PReLU(shared_axes=[1])(g)
+    g = layers.Cropping1D((1, 1))(g)
+    g = layers.UpSampling1D(2)(g)
+    g = layers.AveragePooling1D(2)(g)
+    g = layers.EinsumDense("abc,cd->abd", output_shape=(None, 5), bias_axes="d")(g)
+    g = layers.RMSNormalization()(g)
+    models["signal"] = keras.Model(t, layers.Bidirectional(layers.GRU(3))(g))
     bases = {}
     for name, model in models.items():
         stem = os.path.join(workdir, f"live-{name}")
