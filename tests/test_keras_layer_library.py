@@ -546,3 +546,19 @@ def test_unsupported_tensorflow_call_is_refused_by_name(tmp_path):
         f.attrs["model_config"] = json_.dumps(config)
     with pytest.raises(ConversionError, match=r"tf\.math\.bessel_i0 \(a TFOpLambda layer\) is not supported"):
         load_keras(path)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("seed", range(4))
+def test_audio_front_ends(seed, tmp_path):
+    rng = np.random.RandomState(seed)
+    mel = layers.MelSpectrogram(fft_length=64, sequence_stride=int(rng.choice([16, 32])),
+                                sequence_length=int(rng.choice([48, 64])), window=["hann", "hamming", None][seed % 3],
+                                sampling_rate=8000, num_mel_bins=int(rng.randint(8, 20)), power_to_db=bool(seed % 2 == 0),
+                                max_freq=None if seed < 2 else 3000.0)
+    check_against_keras(mel, [(300,)], rng, tmp_path, grads=False)
+    fmt = ["channels_last", "channels_first"][seed % 2]
+    stft = layers.STFTSpectrogram(mode=["log", "magnitude", "psd", "stft", "real", "angle", "imag"][seed + 3 * (seed % 2)],
+                                  frame_length=32, frame_step=int(rng.choice([8, 16])), fft_length=int(rng.choice([32, 64])),
+                                  padding=["valid", "same"][seed // 2], expand_dims=bool(seed % 3 == 0), data_format=fmt)
+    check_against_keras(stft, [(200, 2) if fmt == "channels_last" else (2, 200)], rng, tmp_path, grads=False)

@@ -24,7 +24,7 @@ shape checks) are what the families share.
 """
 from __future__ import annotations
 
-from . import (activations, attention, conv_recurrent, convolution, core, merging, normalization, ops,  # noqa: F401
+from . import (activations, attention, audio, conv_recurrent, convolution, core, merging, normalization, ops,  # noqa: F401
                pooling, preprocessing, recurrent, regularization, shape, wrappers)
 from .registry import BUILDERS, HOLDS_WEIGHTS
 
