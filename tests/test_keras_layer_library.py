@@ -435,10 +435,15 @@ AUGMENTATION = ["RandomFlip", "RandomRotation", "RandomZoom", "RandomTranslation
 
 @pytest.mark.keras
 @pytest.mark.parametrize("name", ["RandomFlip", "RandomRotation", "RandomZoom", "RandomTranslation", "RandomContrast",
-                                  "RandomBrightness", "RandomShear", "RandomGrayscale", "RandomSaturation"])
+                                  "RandomBrightness", "RandomShear", "RandomGrayscale", "RandomSaturation", "RandomCrop",
+                                  "RandomHue", "RandomInvert", "RandomPosterization", "RandomSharpness", "Solarization",
+                                  "RandomGaussianBlur", "RandomErasing", "RandomColorDegeneration", "RandomPerspective",
+                                  "RandomElasticTransform", "RandomColorJitter", "AugMix", "RandAugment", "CutMix", "MixUp"])
 def test_augmentation_is_identity_at_inference_and_refuses_training(name, tmp_path):
     args = {"RandomRotation": (0.2,), "RandomZoom": (0.2,), "RandomTranslation": (0.1, 0.1), "RandomContrast": (0.3,),
-            "RandomBrightness": (0.2,), "RandomShear": (0.2,), "RandomSaturation": (0.3,)}.get(name, ())
+            "RandomBrightness": (0.2,), "RandomShear": (0.2,), "RandomSaturation": (0.3,), "RandomCrop": (5, 4),
+            "RandomHue": (0.2, (0, 1)), "RandomPosterization": ((0, 1),), "RandomSharpness": (0.2,),
+            "RandomColorDegeneration": (0.2,), "RandomInvert": (0.5, (0, 1))}.get(name, ())
     model = keras.Sequential([keras.Input((8, 7, 3)), getattr(layers, name)(*args), layers.Conv2D(2, 3)])
     _random_weights(model, np.random.RandomState(1))
     x = np.random.RandomState(2).uniform(0, 1, size=(2, 8, 7, 3)).astype("float32")
@@ -562,3 +567,24 @@ def test_audio_front_ends(seed, tmp_path):
                                   frame_length=32, frame_step=int(rng.choice([8, 16])), fft_length=int(rng.choice([32, 64])),
                                   padding=["valid", "same"][seed // 2], expand_dims=bool(seed % 3 == 0), data_format=fmt)
     check_against_keras(stft, [(200, 2) if fmt == "channels_last" else (2, 200)], rng, tmp_path, grads=False)
+
+
+@pytest.mark.keras
+def test_pipeline_center_crop_smart_resize_and_reversible_embedding(tmp_path):
+    rng = np.random.RandomState(9)
+    pipeline = layers.Pipeline([layers.Rescaling(1 / 2.0), layers.RandomFlip(), layers.CenterCrop(5, 9)])
+    check_against_keras(pipeline, [(6, 7, 3)], rng, tmp_path)  # (7 < 9: Keras's smart_resize)
+    tokens = keras.Input((5,), dtype="int32")
+    for tie, cap in ((True, None), (False, 3.0)):
+        # (one layer both embedding and projecting back is refused: a second one takes the reverse call)
+        h = layers.LSTM(4, return_sequences=True)(layers.ReversibleEmbedding(11, 4, mask_zero=True)(tokens))
+        head = layers.ReversibleEmbedding(11, 4, tie_weights=tie, logit_soft_cap=cap)
+        model = keras.Model(tokens, head(h, reverse=True))
+        _random_weights(model, rng)
+        x = rng.randint(0, 11, size=(B, 5)).astype("int32")
+        expected = keras.ops.convert_to_numpy(model(x))
+        for suffix in (".keras", ".h5"):
+            model.save(tmp_path / f"m{suffix}")
+            with torch.no_grad():
+                y = load_keras(tmp_path / f"m{suffix}")(torch.as_tensor(x)).numpy()
+            np.testing.assert_allclose(y, expected, rtol=RTOL, atol=RTOL)

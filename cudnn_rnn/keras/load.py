@@ -27,7 +27,7 @@ from .errors import ConversionError
 from .graph.spec import ModelSpec, parse_model
 from .graph.model import KerasModel, NestedModel
 from .layers.ops import OP_CLASSES, build_op
-from .layers.registry import BuildContext, holds_weights, keras_major
+from .layers.registry import REFUSED, BuildContext, holds_weights, keras_major
 from .files.weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
 
 def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, dict]] = None, dtype: torch.dtype = torch.float32,
@@ -221,7 +221,8 @@ def _check_classes(spec: ModelSpec, custom: Mapping[str, Callable], path) -> Non
 
     walk(spec, spec.name)
     if missing:
-        listed = "; ".join(f"{cls} (at {', '.join(p for p, _ in places[:3])}{', ...' if len(places) > 3 else ''})"
+        listed = "; ".join(f"{cls} (at {', '.join(p for p, _ in places[:3])}{', ...' if len(places) > 3 else ''}"
+                           f"{': ' + REFUSED[cls] if cls in REFUSED else ''})"
                            for cls, places in list(missing.items())[:10])
         example, places = next(iter(missing.items()))
         example = short_name(example)

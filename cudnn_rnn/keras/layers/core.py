@@ -1,5 +1,5 @@
-"""The core layers: InputLayer, Identity, Dense, EinsumDense, Embedding, Masking; their modules
-and their builders."""
+"""The core layers: InputLayer, Identity, Dense, EinsumDense, Embedding, ReversibleEmbedding,
+Masking; their modules and their builders."""
 from __future__ import annotations
 
 import re
@@ -46,6 +46,27 @@ class Embedding(nn.Module):
         return [F.embedding(ids, self.embeddings)], [ids != 0 if self.mask_zero else None]
 
 
+class ReversibleEmbedding(Embedding):
+    """keras.layers.ReversibleEmbedding: the embedding lookup, or with reverse=True logits against
+    the (tied or own) reverse embeddings, soft-capped by logit_soft_cap * tanh(logits / cap)."""
+
+    def __init__(self, weight, mask_zero: bool, reverse_weight, reverse: bool, soft_cap):
+        super().__init__(weight, mask_zero)
+        self.reverse_embeddings, self.reverse, self.soft_cap = reverse_weight, reverse, soft_cap
+
+    def keras_groups(self):
+        return [("", [self.embeddings] + ([self.reverse_embeddings] if self.reverse_embeddings is not None else []))]
+
+    def forward(self, inputs, masks):
+        if not self.reverse:
+            return super().forward(inputs, masks)
+        kernel = self.embeddings.t() if self.reverse_embeddings is None else self.reverse_embeddings
+        logits = torch.matmul(inputs[0], kernel)
+        if self.soft_cap is not None:
+            logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
+        return [logits], [None]
+
+
 class Masking(nn.Module):
     def __init__(self, mask_value: float):
         super().__init__()
@@ -82,6 +103,22 @@ def build_embedding(cfg, ctx):
     mask_zero = v.bool("mask_zero", False)
     (w,) = ctx.weights.take([("", 1)], [[shape]])
     return Embedding(ctx.tensor(w[0]), mask_zero)
+
+
+@builder("ReversibleEmbedding")
+def build_reversible_embedding(cfg, ctx):
+    v = Values(cfg, ctx)
+    shape = (v.int("input_dim", lo=1), v.int("output_dim", lo=1))
+    tie = v.bool("tie_weights", True)
+    soft_cap = v.float("logit_soft_cap", None, 1e-12)
+    if cfg.get("quantization_mode") or cfg.get("reverse_dtype") not in (None, "float32"):
+        raise ctx.error("a quantized ReversibleEmbedding, or one with a reverse_dtype, is not supported")
+    reverse = {bool(c.kwargs.get("reverse", False)) for c in ctx.spec.calls} or {False}
+    if len(reverse) > 1:
+        raise ctx.error("ReversibleEmbedding called both forward and in reverse: not supported")
+    (w,) = ctx.weights.take([("", 1 if tie else 2)], [[shape] + ([shape[::-1]] if not tie else [])])
+    return ReversibleEmbedding(ctx.tensor(w[0]), v.bool("mask_zero", False), None if tie else ctx.tensor(w[1]),
+                               reverse.pop(), soft_cap)
 
 
 @builder("Masking", weights=False)

@@ -17,7 +17,7 @@ from .values import MAX_SIZE, Values
 # BaseImagePreprocessingLayer returns its input unchanged when training is False).
 AUGMENTATION = (
     "AugMix", "CutMix", "MixUp", "RandAugment", "RandomBrightness", "RandomColorDegeneration", "RandomColorJitter",
-    "RandomContrast", "RandomElasticTransform", "RandomErasing", "RandomFlip", "RandomGaussianBlur",
+    "RandomContrast", "RandomCrop", "RandomElasticTransform", "RandomErasing", "RandomFlip", "RandomGaussianBlur",
     "RandomGrayscale", "RandomHue", "RandomInvert", "RandomPerspective", "RandomPosterization", "RandomRotation",
     "RandomSaturation", "RandomSharpness", "RandomShear", "RandomTranslation", "RandomZoom", "Solarization",
     "MaxNumBoundingBoxes",
@@ -83,19 +83,47 @@ class Standardize(_Single):
         return mean + x * std if self.invert else (x - mean) / std
 
 
+class Resizing(_Single):
+    """keras.layers.Resizing: bilinear (half-pixel, no antialiasing) or nearest (half-pixel),
+    after a centred crop to the target's aspect ratio with crop_to_aspect_ratio."""
+
+    keeps_mask = False
+
+    def __init__(self, height: int, width: int, interpolation: str, crop: bool, channels_last: bool):
+        super().__init__()
+        self.size, self.interpolation, self.crop, self.channels_last = (height, width), interpolation, crop, channels_last
+
+    def apply(self, x):
+        h = to_channels_first(x, self.channels_last)
+        if self.crop:
+            height, width = h.shape[-2], h.shape[-1]
+            th, tw = self.size
+            ch = max(min(height, int(float(width * th) / tw)), 1)
+            cw = max(min(width, int(float(height * tw) / th)), 1)
+            h = h[..., int(float(height - ch) / 2):int(float(height - ch) / 2) + ch,
+                  int(float(width - cw) / 2):int(float(width - cw) / 2) + cw]
+        mode = "bilinear" if self.interpolation == "bilinear" else "nearest-exact"
+        y = torch.nn.functional.interpolate(h.float() if not h.is_floating_point() else h, size=self.size, mode=mode,
+                                            align_corners=False if mode == "bilinear" else None, antialias=False)
+        return from_channels_first(y, self.channels_last)
+
+
 class CenterCrop(_Single):
+    """The centred window; an image smaller than it on either side is Keras's smart_resize: cropped
+    to the target's aspect ratio, then resized bilinearly."""
+
     keeps_mask = False
 
     def __init__(self, height: int, width: int, channels_last: bool):
         super().__init__()
         self.height, self.width, self.channels_last = height, width, channels_last
+        self.smart_resize = Resizing(height, width, "bilinear", True, channels_last)
 
     def apply(self, x):
         h_axis = x.dim() - 3 if self.channels_last else x.dim() - 2
         h, w = x.shape[h_axis], x.shape[h_axis + 1]
         if h < self.height or w < self.width:
-            raise ValueError(f"CenterCrop to {self.height}x{self.width} of a {h}x{w} image: Keras resizes smaller "
-                             "images first, which is not supported here")
+            return self.smart_resize.apply(x)
         return x.narrow(h_axis, (h - self.height) // 2, self.height).narrow(h_axis + 1, (w - self.width) // 2, self.width)
 
 
@@ -195,31 +223,6 @@ class CategoryEncoding(_Single):
 
     def apply(self, x):
         return encode_categorical(x, self.mode, self.num_tokens, self.dtype)
-
-
-class Resizing(_Single):
-    """keras.layers.Resizing: bilinear (half-pixel, no antialiasing) or nearest (half-pixel),
-    after a centred crop to the target's aspect ratio with crop_to_aspect_ratio."""
-
-    keeps_mask = False
-
-    def __init__(self, height: int, width: int, interpolation: str, crop: bool, channels_last: bool):
-        super().__init__()
-        self.size, self.interpolation, self.crop, self.channels_last = (height, width), interpolation, crop, channels_last
-
-    def apply(self, x):
-        h = to_channels_first(x, self.channels_last)
-        if self.crop:
-            height, width = h.shape[-2], h.shape[-1]
-            th, tw = self.size
-            ch = max(min(height, int(float(width * th) / tw)), 1)
-            cw = max(min(width, int(float(height * tw) / th)), 1)
-            h = h[..., int(float(height - ch) / 2):int(float(height - ch) / 2) + ch,
-                  int(float(width - cw) / 2):int(float(width - cw) / 2) + cw]
-        mode = "bilinear" if self.interpolation == "bilinear" else "nearest-exact"
-        y = torch.nn.functional.interpolate(h.float() if not h.is_floating_point() else h, size=self.size, mode=mode,
-                                            align_corners=False if mode == "bilinear" else None, antialias=False)
-        return from_channels_first(y, self.channels_last)
 
 
 _MODES = ("int", "one_hot", "multi_hot", "count")

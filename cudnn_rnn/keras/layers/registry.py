@@ -46,6 +46,28 @@ def builder(*class_names, weights: Union[bool, Callable[[dict], bool]] = True):
     return register
 
 
+# The keras.layers classes that are not converted, and why; a loader error names the reason.
+REFUSED: Dict[str, str] = {
+    "Lambda": "it stores Python code (bytecode), which is never run here",
+    "TFSMLayer": "it wraps a TensorFlow SavedModel",
+    "JaxLayer": "it wraps JAX code", "FlaxLayer": "it wraps a Flax module",
+    "TorchModuleWrapper": "it stores a pickled torch module, and nothing here unpickles",
+    "StringLookup": "it works on strings; tokenize before the model",
+    "TextVectorization": "it works on strings; tokenize before the model",
+    "HashedCrossing": "it hashes feature crosses with TensorFlow's string FarmHash",
+    "Hashing": "its bins come from TensorFlow's FarmHash of each value's string form, not reproduced yet",
+    "IntegerLookup": "its vocabulary is a TensorFlow lookup table (Keras itself needs TensorFlow for it); not yet "
+                     "supported",
+    "AutoContrast": "an image transform Keras also applies at inference; not yet supported",
+    "Equalization": "an image transform Keras also applies at inference; not yet supported",
+    "ContrastLimitedAdaptiveHistogramEqualization": "an image transform Keras also applies at inference; not yet "
+                                                    "supported",
+    "Layer": "the base class of custom layers", "Wrapper": "the base class of custom wrappers",
+}
+# Cells have no graph node of their own: they are converted inside RNN and Bidirectional.
+INSIDE_RNN = ("LSTMCell", "GRUCell", "SimpleRNNCell", "StackedRNNCells")
+
+
 def holds_weights(class_name: str, config: dict) -> bool:
     """Whether a layer of this class and config holds weights (a class not registered here, a
     custom layer or a nested model, is taken to hold some)."""

@@ -1,6 +1,6 @@
 """The wrappers: TimeDistributed of any layer the registry builds (its weights addressed below
-the wrapper with _SubWeights) and SpectralNormalization (its stored kernel, at inference); their
-modules and their builders."""
+the wrapper with _SubWeights), SpectralNormalization (its stored kernel, at inference) and
+Pipeline (weightless layers in sequence); their modules and their builders."""
 from __future__ import annotations
 
 import numpy as np
@@ -125,3 +125,51 @@ def build_spectral_normalization(cfg, ctx):
     if weights.own is None or np.ndim(weights.own[-1]) != 2 or np.shape(weights.own[-1])[0] != 1:
         raise ctx.error("SpectralNormalization: expected its vector_u (1, units) beside the wrapped layer's weights")
     return SpectralNormalization(inner, torch.as_tensor(np.array(weights.own[-1]), dtype=ctx.dtype))
+
+
+class _NoWeights(LayerWeights):
+    """What a Pipeline's layers are given: they hold none (a preprocessing pipeline)."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def take(self, groups, shapes=None):
+        if sum(n for _, n in groups):
+            raise self.ctx.error("a Pipeline of layers that hold weights is not supported")
+        return [[] for _ in groups]
+
+    def child_source(self, spec):
+        raise self.ctx.error("a Pipeline holding a model is not supported")
+
+    def take_all(self):
+        return []
+
+
+class Pipeline(nn.Module):
+    """keras.layers.Pipeline: its layers one after the other, each given the mask the previous
+    one made."""
+
+    def __init__(self, stages):
+        super().__init__()
+        self.stages = nn.ModuleList(stages)
+
+    def forward(self, inputs, masks):
+        for stage in self.stages:
+            outputs, out_masks = stage(inputs[:1], masks[:1])
+            inputs, masks = outputs[:1], out_masks[:1]
+        return inputs, masks
+
+
+@builder("Pipeline", weights=False)
+def build_pipeline(cfg, ctx):
+    serialized = cfg.get("layers")
+    if not isinstance(serialized, list) or not 1 <= len(serialized) <= 64:
+        raise ctx.error("Pipeline config has no list of layers")
+    stages = []
+    for i, entry in enumerate(serialized):
+        cls, inner_cfg, spec = _inner({"layer": entry}, ctx, "Pipeline")
+        if holds_weights(cls, inner_cfg):
+            raise ctx.error(f"Pipeline layer {i} ({cls[:60]}) holds weights: not supported in a Pipeline")
+        stages.append(BUILDERS[cls](inner_cfg, BuildContext(ctx.path, ctx.keras_version, spec, _NoWeights(ctx),
+                                                              ctx.dtype)))
+    return Pipeline(stages)

@@ -1,0 +1,78 @@
+"""Writes docs/keras-layers.md: every layer class in keras.layers (the Keras installed here) with
+what load_keras does with it: converted (and by which file of cudnn_rnn/keras/layers/), converted
+inside RNN / Bidirectional, or refused and why. tests/test_keras_layer_table.py fails when Keras
+has a class the table does not place, or when the committed page differs from what this writes.
+
+    bash scripts/env.sh python scripts/keras_layer_table.py
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGE = os.path.join(ROOT, "docs", "keras-layers.md")
+
+
+def keras_layer_classes() -> dict:
+    """{class name as a config names it: the names keras.layers exports it under}."""
+    import keras
+
+    classes: dict = {}
+    for name, cls in vars(keras.layers).items():
+        if inspect.isclass(cls) and issubclass(cls, keras.layers.Layer):
+            classes.setdefault(cls, []).append(name)
+    return {min(names, key=lambda n: (n != cls.__name__, len(n))): sorted(names) for cls, names in classes.items()}
+
+
+def rows() -> list:
+    """(class, exported names, status, where or why) for every keras.layers class; status None
+    when nothing places it."""
+    from cudnn_rnn.keras.layers.registry import BUILDERS, INSIDE_RNN, REFUSED
+
+    out = []
+    for name, names in sorted(keras_layer_classes().items()):
+        known = [n for n in names if n in BUILDERS]
+        if known:
+            module = BUILDERS[known[0]].__module__.rsplit(".", 1)[-1]
+            out.append((name, names, "converted", f"`layers/{module}.py`"))
+        elif name in INSIDE_RNN:
+            out.append((name, names, "converted inside RNN / Bidirectional", "`layers/recurrent.py`"))
+        elif name in REFUSED:
+            out.append((name, names, "refused", REFUSED[name]))
+        else:
+            out.append((name, names, None, ""))
+    return out
+
+
+def page() -> str:
+    import keras
+
+    table = rows()
+    converted = sum(1 for r in table if r[2] and r[2].startswith("converted"))
+    lines = [
+        "# Keras layer classes",
+        "",
+        f"Every layer class of `keras.layers` in Keras {keras.__version__} and what `cudnn_rnn.load_keras` does "
+        f"with it: {converted} of {len(table)} are converted. A refused class stops the load with one error that "
+        "names it, where it is in the model, and the reason below; a model's own classes (and these) can be given "
+        "builders with `load_keras(..., custom_layers={...})`.",
+        "",
+        "Written by `scripts/keras_layer_table.py`; `tests/test_keras_layer_table.py` keeps it true.",
+        "",
+        "| class | also exported as | status | where / why |",
+        "|---|---|---|---|",
+    ]
+    for name, names, status, note in table:
+        others = ", ".join(n for n in names if n != name)
+        lines.append(f"| `{name}` | {others} | {status or 'NOT PLACED'} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    with open(PAGE, "w") as f:
+        f.write(page())
+    print(f"wrote {PAGE}")
