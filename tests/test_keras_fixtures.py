@@ -30,6 +30,8 @@ CASES = [
     ("tfk_conv_lstm", "tfk_conv_lstm.h5", None),
     ("tfk_conv_lstm", "tfk_conv_lstm.keras", None),
     ("tfk_tf_ops", "tfk_tf_ops.h5", None),
+    ("tfk_layers", "tfk_layers.h5", None),
+    ("tfk_layers", "tfk_layers.keras", None),
 ]
 
 

@@ -121,7 +121,7 @@ class STFTSpectrogram(_Single):
 @builder("MelSpectrogram", weights=False)
 def build_mel_spectrogram(cfg, ctx):
     v = Values(cfg, ctx)
-    fft_length = v.int("fft_length", 2048, lo=2, hi=1 << 16)
+    fft_length = v.int("fft_length", 2048, lo=2, hi=1 << 14)  # (the filterbank is made when the model is built)
     length = v.int("sequence_length", fft_length, lo=1, hi=fft_length)
     window = cfg.get("window", "hann")
     if window not in ("hann", "hamming", None):
@@ -129,7 +129,7 @@ def build_mel_spectrogram(cfg, ctx):
     rate = v.float("sampling_rate", 16000, 1.0, 1e7)
     max_freq = v.float("max_freq", float(int(rate / 2)), 0.0, 1e7)
     return MelSpectrogram(fft_length, v.int("sequence_stride", 512, lo=1, hi=1 << 16), length, window, rate,
-                          v.int("num_mel_bins", 128, lo=1, hi=1 << 12), v.float("min_freq", 20.0, 0.0, 1e7), max_freq,
+                          v.int("num_mel_bins", 128, lo=1, hi=1 << 10), v.float("min_freq", 20.0, 0.0, 1e7), max_freq,
                           v.bool("power_to_db", True), v.float("top_db", 80.0, 0.0), v.float("mag_exp", 2.0, 0.0, 16.0),
                           v.float("min_power", 1e-10, 1e-30, 1.0), v.float("ref_power", 1.0))
 
