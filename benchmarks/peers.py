@@ -178,15 +178,8 @@ class TorchNNPacked(_TorchModule):
 # -- Keras ------------------------------------------------------------------------------------
 def _keras_layer_kwargs(side, cell: str) -> Dict:
     """Constructor arguments of the Keras layer equivalent to one side of our layer (Keras 3
-    and tf_keras spell them alike)."""
-    kwargs = dict(units=side.units, activation=side.activation, use_bias=side.use_bias,
-                  recurrent_dropout=side.recurrent_dropout, return_sequences=True,
-                  go_backwards=side.go_backwards, zero_output_for_mask=side.zero_output_for_mask)
-    if cell != "simple_rnn":
-        kwargs["recurrent_activation"] = side.recurrent_activation
-    if cell == "gru":
-        kwargs["reset_after"] = side.reset_after
-    return kwargs
+    and tf_keras spell them alike; without Keras 3's seed, which tf_keras does not take)."""
+    return dict(side.keras_config(keras2=True), return_sequences=True, return_state=False, stateful=False)
 
 
 def build_keras_stack(layers_module, ours, cell: str) -> List:

@@ -175,6 +175,28 @@ class _RNNBase(nn.Module):
         cuDNN and torch.nn implement (standard_departures)."""
         return standard_departures(self.cell, self.activation, self.recurrent_activation, self.reset_after)
 
+    def keras_config(self, keras2: bool = False) -> dict:
+        """The Keras constructor arguments of this layer (one layer of the stack: neither
+        input_size nor num_layers), the cell's own ones included: recurrent_activation (LSTM,
+        GRU), reset_after (GRU), unit_forget_bias (LSTM). What a clone, a Keras file written from
+        the layer and the benchmarks' Keras peers are built from. keras2: without Keras 3's seed,
+        which tf.keras's layers do not take."""
+        config = dict(units=self.units, activation=self.activation, use_bias=self.use_bias,
+                      kernel_initializer=self.kernel_initializer, recurrent_initializer=self.recurrent_initializer,
+                      bias_initializer=self.bias_initializer, dropout=self.dropout,
+                      recurrent_dropout=self.recurrent_dropout, return_sequences=self.return_sequences,
+                      return_state=self.return_state, go_backwards=self.go_backwards, stateful=self.stateful,
+                      unroll=self.unroll, zero_output_for_mask=self.zero_output_for_mask)
+        if not keras2:
+            config["seed"] = self.seed
+        if self.cell != "simple_rnn":
+            config["recurrent_activation"] = self.recurrent_activation
+        if self.cell == "gru":
+            config["reset_after"] = self.reset_after
+        if self.cell == "lstm":
+            config["unit_forget_bias"] = self.unit_forget_bias
+        return config
+
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.units}"
         if self.num_layers != 1:
@@ -549,20 +571,7 @@ def _interleave(masks_f: List[Tensor], masks_b: List[Tensor], layer: _RNNBase, x
 
 def _clone_config(layer: _RNNBase, **overrides) -> _RNNBase:
     """A new layer of the same class and configuration (fresh weights), as Keras's from_config."""
-    kwargs = dict(
-        input_size=layer.input_size, units=layer.units, activation=layer.activation, use_bias=layer.use_bias,
-        kernel_initializer=layer.kernel_initializer, recurrent_initializer=layer.recurrent_initializer,
-        bias_initializer=layer.bias_initializer, dropout=layer.dropout, recurrent_dropout=layer.recurrent_dropout,
-        seed=layer.seed, return_sequences=layer.return_sequences, return_state=layer.return_state,
-        go_backwards=layer.go_backwards, stateful=layer.stateful, unroll=layer.unroll,
-        zero_output_for_mask=layer.zero_output_for_mask, num_layers=layer.num_layers,
-        device=layer.kernel.device, dtype=layer.kernel.dtype,
-    )
-    if layer.cell != "simple_rnn":
-        kwargs["recurrent_activation"] = layer.recurrent_activation
-    if layer.cell == "gru":
-        kwargs["reset_after"] = layer.reset_after
-    if layer.cell == "lstm":
-        kwargs["unit_forget_bias"] = layer.unit_forget_bias
+    kwargs = dict(layer.keras_config(), input_size=layer.input_size, num_layers=layer.num_layers,
+                  device=layer.kernel.device, dtype=layer.kernel.dtype)
     kwargs.update(overrides)
     return type(layer)(**kwargs)

@@ -32,15 +32,8 @@ def _rnn_config(layer: rnn_layers._RNNBase, name: str, return_sequences: bool, r
     for act in (layer.activation, layer.recurrent_activation):
         if act == "hard_sigmoid_keras2":
             raise ConversionError(path, "activation 'hard_sigmoid_keras2' (Keras 2's hard_sigmoid) has no Keras 3 name", name)
-    cfg = dict(name=name, units=layer.units, activation=layer.activation, use_bias=layer.use_bias,
-               dropout=layer.dropout, recurrent_dropout=layer.recurrent_dropout, seed=layer.seed,
-               return_sequences=return_sequences, return_state=return_state, go_backwards=go_backwards,
-               stateful=layer.stateful, unroll=False, zero_output_for_mask=layer.zero_output_for_mask)
-    if layer.cell != "simple_rnn":
-        cfg["recurrent_activation"] = layer.recurrent_activation
-    if layer.cell == "gru":
-        cfg["reset_after"] = layer.reset_after
-    return cfg
+    return dict(layer.keras_config(), name=name, return_sequences=return_sequences, return_state=return_state,
+                go_backwards=go_backwards, unroll=False)
 
 
 _CLASS = {"lstm": "LSTM", "gru": "GRU", "simple_rnn": "SimpleRNN"}
