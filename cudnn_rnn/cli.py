@@ -94,8 +94,8 @@ def _check_onnx(path: str, model, inputs) -> int:
         return a
 
     inputs = tuple(varied(a) for a in inputs)
-    session = onnxruntime.InferenceSession(path)
-    got = session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), inputs)})
+    runtime = onnxruntime.InferenceSession(path)
+    got = runtime.run(None, {i.name: a.numpy() for i, a in zip(runtime.get_inputs(), inputs)})
     with torch.no_grad():
         ref = model(*inputs)
     ref = list(ref) if isinstance(ref, (list, tuple)) else [ref]
