@@ -588,3 +588,29 @@ def test_pipeline_center_crop_smart_resize_and_reversible_embedding(tmp_path):
             with torch.no_grad():
                 y = load_keras(tmp_path / f"m{suffix}")(torch.as_tensor(x)).numpy()
             np.testing.assert_allclose(y, expected, rtol=RTOL, atol=RTOL)
+
+
+@pytest.mark.keras
+def test_weights_only_legacy_file_skips_the_layers_without_weights(tmp_path):
+    """Keras 2's weights-only layout matches weight groups to the layers that hold weights, in
+    order: a normalisation without scale and center, and an attention without use_scale, hold none."""
+    import h5py
+    from keras.src.legacy.saving import legacy_h5_format
+
+    rng = np.random.RandomState(4)
+    inp = keras.Input((5, 4))
+    h = layers.LayerNormalization(scale=False, center=False)(inp)
+    h = layers.Conv1D(3, 2, padding="same")(h)
+    h = layers.GroupNormalization(groups=3, scale=False, center=False)(h)
+    a = layers.Attention()([h, h])
+    h = layers.MaxPooling1D(2)(layers.Concatenate()([h, a]))
+    out = layers.Dense(2)(layers.LSTM(3)(h))
+    model = keras.Model(inp, out)
+    _random_weights(model, rng)
+    x = rng.uniform(-1, 1, size=(B, 5, 4)).astype("float32")
+    expected = keras.ops.convert_to_numpy(model(x))
+    with h5py.File(tmp_path / "w.h5", "w") as f:
+        legacy_h5_format.save_weights_to_hdf5_group(f, model)
+    with torch.no_grad():
+        y = load_keras(tmp_path / "w.h5", architecture=model.to_json())(torch.as_tensor(x)).numpy()
+    np.testing.assert_allclose(y, expected, rtol=RTOL, atol=RTOL)

@@ -156,7 +156,11 @@ def build_batchnorm(cfg, ctx):
     return Normalization("batch", gamma, beta, mean, var, epsilon, axes)
 
 
-@builder("LayerNormalization")
+def _scaled_or_centered(cfg) -> bool:
+    return cfg.get("scale", True) is not False or cfg.get("center", True) is not False or bool(cfg.get("rms_scaling"))
+
+
+@builder("LayerNormalization", weights=_scaled_or_centered)
 def build_layernorm(cfg, ctx):
     axes = _axis_list(cfg, ctx)
     v = Values(cfg, ctx)
@@ -167,7 +171,7 @@ def build_layernorm(cfg, ctx):
     return Normalization("layer", gamma, beta, None, None, epsilon, axes, rms)
 
 
-@builder("GroupNormalization")
+@builder("GroupNormalization", weights=_scaled_or_centered)
 def build_group_normalization(cfg, ctx):
     v = Values(cfg, ctx)
     groups = v.int("groups", 32, lo=-1)
