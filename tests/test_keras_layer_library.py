@@ -306,6 +306,24 @@ def check_against_keras(layer, shapes, rng, tmp_path, formats=(".keras", ".h5"),
     return model
 
 
+def check_model(model, xs, tmp_path, exact=False):
+    """The model saved as .keras and .h5, loaded with load_keras, against Keras's own outputs on xs
+    (one input array or a list), every output."""
+    expected = [keras.ops.convert_to_numpy(t) for t in keras.tree.flatten(model(xs, training=False))]
+    inputs = [torch.as_tensor(x) for x in (xs if isinstance(xs, list) else [xs])]
+    for suffix in (".keras", ".h5"):
+        model.save(tmp_path / f"m{suffix}")
+        with torch.no_grad():
+            got = load_keras(tmp_path / f"m{suffix}")(*inputs)
+        got = got if isinstance(got, list) else [got]
+        assert len(got) == len(expected)
+        for i, (a, b) in enumerate(zip(got, expected)):
+            if exact:
+                np.testing.assert_array_equal(a.numpy(), b, err_msg=f"output {i} ({suffix})")
+            else:
+                np.testing.assert_allclose(a.numpy(), b, rtol=RTOL, atol=RTOL, err_msg=f"output {i} ({suffix})")
+
+
 @pytest.mark.keras
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("cls", sorted(FAMILIES))
@@ -356,12 +374,7 @@ def test_time_distributed_of_any_layer(inner, tmp_path):
     model = keras.Model(inp, out)
     _random_weights(model, rng)
     x = rng.uniform(-1, 1, size=(B,) + shape).astype("float32")
-    expected = keras.ops.convert_to_numpy(model(x, training=False))
-    for suffix in (".keras", ".h5"):
-        model.save(tmp_path / f"m{suffix}")
-        with torch.no_grad():
-            y = load_keras(tmp_path / f"m{suffix}")(torch.as_tensor(x)).numpy()
-        np.testing.assert_allclose(y, expected, rtol=RTOL, atol=RTOL)
+    check_model(model, x, tmp_path)
 
 
 @pytest.mark.keras
@@ -382,12 +395,7 @@ def test_cnn_lstm_video_classifier_converts_whole(tmp_path):
     model = keras.Model(inp, out)
     _random_weights(model, rng)
     x = rng.uniform(0, 1, size=(B, 4, 12, 10, 1)).astype("float32")
-    expected = keras.ops.convert_to_numpy(model(x, training=False))
-    for suffix in (".keras", ".h5"):
-        model.save(tmp_path / f"m{suffix}")
-        with torch.no_grad():
-            y = load_keras(tmp_path / f"m{suffix}")(torch.as_tensor(x)).numpy()
-        np.testing.assert_allclose(y, expected, rtol=RTOL, atol=RTOL)
+    check_model(model, x, tmp_path)
 
 
 NOISE = {
@@ -481,13 +489,7 @@ def test_discretization_and_category_encoding(mode, tmp_path):
              rng.randint(0, 6, size=(3, 4)).astype("int32")),
             (layers.CategoryEncoding(num_tokens=6, output_mode="one_hot"), rng.randint(0, 6, size=(3, 1)).astype("int32"))):
         inp = keras.Input(x.shape[1:], dtype=str(x.dtype))
-        model = keras.Model(inp, layer(inp))
-        expected = keras.ops.convert_to_numpy(model(x))
-        for suffix in (".keras", ".h5"):
-            model.save(tmp_path / f"m{suffix}")
-            with torch.no_grad():
-                y = load_keras(tmp_path / f"m{suffix}")(torch.as_tensor(x)).numpy()
-            np.testing.assert_array_equal(y, expected, err_msg=f"{layer.get_config()} ({suffix})")
+        check_model(keras.Model(inp, layer(inp)), x, tmp_path, exact=True)
 
 
 OPS = {  # a functional model recording keras.ops calls and Python operators on Keras tensors
@@ -521,16 +523,7 @@ def test_recorded_keras_operations(group, tmp_path):
     outs = OPS[group](x_in, y_in)
     model = keras.Model([x_in, y_in], outs)
     rng = np.random.RandomState(0)
-    xs = [rng.uniform(-1.5, 1.5, size=(B, 5, 4)).astype("float32") for _ in range(2)]
-    expected = [keras.ops.convert_to_numpy(t) for t in model(xs)]
-    for suffix in (".keras", ".h5"):
-        model.save(tmp_path / f"m{suffix}")
-        ours = load_keras(tmp_path / f"m{suffix}")
-        with torch.no_grad():
-            got = ours(*[torch.as_tensor(x) for x in xs])
-        assert len(got) == len(expected)
-        for i, (a, b) in enumerate(zip(got, expected)):
-            np.testing.assert_allclose(a.numpy(), b, rtol=RTOL, atol=RTOL, err_msg=f"{group} output {i} ({suffix})")
+    check_model(model, [rng.uniform(-1.5, 1.5, size=(B, 5, 4)).astype("float32") for _ in range(2)], tmp_path)
 
 
 def test_unsupported_tensorflow_call_is_refused_by_name(tmp_path):
@@ -582,12 +575,7 @@ def test_pipeline_center_crop_smart_resize_and_reversible_embedding(tmp_path):
         model = keras.Model(tokens, head(h, reverse=True))
         _random_weights(model, rng)
         x = rng.randint(0, 11, size=(B, 5)).astype("int32")
-        expected = keras.ops.convert_to_numpy(model(x))
-        for suffix in (".keras", ".h5"):
-            model.save(tmp_path / f"m{suffix}")
-            with torch.no_grad():
-                y = load_keras(tmp_path / f"m{suffix}")(torch.as_tensor(x)).numpy()
-            np.testing.assert_allclose(y, expected, rtol=RTOL, atol=RTOL)
+        check_model(model, x, tmp_path)
 
 
 @pytest.mark.keras
