@@ -52,6 +52,9 @@ CANARY = struct.pack("<4f", 1234.5, -4321.25, 777.0, 31337.0) * 64   # what must
 BASES = [
     ("keras-sequential", "k3_sequential.keras", None, "k3_sequential.npz", "keras"),
     ("keras-functional", "k3_functional.keras", None, "k3_functional.npz", "keras"),
+    ("keras-lookup", "k3_lookup.keras", None, "k3_lookup.npz", "keras"),   # a vocabulary asset
+    ("legacy-tf-ops", "tfk_tf_ops.h5", None, "tfk_tf_ops.npz", "keras"),    # recorded TensorFlow calls
+    ("legacy-layers", "tfk_layers.h5", None, "tfk_layers.npz", "keras"),    # the layer library, tf.keras
     ("legacy-k3", "k3_functional.h5", None, "k3_functional.npz", "keras"),
     ("legacy-tfk", "tfk_sequential.h5", None, "tfk_sequential.npz", "keras"),
     ("legacy-cudnn", "tfk_cudnn.h5", None, "tfk_cudnn.npz", "keras"),

@@ -32,6 +32,7 @@ CASES = [
     ("tfk_tf_ops", "tfk_tf_ops.h5", None),
     ("tfk_layers", "tfk_layers.h5", None),
     ("tfk_layers", "tfk_layers.keras", None),
+    ("k3_lookup", "k3_lookup.keras", None),
 ]
 
 

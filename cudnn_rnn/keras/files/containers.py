@@ -44,6 +44,7 @@ class KerasFile:
     groups: frozenset = frozenset()
     layer_names: List[str] = field(default_factory=list)
     layer_weights: Dict[str, List[Tuple[str, np.ndarray]]] = field(default_factory=dict)
+    assets: Dict[str, str] = field(default_factory=dict)  # .keras: assets/<layer path>/vocabulary.txt
 
 
 def load_json(path, text: str, what: str):
@@ -129,6 +130,10 @@ def _keras_file(path: str, header: dict, blob: bytearray) -> KerasFile:
     if version is not None and not isinstance(version, str):
         version = None
     kf = KerasFile(path, config, version, header.get("layout"))
+    assets = header.get("assets") or {}
+    if not isinstance(assets, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in assets.items()):
+        raise ConversionError(path, "the parser's assets are malformed")
+    kf.assets = dict(assets)
     arrays = [_array(path, blob, entry) for entry in header.get("arrays", ())]
     if kf.layout == "keras3":
         kf.arrays = {entry[0]: a for entry, a in zip(header["arrays"], arrays)}

@@ -35,6 +35,8 @@ from ..errors import few
 MAX_CONFIG_BYTES = 16 << 20       # a Keras config of 1000 layers is about 2 MB of JSON
 MAX_METADATA_BYTES = 1 << 20
 MAX_MEMBER_BYTES = 8 << 30        # model.weights.h5
+MAX_ASSETS = 64                   # assets/.../vocabulary.txt members read (lookup layers' vocabularies)
+MAX_ASSET_BYTES = 16 << 20        # all of them together
 MAX_ZIP_RATIO = 16                # deflated float weights shrink by < 1.3x; Keras stores members
 ZIP_RATIO_FLOOR = 1 << 20         # below this, small members may compress as they like
 MAX_NAMES = 100_000               # entries of layer_names / weight_names
@@ -151,11 +153,26 @@ def _parse_zip(fobj, size: int, config_only: bool) -> Tuple[dict, bytearray]:
         if "model.weights.h5" not in names:
             raise ParseError("the archive has no model.weights.h5 (npz-weight archives are not supported)")
         data = _read_member(archive, size, "model.weights.h5", MAX_MEMBER_BYTES)
+        assets = _read_assets(archive, names, size)
     if not data.startswith(HDF5_MAGIC):
         raise ParseError("model.weights.h5 in the archive is not an HDF5 file")
     header, blob = _H5(io.BytesIO(data), len(data), "model.weights.h5:", raw=data).parse(False)
-    header.update(container="zip", config=config, metadata=metadata, layout="keras3")
+    header.update(container="zip", config=config, metadata=metadata, layout="keras3", assets=assets)
     return header, blob
+
+
+def _read_assets(archive, names, size: int) -> Dict[str, str]:
+    """The lookup layers' vocabularies (assets/<layer path>/vocabulary.txt, UTF-8 text), bounded in
+    count and total size; other assets are not read."""
+    wanted = [n for n in names if n.startswith("assets/") and n.endswith("/vocabulary.txt")]
+    if len(wanted) > MAX_ASSETS:
+        raise ParseError(f"the archive holds {len(wanted)} vocabulary assets (limit {MAX_ASSETS})")
+    assets, total = {}, 0
+    for name in wanted:
+        text = _text(_read_member(archive, size, name, MAX_ASSET_BYTES - total), name)
+        total += len(text)
+        assets[name] = text
+    return assets
 
 
 def _text(data: bytes, what: str) -> str:

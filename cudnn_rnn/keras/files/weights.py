@@ -41,6 +41,12 @@ class LayerWeights(abc.ABC):
     def child_source(self, spec: ModelSpec) -> "WeightSource":
         """Where a nested model held by this layer finds its layers' weights."""
 
+    def vocabulary(self) -> Optional[List[str]]:
+        """The lines of the layer's vocabulary asset (a .keras file's
+        assets/<layer path>/vocabulary.txt: a lookup layer's special tokens, then its vocabulary),
+        or None where the file keeps none (legacy .h5 files keep no assets)."""
+        return None
+
     @abc.abstractmethod
     def take_all(self) -> List[np.ndarray]:
         """Every weight the layer holds, for a layer whose variables this package does not know
@@ -92,6 +98,10 @@ class _Keras3Layer(LayerWeights):
 
     def child_source(self, spec: ModelSpec) -> "WeightSource":
         return Keras3Source(self.kf, spec, prefix=self.path, index=self.index)
+
+    def vocabulary(self):
+        text = self.kf.assets.get(f"assets/{self.path}/vocabulary.txt")
+        return None if text is None else text.split("\n")
 
     def take_all(self):
         base, _ = self._group("")
@@ -245,6 +255,12 @@ class RecordingSource(WeightSource):
                 records.setdefault(key, []).append([[np.asarray(a) for a in got]])
                 return got
 
+            def vocabulary(self):  # the asset's UTF-8 bytes as float32 (a converted file holds float arrays)
+                got = inner.vocabulary()
+                if got is not None:
+                    records.setdefault(key, []).append([[np.frombuffer("\n".join(got).encode("utf-8"), np.uint8).astype(np.float32)]])
+                return got
+
         return _Recorded()
 
 
@@ -287,5 +303,17 @@ class ReplaySource(WeightSource):
 
             def child_source(self, spec):
                 return ReplaySource(source.records, source.path, f"{key}/")
+
+            def vocabulary(self):
+                got = self._next()
+                if len(got) != 1 or len(got[0]) != 1 or np.ndim(got[0][0]) != 1:
+                    raise ConversionError(source.path, "the converted file holds no vocabulary for this layer", layer.name)
+                codes = np.asarray(got[0][0])
+                if not np.all((codes >= 0) & (codes <= 255) & (codes == np.round(codes))):
+                    raise ConversionError(source.path, "the converted file's vocabulary is not text", layer.name)
+                try:
+                    return bytes(codes.astype(np.uint8)).decode("utf-8").split("\n")
+                except UnicodeDecodeError:
+                    raise ConversionError(source.path, "the converted file's vocabulary is not UTF-8", layer.name) from None
 
         return _Replayed()

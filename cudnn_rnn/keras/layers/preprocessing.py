@@ -1,5 +1,6 @@
 """Preprocessing saved inside models: Rescaling, Normalization (adapted or given mean and
-variance, invert), CenterCrop, Resizing, Discretization, CategoryEncoding; and the image augmentation layers (RandomFlip, RandomRotation,
+variance, invert), CenterCrop, Resizing, Discretization, CategoryEncoding, IntegerLookup (its
+vocabulary from the config or the .keras file's asset); and the image augmentation layers (RandomFlip, RandomRotation,
 RandomZoom, ...), which Keras runs only in training: here they are exactly the identity at
 inference, and a model in training mode refuses them with one error (their random transforms are
 Keras's own and are not reproduced); their modules and their builders."""
@@ -268,3 +269,78 @@ def build_resizing(cfg, ctx):
         raise ctx.error("Resizing with pad_to_aspect_ratio or antialias is not supported")
     return Resizing(v.int("height", lo=1), v.int("width", lo=1), interpolation, v.bool("crop_to_aspect_ratio", False),
                     channels_last_format(cfg, ctx))
+
+
+class IntegerLookup(_Single):
+    """keras.layers.IntegerLookup with output_mode="int": a value's index in the vocabulary after
+    the special tokens (the mask token, if any, at 0; then num_oov_indices out-of-vocabulary
+    indices, a value outside the vocabulary taking the one at its value modulo their count); with
+    invert=True, an index's value (the OOV token for OOV and unknown indices)."""
+
+    keeps_mask = False
+
+    def __init__(self, vocabulary: torch.Tensor, num_oov: int, mask_token, oov_token: int, invert: bool):
+        super().__init__()
+        order = torch.argsort(vocabulary)
+        # (not in the state_dict: the vocabulary is the file's, like a config value, not a weight)
+        self.register_buffer("vocabulary", vocabulary, persistent=False)
+        self.register_buffer("sorted_values", vocabulary[order], persistent=False)
+        self.register_buffer("sorted_index", order, persistent=False)
+        self.num_oov, self.mask_token, self.oov_token, self.invert = num_oov, mask_token, oov_token, invert
+        self.first = (1 if mask_token is not None else 0) + num_oov
+
+    def apply(self, x):
+        x = x.long()
+        masked = 1 if self.mask_token is not None else 0
+        if self.invert:
+            i = x - self.first
+            known = (i >= 0) & (i < self.vocabulary.numel())
+            y = torch.where(known, self.vocabulary[i.clamp(0, max(self.vocabulary.numel() - 1, 0))],
+                            torch.full_like(x, self.oov_token))
+            return torch.where(x == 0, torch.full_like(x, self.mask_token), y) if masked else y
+        n = self.sorted_values.numel()
+        pos = torch.searchsorted(self.sorted_values, x).clamp(max=max(n - 1, 0))
+        found = (self.sorted_values[pos] == x) if n else torch.zeros_like(x, dtype=torch.bool)
+        if self.num_oov == 0 and bool((~found).any()):
+            raise ValueError("IntegerLookup with num_oov_indices=0 met a value outside its vocabulary")
+        oov = masked + (torch.remainder(x, self.num_oov) if self.num_oov > 1 else torch.zeros_like(x))
+        y = torch.where(found, self.sorted_index[pos] + self.first, oov)
+        return torch.where(x == self.mask_token, torch.zeros_like(x), y) if masked else y
+
+
+@builder("IntegerLookup", weights=False)
+def build_integer_lookup(cfg, ctx):
+    _not_sparse(cfg, ctx)
+    v = Values(cfg, ctx)
+    num_oov = v.int("num_oov_indices", 1, lo=0, hi=1 << 16)
+    big = 1 << 62
+    mask_token = v.int("mask_token", None, lo=-big, hi=big)
+    oov_token = v.int("oov_token", -1, lo=-big, hi=big)
+    invert = v.bool("invert", False)
+    mode = v.str("output_mode", "int")
+    if mode != "int":
+        raise ctx.error(f"IntegerLookup output_mode={mode[:20]!r} is not supported (int only)")
+    vocabulary = cfg.get("vocabulary")
+    if vocabulary is None:  # adapted: the .keras file's asset, the special tokens first
+        lines = ctx.weights.vocabulary()
+        if lines is None:
+            raise ctx.error("IntegerLookup's vocabulary is neither in its config nor in the file (a legacy .h5 "
+                            "keeps no assets: load the .keras file)")
+        lines = [t for t in lines if t.strip() != ""]
+        special = (1 if mask_token is not None else 0) + num_oov
+        if len(lines) < special:
+            raise ctx.error(f"IntegerLookup's vocabulary asset has {len(lines)} lines; its special tokens alone are "
+                            f"{special}")
+        try:
+            vocabulary = [int(t) for t in lines[special:]]
+        except ValueError:
+            raise ctx.error("IntegerLookup's vocabulary asset holds a line that is not an integer") from None
+    if isinstance(vocabulary, str):
+        raise ctx.error("IntegerLookup's vocabulary is a file path in the config; the file is not part of the model")
+    values = vocabulary
+    if not isinstance(values, list) or len(values) > MAX_SIZE or not all(
+            isinstance(t, int) and not isinstance(t, bool) and -big <= t <= big for t in values):
+        raise ctx.error(f"IntegerLookup vocabulary {str(vocabulary)[:60]!r} is not a list of integers")
+    if len(set(values)) != len(values):
+        raise ctx.error("IntegerLookup vocabulary holds a value twice")
+    return IntegerLookup(torch.tensor(values, dtype=torch.int64), num_oov, mask_token, oov_token, invert)

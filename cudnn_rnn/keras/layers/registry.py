@@ -56,8 +56,6 @@ REFUSED: Dict[str, str] = {
     "TextVectorization": "it works on strings; tokenize before the model",
     "HashedCrossing": "it hashes feature crosses with TensorFlow's string FarmHash",
     "Hashing": "its bins come from TensorFlow's FarmHash of each value's string form, not reproduced yet",
-    "IntegerLookup": "its vocabulary is a TensorFlow lookup table (Keras itself needs TensorFlow for it); not yet "
-                     "supported",
     "AutoContrast": "an image transform Keras also applies at inference; not yet supported",
     "Equalization": "an image transform Keras also applies at inference; not yet supported",
     "ContrastLimitedAdaptiveHistogramEqualization": "an image transform Keras also applies at inference; not yet "
