@@ -588,6 +588,9 @@ def _worker() -> None:
             try:
                 with torch.no_grad():
                     model(*model.example_inputs())
+                    for module in model.modules():  # a stateful layer (a config may make one) starts over:
+                        if hasattr(module, "reset_states"):  # the next inputs' batch may differ
+                            module.reset_states()
                     if job["npz"]:
                         stored = np.load(job["npz"])
                         inputs = [torch.as_tensor(stored[f"input_{i}"]) for i in range(len(model.input_specs))
