@@ -1,9 +1,9 @@
 """Where a checkpoint's bytes become plain data: the one boundary untrusted input crosses.
 
 `parse(fobj, size, config_only)` reads a `.keras` zip or an HDF5 file (`.h5`, `.weights.h5`) and
-returns `(header, blob)`: a JSON-able header (the config text, the version, the weights layout
-and, for every weight, its name, dtype, shape and offset) and one buffer holding every weight's
-bytes. Nothing else of the file survives; `containers.py` turns the pair into a KerasFile, and
+returns `(header, blob)`: a JSON-able header (the config text, the version, the weights layout,
+a .keras archive's lookup vocabularies (assets/**/vocabulary.txt, text) and, for every weight, its
+name, dtype, shape and offset) and one buffer holding every weight's bytes. Nothing else of the file survives; `containers.py` turns the pair into a KerasFile, and
 `isolation.py` runs this function in a helper process so that libhdf5 can neither hang nor crash
 the user's process on a corrupted file.
 
@@ -17,7 +17,8 @@ inside the file). What is refused, before anything large is allocated:
   virtual datasets), filtered (compressed) datasets, non-numeric dtypes, datasets whose declared
   size is not backed by bytes inside the file, and declared sizes that add up to more than the
   file holds;
-- sizes and counts beyond the limits below (config text, names, objects, depth).
+- sizes and counts beyond the limits below (config text, names, objects, depth, vocabulary
+  assets).
 """
 from __future__ import annotations
 
