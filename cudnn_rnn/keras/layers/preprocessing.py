@@ -344,3 +344,126 @@ def build_integer_lookup(cfg, ctx):
     if len(set(values)) != len(values):
         raise ctx.error("IntegerLookup vocabulary holds a value twice")
     return IntegerLookup(torch.tensor(values, dtype=torch.int64), num_oov, mask_token, oov_token, invert)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hashing: TensorFlow's to_hash_bucket_fast of each value's decimal string, i.e. FarmHash's
+# Fingerprint64 (farmhashna) modulo the bin count, computed on int64 tensors (wrapping arithmetic
+# as the unsigned 64-bit arithmetic of the reference; right shifts made logical by masking).
+# Decimal strings of int64 values are 1 to 20 bytes: the 0-16 and 17-32 byte cases.
+# ---------------------------------------------------------------------------------------------
+def _u64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_K0, _K1, _K2 = _u64(0xc3a5c85c97cb3127), _u64(0xb492b66fbe98f273), _u64(0x9ae16a3b2f90404f)
+
+
+def _shr(x, s: int):
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _rotr(x, s: int):
+    return _shr(x, s) | (x << (64 - s))
+
+
+def _hash16(u, v, mul):
+    a = (u ^ v) * mul
+    a = a ^ _shr(a, 47)
+    b = (v ^ a) * mul
+    b = b ^ _shr(b, 47)
+    return b * mul
+
+
+def _decimal_bytes(x: torch.Tensor):
+    """[N] int64 -> ([N, 20] bytes of each value's decimal string, zero-padded; [N] lengths)."""
+    q, digits, count = x.clone(), [], torch.zeros_like(x)
+    for _ in range(19):  # int64 has at most 19 digits; -2^63 is reached without negation
+        digits.append(torch.fmod(q, 10).abs())
+        q = torch.div(q, 10, rounding_mode="trunc")
+        count = count + (q != 0).long()
+    digits = torch.stack(digits, dim=1)            # least significant first
+    count = count + 1
+    negative = (x < 0).long()
+    length = count + negative
+    j = torch.arange(20, device=x.device).unsqueeze(0)
+    k = (length.unsqueeze(1) - 1 - j)               # digit index of position j
+    valid = (k >= 0) & (k < count.unsqueeze(1))
+    byte = torch.where(valid, 48 + torch.gather(digits, 1, k.clamp(0, 18)), torch.zeros_like(k))
+    byte = torch.where((j == 0) & (negative.unsqueeze(1) == 1), torch.full_like(byte, 45), byte)
+    return byte, length
+
+
+def _fetch(byte, offset, width: int):
+    """Little-endian `width`-byte words at per-row offsets."""
+    idx = (offset.clamp(min=0).unsqueeze(1) + torch.arange(width, device=byte.device)).clamp(max=byte.shape[1] - 1)
+    parts = torch.gather(byte, 1, idx)
+    word = torch.zeros_like(offset)
+    for i in range(width):
+        word = word | (parts[:, i] << (8 * i))
+    return word
+
+
+def fingerprint64(x: torch.Tensor) -> torch.Tensor:
+    """FarmHash Fingerprint64 of each int64 value's decimal string (as int64 bits)."""
+    byte, n = _decimal_bytes(x.reshape(-1).long())
+    mul = _K2 + n * 2
+    # 8 to 16 bytes
+    a = _fetch(byte, torch.zeros_like(n), 8) + _K2
+    b = _fetch(byte, n - 8, 8)
+    h8 = _hash16(_rotr(b, 37) * mul + a, (_rotr(a, 25) + b) * mul, mul)
+    # 4 to 7 bytes
+    h4 = _hash16(n + (_fetch(byte, torch.zeros_like(n), 4) << 3), _fetch(byte, n - 4, 4), mul)
+    # 1 to 3 bytes
+    c0, c1, c2 = byte[:, 0], torch.gather(byte, 1, (n >> 1).unsqueeze(1)).squeeze(1), \
+        torch.gather(byte, 1, (n - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    y, z = c0 + (c1 << 8), n + (c2 << 2)
+    h1 = y * _K2 ^ z * _K0
+    h1 = (h1 ^ _shr(h1, 47)) * _K2
+    # 17 to 20 bytes
+    a = _fetch(byte, torch.zeros_like(n), 8) * _K1
+    b = _fetch(byte, torch.full_like(n, 8), 8)
+    c = _fetch(byte, n - 8, 8) * mul
+    d = _fetch(byte, n - 16, 8) * _K2
+    h17 = _hash16(_rotr(a + b, 43) + _rotr(c, 30) + d, a + _rotr(b + _K2, 18) + c, mul)
+    h = torch.where(n > 16, h17, torch.where(n >= 8, h8, torch.where(n >= 4, h4, h1)))
+    return h.reshape(x.shape)
+
+
+def _unsigned_mod(h: torch.Tensor, bins: int) -> torch.Tensor:
+    """h's 64 bits read as an unsigned number, modulo bins."""
+    wrap = torch.where(h < 0, torch.full_like(h, (1 << 64) % bins), torch.zeros_like(h))  # h + 2^64 when negative
+    return torch.remainder(torch.remainder(h, bins) + wrap, bins)
+
+
+class Hashing(_Single):
+    keeps_mask = False
+
+    def __init__(self, num_bins: int, mask_value, mode: str):
+        super().__init__()
+        self.num_bins, self.mask_value, self.mode = num_bins, mask_value, mode
+
+    def apply(self, x):
+        if x.is_floating_point():
+            x = x.long()  # TensorFlow casts floats to int64 before hashing
+        bins = self.num_bins - 1 if self.mask_value is not None and self.num_bins > 1 else self.num_bins
+        y = _unsigned_mod(fingerprint64(x), bins)
+        if bins != self.num_bins:
+            y = torch.where(x == self.mask_value, torch.zeros_like(y), y + 1)
+        if self.mode == "one_hot" and y.dim() > 1 and y.shape[-1] == 1:
+            y = y.squeeze(-1)
+        return encode_categorical(y, self.mode, self.num_bins, torch.int64 if self.mode == "int" else torch.float32)
+
+
+@builder("Hashing", weights=False)
+def build_hashing(cfg, ctx):
+    _not_sparse(cfg, ctx)
+    v = Values(cfg, ctx)
+    if cfg.get("salt") is not None:
+        raise ctx.error("Hashing with a salt (TensorFlow's keyed SipHash) is not supported")
+    mask_value = cfg.get("mask_value")
+    if mask_value is not None:
+        mask_value = v.int("mask_value", lo=-(1 << 62), hi=1 << 62)
+    mode = v.str("output_mode", "int", _MODES)
+    # (bin indices up to 2^62; an encoded output has one column per bin)
+    return Hashing(v.int("num_bins", lo=1, hi=1 << 62 if mode == "int" else MAX_SIZE), mask_value, mode)

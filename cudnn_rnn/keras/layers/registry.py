@@ -55,7 +55,6 @@ REFUSED: Dict[str, str] = {
     "StringLookup": "it works on strings; tokenize before the model",
     "TextVectorization": "it works on strings; tokenize before the model",
     "HashedCrossing": "it hashes feature crosses with TensorFlow's string FarmHash",
-    "Hashing": "its bins come from TensorFlow's FarmHash of each value's string form, not reproduced yet",
     "AutoContrast": "an image transform Keras also applies at inference; not yet supported",
     "Equalization": "an image transform Keras also applies at inference; not yet supported",
     "ContrastLimitedAdaptiveHistogramEqualization": "an image transform Keras also applies at inference; not yet "
