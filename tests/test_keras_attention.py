@@ -268,3 +268,37 @@ def test_keras_run_order_is_keras_own(tmp_path):
         theirs = [(n.operation.name, n.operation._inbound_nodes.index(n))
                   for d in sorted(model._nodes_by_depth, reverse=True) for n in model._nodes_by_depth[d]]
         assert ours == theirs, f"model {i}"
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("seed", range(16))
+def test_random_attention_models_train_as_keras(seed, tmp_path):
+    """The gradient of a fixed projection of the outputs with respect to every trainable weight,
+    against Keras's autograd (torch backend), in Keras's layout: query rows whose every key is
+    masked included (Keras runs torch's fused attention there, whose backward we share)."""
+    from test_keras_layer_library import _keras_layout_grads
+
+    model, xs = random_model(seed)
+    rng = np.random.RandomState(100 + seed)
+    xk = [torch.as_tensor(x) for x in xs]
+    outs = keras.tree.flatten(model(xk, training=False))
+    projections = [torch.as_tensor(rng.uniform(-1, 1, size=tuple(o.shape)).astype("float32")) for o in outs]
+    sum((o * p).sum() for o, p in zip(outs, projections)).backward()
+    model.save(tmp_path / "m.keras")
+    ours = load_keras(tmp_path / "m.keras")
+    got = ours(*xk)
+    got = got if isinstance(got, list) else [got]
+    sum((o * p).sum() for o, p in zip(got, projections)).backward()
+    compared = 0
+    for layer in model.layers:
+        if not layer.trainable_weights:
+            continue
+        grads = _keras_layout_grads(ours.layers[layer.name.replace(".", "_")])
+        assert len(grads) == len(layer.weights), layer.name
+        for g, w in zip(grads, layer.weights):
+            if w.trainable:
+                expected = w.value.grad.numpy()
+                np.testing.assert_allclose(g.numpy(), expected, rtol=1e-4,
+                                           atol=1e-4 * max(1.0, float(np.abs(expected).max())), err_msg=w.path)
+                compared += 1
+    assert compared >= 8

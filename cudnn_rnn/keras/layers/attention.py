@@ -9,7 +9,9 @@ lowered by 1e9 before the softmax; Attention zeroes the outputs of masked query 
 a query step of MultiHeadAttention whose every key is masked attends uniformly to all of them
 (the -1e9 swamps every score), except in Keras 3 on its slow path (dropout > 0 or
 return_attention_scores: keras.layers.Softmax with a mask), which zeroes the masked
-probabilities. Keras 3's MultiHeadAttention also removes the masks from the tensors it reads, as
+probabilities. On its fast path Keras 3 calls torch's scaled_dot_product_attention with an
+additive mask of -0.7 x the largest float; so does this module, because that kernel's backward
+treats a row with every key masked its own way (gradients as if each key had weight 1). Keras 3's MultiHeadAttention also removes the masks from the tensors it reads, as
 a side effect that depends on the order Keras runs the graph in: a layer reading the same
 tensor after it then sees no mask there (reproduced by model.py, KerasModel._masks_dropped). The per-call options
 (use_causal_mask, return_attention_scores) and where each tensor comes from (positional or
@@ -28,6 +30,12 @@ from .registry import BuildContext, builder
 from .values import Values, check_shapes
 
 _NEG = 1e9  # Keras's large negative number for float32 scores
+
+
+def _large_negative(dtype) -> float:
+    """The additive mask of Keras 3's dot_product_attention (torch backend): -0.7 x the dtype's
+    largest value, as Keras writes it."""
+    return -0.7 * (65500.0 if dtype == torch.float16 else 3.38953e38)
 
 
 def _call_options(ctx: BuildContext, names=("use_causal_mask", "return_attention_scores")) -> Dict[str, bool]:
@@ -161,17 +169,19 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, weights: Dict[str, List[Tensor]], num_heads: int, key_dim: int, dropout: float,
                  binding: Dict[str, int], causal: bool, return_scores: bool, sliding_window: Optional[int],
-                 zero_masked: bool):
+                 zero_masked: bool, keras3: bool = True):
         super().__init__()
+        self.names = list(weights)  # Keras's sub-layer order (a ParameterDict keeps its keys sorted)
         self.proj = nn.ParameterDict({name: nn.Parameter(w[0]) for name, w in weights.items()})
         self.bias = nn.ParameterDict({name: nn.Parameter(w[1]) for name, w in weights.items() if len(w) > 1})
         self.num_heads, self.key_dim, self.dropout = num_heads, key_dim, dropout
         self.binding, self.causal, self.return_scores, self.sliding_window = binding, causal, return_scores, sliding_window
         self.zero_masked = zero_masked  # masked probabilities set to 0 after the softmax
+        self.keras3 = keras3
 
     def keras_groups(self):
         return [(_GROUPS_KERAS3[name], [self.proj[name]] + ([self.bias[name]] if name in self.bias else []))
-                for name in self.proj]  # Keras's sub-layer order: query, key(, gate), value, output
+                for name in self.names]  # Keras's sub-layer order: query, key(, gate), value, output
 
     def _project(self, name: str, x: Tensor) -> Tensor:  # [B, T, F] -> [B, T, H, D]
         y = torch.einsum("btf,fhd->bthd", x, self.proj[name])
@@ -201,20 +211,44 @@ class MultiHeadAttention(nn.Module):
         if "attention_mask" in at:
             given = inputs[at["attention_mask"]].bool()
             mask = given if mask is None else given & mask
-        q = self._project("query", query) * (1.0 / math.sqrt(self.key_dim))
+        causal_only = self.causal and q_mask is None and v_mask is None and k_mask is None and \
+            self.sliding_window is None and "attention_mask" not in at
         k = self._project("key", key)
         v = self._project("value", value)
         if k.shape[2] != self.num_heads:  # GroupedQueryAttention
             k = k.repeat_interleave(self.num_heads // k.shape[2], dim=2)
             v = v.repeat_interleave(self.num_heads // v.shape[2], dim=2)
-        scores = torch.einsum("bshd,bthd->bhts", k, q)  # [B, H, Tq, Tv]
         if mask is not None:
             mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
-            scores = torch.where(mask, scores, torch.full((), -_NEG, dtype=scores.dtype, device=scores.device))
-        probs = torch.softmax(scores, dim=-1)
-        if mask is not None and self.zero_masked:
-            probs = torch.where(mask, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
-        attended = torch.einsum("bhts,bshd->bthd", F.dropout(probs, self.dropout, self.training), v)
+        probs = None
+        if self.keras3 and not self.zero_masked:
+            # Keras 3's dot_product_attention (torch backend): the same fused call, an additive
+            # mask of -0.7 x the dtype's largest value (or torch's causal kernel when causality is
+            # the only mask), so that gradients through rows with every key masked agree too
+            q = self._project("query", query)
+            bias, causal = None, False
+            if mask is not None and causal_only:
+                causal = True
+            elif mask is not None:
+                bias = torch.where(mask, torch.zeros((), dtype=q.dtype, device=q.device),
+                                   torch.full((), _large_negative(q.dtype), dtype=q.dtype, device=q.device))
+                bias = bias.expand(q.shape[0], self.num_heads, q.shape[1], k.shape[1]).contiguous()
+            attended = F.scaled_dot_product_attention(
+                q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(),
+                attn_mask=bias, is_causal=causal, scale=1.0 / math.sqrt(self.key_dim)).transpose(1, 2)
+        else:
+            q = self._project("query", query) * (1.0 / math.sqrt(self.key_dim))
+            scores = torch.einsum("bshd,bthd->bhts", k, q)  # [B, H, Tq, Tv]
+            if mask is not None:
+                if self.zero_masked:  # keras.layers.Softmax with a mask: the masked scores replaced
+                    scores = torch.where(mask, scores, torch.full((), -_NEG, dtype=scores.dtype, device=scores.device))
+                else:  # tf.keras's Softmax: an additive -1e9
+                    scores = scores + torch.where(mask, torch.zeros((), dtype=scores.dtype, device=scores.device),
+                                                  torch.full((), -_NEG, dtype=scores.dtype, device=scores.device))
+            probs = torch.softmax(scores, dim=-1)
+            if mask is not None and self.zero_masked:
+                probs = torch.where(mask, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
+            attended = torch.einsum("bhts,bshd->bthd", F.dropout(probs, self.dropout, self.training), v)
         if "gate" in self.proj:
             attended = attended * torch.sigmoid(self._project("gate", query))
         out = torch.einsum("bthd,hdo->bto", attended, self.proj["output"])
@@ -277,7 +311,7 @@ def _attention_module(ctx, use_bias, use_gate, dropout, window, heads, kv_heads,
         raise ctx.error(f"{what} call arguments {sorted(unknown)} are not supported")
     zero_masked = ctx.keras_major >= 3 and (dropout > 0 or opts["return_attention_scores"])
     return MultiHeadAttention(weights, heads, key_dim, dropout, binding, opts["use_causal_mask"],
-                              opts["return_attention_scores"], window, zero_masked)
+                              opts["return_attention_scores"], window, zero_masked, keras3=ctx.keras_major >= 3)
 
 
 @builder("GroupedQueryAttention", "GroupQueryAttention")

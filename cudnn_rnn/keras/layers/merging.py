@@ -45,24 +45,35 @@ class Merge(nn.Module):
         present = [m for m in masks if m is not None]
         if not present:
             return None
+        if self.op == "concatenate":
+            return self._concatenated_mask(inputs, masks)
         if not self.keras3:
             mask = present[0]
             for m in present[1:]:
                 mask = mask & m
             return mask
-        if self.op != "concatenate":
-            if len(present) != len(masks):
-                return None
-            mask = present[0]
-            for m in present[1:]:
-                mask = mask | m
-            return mask
-        full = [m if m is not None else torch.ones(x.shape[:-1], dtype=torch.bool, device=x.device)
-                for x, m in zip(inputs, masks)]
-        mask = full[0]
-        for m in full[1:]:
+        if len(present) != len(masks):
+            return None
+        mask = present[0]
+        for m in present[1:]:
             mask = mask | m
         return mask
+
+    def _concatenated_mask(self, inputs, masks):
+        """Keras's Concatenate.compute_mask: each input's mask (all True where it has none) spread
+        over the input's shape, concatenated along the axis, then reduced over the last axis: any
+        (Keras 3) or all (Keras 2). Concatenating along time concatenates the masks."""
+        full = []
+        for x, m in zip(inputs, masks):
+            if m is None:
+                full.append(torch.ones(x.shape, dtype=torch.bool, device=x.device))
+                continue
+            m = m.bool()
+            while m.dim() < x.dim():
+                m = m.unsqueeze(-1)
+            full.append(m.expand(x.shape))
+        joined = torch.cat(full, dim=self.axis)
+        return joined.any(dim=-1) if self.keras3 else joined.all(dim=-1)
 
 
 _MERGES = {"Concatenate": "concatenate", "Add": "add", "Subtract": "subtract", "Multiply": "multiply",
