@@ -6,6 +6,8 @@ inference, and a model in training mode refuses them with one error (their rando
 Keras's own and are not reproduced); their modules and their builders."""
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 from torch import nn
@@ -272,14 +274,17 @@ def build_resizing(cfg, ctx):
 
 
 class IntegerLookup(_Single):
-    """keras.layers.IntegerLookup with output_mode="int": a value's index in the vocabulary after
-    the special tokens (the mask token, if any, at 0; then num_oov_indices out-of-vocabulary
-    indices, a value outside the vocabulary taking the one at its value modulo their count); with
-    invert=True, an index's value (the OOV token for OOV and unknown indices)."""
+    """keras.layers.IntegerLookup: a value's index in the vocabulary after the special tokens (in
+    output_mode "int" the mask token, if any, at 0; then num_oov_indices out-of-vocabulary indices,
+    a value outside the vocabulary taking the one at its value modulo their count, or at its
+    FarmHash with oov_method="farmhash"), then encoded as output_mode says (one_hot, multi_hot,
+    count over the vocabulary size, or max_tokens with pad_to_max_tokens); with invert=True, an
+    index's value (the OOV token for OOV and unknown indices)."""
 
     keeps_mask = False
 
-    def __init__(self, vocabulary: torch.Tensor, num_oov: int, mask_token, oov_token: int, invert: bool):
+    def __init__(self, vocabulary: torch.Tensor, num_oov: int, mask_token, oov_token: int, invert: bool,
+                 farmhash: bool = False, mode: str = "int", depth: Optional[int] = None):
         super().__init__()
         order = torch.argsort(vocabulary)
         # (not in the state_dict: the vocabulary is the file's, like a config value, not a weight)
@@ -287,25 +292,34 @@ class IntegerLookup(_Single):
         self.register_buffer("sorted_values", vocabulary[order], persistent=False)
         self.register_buffer("sorted_index", order, persistent=False)
         self.num_oov, self.mask_token, self.oov_token, self.invert = num_oov, mask_token, oov_token, invert
-        self.first = (1 if mask_token is not None else 0) + num_oov
+        self.farmhash, self.mode = farmhash, mode
+        self.masked = 1 if mask_token is not None and mode == "int" else 0
+        self.first = self.masked + num_oov
+        self.depth = depth if depth is not None else self.first + vocabulary.numel()
 
     def apply(self, x):
         x = x.long()
-        masked = 1 if self.mask_token is not None else 0
         if self.invert:
             i = x - self.first
             known = (i >= 0) & (i < self.vocabulary.numel())
             y = torch.where(known, self.vocabulary[i.clamp(0, max(self.vocabulary.numel() - 1, 0))],
                             torch.full_like(x, self.oov_token))
-            return torch.where(x == 0, torch.full_like(x, self.mask_token), y) if masked else y
+            return torch.where(x == 0, torch.full_like(x, self.mask_token), y) if self.masked else y
         n = self.sorted_values.numel()
         pos = torch.searchsorted(self.sorted_values, x).clamp(max=max(n - 1, 0))
         found = (self.sorted_values[pos] == x) if n else torch.zeros_like(x, dtype=torch.bool)
         if self.num_oov == 0 and bool((~found).any()):
             raise ValueError("IntegerLookup with num_oov_indices=0 met a value outside its vocabulary")
-        oov = masked + (torch.remainder(x, self.num_oov) if self.num_oov > 1 else torch.zeros_like(x))
-        y = torch.where(found, self.sorted_index[pos] + self.first, oov)
-        return torch.where(x == self.mask_token, torch.zeros_like(x), y) if masked else y
+        if self.num_oov <= 1:
+            oov = torch.zeros_like(x)
+        elif self.farmhash:
+            oov = _unsigned_mod(fingerprint64(x), self.num_oov)
+        else:
+            oov = torch.remainder(x, self.num_oov)
+        y = torch.where(found, self.sorted_index[pos] + self.first, oov + self.masked)
+        if self.masked:
+            y = torch.where(x == self.mask_token, torch.zeros_like(x), y)
+        return y if self.mode == "int" else encode_categorical(y, self.mode, self.depth, torch.float32)
 
 
 @builder("IntegerLookup", weights=False)
@@ -318,8 +332,14 @@ def build_integer_lookup(cfg, ctx):
     oov_token = v.int("oov_token", -1, lo=-big, hi=big)
     invert = v.bool("invert", False)
     mode = v.str("output_mode", "int")
-    if mode != "int":
-        raise ctx.error(f"IntegerLookup output_mode={mode[:20]!r} is not supported (int only)")
+    if mode not in _MODES:
+        raise ctx.error(f"IntegerLookup output_mode={mode[:20]!r} is not supported ({', '.join(_MODES)}; not tf_idf)")
+    if mode != "int" and (invert or mask_token is not None):
+        raise ctx.error("IntegerLookup with invert or a mask_token is supported in output_mode 'int' only")
+    oov_method = v.str("oov_method", "floormod", ("floormod", "farmhash"))
+    if cfg.get("salt") is not None:
+        raise ctx.error("IntegerLookup with a salt (TensorFlow's keyed SipHash) is not supported")
+    depth = v.int("max_tokens", lo=1) if v.bool("pad_to_max_tokens", False) and mode != "int" else None
     vocabulary = cfg.get("vocabulary")
     if vocabulary is None:  # adapted: the .keras file's asset, the special tokens first
         lines = ctx.weights.vocabulary()
@@ -327,7 +347,7 @@ def build_integer_lookup(cfg, ctx):
             raise ctx.error("IntegerLookup's vocabulary is neither in its config nor in the file (a legacy .h5 "
                             "keeps no assets: load the .keras file)")
         lines = [t for t in lines if t.strip() != ""]
-        special = (1 if mask_token is not None else 0) + num_oov
+        special = (1 if mask_token is not None and mode == "int" else 0) + num_oov
         if len(lines) < special:
             raise ctx.error(f"IntegerLookup's vocabulary asset has {len(lines)} lines; its special tokens alone are "
                             f"{special}")
@@ -343,7 +363,8 @@ def build_integer_lookup(cfg, ctx):
         raise ctx.error(f"IntegerLookup vocabulary {str(vocabulary)[:60]!r} is not a list of integers")
     if len(set(values)) != len(values):
         raise ctx.error("IntegerLookup vocabulary holds a value twice")
-    return IntegerLookup(torch.tensor(values, dtype=torch.int64), num_oov, mask_token, oov_token, invert)
+    return IntegerLookup(torch.tensor(values, dtype=torch.int64), num_oov, mask_token, oov_token, invert,
+                         farmhash=oov_method == "farmhash", mode=mode, depth=depth)
 
 
 # ---------------------------------------------------------------------------------------------
