@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ._random import MaskSource
 from .cells import canonical_activation
-from .layers import _check_positive_int, _check_rate, _init_
+from .layers import _check_positive_int, _check_rate, _init_, autocast_input
 
 IntOrTuple = Union[int, Sequence[int]]
 _forward_op = torch.ops.cudnn_rnn.conv_lstm_forward.default
@@ -212,6 +212,7 @@ class _ConvLSTM(nn.Module):
         self._states = None if states is None else [self._to_op(s.detach(), 1).contiguous() for s in states]
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, initial_state=None, training: Optional[bool] = None):
+        x, initial_state = autocast_input(x, self.kernel), autocast_input(initial_state, self.kernel)
         self._check_input(x)
         training = self.training if training is None else training
         spatial = self._spatial_in(x)

@@ -72,6 +72,19 @@ def _check_positive_int(value, argument: str) -> int:
     return value
 
 
+def autocast_input(t, ref: Tensor):
+    """Under torch.autocast, a floating tensor of another dtype than the parameters `ref` (the
+    autocast dtype a preceding layer produced) cast to theirs: the recurrent layers compute in
+    their parameters' precision, as torchvision's ops compute in float32 under autocast. Outside
+    autocast, or for a tensor of their dtype, `t` itself."""
+    if isinstance(t, Tensor) and t.is_floating_point() and t.dtype != ref.dtype and \
+            torch.is_autocast_enabled(t.device.type):
+        return t.to(ref.dtype)
+    if isinstance(t, (list, tuple)):
+        return type(t)(autocast_input(e, ref) for e in t)
+    return t
+
+
 class _RNNBase(nn.Module):
     """Shared machinery of the three Keras recurrent layers (one stack of num_layers)."""
 
@@ -324,6 +337,7 @@ class _RNNBase(nn.Module):
         return y, h_n, c_n
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, initial_state=None, training: Optional[bool] = None):
+        x, initial_state = autocast_input(x, self.kernel), autocast_input(initial_state, self.kernel)
         y, h_n, c_n = self.run(x, mask, initial_state, training)
         output = y if self.return_sequences else y[:, -1]
         if not self.return_state:
@@ -461,6 +475,7 @@ class Bidirectional(nn.Module):
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, initial_state=None, training: Optional[bool] = None):
         f, b = self.forward_layer, self.backward_layer
+        x, initial_state = autocast_input(x, f.kernel), autocast_input(initial_state, f.kernel)
         training = self.training if training is None else training
         if self.fused:
             y_f, y_b, states_f, states_b = self._run_fused(x, mask, initial_state, training)

@@ -1,4 +1,5 @@
 """Module structure: parameter names and shapes (the Keras tensors), Keras initialisers."""
+import pytest
 import torch
 
 import cudnn_rnn
@@ -36,3 +37,23 @@ def test_keras_initialisers():
 def test_float64_layers():
     layer = cudnn_rnn.GRU(3, 4, dtype=torch.float64, return_sequences=True)
     assert layer(torch.randn(2, 5, 3, dtype=torch.float64)).dtype == torch.float64
+
+
+@pytest.mark.parametrize("make", [
+    lambda: cudnn_rnn.LSTM(6, 5, return_sequences=True),
+    lambda: cudnn_rnn.Bidirectional(cudnn_rnn.GRU(6, 4, return_sequences=True)),
+    lambda: cudnn_rnn.ConvLSTM1D(6, 3, 3, padding="same", return_sequences=True),
+], ids=["lstm", "bidirectional-gru", "conv-lstm"])
+def test_autocast_runs_in_the_parameters_precision(make):
+    """Under torch.autocast (CPU, bfloat16) a layer after a Linear gets the Linear's bfloat16
+    output and computes in float32 on it, exactly as called outside autocast on that input."""
+    torch.manual_seed(0)
+    linear, layer = torch.nn.Linear(4, 6), make()
+    x = torch.randn(2, 7, 4) if not isinstance(layer, cudnn_rnn.ConvLSTM1D) else torch.randn(2, 3, 7, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = linear(x)
+        assert h.dtype == torch.bfloat16
+        got = layer(h)
+    expected = layer(h.float())
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
