@@ -446,7 +446,8 @@ AUGMENTATION = ["RandomFlip", "RandomRotation", "RandomZoom", "RandomTranslation
                                   "RandomBrightness", "RandomShear", "RandomGrayscale", "RandomSaturation", "RandomCrop",
                                   "RandomHue", "RandomInvert", "RandomPosterization", "RandomSharpness", "Solarization",
                                   "RandomGaussianBlur", "RandomErasing", "RandomColorDegeneration", "RandomPerspective",
-                                  "RandomElasticTransform", "RandomColorJitter", "AugMix", "RandAugment", "CutMix", "MixUp"])
+                                  "RandomElasticTransform", "RandomColorJitter", "AugMix", "RandAugment", "CutMix", "MixUp",
+                                  "Equalization"])
 def test_augmentation_is_identity_at_inference_and_refuses_training(name, tmp_path):
     args = {"RandomRotation": (0.2,), "RandomZoom": (0.2,), "RandomTranslation": (0.1, 0.1), "RandomContrast": (0.3,),
             "RandomBrightness": (0.2,), "RandomShear": (0.2,), "RandomSaturation": (0.3,), "RandomCrop": (5, 4),
@@ -618,3 +619,14 @@ def test_lookup_vocabulary_survives_the_converted_file(tmp_path):
     with torch.no_grad():
         for a, b in zip(model(*xs), again(*xs)):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("value_range", [(0, 255), (0, 1), (-1, 1)])
+def test_auto_contrast_at_inference(value_range, tmp_path):
+    rng = np.random.RandomState(len(str(value_range)))
+    lo, hi = value_range
+    model = keras.Sequential([keras.Input((6, 5, 3)), layers.AutoContrast(value_range=value_range)])
+    x = rng.uniform(lo + 0.2 * (hi - lo), lo + 0.7 * (hi - lo), size=(B, 6, 5, 3)).astype("float32")
+    x[0, :, :, 1] = lo + 0.5 * (hi - lo)  # a flat channel: Keras keeps it where its stretch is NaN
+    check_model(model, x, tmp_path)

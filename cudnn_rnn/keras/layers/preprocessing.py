@@ -19,7 +19,7 @@ from .values import MAX_SIZE, Values
 # Keras 3's image augmentation layers: random in training, the identity at inference (Keras's
 # BaseImagePreprocessingLayer returns its input unchanged when training is False).
 AUGMENTATION = (
-    "AugMix", "CutMix", "MixUp", "RandAugment", "RandomBrightness", "RandomColorDegeneration", "RandomColorJitter",
+    "AugMix", "CutMix", "Equalization", "MixUp", "RandAugment", "RandomBrightness", "RandomColorDegeneration", "RandomColorJitter",
     "RandomContrast", "RandomCrop", "RandomElasticTransform", "RandomErasing", "RandomFlip", "RandomGaussianBlur",
     "RandomGrayscale", "RandomHue", "RandomInvert", "RandomPerspective", "RandomPosterization", "RandomRotation",
     "RandomSaturation", "RandomSharpness", "RandomShear", "RandomTranslation", "RandomZoom", "Solarization",
@@ -488,3 +488,38 @@ def build_hashing(cfg, ctx):
     mode = v.str("output_mode", "int", _MODES)
     # (bin indices up to 2^62; an encoded output has one column per bin)
     return Hashing(v.int("num_bins", lo=1, hi=1 << 62 if mode == "int" else MAX_SIZE), mask_value, mode)
+
+
+class AutoContrast(_Single):
+    """keras.layers.AutoContrast (applied at inference too): each image's values stretched to the
+    value range from its minimum and maximum over axes 1 and 2 (height and width of a
+    channels-last batch), as Keras computes it in [0, 255]; NaN results keep the input value."""
+
+    keeps_mask = False
+
+    def __init__(self, low: float, high: float):
+        super().__init__()
+        self.low, self.high = low, high
+
+    def apply(self, x):
+        original = x
+        x = x.float() if not x.is_floating_point() else x
+        full = (self.low, self.high) == (0.0, 255.0)
+        if not full:
+            x = (x - self.low) / (self.high - self.low) * 255.0
+        lo, hi = x.amin(dim=(1, 2), keepdim=True), x.amax(dim=(1, 2), keepdim=True)
+        scale = 255.0 / (hi - lo)
+        y = torch.clamp(x * scale + (-lo * scale), 0.0, 255.0)
+        if not full:
+            y = y / 255.0 * (self.high - self.low) + self.low
+        return torch.where(torch.isnan(y), original.to(y.dtype), y)
+
+
+@builder("AutoContrast", weights=False)
+def build_auto_contrast(cfg, ctx):
+    value_range = cfg.get("value_range", [0, 255])
+    if not isinstance(value_range, list) or len(value_range) != 2 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in value_range) or \
+            value_range[0] >= value_range[1]:
+        raise ctx.error(f"AutoContrast value_range={str(value_range)[:40]}; expected [low, high] with low < high")
+    return AutoContrast(float(value_range[0]), float(value_range[1]))

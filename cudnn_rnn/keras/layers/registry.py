@@ -55,8 +55,6 @@ REFUSED: Dict[str, str] = {
     "StringLookup": "it works on strings; tokenize before the model",
     "TextVectorization": "it works on strings; tokenize before the model",
     "HashedCrossing": "it hashes feature crosses with TensorFlow's string FarmHash",
-    "AutoContrast": "an image transform Keras also applies at inference; not yet supported",
-    "Equalization": "an image transform Keras also applies at inference; not yet supported",
     "ContrastLimitedAdaptiveHistogramEqualization": "an image transform Keras also applies at inference; not yet "
                                                     "supported",
     "Layer": "the base class of custom layers", "Wrapper": "the base class of custom wrappers",
