@@ -128,7 +128,8 @@ def up_sampling_case(rng, cls):
         return layers.UpSampling1D(int(rng.randint(1, 4))), [shape]
     size = tuple(int(s) for s in rng.randint(1, 4, size=rank))
     if rank == 2:
-        return layers.UpSampling2D(size, data_format=fmt, interpolation=str(rng.choice(["nearest", "bilinear"]))), [shape]
+        return layers.UpSampling2D(size, data_format=fmt, interpolation=str(rng.choice(["nearest", "bilinear", "bicubic"]))), \
+            [shape]
     return layers.UpSampling3D(size, data_format=fmt), [shape]
 
 
@@ -467,12 +468,12 @@ def test_augmentation_is_identity_at_inference_and_refuses_training(name, tmp_pa
 
 
 @pytest.mark.keras
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(6))
 def test_resizing_and_spectral_normalization(seed, tmp_path):
     rng = np.random.RandomState(seed)
     fmt = ["channels_last", "channels_first"][seed % 2]
     layer = layers.Resizing(int(rng.randint(2, 9)), int(rng.randint(2, 9)), data_format=fmt,
-                            interpolation=["bilinear", "nearest"][seed // 2 % 2], crop_to_aspect_ratio=bool(seed % 3 == 0))
+                            interpolation=["bilinear", "nearest", "bicubic"][seed % 3], crop_to_aspect_ratio=bool(seed % 3 == 0))
     check_against_keras(layer, [(6, 7, 3) if fmt == "channels_last" else (3, 6, 7)], rng, tmp_path)
     inner = layers.Dense(3, activation="tanh") if seed % 2 else layers.Conv2D(2, 3, padding="same")
     sn = layers.SpectralNormalization(inner, power_iterations=int(rng.randint(1, 3)))
@@ -630,3 +631,12 @@ def test_auto_contrast_at_inference(value_range, tmp_path):
     x = rng.uniform(lo + 0.2 * (hi - lo), lo + 0.7 * (hi - lo), size=(B, 6, 5, 3)).astype("float32")
     x[0, :, :, 1] = lo + 0.5 * (hi - lo)  # a flat channel: Keras keeps it where its stretch is NaN
     check_model(model, x, tmp_path)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+def test_bicubic_up_sampling(data_format, tmp_path):
+    rng = np.random.RandomState(8)
+    shape = (4, 5, 2) if data_format == "channels_last" else (2, 4, 5)
+    check_against_keras(layers.UpSampling2D((2, 3), data_format=data_format, interpolation="bicubic"), [shape], rng,
+                        tmp_path)

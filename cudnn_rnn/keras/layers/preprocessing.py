@@ -87,7 +87,8 @@ class Standardize(_Single):
 
 
 class Resizing(_Single):
-    """keras.layers.Resizing: bilinear (half-pixel, no antialiasing) or nearest (half-pixel),
+    """keras.layers.Resizing: bilinear or bicubic (half-pixel, no antialiasing; bicubic as Keras's
+    torch backend computes it, see shape.py) or nearest (half-pixel),
     after a centred crop to the target's aspect ratio with crop_to_aspect_ratio."""
 
     keeps_mask = False
@@ -105,9 +106,9 @@ class Resizing(_Single):
             cw = max(min(width, int(float(height * tw) / th)), 1)
             h = h[..., int(float(height - ch) / 2):int(float(height - ch) / 2) + ch,
                   int(float(width - cw) / 2):int(float(width - cw) / 2) + cw]
-        mode = "bilinear" if self.interpolation == "bilinear" else "nearest-exact"
+        mode = "nearest-exact" if self.interpolation == "nearest" else self.interpolation
         y = torch.nn.functional.interpolate(h.float() if not h.is_floating_point() else h, size=self.size, mode=mode,
-                                            align_corners=False if mode == "bilinear" else None, antialias=False)
+                                            align_corners=None if mode == "nearest-exact" else False, antialias=False)
         return from_channels_first(y, self.channels_last)
 
 
@@ -265,8 +266,9 @@ def build_category_encoding(cfg, ctx):
 def build_resizing(cfg, ctx):
     v = Values(cfg, ctx)
     interpolation = v.str("interpolation", "bilinear")
-    if interpolation not in ("bilinear", "nearest"):
-        raise ctx.error(f"Resizing interpolation={interpolation[:40]!r} is not supported (bilinear, nearest)")
+    if interpolation not in ("bilinear", "nearest", "bicubic"):
+        raise ctx.error(f"Resizing interpolation={interpolation[:40]!r} is not supported (bilinear, bicubic, nearest; "
+                        "Keras's torch backend refuses the Lanczos filters too)")
     if v.bool("pad_to_aspect_ratio", False) or v.bool("antialias", False):
         raise ctx.error("Resizing with pad_to_aspect_ratio or antialias is not supported")
     return Resizing(v.int("height", lo=1), v.int("width", lo=1), interpolation, v.bool("crop_to_aspect_ratio", False),

@@ -1,5 +1,9 @@
 """The shape layers: Flatten, Reshape, Permute, RepeatVector, Cropping1D/2D/3D, ZeroPadding1D/2D/3D,
-UpSampling1D/2D/3D (nearest, and bilinear for 2-D); their modules and their builders."""
+UpSampling1D/2D/3D (nearest; bilinear and bicubic for 2-D); their modules and their builders.
+
+Bicubic is Keras's on the torch backend (torch's cubic convolution, a = -0.75); TensorFlow's
+resize uses a = -0.5, so a model run by Keras on TensorFlow differs there. The Lanczos filters
+are refused, as Keras's torch backend refuses them."""
 from __future__ import annotations
 
 from typing import Sequence, Tuple
@@ -127,10 +131,10 @@ class UpSampling(_Single):
             for d, n in enumerate(self.sizes):
                 x = torch.repeat_interleave(x, n, dim=first + d)
             return x
-        # bilinear: TensorFlow's half-pixel resize without antialiasing (torch's align_corners=False)
+        # bilinear / bicubic: half-pixel resizes without antialiasing (torch's align_corners=False)
         h = to_channels_first(x, self.channels_last)
         size = [s * n for s, n in zip(h.shape[2:], self.sizes)]
-        y = F.interpolate(h, size=size, mode="bilinear", align_corners=False, antialias=False)
+        y = F.interpolate(h, size=size, mode=self.interpolation, align_corners=False, antialias=False)
         return from_channels_first(y, self.channels_last)
 
 
@@ -182,6 +186,7 @@ def build_up_sampling(cfg, ctx):
     interpolation = "nearest"
     if rank == 2:
         interpolation = Values(cfg, ctx).str("interpolation", "nearest")
-        if interpolation not in ("nearest", "bilinear"):
-            raise ctx.error(f"UpSampling2D interpolation={interpolation[:40]!r} is not supported (nearest, bilinear)")
+        if interpolation not in ("nearest", "bilinear", "bicubic"):
+            raise ctx.error(f"UpSampling2D interpolation={interpolation[:40]!r} is not supported (nearest, bilinear, "
+                            "bicubic; Keras's torch backend refuses the Lanczos filters too)")
     return UpSampling(sizes, rank == 1 or channels_last_format(cfg, ctx), interpolation)
