@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+import cudnn_rnn
 from cudnn_rnn.keras import load_keras
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "data")
@@ -66,3 +67,16 @@ def test_converted_model_repr_gives_its_size():
     text = repr(model)
     params = sum(p.numel() for p in model.parameters())
     assert f"{len(model.layers)} layers, {params:,} parameters, inputs " in text and "from Keras 2." in text, text[:300]
+
+
+def test_recurrent_layers_of_a_whole_model():
+    """recurrent_layers takes a converted model as well as one of its modules: the cudnn_rnn
+    layers of every module, in the model's layer order."""
+    from cudnn_rnn.keras import recurrent_layers
+
+    model = load_keras(os.path.join(DATA, "k3_functional.keras"))
+    per_module = [layer for module in model.layers.values() for layer in recurrent_layers(module)]
+    found = recurrent_layers(model)
+    assert len(found) >= 2 and [id(l) for l in found] == [id(l) for l in per_module]
+    assert all(isinstance(l, (cudnn_rnn.LSTM, cudnn_rnn.GRU, cudnn_rnn.SimpleRNN, cudnn_rnn.Bidirectional))
+               for l in found)

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -232,3 +233,37 @@ def test_keras_2_2_4_defaults_to_hard_sigmoid_gates(tmp_path):
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     layer = load_keras(implicit).layers["lstm"].layer
     assert layer.recurrent_activation == "hard_sigmoid_keras2"
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("first", ["lstm", "conv1d", "dense"])
+def test_sequential_without_declared_input_shape(first, tmp_path):
+    """A Sequential built by calling it (no Input layer: its config declares no input shape) takes
+    its input width from its first layer's weights."""
+    rng = np.random.RandomState(3)
+    head = {"lstm": [layers.Masking(0.0), layers.LSTM(4, return_sequences=True)],
+            "conv1d": [layers.Conv1D(4, 3, padding="causal")],
+            "dense": [layers.Dropout(0.1), layers.Dense(4)]}[first]
+    model = keras.Sequential(head + [layers.GRU(3)] if first != "dense" else head + [layers.Dense(2)])
+    x = rng.uniform(-1, 1, size=(B, T, 5) if first != "dense" else (B, 5)).astype("float32")
+    model(x)  # builds it
+    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
+    expected = keras.ops.convert_to_numpy(model(x))
+    model.save(tmp_path / "m.keras")
+    # as tf.keras writes a Sequential built by fit: an input layer without batch_shape
+    with zipfile.ZipFile(tmp_path / "m.keras") as z:
+        members = {name: z.read(name) for name in z.namelist()}
+    config = json.loads(members["config.json"])
+    for layer in config["config"]["layers"]:
+        if layer["class_name"] == "InputLayer":
+            layer["config"].pop("batch_shape", None)
+            layer["config"].pop("batch_input_shape", None)
+    config["config"].pop("build_input_shape", None)
+    members["config.json"] = json.dumps(config).encode()
+    with zipfile.ZipFile(tmp_path / "edited.keras", "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    ours = load_keras(tmp_path / "edited.keras")
+    assert ours.input_specs[0][1][-1] == x.shape[-1]  # the width its first layer implies
+    with torch.no_grad():
+        np.testing.assert_allclose(ours(torch.as_tensor(x)).numpy(), expected, rtol=1e-5, atol=1e-5)

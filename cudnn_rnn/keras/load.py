@@ -264,9 +264,9 @@ def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:
     reads the input: its weights say how wide the input is."""
     from .layers.activations import ActivationLayer
     from .layers.base import Identity
-    from .layers.convolution import Conv1D
+    from .layers.convolution import Convolution
     from .layers.core import Dense, Embedding, Masking
-    from .layers.recurrent import recurrent_layers
+    from .layers.recurrent import CellStack, Recurrent, recurrent_layers
     from .layers.regularization import Dropout, Noise
 
     source = (ref.layer, ref.call)
@@ -275,7 +275,7 @@ def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:
         if reader is None:
             break
         module = model.layers[reader[1]]
-        rnns = recurrent_layers(module)
+        rnns = recurrent_layers(module) if isinstance(module, (Recurrent, CellStack)) else []
         if rnns:
             layer = rnns[0].forward_layer if hasattr(rnns[0], "forward_layer") else rnns[0]
             return (declared[0], (None, None, layer.input_size))
@@ -283,7 +283,7 @@ def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:
             return ("int32", (None, None))
         if isinstance(module, Dense):
             return (declared[0], (None, module.kernel.shape[0]))
-        if isinstance(module, Conv1D):
+        if isinstance(module, Convolution) and module.kind == "conv" and module.rank == 1 and module.channels_last:
             return (declared[0], (None, None, module.weight.shape[1] * module.groups))
         if not isinstance(module, (Masking, Dropout, Noise, ActivationLayer, Identity)):
             break

@@ -140,13 +140,15 @@ def recurrent_layer(module: nn.Module) -> Optional[nn.Module]:
 
 
 def recurrent_layers(module: nn.Module) -> List[nn.Module]:
-    """Every cudnn_rnn layer a converted model's module runs, in order (one for a Recurrent,
-    those of each cell group for a CellStack, none for other modules)."""
+    """Every cudnn_rnn layer (LSTM, GRU, SimpleRNN or Bidirectional) that a converted model, or
+    one of its modules, runs, in the model's layer order: one for a Recurrent, those of each cell
+    group for a CellStack, those inside any other module (a whole model, a nested model, a
+    TimeDistributed) in its order; none where there are none."""
     if isinstance(module, Recurrent):
         return [module.layer]
     if isinstance(module, CellStack):
         return list(module.parts) + (list(module.backward.parts) if module.backward is not None else [])
-    return []
+    return [layer for child in module.children() for layer in recurrent_layers(child)]
 
 
 _RNN_CLASSES = {"LSTM": "lstm", "GRU": "gru", "SimpleRNN": "simple_rnn", "CuDNNLSTM": "lstm", "CuDNNGRU": "gru",
