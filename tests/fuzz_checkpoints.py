@@ -36,7 +36,6 @@ import sys
 import tempfile
 import time
 import zipfile
-import zlib
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np

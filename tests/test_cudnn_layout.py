@@ -4,7 +4,6 @@ order, so packing our Keras tensors with that layout's offsets must reproduce to
 buffer element for element."""
 import pytest
 import torch
-from torch import nn
 
 import cudnn_rnn
 from cudnn_rnn import _C

@@ -4,7 +4,6 @@ run as one num_layers stack), and Bidirectional of either, with masks, go_backwa
 return_sequences / return_state, initial states and stateful layers; saved by Keras in each
 Keras 3 format and loaded with load_keras: outputs and states within 1e-5. The tf_keras (Keras 2)
 files of the same wrappers are fixtures (tests/fixtures/make_fixtures.py, test_keras_fixtures.py)."""
-import os
 
 import numpy as np
 import pytest

@@ -9,7 +9,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ...conv_lstm import same_padding
 from .base import _Single, channels_last_format

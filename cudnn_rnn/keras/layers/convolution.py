@@ -11,7 +11,6 @@ import re
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from torch import nn
 

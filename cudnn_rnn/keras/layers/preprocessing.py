@@ -10,7 +10,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-from torch import nn
 
 from .base import _Single, channels_last_format, from_channels_first, to_channels_first
 from .registry import builder
