@@ -496,7 +496,7 @@ def test_discretization_and_category_encoding(mode, tmp_path):
 
 OPS = {  # a functional model recording keras.ops calls and Python operators on Keras tensors
     "arithmetic": lambda x, y: [x + y, x - 2.0, 2.0 - x, x * y, x / (keras.ops.abs(y) + 1), 3 * x ** 2,
-                                keras.ops.maximum(x, 0.1), keras.ops.minimum(0.0, y), -x],
+                                keras.ops.maximum(x, 0.1), keras.ops.minimum(0.0, y), -x, keras.ops.maximum(x, -1e30)],
     "reductions": lambda x, y: [keras.ops.mean(x, axis=1), keras.ops.sum(x, axis=[1, 2], keepdims=True),
                                 keras.ops.max(y, axis=-1), keras.ops.min(x), keras.ops.std(x, axis=2),
                                 keras.ops.var(y, axis=1, keepdims=True), keras.ops.argmax(x, axis=-1),
@@ -506,7 +506,8 @@ OPS = {  # a functional model recording keras.ops calls and Python operators on 
                            keras.ops.concatenate([x, y], axis=-1), keras.ops.stack([x, y], axis=1),
                            keras.ops.flip(x, axis=1), keras.ops.repeat(x, 2, axis=1), keras.ops.tile(y, (1, 2, 1)),
                            keras.ops.moveaxis(x, 1, 2), keras.ops.swapaxes(x, 1, 2), keras.ops.cumsum(y, axis=1)],
-    "indexing": lambda x, y: [x[:, -1], x[:, 1:3, ::2], x[:, :, 0], x[:, None, 2], y[0], x[:, ::-1] if False else x[:, 2:]],
+    "indexing": lambda x, y: [x[:, -1], x[:, 1:3, ::2], x[:, :, 0], x[:, None, 2], y[0], x[:, 2:], x[..., 1],
+                              y[:, ..., 1:3]],
     "elementwise": lambda x, y: [keras.ops.exp(x), keras.ops.log(keras.ops.abs(y) + 1), keras.ops.sqrt(keras.ops.abs(x)),
                                  keras.ops.square(y), keras.ops.tanh(x), keras.ops.sin(y), keras.ops.clip(x, -0.5, 0.7),
                                  keras.ops.where(x > 0, x, 0.0), keras.ops.where(y < x, y, x), keras.ops.sign(y),

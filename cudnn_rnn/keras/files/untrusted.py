@@ -170,9 +170,9 @@ def _read_assets(archive, names, size: int) -> Dict[str, str]:
         raise ParseError(f"the archive holds {len(wanted)} vocabulary assets (limit {MAX_ASSETS})")
     assets, total = {}, 0
     for name in wanted:
-        text = _text(_read_member(archive, size, name, MAX_ASSET_BYTES - total), name)
-        total += len(text)
-        assets[name] = text
+        raw = _read_member(archive, size, name, MAX_ASSET_BYTES - total)
+        total += len(raw)
+        assets[name] = _text(raw, name)
     return assets
 
 

@@ -232,7 +232,7 @@ class MultiHeadAttention(nn.Module):
             elif mask is not None:
                 bias = torch.where(mask, torch.zeros((), dtype=q.dtype, device=q.device),
                                    torch.full((), _large_negative(q.dtype), dtype=q.dtype, device=q.device))
-                bias = bias.expand(q.shape[0], self.num_heads, q.shape[1], k.shape[1]).contiguous()
+                bias = bias.contiguous()  # [B or 1, 1, Tq, Tv], broadcast over the heads as Keras passes it
             attended = F.scaled_dot_product_attention(
                 q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(),
                 attn_mask=bias, is_causal=causal, scale=1.0 / math.sqrt(self.key_dim)).transpose(1, 2)

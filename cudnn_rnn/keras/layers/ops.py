@@ -332,34 +332,40 @@ def build_op(spec: LayerSpec, ctx: "BuildContext") -> nn.Module:
     return Op(fn, template, description or spec.class_name)
 
 
+_MAX_ARGUMENTS = 1 << 12  # a list argument's length (the config's JSON limits bound it anyway)
+
+
 def _check_constants(value, ctx, depth=0) -> None:
-    """A recorded call's constant arguments: finite numbers, booleans, None, slices of integers,
-    and lists of these, nested a few deep (a hostile file's arguments go no further)."""
+    """A recorded call's constant arguments: finite numbers (integers within 2^62), booleans,
+    None, slices of integers, Ellipsis, and lists of these, nested a few deep (a hostile file's
+    arguments go no further)."""
     if depth > 4:
         raise ctx.error("the operation's arguments nest too deeply")
     if isinstance(value, TensorArg) or value is None or isinstance(value, bool):
         return
-    if isinstance(value, (int, float)):
-        if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, float):
+        if not math.isfinite(value):
             raise ctx.error(f"the constant operand {value!r} is not a finite number")
-        if abs(value) > 1 << 40:
+        return
+    if isinstance(value, int):
+        if abs(value) > 1 << 62:
             raise ctx.error(f"the constant operand {value!r} is out of range")
         return
     if isinstance(value, list):
-        if len(value) > 64:
-            raise ctx.error("the operation has more than 64 arguments")
+        if len(value) > _MAX_ARGUMENTS:
+            raise ctx.error(f"the operation has more than {_MAX_ARGUMENTS} arguments")
         for v in value:
             _check_constants(v, ctx, depth + 1)
+        return
+    if isinstance(value, dict) and value.get("class_name") == "__ellipsis__":
         return
     if isinstance(value, dict) and value.get("class_name") == "__slice__" and isinstance(value.get("config"), dict):
         for k in ("start", "stop", "step"):
             e = value["config"].get(k)
-            if e is not None and (isinstance(e, bool) or not isinstance(e, int) or abs(e) > 1 << 40):
+            if e is not None and (isinstance(e, bool) or not isinstance(e, int) or abs(e) > 1 << 62):
                 raise ctx.error(f"a slice bound {str(e)[:40]!r} is not an integer")
         return
     raise ctx.error(f"the operation argument {str(value)[:60]!r} is not supported")
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,7 +390,10 @@ def _tf_reduce(fn):
 
 
 def _tf_slice(spec):
-    """A SlicingOpLambda slice_spec entry: {start, stop, step} is a slice, None a new axis."""
+    """A SlicingOpLambda slice_spec entry: {start, stop, step} is a slice, {"class_name":
+    "__ellipsis__"} an Ellipsis, None a new axis."""
+    if isinstance(spec, dict) and spec.get("class_name") == "__ellipsis__":
+        return Ellipsis
     if isinstance(spec, dict):
         return slice(spec.get("start"), spec.get("stop"), spec.get("step"))
     if spec == "..." or spec == "Ellipsis":
@@ -500,12 +509,14 @@ def _check_tf_value(value, ctx, depth=0):
             raise ctx.error(f"the argument {value[:40]!r}... is too long")
         return
     if isinstance(value, dict):
+        if value.get("class_name") == "__ellipsis__":
+            return
         if set(value) - {"start", "stop", "step"}:
             raise ctx.error(f"the argument {str(value)[:60]!r} is not supported")
         _check_constants({"class_name": "__slice__", "config": value}, ctx, depth)
         return
     if isinstance(value, list):
-        if len(value) > 64 or depth > 4:
+        if len(value) > _MAX_ARGUMENTS or depth > 4:
             raise ctx.error("the call's arguments are too large")
         for v in value:
             _check_tf_value(v, ctx, depth + 1)

@@ -280,7 +280,8 @@ class IntegerLookup(_Single):
     a value outside the vocabulary taking the one at its value modulo their count, or at its
     FarmHash with oov_method="farmhash"), then encoded as output_mode says (one_hot, multi_hot,
     count over the vocabulary size, or max_tokens with pad_to_max_tokens); with invert=True, an
-    index's value (the OOV token for OOV and unknown indices)."""
+    index's value (the OOV token for OOV and unknown indices). A value outside the vocabulary with
+    num_oov_indices=0, where Keras asserts, gives TensorFlow's table default, -1."""
 
     keeps_mask = False
 
@@ -303,21 +304,25 @@ class IntegerLookup(_Single):
         if self.invert:
             i = x - self.first
             known = (i >= 0) & (i < self.vocabulary.numel())
-            y = torch.where(known, self.vocabulary[i.clamp(0, max(self.vocabulary.numel() - 1, 0))],
-                            torch.full_like(x, self.oov_token))
+            y = torch.full_like(x, self.oov_token)
+            if self.vocabulary.numel():
+                y = torch.where(known, self.vocabulary[i.clamp(0, self.vocabulary.numel() - 1)], y)
             return torch.where(x == 0, torch.full_like(x, self.mask_token), y) if self.masked else y
         n = self.sorted_values.numel()
-        pos = torch.searchsorted(self.sorted_values, x).clamp(max=max(n - 1, 0))
-        found = (self.sorted_values[pos] == x) if n else torch.zeros_like(x, dtype=torch.bool)
-        if self.num_oov == 0 and bool((~found).any()):
-            raise ValueError("IntegerLookup with num_oov_indices=0 met a value outside its vocabulary")
-        if self.num_oov <= 1:
+        if n:
+            pos = torch.searchsorted(self.sorted_values, x).clamp(max=n - 1)
+            found, index = self.sorted_values[pos] == x, self.sorted_index[pos]
+        else:  # an empty vocabulary: every value is out of it
+            found, index = torch.zeros_like(x, dtype=torch.bool), torch.zeros_like(x)
+        if self.num_oov == 0:  # TensorFlow's table default (where Keras asserts)
+            oov = torch.full_like(x, -1 - self.masked)
+        elif self.num_oov == 1:
             oov = torch.zeros_like(x)
         elif self.farmhash:
             oov = _unsigned_mod(fingerprint64(x), self.num_oov)
         else:
             oov = torch.remainder(x, self.num_oov)
-        y = torch.where(found, self.sorted_index[pos] + self.first, oov + self.masked)
+        y = torch.where(found, index + self.first, oov + self.masked)
         if self.masked:
             y = torch.where(x == self.mask_token, torch.zeros_like(x), y)
         return y if self.mode == "int" else encode_categorical(y, self.mode, self.depth, torch.float32)
@@ -358,6 +363,10 @@ def build_integer_lookup(cfg, ctx):
             raise ctx.error("IntegerLookup's vocabulary asset holds a line that is not an integer") from None
     if isinstance(vocabulary, str):
         raise ctx.error("IntegerLookup's vocabulary is a file path in the config; the file is not part of the model")
+    if isinstance(vocabulary, list):  # Keras drops leading special tokens given with the vocabulary
+        special = ([mask_token] if mask_token is not None and mode == "int" else []) + [oov_token] * num_oov
+        if special and vocabulary[:len(special)] == special:
+            vocabulary = vocabulary[len(special):]
     values = vocabulary
     if not isinstance(values, list) or len(values) > MAX_SIZE or not all(
             isinstance(t, int) and not isinstance(t, bool) and -big <= t <= big for t in values):
@@ -466,12 +475,13 @@ class Hashing(_Single):
         self.num_bins, self.mask_value, self.mode = num_bins, mask_value, mode
 
     def apply(self, x):
+        bins = self.num_bins - 1 if self.mask_value is not None and self.num_bins > 1 else self.num_bins
+        masked = x == self.mask_value if bins != self.num_bins else None  # (before the cast, as Keras)
         if x.is_floating_point():
             x = x.long()  # TensorFlow casts floats to int64 before hashing
-        bins = self.num_bins - 1 if self.mask_value is not None and self.num_bins > 1 else self.num_bins
         y = _unsigned_mod(fingerprint64(x), bins)
-        if bins != self.num_bins:
-            y = torch.where(x == self.mask_value, torch.zeros_like(y), y + 1)
+        if masked is not None:
+            y = torch.where(masked, torch.zeros_like(y), y + 1)
         if self.mode == "one_hot" and y.dim() > 1 and y.shape[-1] == 1:
             y = y.squeeze(-1)
         return encode_categorical(y, self.mode, self.num_bins, torch.int64 if self.mode == "int" else torch.float32)
