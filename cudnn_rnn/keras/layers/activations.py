@@ -230,9 +230,4 @@ def build_prelu(cfg, ctx):
 
 @builder("Softmax", weights=False)
 def build_softmax(cfg, ctx):
-    axis = cfg.get("axis", -1)
-    v = Values({"axis": axis if isinstance(axis, list) else [axis]}, ctx)
-    axes = v.int_list("axis", lo=-8, hi=8)
-    if not axes or 0 in axes:
-        raise ctx.error(f"Softmax axis={str(axis)[:40]}; expected non-batch axes")
-    return Softmax(axes)
+    return Softmax(Values(cfg, ctx).axes())

@@ -3,6 +3,7 @@ data-format helpers (Keras's channels_last / channels_first against the channels
 torch.nn.functional computes in)."""
 from __future__ import annotations
 
+import re
 from typing import List, Optional
 
 from torch import Tensor, nn
@@ -22,6 +23,11 @@ class _Single(nn.Module):
 class Identity(_Single):
     def apply(self, x):
         return x
+
+
+def class_rank(ctx) -> int:
+    """The spatial rank a class name says: Conv2D, MaxPooling3D, Conv1DTranspose, ..."""
+    return int(re.search(r"(\d)D", ctx.spec.class_name).group(1))
 
 
 def channels_last_format(cfg, ctx) -> bool:

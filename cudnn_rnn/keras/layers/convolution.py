@@ -7,7 +7,6 @@ Padding is Keras's: "same" pads (k - 1) * dilation + 1 - stride-aligned, the ext
 uses on every backend (the full transposed convolution cropped, or zero-extended, on each side)."""
 from __future__ import annotations
 
-import re
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -16,7 +15,7 @@ from torch import nn
 
 from ...conv_lstm import same_padding
 from .activations import _Activation, activation_name
-from .base import _Single, channels_last_format, from_channels_first, to_channels_first
+from .base import _Single, channels_last_format, class_rank, from_channels_first, to_channels_first
 from .registry import builder
 from .values import Values, check_shapes, int_tuple
 
@@ -105,10 +104,6 @@ class Convolution(_Single):
 # ---------------------------------------------------------------------------------------------
 # builders
 # ---------------------------------------------------------------------------------------------
-def _rank(ctx) -> int:
-    return int(re.search(r"(\d)D", ctx.spec.class_name).group(1))
-
-
 def _common(cfg, ctx, rank: int, paddings=("valid", "same")):
     v = Values(cfg, ctx)
     kernel_size = int_tuple(v, "kernel_size", rank, None)
@@ -134,7 +129,7 @@ def _torch(ctx, array: np.ndarray, order) -> nn.Parameter:
 
 @builder("Conv1D", "Convolution1D", "Conv2D", "Convolution2D", "Conv3D", "Convolution3D")
 def build_conv(cfg, ctx):
-    rank = _rank(ctx)
+    rank = class_rank(ctx)
     v, k, strides, dilation, padding, activation, last = _common(cfg, ctx, rank, ("valid", "same", "causal")
                                                                   if rank == 1 else ("valid", "same"))
     filters, groups, use_bias = v.int("filters", lo=1), v.int("groups", 1, lo=1), v.bool("use_bias", True)
@@ -148,7 +143,7 @@ def build_conv(cfg, ctx):
 @builder("Conv1DTranspose", "Convolution1DTranspose", "Conv2DTranspose", "Convolution2DTranspose",
          "Conv3DTranspose", "Convolution3DTranspose")
 def build_conv_transpose(cfg, ctx):
-    rank = _rank(ctx)
+    rank = class_rank(ctx)
     v, k, strides, dilation, padding, activation, last = _common(cfg, ctx, rank)
     filters, use_bias = v.int("filters", lo=1), v.bool("use_bias", True)
     output_padding = cfg.get("output_padding")
@@ -173,7 +168,7 @@ def _depthwise(ctx, array: np.ndarray, rank: int) -> nn.Parameter:
 
 @builder("DepthwiseConv1D", "DepthwiseConv2D")
 def build_depthwise(cfg, ctx):
-    rank = _rank(ctx)
+    rank = class_rank(ctx)
     v, k, strides, dilation, padding, activation, last = _common(cfg, ctx, rank)
     multiplier, use_bias = v.int("depth_multiplier", 1, lo=1), v.bool("use_bias", True)
     (w,) = ctx.weights.take([("", 1 + int(use_bias))])
@@ -187,7 +182,7 @@ def build_depthwise(cfg, ctx):
 
 @builder("SeparableConv1D", "SeparableConvolution1D", "SeparableConv2D", "SeparableConvolution2D")
 def build_separable(cfg, ctx):
-    rank = _rank(ctx)
+    rank = class_rank(ctx)
     v, k, strides, dilation, padding, activation, last = _common(cfg, ctx, rank)
     filters, multiplier, use_bias = v.int("filters", lo=1), v.int("depth_multiplier", 1, lo=1), v.bool("use_bias", True)
     (w,) = ctx.weights.take([("", 2 + int(use_bias))])

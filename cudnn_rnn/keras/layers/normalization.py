@@ -124,15 +124,6 @@ class UnitNormalization(_Single):
 # ---------------------------------------------------------------------------------------------
 # builders
 # ---------------------------------------------------------------------------------------------
-def _axis_list(cfg, ctx, default=-1) -> list:
-    axis = cfg.get("axis", default)
-    axis = default if axis is None else axis
-    axes = Values({"axis": axis if isinstance(axis, list) else [axis]}, ctx).int_list("axis", lo=-8, hi=8)
-    if not axes or 0 in axes or len(set(axes)) != len(axes):
-        raise ctx.error(f"config axis={str(axis)[:40]}; expected distinct non-batch axes")
-    return axes
-
-
 def _scale_center(cfg, ctx, statistics: int, axes: list):
     """gamma / beta (when scale / center) and `statistics` more vectors, all of the input's
     sizes on `axes`, as tensors."""
@@ -148,7 +139,7 @@ def _scale_center(cfg, ctx, statistics: int, axes: list):
 
 @builder("BatchNormalization")
 def build_batchnorm(cfg, ctx):
-    axes = _axis_list(cfg, ctx)
+    axes = Values(cfg, ctx).axes()
     if len(axes) != 1:
         raise ctx.error(f"BatchNormalization over {len(axes)} axes is not supported (one axis)")
     epsilon = Values(cfg, ctx).float("epsilon", 1e-3, 0.0, 1.0)
@@ -162,7 +153,7 @@ def _scaled_or_centered(cfg) -> bool:
 
 @builder("LayerNormalization", weights=_scaled_or_centered)
 def build_layernorm(cfg, ctx):
-    axes = _axis_list(cfg, ctx)
+    axes = Values(cfg, ctx).axes()
     v = Values(cfg, ctx)
     epsilon, rms = v.float("epsilon", 1e-3, 0.0, 1.0), v.bool("rms_scaling", False)
     if rms:  # gamma only
@@ -177,7 +168,7 @@ def build_group_normalization(cfg, ctx):
     groups = v.int("groups", 32, lo=-1)
     if groups == 0:
         raise ctx.error("config groups=0; expected a positive number or -1")
-    axes = _axis_list(cfg, ctx)
+    axes = Values(cfg, ctx).axes()
     if len(axes) != 1:
         raise ctx.error("GroupNormalization takes one axis")
     gamma, beta, _ = _scale_center(cfg, ctx, 0, axes)
@@ -186,7 +177,7 @@ def build_group_normalization(cfg, ctx):
 
 @builder("RMSNormalization")
 def build_rms_normalization(cfg, ctx):
-    axes = _axis_list(cfg, ctx)
+    axes = Values(cfg, ctx).axes()
     (w,) = ctx.weights.take([("", 1)])
     check_shapes(ctx, "RMSNormalization", w, [tuple(f"d{i}" for i in range(len(axes)))])
     return RMSNormalization(axes, Values(cfg, ctx).float("epsilon", 1e-6, 0.0, 1.0), ctx.tensor(w[0]))
@@ -194,4 +185,4 @@ def build_rms_normalization(cfg, ctx):
 
 @builder("UnitNormalization", weights=False)
 def build_unit_normalization(cfg, ctx):
-    return UnitNormalization(_axis_list(cfg, ctx))
+    return UnitNormalization(Values(cfg, ctx).axes())

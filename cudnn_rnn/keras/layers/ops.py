@@ -77,7 +77,7 @@ def _tensor(a, like):
 
 
 def _pair(fn):
-    return lambda a, b: fn(_tensor(a, b), _tensor(b, a))
+    return lambda x, y: fn(_tensor(x, y), _tensor(y, x))  # (x, y: TensorFlow's argument names)
 
 
 def _axes(cfg, ctx, key="axis"):
@@ -89,20 +89,27 @@ def _axes(cfg, ctx, key="axis"):
     return Values(cfg, ctx).int(key, lo=-8, hi=8)
 
 
+def _over_axes(fn):
+    """fn(x, axis, keepdims) applied over an axis, a tuple of them, or (None) every axis: the
+    reductions of keras.ops and of TensorFlow alike."""
+    def reduce(x, axis=None, keepdims=False):
+        if axis is None:
+            y = fn(x.reshape(-1), 0, False)
+            return y.reshape([1] * x.dim()) if keepdims else y
+        for a in sorted((a % x.dim() for a in (tuple(axis) if isinstance(axis, (list, tuple)) else (axis,))),
+                        reverse=True):
+            x = fn(x, a, keepdims)
+        return x
+    return reduce
+
+
 def _reduce(name, fn):
-    """A reduction over cfg axis (None: every axis) with keepdims."""
+    """A keras.ops reduction: cfg axis (None: every axis) and keepdims."""
+    reduce = _over_axes(fn)
+
     def build(cfg, ctx):
         axis, keepdims = _axes(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
-
-        def reduce(x):
-            if axis is None:
-                y = fn(x.reshape(-1), 0)
-                return y.reshape([1] * x.dim()) if keepdims else y
-            axes = sorted((a % x.dim() for a in (axis if isinstance(axis, tuple) else (axis,))), reverse=True)
-            for a in axes:
-                x = fn(x, a, keepdims)
-            return x
-        return reduce, f"{name} axis={axis} keepdims={keepdims}"
+        return (lambda x: reduce(x, axis, keepdims)), f"{name} axis={axis} keepdims={keepdims}"
     return build
 
 
@@ -115,11 +122,8 @@ def _arg_reduce(fn):
     return build
 
 
-def _unary(fn, name=""):
-    return lambda cfg, ctx: (fn, name)
-
-
-def _binary(fn, name=""):
+def _fixed(fn, name=""):
+    """An operation without constructor arguments of its own."""
     return lambda cfg, ctx: (fn, name)
 
 
@@ -256,33 +260,33 @@ def _like(fill):
 
 _OPS: Dict[str, Callable] = {
     # arithmetic and comparison (keras.src.ops.numpy); Python numbers as recorded
-    "Add": _binary(operator.add), "Subtract": _binary(operator.sub), "Multiply": _binary(operator.mul),
-    "Divide": _binary(operator.truediv), "TrueDivide": _binary(operator.truediv),
-    "FloorDivide": _binary(operator.floordiv), "Mod": _binary(operator.mod), "Power": _binary(operator.pow),
-    "Maximum": _binary(_pair(torch.maximum)), "Minimum": _binary(_pair(torch.minimum)),
-    "Matmul": _binary(_pair(torch.matmul)), "Arctan2": _binary(_pair(torch.atan2)),
-    "Equal": _binary(operator.eq), "NotEqual": _binary(operator.ne), "Greater": _binary(operator.gt),
-    "GreaterEqual": _binary(operator.ge), "Less": _binary(operator.lt), "LessEqual": _binary(operator.le),
-    "LogicalAnd": _binary(_pair(torch.logical_and)), "LogicalOr": _binary(_pair(torch.logical_or)),
-    "LogicalXor": _binary(_pair(torch.logical_xor)), "LogicalNot": _unary(torch.logical_not),
+    "Add": _fixed(operator.add), "Subtract": _fixed(operator.sub), "Multiply": _fixed(operator.mul),
+    "Divide": _fixed(operator.truediv), "TrueDivide": _fixed(operator.truediv),
+    "FloorDivide": _fixed(operator.floordiv), "Mod": _fixed(operator.mod), "Power": _fixed(operator.pow),
+    "Maximum": _fixed(_pair(torch.maximum)), "Minimum": _fixed(_pair(torch.minimum)),
+    "Matmul": _fixed(_pair(torch.matmul)), "Arctan2": _fixed(_pair(torch.atan2)),
+    "Equal": _fixed(operator.eq), "NotEqual": _fixed(operator.ne), "Greater": _fixed(operator.gt),
+    "GreaterEqual": _fixed(operator.ge), "Less": _fixed(operator.lt), "LessEqual": _fixed(operator.le),
+    "LogicalAnd": _fixed(_pair(torch.logical_and)), "LogicalOr": _fixed(_pair(torch.logical_or)),
+    "LogicalXor": _fixed(_pair(torch.logical_xor)), "LogicalNot": _fixed(torch.logical_not),
     # elementwise
-    "Abs": _unary(torch.abs), "Absolute": _unary(torch.abs), "Negative": _unary(torch.neg),
-    "Exp": _unary(torch.exp), "Expm1": _unary(torch.expm1), "Log": _unary(torch.log), "Log1p": _unary(torch.log1p),
-    "Log2": _unary(torch.log2), "Log10": _unary(torch.log10), "Sqrt": _unary(torch.sqrt), "Rsqrt": _unary(torch.rsqrt),
-    "Square": _unary(torch.square), "Sign": _unary(torch.sign), "Floor": _unary(torch.floor),
-    "Ceil": _unary(torch.ceil), "Reciprocal": _unary(torch.reciprocal), "Sin": _unary(torch.sin),
-    "Cos": _unary(torch.cos), "Tan": _unary(torch.tan), "Arcsin": _unary(torch.asin), "Arccos": _unary(torch.acos),
-    "Arctan": _unary(torch.atan), "Sinh": _unary(torch.sinh), "Cosh": _unary(torch.cosh), "Tanh": _unary(torch.tanh),
-    "Erf": _unary(torch.erf), "IsNan": _unary(torch.isnan), "IsInf": _unary(torch.isinf),
-    "IsFinite": _unary(torch.isfinite),
+    "Abs": _fixed(torch.abs), "Absolute": _fixed(torch.abs), "Negative": _fixed(torch.neg),
+    "Exp": _fixed(torch.exp), "Expm1": _fixed(torch.expm1), "Log": _fixed(torch.log), "Log1p": _fixed(torch.log1p),
+    "Log2": _fixed(torch.log2), "Log10": _fixed(torch.log10), "Sqrt": _fixed(torch.sqrt), "Rsqrt": _fixed(torch.rsqrt),
+    "Square": _fixed(torch.square), "Sign": _fixed(torch.sign), "Floor": _fixed(torch.floor),
+    "Ceil": _fixed(torch.ceil), "Reciprocal": _fixed(torch.reciprocal), "Sin": _fixed(torch.sin),
+    "Cos": _fixed(torch.cos), "Tan": _fixed(torch.tan), "Arcsin": _fixed(torch.asin), "Arccos": _fixed(torch.acos),
+    "Arctan": _fixed(torch.atan), "Sinh": _fixed(torch.sinh), "Cosh": _fixed(torch.cosh), "Tanh": _fixed(torch.tanh),
+    "Erf": _fixed(torch.erf), "IsNan": _fixed(torch.isnan), "IsInf": _fixed(torch.isinf),
+    "IsFinite": _fixed(torch.isfinite),
     "Round": lambda cfg, ctx: ((lambda x, d=Values(cfg, ctx).int("decimals", 0, lo=-16, hi=16): torch.round(x, decimals=d)),
                                "round"),
-    "Clip": _clip, "Where": _binary(lambda c, a, b: torch.where(_tensor(c, a).bool(), _tensor(a, b), _tensor(b, a))),
+    "Clip": _clip, "Where": _fixed(lambda c, a, b: torch.where(_tensor(c, a).bool(), _tensor(a, b), _tensor(b, a))),
     # activations (keras.src.ops.nn)
-    "Relu": _unary(F.relu), "Relu6": _unary(F.relu6), "Sigmoid": _unary(torch.sigmoid), "Softplus": _unary(F.softplus),
-    "Softsign": _unary(F.softsign), "Silu": _unary(F.silu), "Swish": _unary(F.silu), "Selu": _unary(F.selu),
-    "LogSigmoid": _unary(F.logsigmoid), "HardSigmoid": _unary(F.hardsigmoid), "HardSilu": _unary(F.hardswish),
-    "HardSwish": _unary(F.hardswish),
+    "Relu": _fixed(F.relu), "Relu6": _fixed(F.relu6), "Sigmoid": _fixed(torch.sigmoid), "Softplus": _fixed(F.softplus),
+    "Softsign": _fixed(F.softsign), "Silu": _fixed(F.silu), "Swish": _fixed(F.silu), "Selu": _fixed(F.selu),
+    "LogSigmoid": _fixed(F.logsigmoid), "HardSigmoid": _fixed(F.hardsigmoid), "HardSilu": _fixed(F.hardswish),
+    "HardSwish": _fixed(F.hardswish),
     "Gelu": lambda cfg, ctx: ((lambda x, a=Values(cfg, ctx).bool("approximate", True): F.gelu(
         x, approximate="tanh" if a else "none")), "gelu"),
     "Elu": lambda cfg, ctx: ((lambda x, a=Values(cfg, ctx).float("alpha", 1.0): F.elu(x, a)), "elu"),
@@ -306,7 +310,7 @@ _OPS: Dict[str, Callable] = {
     "Cumsum": _cumulative(torch.cumsum), "Cumprod": _cumulative(torch.cumprod),
     # shape and indexing
     "Reshape": _reshape, "Transpose": _transpose, "Squeeze": _squeeze, "ExpandDims": _expand_dims,
-    "Concatenate": _concatenate, "Stack": _stack, "GetItem": _binary(_get_item),
+    "Concatenate": _concatenate, "Stack": _stack, "GetItem": _fixed(_get_item),
     "Flip": lambda cfg, ctx: ((lambda x, a=_axes(cfg, ctx): torch.flip(x, list(range(x.dim())) if a is None else
                                                                       list(a) if isinstance(a, tuple) else [a])), "flip"),
     "Repeat": _repeat, "Tile": _tile, "Einsum": _einsum,
@@ -377,18 +381,6 @@ def _tf_axes(axis):
     return tuple(axis)
 
 
-def _tf_reduce(fn):
-    def reduce(input_tensor, axis=None, keepdims=False):
-        axis = _tf_axes(axis)
-        if axis is None:
-            y = fn(input_tensor.reshape(-1), 0, False)
-            return y.reshape([1] * input_tensor.dim()) if keepdims else y
-        for a in sorted((a % input_tensor.dim() for a in (axis if isinstance(axis, tuple) else (axis,))), reverse=True):
-            input_tensor = fn(input_tensor, a, keepdims)
-        return input_tensor
-    return reduce
-
-
 def _tf_slice(spec):
     """A SlicingOpLambda slice_spec entry: {start, stop, step} is a slice, {"class_name":
     "__ellipsis__"} an Ellipsis, None a new axis."""
@@ -434,12 +426,8 @@ def _tf_unary(fn):
     return lambda x: fn(x)
 
 
-def _tf_binary(fn):
-    return lambda x, y: fn(_tensor(x, y), _tensor(y, x))
-
-
 _TF_FUNCTIONS: Dict[str, Callable] = {
-    **{f"{p}reduce_{n}": _tf_reduce(f) for p in ("math.", "") for n, f in (
+    **{f"{p}reduce_{n}": _over_axes(f) for p in ("math.", "") for n, f in (
         ("sum", lambda x, a, k: x.sum(dim=a, keepdim=k)), ("mean", lambda x, a, k: x.mean(dim=a, keepdim=k)),
         ("max", lambda x, a, k: x.amax(dim=a, keepdim=k)), ("min", lambda x, a, k: x.amin(dim=a, keepdim=k)),
         ("prod", lambda x, a, k: x.prod(dim=a, keepdim=k)), ("any", lambda x, a, k: x.bool().any(dim=a, keepdim=k)),
@@ -456,15 +444,15 @@ _TF_FUNCTIONS: Dict[str, Callable] = {
     "tile": lambda input, multiples: input.repeat(*multiples),  # noqa: A002
     "cast": _tf_cast, "dtypes.cast": _tf_cast,
     "__operators__.getitem": _tf_getitem,
-    "__operators__.add": _tf_binary(operator.add), "math.add": _tf_binary(operator.add),
-    "math.subtract": _tf_binary(operator.sub), "math.multiply": _tf_binary(operator.mul),
-    "math.truediv": _tf_binary(operator.truediv), "math.divide": _tf_binary(operator.truediv),
-    "math.pow": _tf_binary(torch.pow), "math.maximum": _tf_binary(torch.maximum),
-    "math.minimum": _tf_binary(torch.minimum), "math.squared_difference": _tf_binary(lambda a, b: (a - b) ** 2),
-    "math.equal": _tf_binary(torch.eq), "math.not_equal": _tf_binary(torch.ne), "__operators__.eq": _tf_binary(torch.eq),
-    "__operators__.ne": _tf_binary(torch.ne), "math.greater": _tf_binary(torch.gt),
-    "math.greater_equal": _tf_binary(torch.ge), "math.less": _tf_binary(torch.lt), "math.less_equal": _tf_binary(torch.le),
-    "math.logical_and": _tf_binary(torch.logical_and), "math.logical_or": _tf_binary(torch.logical_or),
+    "__operators__.add": _pair(operator.add), "math.add": _pair(operator.add),
+    "math.subtract": _pair(operator.sub), "math.multiply": _pair(operator.mul),
+    "math.truediv": _pair(operator.truediv), "math.divide": _pair(operator.truediv),
+    "math.pow": _pair(torch.pow), "math.maximum": _pair(torch.maximum),
+    "math.minimum": _pair(torch.minimum), "math.squared_difference": _pair(lambda a, b: (a - b) ** 2),
+    "math.equal": _pair(torch.eq), "math.not_equal": _pair(torch.ne), "__operators__.eq": _pair(torch.eq),
+    "__operators__.ne": _pair(torch.ne), "math.greater": _pair(torch.gt),
+    "math.greater_equal": _pair(torch.ge), "math.less": _pair(torch.lt), "math.less_equal": _pair(torch.le),
+    "math.logical_and": _pair(torch.logical_and), "math.logical_or": _pair(torch.logical_or),
     "linalg.matmul": lambda a, b, transpose_a=False, transpose_b=False: torch.matmul(
         a.transpose(-1, -2) if transpose_a else a, b.transpose(-1, -2) if transpose_b else b),
     **{name: _tf_unary(fn) for name, fn in (

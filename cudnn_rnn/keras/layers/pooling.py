@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...conv_lstm import same_padding
-from .base import _Single, channels_last_format, from_channels_first, to_channels_first
+from .base import _Single, channels_last_format, class_rank, from_channels_first, to_channels_first
 from .registry import builder
 from .values import Values, int_tuple
 
@@ -101,13 +101,10 @@ _GLOBAL = [f"Global{kind}{pool}{rank}D" for kind, pool in (("Max", "Pooling"), (
 _ADAPTIVE = [f"Adaptive{kind}Pooling{rank}D" for kind in ("Max", "Average") for rank in (1, 2, 3)]
 
 
-def _rank(ctx) -> int:
-    return int(ctx.spec.class_name[-2])
-
 
 @builder(*_POOLS, weights=False)
 def build_pool(cfg, ctx):
-    rank, v = _rank(ctx), Values(cfg, ctx)
+    rank, v = class_rank(ctx), Values(cfg, ctx)
     pool = int_tuple(v, "pool_size", rank, 2)
     strides = int_tuple(v, "strides", rank, list(pool))
     padding = v.str("padding", "valid", ("valid", "same"))
@@ -116,12 +113,12 @@ def build_pool(cfg, ctx):
 
 @builder(*_GLOBAL, weights=False)
 def build_global_pool(cfg, ctx):
-    return GlobalPooling("Av" in ctx.spec.class_name, _rank(ctx), Values(cfg, ctx).bool("keepdims", False),
+    return GlobalPooling("Av" in ctx.spec.class_name, class_rank(ctx), Values(cfg, ctx).bool("keepdims", False),
                          channels_last_format(cfg, ctx))
 
 
 @builder(*_ADAPTIVE, weights=False)
 def build_adaptive_pool(cfg, ctx):
-    rank = _rank(ctx)
+    rank = class_rank(ctx)
     return AdaptivePooling("Average" in ctx.spec.class_name, int_tuple(Values(cfg, ctx), "output_size", rank, None),
                            channels_last_format(cfg, ctx))

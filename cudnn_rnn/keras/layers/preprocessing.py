@@ -157,9 +157,7 @@ def _normalization_has_weights(cfg) -> bool:
 
 @builder("Normalization", weights=_normalization_has_weights)
 def build_normalization(cfg, ctx):
-    axis = cfg.get("axis", -1)
-    axis = [] if axis is None else axis
-    axes = Values({"axis": axis if isinstance(axis, list) else [axis]}, ctx).int_list("axis", lo=-8, hi=8)
+    axes = [] if "axis" in cfg and cfg["axis"] is None else Values(cfg, ctx).axes()  # None: no axis kept
     invert = Values(cfg, ctx).bool("invert", False)
     if cfg.get("mean") is not None:
         mean = np.asarray(cfg.get("mean"), dtype=np.float64)
@@ -439,8 +437,9 @@ def fingerprint64(x: torch.Tensor) -> torch.Tensor:
     """FarmHash Fingerprint64 of each int64 value's decimal string (as int64 bits)."""
     byte, n = _decimal_bytes(x.reshape(-1).long())
     mul = _K2 + n * 2
+    first8 = _fetch(byte, torch.zeros_like(n), 8)
     # 8 to 16 bytes
-    a = _fetch(byte, torch.zeros_like(n), 8) + _K2
+    a = first8 + _K2
     b = _fetch(byte, n - 8, 8)
     h8 = _hash16(_rotr(b, 37) * mul + a, (_rotr(a, 25) + b) * mul, mul)
     # 4 to 7 bytes
@@ -452,7 +451,7 @@ def fingerprint64(x: torch.Tensor) -> torch.Tensor:
     h1 = y * _K2 ^ z * _K0
     h1 = (h1 ^ _shr(h1, 47)) * _K2
     # 17 to 20 bytes
-    a = _fetch(byte, torch.zeros_like(n), 8) * _K1
+    a = first8 * _K1
     b = _fetch(byte, torch.full_like(n, 8), 8)
     c = _fetch(byte, n - 8, 8) * mul
     d = _fetch(byte, n - 16, 8) * _K2
@@ -482,8 +481,6 @@ class Hashing(_Single):
         y = _unsigned_mod(fingerprint64(x), bins)
         if masked is not None:
             y = torch.where(masked, torch.zeros_like(y), y + 1)
-        if self.mode == "one_hot" and y.dim() > 1 and y.shape[-1] == 1:
-            y = y.squeeze(-1)
         return encode_categorical(y, self.mode, self.num_bins, torch.int64 if self.mode == "int" else torch.float32)
 
 

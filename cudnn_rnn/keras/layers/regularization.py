@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .base import Identity, _Single, channels_last_format
+from .base import Identity, _Single, channels_last_format, class_rank
 from .registry import builder
 from .values import Values
 
@@ -77,7 +77,7 @@ def build_dropout(cfg, ctx):
 
 @builder("SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", weights=False)
 def build_spatial_dropout(cfg, ctx):
-    rank = int(ctx.spec.class_name[-2])
+    rank = class_rank(ctx)
     last = rank == 1 or channels_last_format(cfg, ctx)
     noise = [None] + [1] * rank + [None] if last else [None, None] + [1] * rank
     return Dropout(_rate(cfg, ctx), noise)

@@ -11,7 +11,7 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from .base import _Single, channels_last_format, from_channels_first, to_channels_first
+from .base import _Single, channels_last_format, class_rank, from_channels_first, to_channels_first
 from .registry import builder
 from .values import MAX_SIZE, Values
 
@@ -159,25 +159,22 @@ def _pairs(cfg, ctx, key: str, rank: int, default) -> Tuple[Tuple[int, int], ...
     return tuple(out)
 
 
-def _rank(ctx) -> int:
-    return int(ctx.spec.class_name[-2])
-
 
 @builder("Cropping1D", "Cropping2D", "Cropping3D", weights=False)
 def build_cropping(cfg, ctx):
-    rank = _rank(ctx)
+    rank = class_rank(ctx)
     return Crop(_pairs(cfg, ctx, "cropping", rank, 1 if rank == 1 else 0), rank == 1 or channels_last_format(cfg, ctx), -1)
 
 
 @builder("ZeroPadding1D", "ZeroPadding2D", "ZeroPadding3D", weights=False)
 def build_zero_padding(cfg, ctx):
-    rank = _rank(ctx)
+    rank = class_rank(ctx)
     return Crop(_pairs(cfg, ctx, "padding", rank, 1), rank == 1 or channels_last_format(cfg, ctx), 1)
 
 
 @builder("UpSampling1D", "UpSampling2D", "UpSampling3D", weights=False)
 def build_up_sampling(cfg, ctx):
-    rank = _rank(ctx)
+    rank = class_rank(ctx)
     value = cfg.get("size", 2)
     values = value if isinstance(value, list) else [value] * rank
     if len(values) != rank:

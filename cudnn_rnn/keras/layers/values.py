@@ -70,6 +70,14 @@ class Values:
             raise self._bad(key, value, f"one of {sorted(choices)}" if choices else "a string")
         return value
 
+    def axes(self, key="axis", default=-1) -> list:
+        """An axis or a list of them (Keras's `axis`): distinct, and never the batch axis."""
+        value, _ = self._get(key, default)
+        axes = Values({key: value if isinstance(value, list) else [value]}, self.ctx).int_list(key, lo=-8, hi=8)
+        if not axes or 0 in axes or len(set(axes)) != len(axes):
+            raise self._bad(key, value, "distinct non-batch axes")
+        return axes
+
     def int_list(self, key, lo=-MAX_SIZE, hi=MAX_SIZE, allow_none=False) -> list:
         value, _ = self._get(key, _REQUIRED)
         if not isinstance(value, list) or len(value) > 8 or not all(
