@@ -35,8 +35,11 @@ def cudnn_fallback_count() -> int:
 
 
 def empty_cpu_cache() -> None:
-    """Frees the large CPU buffers the CPU backend keeps for reuse between calls (at most
-    CUDNN_RNN_CPU_CACHE_MB, default 512 MiB, sit idle; 0 disables the cache)."""
+    """Frees what the CPU backend keeps between calls: its idle large buffers (at most
+    CUDNN_RNN_CPU_CACHE_MB, default 512 MiB; 0 disables that pool) and the packed forms of the
+    weights it multiplies by (kept while the weight tensors are unchanged, as their version
+    counters say; CUDNN_RNN_CPU_WEIGHT_CACHE=0 disables it). Call it after writing weights in a
+    way the version counter does not see (through ``.data``)."""
     _C.empty_cpu_cache()
 
 

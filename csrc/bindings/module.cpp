@@ -13,9 +13,11 @@
 #include "core/rnn_config.h"
 #include "cpu/bf16_gemm.h"
 #include "cpu/buffer_pool.h"
+#include "cpu/fma_peak.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/packed_gemm.h"
 #include "cpu/vec_loops.h"
+#include "cpu/weight_cache.h"
 #include "cudnn_host/backend_choice.h"
 
 namespace cudnn_rnn {
@@ -101,7 +103,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether bfloat16 calls on the CPU run their GEMMs in bfloat16 (oneDNN's micro-kernel packs bfloat16 on "
         "this CPU: AMX or AVX512_BF16), accumulating in float32; otherwise they compute in float32 "
         "(CUDNN_RNN_CPU_BF16=float32 forces that)");
-  m.def("empty_cpu_cache", &cr::cpu::empty_cache, "frees the CPU buffer pool's idle buffers");
+  m.def("fma_peak", &cr::cpu::fma_peak_gflops, pybind11::arg("dtype") = "float32", pybind11::arg("seconds") = 0.1,
+        pybind11::arg("repeats") = 5,
+        "GFLOP/s of independent multiply-adds on all of torch's threads at once, in the widest vectors the CPU "
+        "runs ('float32': FMA; 'bfloat16': AVX512_BF16 dot products, 0 without): the benchmarks' peak");
+  m.def("empty_cpu_cache", [] {
+        cr::cpu::empty_cache();
+        cr::cpu::clear_weight_cache();
+      }, "frees the CPU buffer pool's idle buffers and the packed weights the CPU kernels keep across calls");
   auto testing = m.def_submodule("_testing", "hooks into the C++ internals, for the tests");
   cr::bindings::register_testing(testing);
 }

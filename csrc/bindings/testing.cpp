@@ -18,6 +18,7 @@
 #include "cpu/gemm_engine.h"
 #include "cpu/packed_gemm.h"
 #include "cpu/time_loop.h"
+#include "cpu/weight_cache.h"
 #include "cudnn_host/backend_choice.h"
 #include "cudnn_host/keras_layout.h"
 
@@ -151,6 +152,9 @@ void register_testing(pybind11::module_& m) {
   m.def("packed_weight_grad", &cpu::packed_weight_grad, py::arg("A"), py::arg("D"),
         "A^T D (float32) as the CPU backward's weight gradients run it on the packed kernel's AVX-512 build; "
         "None where BLAS or another engine serves the shape or that build does not run");
+  m.def("weight_cache_packs", &cpu::weight_cache_packs,
+        "how many packed weight forms the CPU plans have made since the process started (a cache hit makes none)");
+  m.def("weight_cache_entries", &cpu::weight_cache_entries, "packed weight forms held by the CPU weight cache");
   m.def("cpu_brgemm", &cpu::brgemm_available, "whether this torch has cpublas::brgemm for float32");
   m.def("override_cpu_gemm_engine", &cpu::override_gemm_engine,
         "run the CPU GEMMs on 'packed', 'brgemm' or 'blas' from now on ('' for the chosen engine)");

@@ -30,6 +30,28 @@ struct UnitBlocks {
   int64_t width(int64_t k) const { return start[k + 1] - start[k]; }
 };
 
+// The rows of a step that are real (not masked), in increasing order. Only they enter the
+// recurrent GEMMs: with padded batches (Keras masks) the GEMMs shrink with the active batch.
+struct ActiveRows {
+  std::vector<int64_t> rows;
+  int64_t n = 0;
+
+  explicit ActiveRows(int64_t batch) : rows(batch) {}
+  void collect(const bool* mask, int64_t batch, int64_t time, int64_t t) {
+    n = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      if (mask == nullptr || mask[b * time + t]) rows[n++] = b;
+    }
+  }
+  // The row list a kernel that picks rows reads: null when every row of the batch is active.
+  const int64_t* list(int64_t batch) const { return n < batch ? rows.data() : nullptr; }
+  // dst[i] = src row rows[i] (width values each), i < n.
+  template <typename E>
+  void gather(const E* src, int64_t ld, int64_t width, E* dst) const {
+    for (int64_t i = 0; i < n; ++i) std::copy(src + rows[i] * ld, src + rows[i] * ld + width, dst + i * width);
+  }
+};
+
 // Runs each step's unit blocks (body(k0, k1): blocks [k0, k1)) across threads, one fork-join a
 // step, unless the threads fall out of step. When one task ends far behind the others twice
 // running (its core shared with another busy process: then every step waits for that thread's

@@ -1,0 +1,207 @@
+"""Benchmark: the LSTM (GRU, SimpleRNN) size grid and one-step streaming, against torch.nn.
+
+    python -m benchmarks.grid [--cells lstm,gru,simple_rnn] [--H 64,128,...] [--B 1,8,...]
+                              [--T 50] [--dtype float32|bfloat16] [--threads N] [--reps 7]
+                              [--no-step] [--out FILE.json]
+
+For each cell type, hidden size H and batch B (T steps, I = H, one layer, unidirectional, no
+mask): "forward" (eval, no_grad) and "forward+backward" (the gradients of sum(output) with
+respect to x and every weight), ours and torch.nn (our layer's ``to_torch()``: the same weights)
+in the same process and thread count, the calls of the two interleaved so both see the same
+machine. Each figure is the median of ``--reps`` timed calls after warm-up; ratios are
+torch.nn's time over ours (>1: we are faster). Before timing, the outputs are compared
+(float32: 1e-4; bfloat16: 5e-2).
+
+"step": one streaming step (T=1, B=1, no_grad, states passed in and returned) of our LSTM
+against ``torch.nn.LSTMCell`` with the same weights.
+
+The table also gives the machine's float32 FMA peak (benchmarks/peak.py) and each forward's
+achieved rate as a fraction of it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from typing import Dict, List
+
+import torch
+
+import cudnn_rnn
+from benchmarks.peak import fma_peak
+from benchmarks.run import _machine
+
+GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
+LAYERS = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU, "simple_rnn": cudnn_rnn.SimpleRNN}
+
+
+def _median_pair(f_ours, f_peer, warmup: int, reps: int):
+    for _ in range(warmup):
+        f_ours()
+        f_peer()
+    a, b = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f_ours()
+        a.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        f_peer()
+        b.append(time.perf_counter() - t0)
+    return statistics.median(a), statistics.median(b)
+
+
+def grid_case(cell: str, H: int, B: int, T: int, dtype: torch.dtype, reps: int) -> Dict:
+    torch.manual_seed(0)
+    ours = LAYERS[cell](H, H, return_sequences=True).to(dtype)
+    peer = ours.to_torch().to(dtype)
+    x = torch.randn(B, T, H).to(dtype)
+    with torch.no_grad():
+        diff = (ours(x).float() - peer(x)[0].float()).abs().max().item()
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    if not diff <= tol:
+        raise AssertionError(f"{cell} H={H} B={B}: ours and torch.nn differ by {diff}")
+    xg = x.clone().requires_grad_(True)
+    p_ours = [xg] + list(ours.parameters())
+    p_peer = [xg] + list(peer.parameters())
+    ours.eval(), peer.eval()
+
+    def inf_ours():
+        with torch.no_grad():
+            ours(x)
+
+    def inf_peer():
+        with torch.no_grad():
+            peer(x)
+
+    def train_ours():
+        torch.autograd.grad(ours(xg).sum(), p_ours)
+
+    def train_peer():
+        torch.autograd.grad(peer(xg)[0].sum(), p_peer)
+
+    flops = 2.0 * T * B * 2 * H * GATES[cell] * H
+    # Enough repetitions for ~0.2 s of the smaller cases, at least `reps`.
+    t_once = max(1e-6, flops / 50e9)
+    n = max(reps, min(200, int(0.2 / t_once)))
+    fo, fp = _median_pair(inf_ours, inf_peer, 2, n)
+    to, tp = _median_pair(train_ours, train_peer, 2, max(reps, n // 3))
+    return {"cell": cell, "H": H, "B": B, "T": T, "dtype": str(dtype).replace("torch.", ""),
+            "forward_ours_s": fo, "forward_torch_s": fp, "train_ours_s": to, "train_torch_s": tp,
+            "forward_ratio": fp / fo, "train_ratio": tp / to, "forward_gflops": flops / fo / 1e9}
+
+
+def step_case(H: int, dtype: torch.dtype, reps: int) -> Dict:
+    """One streaming step: T=1, B=1, no_grad, (h, c) passed in."""
+    torch.manual_seed(0)
+    ours = cudnn_rnn.LSTM(H, H, return_state=True).to(dtype).eval()
+    cell = torch.nn.LSTMCell(H, H).to(dtype).eval()
+    t = ours.to_torch()
+    with torch.no_grad():
+        cell.weight_ih.copy_(t.weight_ih_l0)
+        cell.weight_hh.copy_(t.weight_hh_l0)
+        cell.bias_ih.copy_(t.bias_ih_l0)
+        cell.bias_hh.copy_(t.bias_hh_l0)
+    x = torch.randn(1, 1, H).to(dtype)
+    h = torch.randn(1, H).to(dtype)
+    c = torch.randn(1, H).to(dtype)
+    with torch.no_grad():
+        _, h1, c1 = ours(x, initial_state=[h, c])
+        h2, c2 = cell(x[:, 0], (h, c))
+    diff = max((h1 - h2).abs().max().item(), (c1 - c2).abs().max().item())
+    if not diff <= 1e-4:
+        raise AssertionError(f"step H={H}: ours and LSTMCell differ by {diff}")
+
+    def f_ours():
+        with torch.no_grad():
+            ours(x, initial_state=[h, c])
+
+    def f_peer():
+        with torch.no_grad():
+            cell(x[:, 0], (h, c))
+
+    fo, fp = _median_pair(f_ours, f_peer, 50, max(reps, 2000))
+    return {"cell": "lstm_step", "H": H, "B": 1, "T": 1, "dtype": str(dtype).replace("torch.", ""),
+            "forward_ours_s": fo, "forward_torch_s": fp, "forward_ratio": fp / fo}
+
+
+def geomean(values: List[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def format_grid(rows: List[Dict], cell: str) -> str:
+    rows = [r for r in rows if r["cell"] == cell]
+    if not rows:
+        return ""
+    Hs = sorted({r["H"] for r in rows})
+    Bs = sorted({r["B"] for r in rows})
+    lines = [f"{cell} ({rows[0]['dtype']}, T={rows[0]['T']}): torch.nn time / ours, forward / forward+backward",
+             "| H \\ B | " + " | ".join(str(b) for b in Bs) + " |", "|---" * (len(Bs) + 1) + "|"]
+    for H in Hs:
+        cells = []
+        for B in Bs:
+            r = next((r for r in rows if r["H"] == H and r["B"] == B), None)
+            cells.append("" if r is None else f"{r['forward_ratio']:.2f} / {r['train_ratio']:.2f}")
+        lines.append(f"| {H} | " + " | ".join(cells) + " |")
+    lines.append(f"geometric mean: forward {geomean([r['forward_ratio'] for r in rows]):.2f}x, "
+                 f"forward+backward {geomean([r['train_ratio'] for r in rows]):.2f}x; "
+                 f"lowest: forward {min(r['forward_ratio'] for r in rows):.2f}x, "
+                 f"forward+backward {min(r['train_ratio'] for r in rows):.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> Dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cells", default="lstm", help="comma-separated subset of lstm,gru,simple_rnn")
+    p.add_argument("--H", default="64,128,256,512,1024")
+    p.add_argument("--B", default="1,8,32,128")
+    p.add_argument("--T", type=int, default=50)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--no-step", action="store_true", help="skip the one-step streaming case")
+    p.add_argument("--out", help="write the rows and the machine description here (JSON)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    peak = fma_peak(dtype=torch.float32)
+    rows = []
+    for cell in args.cells.split(","):
+        for H in [int(h) for h in args.H.split(",")]:
+            for B in [int(b) for b in args.B.split(",")]:
+                r = grid_case(cell, H, B, args.T, dtype, args.reps)
+                r["forward_of_peak"] = r["forward_gflops"] / peak
+                rows.append(r)
+                print(f"{cell} H={H} B={B}: forward {r['forward_ratio']:.2f}x "
+                      f"({r['forward_ours_s'] * 1e3:.3f} ms, {r['forward_of_peak']:.0%} of FMA peak), "
+                      f"forward+backward {r['train_ratio']:.2f}x ({r['train_ours_s'] * 1e3:.3f} ms)",
+                      file=sys.stderr, flush=True)
+    if not args.no_step:
+        for H in (128, 256, 512):
+            r = step_case(H, torch.float32, args.reps)
+            rows.append(r)
+            print(f"step H={H}: ours {r['forward_ours_s'] * 1e6:.1f} us, LSTMCell {r['forward_torch_s'] * 1e6:.1f} us "
+                  f"({r['forward_ratio']:.2f}x)", file=sys.stderr, flush=True)
+    machine = _machine("cpu")
+    machine["threads"] = args.threads
+    machine["fma_peak_gflops_float32"] = peak
+    machine["date"] = time.strftime("%Y-%m-%d")
+    print(f"{machine['cpu']}, {args.threads} threads, ISA {' '.join(machine['isa_flags'])}; "
+          f"float32 FMA peak {peak:.0f} GFLOP/s; torch {torch.__version__}")
+    for cell in args.cells.split(","):
+        print(format_grid(rows, cell))
+    for r in rows:
+        if r["cell"] == "lstm_step":
+            print(f"one step H={r['H']}: ours {r['forward_ours_s'] * 1e6:.1f} us, torch.nn.LSTMCell "
+                  f"{r['forward_torch_s'] * 1e6:.1f} us ({r['forward_ratio']:.2f}x)")
+    result = {"machine": machine, "rows": rows}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+#include "cpu/fma_peak.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+namespace cudnn_rnn {
+namespace cpu {
+namespace {
+
+// 12 independent accumulator chains hide the FMA latency (4-5 cycles) on two pipes. Each
+// function returns the sum so the work is not dropped; `n` iterations of 12 instructions.
+__attribute__((target("avx512f"))) float fma_avx512(int64_t n) {
+  __m512 acc[12];
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(float(i));
+  for (int64_t k = 0; k < n; ++k) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx2,fma"))) float fma_avx2(int64_t n) {
+  __m256 acc[12];
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(float(i));
+  for (int64_t k = 0; k < n; ++k) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  float v[8];
+  _mm256_storeu_ps(v, s);
+  return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+}
+
+__attribute__((target("avx512f,avx512bf16"))) float dpbf16_avx512(int64_t n) {
+  __m512 acc[12];
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(float(i));
+  for (int64_t k = 0; k < n; ++k) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+}  // namespace
+
+double fma_peak_gflops(const std::string& dtype, double seconds, int repeats) {
+  TORCH_CHECK_VALUE(dtype == "float32" || dtype == "bfloat16", "dtype must be 'float32' or 'bfloat16'; got '",
+                    dtype, "'");
+  float (*loop)(int64_t) = nullptr;
+  double flops_per_iteration = 0;  // 12 instructions
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (dtype == "bfloat16") {
+    if (avx512 && __builtin_cpu_supports("avx512bf16")) loop = dpbf16_avx512, flops_per_iteration = 12 * 64;
+  } else if (avx512) {
+    loop = fma_avx512, flops_per_iteration = 12 * 32;
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    loop = fma_avx2, flops_per_iteration = 12 * 16;
+  }
+#endif
+  if (loop == nullptr) return 0.0;
+  const int64_t threads = std::max(1, at::get_num_threads());
+  using Clock = std::chrono::steady_clock;
+  // Calibrate on one thread, then run every thread together.
+  int64_t n = 1 << 16;
+  for (;;) {
+    const auto t0 = Clock::now();
+    volatile float sink = loop(n);
+    (void)sink;
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (s > 0.02 || n > (int64_t(1) << 40)) {
+      n = std::max<int64_t>(1, int64_t(double(n) * seconds / s));
+      break;
+    }
+    n *= 4;
+  }
+  double best = 0;
+  for (int r = 0; r < std::max(1, repeats); ++r) {
+    const auto t0 = Clock::now();
+    at::parallel_for(0, threads, 1, [&](int64_t a, int64_t b) {
+      for (int64_t t = a; t < b; ++t) {
+        volatile float sink = loop(n);
+        (void)sink;
+      }
+    });
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, double(threads) * double(n) * flops_per_iteration / s / 1e9);
+  }
+  return best;
+}
+
+}  // namespace cpu
+}  // namespace cudnn_rnn

@@ -1,0 +1,17 @@
+// The machine's measured multiply-add throughput: what the benchmarks state their rates against
+// (torch.mm's rate is no peak where BLAS runs below the machine's, as MKL does on AMD CPUs).
+#pragma once
+
+#include <string>
+
+namespace cudnn_rnn {
+namespace cpu {
+
+// GFLOP/s of independent fused multiply-adds on every thread of at::get_num_threads() at once,
+// in the widest vectors this CPU runs: "float32" (vfmadd231ps on AVX-512 or AVX2 registers) or
+// "bfloat16" (vdpbf16ps, bfloat16 pairs accumulated in float32; 0 where the CPU has no
+// AVX512_BF16). Best of `repeats` runs of about `seconds` each.
+double fma_peak_gflops(const std::string& dtype, double seconds, int repeats);
+
+}  // namespace cpu
+}  // namespace cudnn_rnn

@@ -1,0 +1,279 @@
+// The bfloat16 plan, for calls whose tensors are bfloat16 (the driver runs them in float32;
+// RnnConfig::gemm_dtype says what they were): bfloat16 operands, float32 accumulation
+// (bf16_gemm.h). Each block's kernel columns are packed once; the state the GEMMs read is kept
+// in bfloat16 in two buffers (step s reads one while its tasks write the other), each block's
+// units converted by the task that computed them. Without input dropout the forward projects
+// each step's input in the loop (x converted once), never writing a [T, B, G*u] float32 array
+// and reading it back. Backward keeps the gate gradients in bfloat16 too (dxw_low), which the
+// recurrent GEMMs and, after the loop, the input and weight gradients read.
+//
+// Also the bfloat16 row GEMM of the input projection and the input gradient (bf16_row_gemm).
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+#include "cpu/bf16_gemm.h"
+#include "cpu/buffer_pool.h"
+#include "cpu/step_plan.h"
+
+namespace cudnn_rnn {
+namespace cpu {
+namespace {
+
+using at::BFloat16;
+using at::Tensor;
+
+class Bf16Forward final : public ForwardPlan<float> {
+ public:
+  Bf16Forward(const PlanArgs& p, bool project_input)
+      : G_(p.cfg.gates()), u_(p.cfg.units), B_(p.cfg.batch), blocks_(p.blocks), up_(bf16_depth(u_)),
+        in_loop_(project_input), joint_(project_input && p.cfg.cell != CellKind::GRU) {
+    const driver::DirectionArgs& a = p.a;
+    const int64_t n = blocks_.n;
+    bf_.resize(n), bias_.resize(n);
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t j0 = blocks_.start[k], w = blocks_.width(k);
+      bf_[k] = pack_bf16(n == 1 ? a.w.recurrent : block_columns(a.w.recurrent, G_, u_, j0, w));
+      if (p.step_bias.defined()) bias_[k] = block_columns(p.step_bias, G_, u_, j0, w);
+    }
+    // Rows of up values, the pad (odd u) zero.
+    const auto low = a.x3.options().dtype(at::kBFloat16);
+    hb_ = at::zeros({2, B_, up_}, low);
+    if (p.masked) hb_rows_ = at::zeros({B_, up_}, low);
+    BFloat16* hb = hb_.data_ptr<BFloat16>();
+    for (int64_t b = 0; b < B_; ++b) to_bf16(a.rs.h[0].data_ptr<float>() + b * u_, hb + b * up_, u_);
+    if (!in_loop_) return;
+    // x in bfloat16 (rows of ip values, the pad zero): the caller's bfloat16 x as it is where it
+    // has the rows the GEMMs read (an even width).
+    const int64_t I = a.x3.size(2);
+    ip_ = bf16_depth(I);
+    const bool as_is = a.x3_low.defined() && a.x3_low.scalar_type() == at::kBFloat16 && ip_ == I &&
+                       a.x3_low.is_contiguous();
+    xb_ = as_is ? a.x3_low : at::zeros({a.x3.size(0), a.x3.size(1), ip_}, low);
+    if (!as_is) xb_.narrow(2, 0, I).copy_(a.x3_low.defined() ? a.x3_low : a.x3);
+    x_rows_ = Seq<const BFloat16>{xb_.data_ptr<BFloat16>(), a.in_batch_major ? ip_ : B_ * ip_,
+                                  a.in_batch_major ? p.cfg.time * ip_ : ip_};
+    if (p.masked) xb_rows_ = at::zeros({B_, ip_}, low);
+    // LSTM and SimpleRNN, whose gates add the two products: the input's accumulates into the
+    // recurrent product's output, and the cell reads the biases (input and recurrent) as its
+    // "input projection", one [G*w] row for every batch row. GRU's candidate gate keeps them apart.
+    Tensor joint_bias = joint_ ? at::zeros({G_ * u_}, a.x3.options()) : Tensor();
+    for (const Tensor& b : {a.w.bias_in, p.step_bias}) {
+      if (joint_ && b.defined()) joint_bias.add_(b);
+    }
+    wk_.resize(n), xbias_.resize(n), xwk_.resize(n);
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t j0 = blocks_.start[k], w = blocks_.width(k);
+      wk_[k] = pack_bf16(block_columns(a.w.kernel, G_, u_, j0, w));
+      if (joint_ || a.w.bias_in.defined()) xbias_[k] = block_columns(joint_ ? joint_bias : a.w.bias_in, G_, u_, j0, w);
+      if (!joint_) xwk_[k] = at::empty({B_, G_ * w}, a.x3.options());
+    }
+  }
+
+  void begin_step(int64_t s, const ActiveRows& act, const ForwardStep<float>& step) override {
+    BFloat16* hb = hb_.data_ptr<BFloat16>();
+    h_in_ = hb + (s % 2) * B_ * up_;
+    h_out_ = hb + ((s + 1) % 2) * B_ * up_;
+    x_in_ = in_loop_ ? x_rows_.row(step.t, 0) : nullptr;
+    x_ld_ = x_rows_.row_stride;
+    if (act.n == B_) return;
+    act.gather(h_in_, up_, up_, hb_rows_.data_ptr<BFloat16>());
+    h_in_ = hb_rows_.data_ptr<BFloat16>();
+    if (in_loop_) {
+      act.gather(x_in_, x_ld_, ip_, xb_rows_.data_ptr<BFloat16>());
+      x_in_ = xb_rows_.data_ptr<BFloat16>();
+      x_ld_ = ip_;
+    }
+  }
+
+  void product(int64_t k, const ActiveRows& act, const ForwardStep<float>&, float* r) override {
+    const int64_t ldr = G_ * blocks_.width(k);
+    if (joint_) {  // r = h · R + x · K, the biases in the cell's input row
+      bf16_gemm(act.n, h_in_, up_, bf_[k], 0, ldr, r, ldr, false);
+      bf16_gemm(act.n, x_in_, x_ld_, wk_[k], 0, ldr, r, ldr, true);
+      return;
+    }
+    if (in_loop_) {
+      float* xo = xwk_[k].data_ptr<float>();
+      const bool bias = xbias_[k].defined();
+      if (bias) fill_rows<float>(xbias_[k].data_ptr<float>(), ldr, act.n, xo);
+      bf16_gemm(act.n, x_in_, x_ld_, wk_[k], 0, ldr, xo, ldr, bias);
+    }
+    const bool bias = bias_[k].defined();
+    if (bias) fill_rows<float>(bias_[k].data_ptr<float>(), ldr, act.n, r);
+    bf16_gemm(act.n, h_in_, up_, bf_[k], 0, ldr, r, ldr, bias);
+  }
+
+  const float* cell_input(int64_t k, int64_t* stride) const override {
+    if (joint_) return *stride = 0, xbias_[k].data_ptr<float>();
+    if (in_loop_) return *stride = G_ * blocks_.width(k), xwk_[k].data_ptr<float>();
+    return nullptr;
+  }
+
+  void end_block(int64_t k, const ForwardStep<float>& step) override {
+    const int64_t j0 = blocks_.start[k], w = blocks_.width(k);
+    for (int64_t b = 0; b < B_; ++b) to_bf16(step.h_next + b * u_ + j0, h_out_ + b * up_ + j0, w);
+  }
+
+  void end_task() override { bf16_release(); }
+
+ private:
+  int64_t G_, u_, B_;
+  const UnitBlocks& blocks_;
+  int64_t up_, ip_ = 0;
+  bool in_loop_, joint_;
+  std::vector<Bf16Panels> bf_, wk_;
+  std::vector<Tensor> bias_, xbias_, xwk_;
+  Tensor hb_, hb_rows_, xb_, xb_rows_;
+  Seq<const BFloat16> x_rows_{};
+  const BFloat16* h_in_ = nullptr;
+  BFloat16* h_out_ = nullptr;
+  const BFloat16* x_in_ = nullptr;
+  int64_t x_ld_ = 0;
+};
+
+class Bf16Backward final : public BackwardPlan<float> {
+ public:
+  Bf16Backward(const PlanArgs& p, const BackwardPlanArgs<float>& b)
+      : G_(p.cfg.gates()), u_(p.cfg.units), B_(p.cfg.batch), Tn_(p.cfg.time), blocks_(p.blocks),
+        gru_(p.cfg.cell == CellKind::GRU), reversed_(p.cfg.reversed(p.a.dir)), gup_(bf16_depth(G_ * u_)) {
+    const int64_t n = blocks_.n;
+    bf_.resize(n), tmp_.resize(n);
+    for (int64_t k = 0; k < n; ++k) {
+      bf_[k] = pack_bf16(p.a.w.recurrent.narrow(0, blocks_.start[k], blocks_.width(k)).t());
+      tmp_[k] = at::empty({B_, blocks_.width(k)}, b.dxw.options());
+    }
+    // The gate gradients in bfloat16: dxw's layout, rows of gup values, the pad zero. GRU's
+    // recurrent GEMMs read its own recurrent-side gradients, converted the same way into two step
+    // buffers. Db: a step's active rows gathered.
+    const auto low = b.dxw.options().dtype(at::kBFloat16);
+    Tensor& dxw_low = b.extras.dxw_low;
+    dxw_low = pooled_empty({b.dxw.size(0), b.dxw.size(1), gup_}, at::kBFloat16);
+    if (gup_ > G_ * u_) dxw_low.narrow(2, G_ * u_, gup_ - G_ * u_).zero_();
+    low_ = driver::seq_of<BFloat16>(dxw_low, p.a.in_batch_major);
+    if (gru_) drec_low_ = at::zeros({2, B_, gup_}, low);
+    if (p.masked) Db_ = at::empty({B_, gup_}, low);
+    // Where the driver reads only dxw_low after the loop, the float32 gate gradients live one
+    // step at a time in a [B, G*u] buffer (not written out as [T, B, G*u]: 52 MB at fastrnns
+    // size, and as much again read for ownership).
+    if (!b.extras.keep_dxw) {
+      dxw_step_ = at::empty({B_, G_ * u_}, b.dxw.options());
+      b.step.dxw = Seq<float>{dxw_step_.data_ptr<float>(), 0, G_ * u_};
+    }
+  }
+
+  void begin_grads(int64_t s, const ActiveRows& act, const float*, int64_t) override {
+    if (gru_) {
+      D_ = drec_low_.data_ptr<BFloat16>() + (s % 2) * B_ * gup_, ld_ = gup_;
+    } else {
+      D_ = low_.row(time_of(s), 0), ld_ = low_.row_stride;
+    }
+    if (act.n < B_) {
+      act.gather(D_, ld_, gup_, Db_.data_ptr<BFloat16>());
+      D_ = Db_.data_ptr<BFloat16>(), ld_ = gup_;
+    }
+  }
+
+  void add_grad(int64_t k, const ActiveRows& act, float* dh) override {
+    const int64_t j0 = blocks_.start[k], w = blocks_.width(k);
+    if (act.n == B_) {
+      bf16_gemm(B_, D_, ld_, bf_[k], 0, w, dh + j0, u_, true);
+    } else if (act.n > 0) {
+      float* tmp = tmp_[k].data_ptr<float>();
+      bf16_gemm(act.n, D_, ld_, bf_[k], 0, w, tmp, w, false);
+      scatter_add<float>(act, tmp, w, u_, j0, dh);
+    }
+  }
+
+  void end_block(int64_t k, int64_t s, const BackwardStep<float>& step) override {
+    const int64_t t = time_of(s), j0 = blocks_.start[k], w = blocks_.width(k);
+    BFloat16* drec_low = gru_ ? drec_low_.data_ptr<BFloat16>() + (s % 2) * B_ * gup_ : nullptr;
+    for (int64_t q = 0; q < G_; ++q) {
+      const int64_t col = q * u_ + j0;
+      for (int64_t b = 0; b < B_; ++b) {
+        to_bf16(step.dxw.row(t, b) + col, low_.row(t, b) + col, w);
+        if (gru_) to_bf16(step.drec + b * G_ * u_ + col, drec_low + b * gup_ + col, w);
+      }
+    }
+  }
+
+  void end_task() override { bf16_release(); }
+
+ private:
+  int64_t time_of(int64_t s) const { return reversed_ ? Tn_ - 1 - s : s; }
+
+  int64_t G_, u_, B_, Tn_;
+  const UnitBlocks& blocks_;
+  bool gru_, reversed_;
+  int64_t gup_;
+  std::vector<Bf16Panels> bf_;
+  std::vector<Tensor> tmp_;
+  Seq<BFloat16> low_{};
+  Tensor drec_low_, Db_, dxw_step_;
+  const BFloat16* D_ = nullptr;
+  int64_t ld_ = 0;
+};
+
+}  // namespace
+
+// out2[r] = (accumulate ? out2[r] : bias, or 0) + in2[r] · op(W) (CpuPolicy::row_gemm) with
+// bfloat16 operands: tiles of 64 rows across threads, each converted to bfloat16 (or read from
+// in2_low, in2 in bfloat16 with rows of bf16_depth(K) values, where given and every row is
+// wanted), multiplied into a float32 tile and written to its rows.
+bool bf16_row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W, bool trans_w, const Tensor& bias,
+                          bool accumulate, const Tensor& out2, const Tensor& in2_low) {
+  if (!in2.is_contiguous() || !out2.is_contiguous() || (bias.defined() && !bias.is_contiguous())) return false;
+  const int64_t K = in2.size(1), N = out2.size(1);
+  const int64_t M = rows.defined() ? rows.numel() : in2.size(0);
+  if (M == 0) return true;
+  const Bf16Panels panels = pack_bf16(trans_w ? W.t() : W);
+  const int64_t Kp = panels.Kp;
+  const bool low = in2_low.defined() && !rows.defined();
+  TORCH_INTERNAL_ASSERT(!low || (in2_low.is_contiguous() && in2_low.size(0) == M && in2_low.size(1) == Kp &&
+                                 in2_low.scalar_type() == at::kBFloat16),
+                        "bf16_row_gemm: in2_low is in2 in bfloat16, rows of bf16_depth(K)");
+  const at::BFloat16* a_low = low ? in2_low.data_ptr<at::BFloat16>() : nullptr;
+  const int64_t* r = rows.defined() ? rows.data_ptr<int64_t>() : nullptr;
+  const float* a = in2.data_ptr<float>();
+  const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  float* c = out2.data_ptr<float>();
+  constexpr int64_t tile = 64;
+  at::parallel_for(0, (M + tile - 1) / tile, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<at::BFloat16> at_(low ? 0 : tile * Kp);  // zeros: the pad column of an odd K stays zero
+    std::vector<float> ct(r ? tile * N : 0);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t m0 = t * tile, m = std::min(tile, M - m0);
+      for (int64_t i = 0; i < m && !low; ++i) to_bf16(a + (r ? r[m0 + i] : m0 + i) * K, at_.data() + i * Kp, K);
+      if (!r) {  // consecutive rows: straight into out2, over the bias or what it holds
+        float* d = c + m0 * N;
+        if (b && !accumulate) fill_rows<float>(b, N, m, d);
+        bf16_gemm(m, low ? a_low + m0 * Kp : at_.data(), Kp, panels, 0, N, d, N, accumulate || b);
+        continue;
+      }
+      bf16_gemm(m, at_.data(), Kp, panels, 0, N, ct.data(), N, false);
+      for (int64_t i = 0; i < m; ++i) {
+        float* d = c + r[m0 + i] * N;
+        const float* p = ct.data() + i * N;
+        if (accumulate) {
+          for (int64_t j = 0; j < N; ++j) d[j] += p[j];
+        } else if (b) {
+          for (int64_t j = 0; j < N; ++j) d[j] = p[j] + b[j];
+        } else {
+          std::copy(p, p + N, d);
+        }
+      }
+    }
+    bf16_release();
+  });
+  return true;
+}
+
+std::unique_ptr<ForwardPlan<float>> bf16_forward_plan(const PlanArgs& p, bool project_input) {
+  return std::make_unique<Bf16Forward>(p, project_input);
+}
+std::unique_ptr<BackwardPlan<float>> bf16_backward_plan(const PlanArgs& p, const BackwardPlanArgs<float>& b) {
+  return std::make_unique<Bf16Backward>(p, b);
+}
+
+}  // namespace cpu
+}  // namespace cudnn_rnn

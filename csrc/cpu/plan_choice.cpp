@@ -1,0 +1,71 @@
+// Which plan a call's time loop runs (step_plan.h): bfloat16 for a bfloat16 call where the CPU
+// multiplies bfloat16; else the float32 engine gemm_engine.h names for the shape; float64 on
+// BLAS. The one place the CPU backend chooses an engine.
+#include "cpu/bf16_gemm.h"
+#include "cpu/gemm_engine.h"
+#include "cpu/step_plan.h"
+
+namespace cudnn_rnn {
+namespace cpu {
+
+template <typename T>
+bool bf16_plan(const RnnConfig& cfg) {
+  return std::is_same_v<T, float> && cfg.gemm_dtype == at::kBFloat16 && bf16_gemm_available();
+}
+
+template <typename T>
+bool plan_projects_input(const RnnConfig& cfg, const driver::DirectionArgs& a) {
+  return bf16_plan<T>(cfg) && !a.dmask.defined();
+}
+
+template <typename T>
+std::unique_ptr<ForwardPlan<T>> forward_plan(const PlanArgs& p) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16_plan<T>(p.cfg)) return bf16_forward_plan(p, plan_projects_input<T>(p.cfg, p.a));
+    switch (float_gemm_engine(p.cfg.units, p.cfg.gates() * p.cfg.units)) {
+      case GemmEngine::Packed: return packed_forward_plan(p);
+      case GemmEngine::Brgemm: return brgemm_forward_plan(p);
+      case GemmEngine::Blas: break;
+    }
+  }
+  return blas_forward_plan<T>(p);
+}
+
+template <typename T>
+std::unique_ptr<BackwardPlan<T>> backward_plan(const PlanArgs& p, const BackwardPlanArgs<T>& b) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16_plan<T>(p.cfg)) return bf16_backward_plan(p, b);
+    switch (float_gemm_engine(p.cfg.gates() * p.cfg.units, p.cfg.units)) {
+      case GemmEngine::Packed: return packed_backward_plan(p);
+      case GemmEngine::Brgemm: return brgemm_backward_plan(p);
+      case GemmEngine::Blas: break;
+    }
+  }
+  return blas_backward_plan<T>(p);
+}
+
+template <typename T>
+bool row_gemm(const RnnConfig& cfg, const at::Tensor& in2, const at::Tensor& rows, const at::Tensor& W, bool trans_w,
+              const at::Tensor& bias, bool accumulate, const at::Tensor& out2, const at::Tensor& in2_low) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16_plan<T>(cfg)) return bf16_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2, in2_low);
+    if (float_gemm_engine(in2.size(1), out2.size(1)) == GemmEngine::Packed) {
+      return packed_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2);
+    }
+  }
+  return false;
+}
+
+#define CUDNN_RNN_PLANS(T)                                                                                       \
+  template bool bf16_plan<T>(const RnnConfig&);                                                                  \
+  template bool plan_projects_input<T>(const RnnConfig&, const driver::DirectionArgs&);                         \
+  template std::unique_ptr<ForwardPlan<T>> forward_plan<T>(const PlanArgs&);                                    \
+  template std::unique_ptr<BackwardPlan<T>> backward_plan<T>(const PlanArgs&, const BackwardPlanArgs<T>&);      \
+  template bool row_gemm<T>(const RnnConfig&, const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,    \
+                            const at::Tensor&, bool, const at::Tensor&, const at::Tensor&);
+CUDNN_RNN_PLANS(float)
+CUDNN_RNN_PLANS(double)
+#undef CUDNN_RNN_PLANS
+
+}  // namespace cpu
+}  // namespace cudnn_rnn

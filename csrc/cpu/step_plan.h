@@ -1,0 +1,184 @@
+// GEMM plans of the CPU time loop (cpu/rnn_cpu.cpp): what each step of a direction multiplies by,
+// resolved once per call and direction, as oneDNN's ref_rnn binds its iteration GEMM in init().
+// A plan owns its engine's view of the recurrent kernel (packed once per call, or taken from the
+// weight cache while the kernel is unchanged: cpu/weight_cache.h) and whatever its engine reads
+// gathered or converted; the time loop holds no engine choice, only the calls below.
+//
+// Engines (one file each): plan_packed.cpp (the packed-panel kernel of packed_gemm.h, AVX-512 or
+// AVX2), plan_blas.cpp (BLAS; MKL's packed GEMM API where torch exports it; float64 always),
+// plan_brgemm.cpp (oneDNN's float32 micro-kernel through cpublas::brgemm), plan_bf16.cpp
+// (bfloat16 operands, float32 accumulation: bf16_gemm.h). plan_choice.cpp picks one.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/rnn_driver.h"
+#include "cpu/time_loop.h"
+
+namespace cudnn_rnn {
+namespace cpu {
+
+// What a plan is built from: the call, the direction, the time loop's unit blocks, and the bias
+// the loop wants under each step's recurrent product (the recurrent bias, with the input bias
+// where the loop takes it; undefined for none).
+struct PlanArgs {
+  const RnnConfig& cfg;
+  const driver::DirectionArgs& a;
+  const UnitBlocks& blocks;
+  at::Tensor step_bias;
+  bool masked;  // the call has a mask (steps may have inactive rows)
+};
+
+// One step of the forward loop. The loop calls, per step s: begin_step on its own thread, then
+// in the tasks, for each unit block k: product (when the step has active rows), the cell update
+// of the block (reading cell_input(k) as its input projection), end_block; end_task once a task.
+template <typename T>
+class ForwardPlan {
+ public:
+  virtual ~ForwardPlan() = default;
+  // What the engine reads of step s's active rows, gathered or converted (the calling thread).
+  virtual void begin_step(int64_t s, const ActiveRows& act, const ForwardStep<T>& step) {}
+  // rec[i, g*w + j] = pre-activation of gate g, unit j0 + j of the i-th active row: h_prev · R
+  // (and what this plan adds: the step bias, an input projection run in the loop) for block k.
+  virtual void product(int64_t k, const ActiveRows& act, const ForwardStep<T>& step, T* rec) = 0;
+  // The input projection block k's cell update reads ([B, G*w] rows `stride` apart, stride 0:
+  // one row for every batch row), or null for the driver's hoisted projection (step.xw).
+  virtual const T* cell_input(int64_t k, int64_t* stride) const { return nullptr; }
+  // After block k's cell update (step.h_next holds its units).
+  virtual void end_block(int64_t k, const ForwardStep<T>& step) {}
+  virtual void end_task() {}
+};
+
+// The backward loop's recurrent products: dh[:, block k] += D · R[block k's units, :]^T, where
+// D holds the recurrent-side gate gradients of a step ([B, G*u] rows ld apart, zero on inactive
+// rows). The loop calls begin_grads for the step whose gradients are complete, on its own thread,
+// then add_grad per block in the tasks; after each block's cell backward, end_block.
+template <typename T>
+class BackwardPlan {
+ public:
+  virtual ~BackwardPlan() = default;
+  // Step s's gradients as the engine reads them (gathered, converted).
+  virtual void begin_grads(int64_t s, const ActiveRows& act, const T* D, int64_t ld) = 0;
+  virtual void add_grad(int64_t k, const ActiveRows& act, T* dh) = 0;
+  // Block k's units of step s's gate gradients are final (the bfloat16 plan converts them).
+  virtual void end_block(int64_t k, int64_t s, const BackwardStep<T>& step) {}
+  virtual void end_task() {}
+};
+
+// What the backward loop is given besides the plan args: its step (a plan may point step.dxw at
+// a buffer of its own), the gate gradients and the extras the driver asked for.
+template <typename T>
+struct BackwardPlanArgs {
+  BackwardStep<T>& step;
+  const at::Tensor& dxw;
+  const at::Tensor& drec;
+  driver::BackwardExtras& extras;
+};
+
+// For engines that read the active rows of a step gathered (BLAS, brgemm): forward, h_prev's
+// active rows in one [n, u] matrix; backward, the gradients' active rows in one [n, G*u] matrix
+// and a [n, w] product per block, added back into dh's rows.
+template <typename T>
+struct GatheredState {
+  at::Tensor h_active;
+  const T* h = nullptr;  // what product() reads, u apart
+
+  GatheredState(const PlanArgs& p)
+      : h_active(p.masked ? at::empty({p.cfg.batch, p.cfg.units}, p.a.x3.options()) : at::Tensor()) {}
+  void gather(const ActiveRows& act, const ForwardStep<T>& step) {
+    h = step.h_prev;
+    if (act.n < step.batch) {
+      act.gather(step.h_prev, step.units, step.units, h_active.data_ptr<T>());
+      h = h_active.data_ptr<T>();
+    }
+  }
+};
+
+template <typename T>
+struct GatheredGrads {
+  at::Tensor compact;
+  std::vector<at::Tensor> tmp;
+  const T* D = nullptr;  // every row, ld apart
+  int64_t ld = 0;
+
+  GatheredGrads(const PlanArgs& p)
+      : compact(p.masked ? at::empty({p.cfg.batch, p.cfg.gates() * p.cfg.units}, p.a.x3.options()) : at::Tensor()),
+        tmp(p.blocks.n) {
+    for (int64_t k = 0; k < p.blocks.n; ++k) tmp[k] = at::empty({p.cfg.batch, p.blocks.width(k)}, p.a.x3.options());
+  }
+  void gather(const ActiveRows& act, int64_t batch, int64_t width, const T* d, int64_t l) {
+    D = d, ld = l;
+    if (compact.defined() && act.n < batch) act.gather(d, l, width, compact.data_ptr<T>());
+  }
+  const T* rows() const { return compact.data_ptr<T>(); }  // the active rows, width apart
+  T* tmp_of(int64_t k) const { return tmp[k].data_ptr<T>(); }
+};
+
+template <typename T>
+std::unique_ptr<ForwardPlan<T>> forward_plan(const PlanArgs& p);
+template <typename T>
+std::unique_ptr<BackwardPlan<T>> backward_plan(const PlanArgs& p, const BackwardPlanArgs<T>& b);
+
+// Whether the forward plan projects each step's input itself (bfloat16 without input dropout):
+// the driver then hoists no projection.
+template <typename T>
+bool plan_projects_input(const RnnConfig& cfg, const driver::DirectionArgs& a);
+
+// -- the engines (plan_*.cpp) ---------------------------------------------------------------------
+template <typename T>
+std::unique_ptr<ForwardPlan<T>> blas_forward_plan(const PlanArgs& p);
+template <typename T>
+std::unique_ptr<BackwardPlan<T>> blas_backward_plan(const PlanArgs& p);
+std::unique_ptr<ForwardPlan<float>> packed_forward_plan(const PlanArgs& p);
+std::unique_ptr<BackwardPlan<float>> packed_backward_plan(const PlanArgs& p);
+std::unique_ptr<ForwardPlan<float>> brgemm_forward_plan(const PlanArgs& p);
+std::unique_ptr<BackwardPlan<float>> brgemm_backward_plan(const PlanArgs& p);
+std::unique_ptr<ForwardPlan<float>> bf16_forward_plan(const PlanArgs& p, bool project_input);
+std::unique_ptr<BackwardPlan<float>> bf16_backward_plan(const PlanArgs& p, const BackwardPlanArgs<float>& b);
+
+// Whether a call's GEMMs run on the bfloat16 plan: a bfloat16 call (run in float32) where
+// bf16_gemm_available().
+template <typename T>
+bool bf16_plan(const RnnConfig& cfg);
+
+// out2[r] = (accumulate ? out2[r] : bias, or 0) + in2[r] · op(W) for the rows listed in `rows`
+// (every row without), on the engine the call's plans use: the input projection and the input
+// gradient. in2_low: in2 in bfloat16 with rows of bf16_depth(K) values, where the caller has it.
+// False where that engine leaves the product to ATen.
+template <typename T>
+bool row_gemm(const RnnConfig& cfg, const at::Tensor& in2, const at::Tensor& rows, const at::Tensor& W, bool trans_w,
+              const at::Tensor& bias, bool accumulate, const at::Tensor& out2, const at::Tensor& in2_low);
+bool packed_row_gemm(const at::Tensor& in2, const at::Tensor& rows, const at::Tensor& W, bool trans_w,
+                     const at::Tensor& bias, bool accumulate, const at::Tensor& out2);
+bool bf16_row_gemm(const at::Tensor& in2, const at::Tensor& rows, const at::Tensor& W, bool trans_w,
+                   const at::Tensor& bias, bool accumulate, const at::Tensor& out2, const at::Tensor& in2_low);
+
+// Unit block [j0, j0 + w)'s columns of every gate of m ([K, G*u], or a bias [G*u]) as one
+// contiguous [K, G*w] (or [G*w]) matrix: what one time-loop task multiplies by.
+inline at::Tensor block_columns(const at::Tensor& m, int64_t G, int64_t u, int64_t j0, int64_t w) {
+  const int64_t rows = m.dim() == 1 ? 1 : m.size(0);
+  const at::Tensor b = m.reshape({rows, G, u}).narrow(2, j0, w).reshape({rows, G * w}).contiguous();
+  return m.dim() == 1 ? b.view({G * w}) : b;
+}
+
+// out[i, :] = v (width values) for i < n: a bias under a GEMM that adds to its output.
+template <typename T>
+void fill_rows(const T* v, int64_t width, int64_t n, T* out) {
+  for (int64_t i = 0; i < n; ++i) std::copy(v, v + width, out + i * width);
+}
+
+// dh[rows[i], j0 : j0 + w] += tmp[i, :] for the active rows: a compact product scattered back.
+template <typename T>
+void scatter_add(const ActiveRows& act, const T* tmp, int64_t w, int64_t u, int64_t j0, T* dh) {
+  for (int64_t i = 0; i < act.n; ++i) {
+    T* d = dh + act.rows[i] * u + j0;
+    for (int64_t j = 0; j < w; ++j) d[j] += tmp[i * w + j];
+  }
+}
+
+}  // namespace cpu
+}  // namespace cudnn_rnn
