@@ -67,7 +67,9 @@ def build_info() -> dict:
     info["cpu_cell_loops"] = _C.cpu_loops_isa()
     info["cpu_float32_gemms"] = _C.cpu_gemm_engine()
     info["cpu_packed_gemm_build"] = _C.cpu_packed_gemm_isa()
-    info["cpu_bfloat16_gemms"] = "bfloat16 (oneDNN brgemm)" if _C.cpu_bf16_gemms() else "float32 (no AMX / AVX512_BF16)"
+    info["cpu_bfloat16_gemms"] = {"onednn": "bfloat16 (oneDNN brgemm, AMX)",
+                                  "avx512_bf16": "bfloat16 (AVX512_BF16 kernel)"}.get(
+        _C.cpu_bf16_gemm_kernel(), "float32 (no AMX / AVX512_BF16)")
     return info
 
 

@@ -100,13 +100,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the instruction set of the CPU backend's float32 activation and fused cell loops: 'avx512', 'avx2' or "
         "'baseline' (the widest the CPU and ATen's level allow; ATEN_CPU_CAPABILITY lowers it)");
   m.def("cpu_bf16_gemms", &cr::cpu::bf16_gemm_available,
-        "whether bfloat16 calls on the CPU run their GEMMs in bfloat16 (oneDNN's micro-kernel packs bfloat16 on "
-        "this CPU: AMX or AVX512_BF16), accumulating in float32; otherwise they compute in float32 "
+        "whether bfloat16 calls on the CPU run their GEMMs in bfloat16 (AMX through oneDNN's micro-kernel, or "
+        "AVX512_BF16), accumulating in float32; otherwise they compute in float32 "
         "(CUDNN_RNN_CPU_BF16=float32 forces that)");
   m.def("fma_peak", &cr::cpu::fma_peak_gflops, pybind11::arg("dtype") = "float32", pybind11::arg("seconds") = 0.1,
         pybind11::arg("repeats") = 5,
         "GFLOP/s of independent multiply-adds on all of torch's threads at once, in the widest vectors the CPU "
         "runs ('float32': FMA; 'bfloat16': AVX512_BF16 dot products, 0 without): the benchmarks' peak");
+  m.def("cpu_bf16_gemm_kernel", &cr::cpu::bf16_gemm_kernel,
+        "what multiplies bfloat16 calls' GEMMs on the CPU: 'onednn' (oneDNN's micro-kernel, AMX), 'avx512_bf16' "
+        "(the extension's AVX512_BF16 kernel) or 'none' (float32)");
   m.def("empty_cpu_cache", [] {
         cr::cpu::empty_cache();
         cr::cpu::clear_weight_cache();

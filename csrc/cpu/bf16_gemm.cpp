@@ -4,13 +4,14 @@
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
 #endif
 
 #include "cpu/vec_loops.h"
@@ -18,22 +19,110 @@
 namespace cudnn_rnn {
 namespace cpu {
 
-bool bf16_gemm_available() {
-#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
-  static const bool available = [] {
+namespace {
+
+// Which kernel multiplies: oneDNN's micro-kernel where cpublas packs bfloat16 for it (AMX), else
+// the kernel below on AVX512_BF16 (AMD Zen 4 and 5, Intel Cooper Lake), else none.
+enum class Bf16Kernel { None, OneDnn, Own };
+
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+Bf16Kernel bf16_kernel() {
+  static const Bf16Kernel kernel = [] {
     const char* v = std::getenv("CUDNN_RNN_CPU_BF16");
     if (v && *v) {
       const std::string s(v);
       TORCH_CHECK_VALUE(s == "bfloat16" || s == "float32",
                         "CUDNN_RNN_CPU_BF16 must be 'bfloat16' or 'float32'; got '", s, "'");
-      if (s == "float32") return false;
+      if (s == "float32") return Bf16Kernel::None;
     }
-    return at::native::cpublas::could_pack(at::kBFloat16);
-  }();
-  return available;
-#else
-  return false;
+#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
+    if (at::native::cpublas::could_pack(at::kBFloat16)) return Bf16Kernel::OneDnn;
 #endif
+    // The cell loops' instruction set stands for what may run (ATEN_CPU_CAPABILITY=avx2 lowers it).
+    if (cpu_has_avx512_bf16() && std::string(float_loops().isa) == "avx512") return Bf16Kernel::Own;
+    return Bf16Kernel::None;
+  }();
+  return kernel;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// C[0:MR, 0:n] (+)= A[0:MR, 0:Kp] · panel, n <= 64: MR rows x 4 zmm of 16 columns, each k pair a
+// vdpbf16ps of the row's broadcast pair against the panel's 64 column pairs.
+template <int MR>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void own_tile(const at::BFloat16* A, int64_t lda,
+                                                                    const at::BFloat16* panel, int64_t Kp, float* C,
+                                                                    int64_t ldc, int64_t n, bool add_C) {
+  __m512 acc[MR][4];
+  for (int r = 0; r < MR; ++r) {
+    for (int q = 0; q < 4; ++q) acc[r][q] = _mm512_setzero_ps();
+  }
+  const int64_t pairs = Kp / 2;
+  for (int64_t kk = 0; kk < pairs; ++kk) {
+    const at::BFloat16* b = panel + kk * 2 * kBf16Panel;
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 32);
+    const __m512bh b2 = (__m512bh)_mm512_loadu_si512(b + 64), b3 = (__m512bh)_mm512_loadu_si512(b + 96);
+    for (int r = 0; r < MR; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, A + r * lda + 2 * kk, sizeof(pair));
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, b1);
+      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, b2);
+      acc[r][3] = _mm512_dpbf16_ps(acc[r][3], a, b3);
+    }
+  }
+  for (int q = 0; q < 4; ++q) {
+    const int64_t cols = std::min<int64_t>(16, n - 16 * q);
+    if (cols <= 0) break;
+    const __mmask16 m = static_cast<__mmask16>((1u << cols) - 1);
+    for (int r = 0; r < MR; ++r) {
+      float* c = C + r * ldc + 16 * q;
+      __m512 v = acc[r][q];
+      if (add_C) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, c));
+      _mm512_mask_storeu_ps(c, m, v);
+    }
+  }
+}
+
+void own_gemm(int64_t M, const at::BFloat16* A, int64_t lda, const at::BFloat16* panel, int64_t Kp, float* C,
+              int64_t ldc, int64_t n, bool add_C) {
+  int64_t m0 = 0;
+  for (; m0 + 6 <= M; m0 += 6) own_tile<6>(A + m0 * lda, lda, panel, Kp, C + m0 * ldc, ldc, n, add_C);
+  const at::BFloat16* a = A + m0 * lda;
+  float* c = C + m0 * ldc;
+  switch (M - m0) {
+    case 5: own_tile<5>(a, lda, panel, Kp, c, ldc, n, add_C); break;
+    case 4: own_tile<4>(a, lda, panel, Kp, c, ldc, n, add_C); break;
+    case 3: own_tile<3>(a, lda, panel, Kp, c, ldc, n, add_C); break;
+    case 2: own_tile<2>(a, lda, panel, Kp, c, ldc, n, add_C); break;
+    case 1: own_tile<1>(a, lda, panel, Kp, c, ldc, n, add_C); break;
+    default: break;
+  }
+}
+#else
+void own_gemm(int64_t, const at::BFloat16*, int64_t, const at::BFloat16*, int64_t, float*, int64_t, int64_t, bool) {
+  TORCH_INTERNAL_ASSERT(false, "bf16_gemm: an x86-64 build only");
+}
+#endif
+
+}  // namespace
+
+bool bf16_gemm_available() { return bf16_kernel() != Bf16Kernel::None; }
+
+const char* bf16_gemm_kernel() {
+  switch (bf16_kernel()) {
+    case Bf16Kernel::OneDnn: return "onednn";
+    case Bf16Kernel::Own: return "avx512_bf16";
+    case Bf16Kernel::None: break;
+  }
+  return "none";
 }
 
 Bf16Panels pack_bf16(const at::Tensor& b) {
@@ -50,12 +139,28 @@ Bf16Panels pack_bf16(const at::Tensor& b) {
     padded.narrow(0, 0, out.K).narrow(1, 0, out.N).copy_(b);
   }
   out.data = at::empty({panels * out.Kp * kBf16Panel + kBf16Panel}, padded.options());
-#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
   const at::BFloat16* src = padded.data_ptr<at::BFloat16>();
   at::BFloat16* dst = out.data.data_ptr<at::BFloat16>();
+  const int64_t ld = panels * kBf16Panel;
+  if (bf16_kernel() == Bf16Kernel::Own) {  // per k pair, the panel's 64 columns as (k, k + 1) pairs
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        at::BFloat16* d = dst + p * out.Kp * kBf16Panel;
+        for (int64_t kk = 0; kk < out.Kp / 2; ++kk) {
+          const at::BFloat16* even = src + 2 * kk * ld + p * kBf16Panel;
+          for (int64_t c = 0; c < kBf16Panel; ++c) {
+            d[kk * 2 * kBf16Panel + 2 * c] = even[c];
+            d[kk * 2 * kBf16Panel + 2 * c + 1] = even[ld + c];
+          }
+        }
+      }
+    });
+    return out;
+  }
+#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
   for (int64_t p = 0; p < panels; ++p) {
-    at::native::cpublas::pack(out.Kp, kBf16Panel, panels * kBf16Panel, kBf16Panel, at::kBFloat16, at::kBFloat16,
-                              src + p * kBf16Panel, dst + p * out.Kp * kBf16Panel);
+    at::native::cpublas::pack(out.Kp, kBf16Panel, ld, kBf16Panel, at::kBFloat16, at::kBFloat16, src + p * kBf16Panel,
+                              dst + p * out.Kp * kBf16Panel);
   }
 #else
   TORCH_INTERNAL_ASSERT(false, "pack_bf16: this torch has no bfloat16 brgemm");
@@ -65,6 +170,13 @@ Bf16Panels pack_bf16(const at::Tensor& b) {
 
 void bf16_gemm(int64_t M, const at::BFloat16* A, int64_t lda, const Bf16Panels& B, int64_t n0, int64_t nw, float* C,
                int64_t ldc, bool add_C) {
+  if (bf16_kernel() == Bf16Kernel::Own) {
+    TORCH_INTERNAL_ASSERT(n0 % kBf16Panel == 0 && lda >= B.Kp, "bf16_gemm: n0 on a panel, A as deep as B's panels");
+    for (int64_t c0 = 0; c0 < nw; c0 += kBf16Panel) {
+      own_gemm(M, A, lda, B.panel((n0 + c0) / kBf16Panel), B.Kp, C + c0, ldc, std::min(kBf16Panel, nw - c0), add_C);
+    }
+    return;
+  }
 #if defined(CPUBLAS_BRGEMM_BF16BF16F32)
   TORCH_INTERNAL_ASSERT(n0 % kBf16Panel == 0 && lda >= B.Kp, "bf16_gemm: n0 on a panel, A as deep as B's panels");
   constexpr int64_t kRows = 64;
@@ -83,7 +195,7 @@ void bf16_gemm(int64_t M, const at::BFloat16* A, int64_t lda, const Bf16Panels& 
 
 void bf16_release() {
 #if defined(CPUBLAS_BRGEMM_BF16BF16F32)
-  at::native::cpublas::brgemm_release(true);
+  if (bf16_kernel() == Bf16Kernel::OneDnn) at::native::cpublas::brgemm_release(true);
 #endif
 }
 

@@ -17,10 +17,14 @@ namespace cpu {
 
 constexpr int64_t kBf16Panel = 64;
 
-// Whether this torch and CPU pack bfloat16 for oneDNN's micro-kernel (CPUBLAS_BRGEMM_BF16BF16F32
-// and cpublas::could_pack(kBFloat16): AMX or AVX512_BF16). CUDNN_RNN_CPU_BF16=float32 (read
-// once) turns it off: bfloat16 calls then compute in float32 throughout.
+// Whether bfloat16 calls multiply in bfloat16: oneDNN's micro-kernel where this torch packs
+// bfloat16 for it (CPUBLAS_BRGEMM_BF16BF16F32 and cpublas::could_pack(kBFloat16): AMX), else
+// this file's own AVX512_BF16 kernel (vdpbf16ps tiles of 6 rows x 64 columns: AMD Zen 4 and 5,
+// Intel Cooper Lake; where the cell loops run AVX-512). CUDNN_RNN_CPU_BF16=float32 (read once)
+// turns both off: bfloat16 calls then compute in float32 throughout.
 bool bf16_gemm_available();
+// Which: "onednn", "avx512_bf16" or "none".
+const char* bf16_gemm_kernel();
 
 // The depth the micro-kernel multiplies for a product of depth K: even (VNNI pairs rows of B).
 // Operand A needs that many columns, the last one zero where K is odd.
