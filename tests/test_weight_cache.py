@@ -1,0 +1,122 @@
+"""The CPU weight cache (csrc/cpu/weight_cache.h): packed kernels are kept across calls while the
+weight tensors are unchanged, and every way of changing a weight in place that PyTorch tracks
+(an optimizer step, load_state_dict, copy_ under no_grad) makes the next call pack again. The
+oracle is torch.nn with the same weights after each change."""
+import copy
+
+import pytest
+import torch
+
+import cudnn_rnn
+from cudnn_rnn import _C
+
+pytestmark = pytest.mark.skipif(not _C._testing.cpu_packed_gemm(),
+                                reason="the packed engine (the one that caches) needs AVX2 + FMA")
+
+
+@pytest.fixture(autouse=True)
+def packed_engine():
+    _C._testing.override_cpu_gemm_engine("packed")
+    yield
+    _C._testing.override_cpu_gemm_engine("")
+
+
+def _packs():
+    return _C._testing.weight_cache_packs()
+
+
+LAYERS = {
+    "lstm": lambda: cudnn_rnn.LSTM(24, 40, return_sequences=True),
+    "gru": lambda: cudnn_rnn.GRU(24, 40, return_sequences=True),
+    "simple_rnn": lambda: cudnn_rnn.SimpleRNN(24, 40, return_sequences=True),
+}
+
+
+@pytest.mark.parametrize("cell", list(LAYERS))
+def test_inference_packs_once(cell):
+    torch.manual_seed(0)
+    layer = LAYERS[cell]().eval()
+    x = torch.randn(3, 5, 24)
+    with torch.no_grad():
+        first = layer(x)
+        before = _packs()
+        for _ in range(3):
+            assert torch.equal(layer(x), first)
+        assert _packs() == before, "an unchanged layer packed its weights again"
+        # one step at a time (streaming) reads the same packed kernels
+        step = layer(x[:, :1])
+        assert _packs() == before
+    torch.testing.assert_close(step, first[:, :1])
+
+
+@pytest.mark.parametrize("cell", list(LAYERS))
+def test_optimizer_steps_invalidate(cell):
+    """Training with SGD: after every step our outputs equal torch.nn's with the updated weights."""
+    torch.manual_seed(1)
+    layer = LAYERS[cell]()
+    opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+    x = torch.randn(4, 6, 24)
+    for _ in range(4):
+        before = _packs()
+        layer.eval()
+        with torch.no_grad():
+            got = layer(x)
+            want = layer.to_torch()(x)[0]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        layer.train()
+        opt.zero_grad()
+        layer(x).pow(2).sum().backward()
+        opt.step()
+        assert _packs() > before
+
+
+@pytest.mark.parametrize("how", ["copy_", "load_state_dict", "mul_", "data_then_empty_cache"])
+def test_in_place_writes_invalidate(how):
+    torch.manual_seed(2)
+    layer = cudnn_rnn.LSTM(16, 32, return_sequences=True).eval()
+    other = cudnn_rnn.LSTM(16, 32, return_sequences=True).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        layer(x)  # cached
+        if how == "copy_":
+            for p, q in zip(layer.parameters(), other.parameters()):
+                p.copy_(q)
+        elif how == "load_state_dict":
+            layer.load_state_dict(other.state_dict())
+        elif how == "mul_":
+            for p, q in zip(layer.parameters(), other.parameters()):
+                p.mul_(0).add_(q)
+        else:  # a write the version counter does not see, then the documented remedy
+            for p, q in zip(layer.parameters(), other.parameters()):
+                p.data.copy_(q.data)
+            cudnn_rnn.empty_cpu_cache()
+        torch.testing.assert_close(layer(x), other(x), atol=0, rtol=0)
+
+
+def test_temporary_weights_do_not_collide():
+    """Weights made fresh for every call (a new tensor may reuse a freed one's address) are
+    never mistaken for each other."""
+    torch.manual_seed(3)
+    x = torch.randn(2, 4, 8)
+    for i in range(20):
+        layer = cudnn_rnn.LSTM(8, 16, return_sequences=True).eval()
+        with torch.no_grad():
+            got = layer(x)
+            want = layer.to_torch()(x)[0]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        del layer
+    assert _C._testing.weight_cache_entries() <= 64
+
+
+def test_inference_mode_and_deepcopy():
+    torch.manual_seed(4)
+    layer = cudnn_rnn.GRU(8, 16, return_sequences=True).eval()
+    x = torch.randn(2, 4, 8)
+    with torch.inference_mode():
+        a = layer(x)
+    twin = copy.deepcopy(layer)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.add_(0.1)
+        torch.testing.assert_close(layer(x), a, atol=0, rtol=0)
+        torch.testing.assert_close(twin(x), twin.to_torch()(x)[0], atol=1e-5, rtol=1e-5)
