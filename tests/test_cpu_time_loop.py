@@ -228,6 +228,50 @@ def test_float32_unmasked_loop_matches_float64(cell, kwargs, bidirectional, thre
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.fixture
+def split(request):
+    _C._testing.override_cpu_split(request.param)
+    yield request.param
+    _C._testing.override_cpu_split("")
+
+
+@pytest.mark.parametrize("split", ["units", "rows"], indirect=True)
+@pytest.mark.parametrize("engine", [e for e in _engine_builds() if e.startswith("packed")], indirect=True)
+@pytest.mark.parametrize("cell,kwargs", [
+    ("lstm", {}),
+    ("lstm", {"go_backwards": True, "zero_output_for_mask": True}),
+    ("gru", {}),
+    ("gru", {"use_bias": False, "go_backwards": True}),
+    ("simple_rnn", {"activation": "relu"}),
+])
+@pytest.mark.parametrize("batch,masked,bidirectional", [(64, True, False), (7, True, True), (33, False, False),
+                                                         (2, True, False)])
+def test_both_splits_match_float64(cell, kwargs, batch, masked, bidirectional, split, engine, threads):
+    """The two ways the time loop splits across threads (csrc/cpu/time_loop.h: unit blocks with a
+    barrier a step, or row groups that run every step on their own), each forced, float32 on the
+    packed kernel held to the float64 run: outputs, states, input and weight gradients (the bias
+    sums of each row group added), masked (rows of different lengths per group) and not, both
+    directions, groups of uneven size (7 and 33 rows on 4 threads)."""
+    layer = _layer(cell, bidirectional, **kwargs)
+    layer32 = copy.deepcopy(layer).float()
+    x = torch.randn(batch, T, I, dtype=torch.float64)
+    mask = _random_mask(5, batch) if masked else None
+    threads(4)
+    out64, grads64 = _run(layer, x, mask)
+    out32, grads32 = _run(layer32, x.float(), mask)
+    for a, b in zip(out32 + list(grads32), out64 + list(grads64)):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
+def test_split_choice_follows_the_kernel_size(threads):
+    """Rows apart where the recurrent kernel fits a quarter of L2 or, from 4 rows a thread, 8 L2;
+    else unit blocks; one thread or one row: unit blocks (csrc/cpu/rnn_cpu.cpp: choose_split)."""
+    split = _C._testing.cpu_split
+    assert split(64, 64, 4, 2) == "rows" and split(2, 64, 4, 2) == "rows"
+    assert split(1, 64, 4, 2) == "units" and split(64, 64, 4, 1) == "units"
+    assert split(8, 4096, 4, 2) == "units"  # a 256 MiB kernel on every thread
+
+
 @needs_avx512
 @pytest.mark.parametrize("engine", ["packed-avx512"], indirect=True)
 @pytest.mark.parametrize("cell,kwargs", [("lstm", {}), ("gru", {"go_backwards": True})])

@@ -141,6 +141,11 @@ void register_testing(pybind11::module_& m) {
         "rnn_forward (same arguments) through the generic CUDA kernels' element functions, run on the CPU");
   m.def("emulated_generic_backward", &PyOp<&Emulated::backward>::call,
         "rnn_backward (same arguments) through the generic CUDA kernels' element functions, run on the CPU");
+  m.def("override_cpu_split", &cpu::override_split,
+        "run the CPU time loops split by 'units' or 'rows' from now on ('' for the choice again)");
+  m.def("cpu_split", [](int64_t batch, int64_t units, int64_t gates, int64_t threads) {
+        return std::string(cpu::split_name(cpu::choose_split(batch, units, gates, threads, true)));
+      }, "the split the CPU time loop would choose for a shape (where its plan can run rows apart)");
   m.def("cpu_unit_blocks", [](int64_t batch, int64_t units, int64_t gates) {
     return cpu::UnitBlocks(batch, units, gates).start;
   }, "bounds of the unit blocks the CPU time loop gives its threads");

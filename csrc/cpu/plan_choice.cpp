@@ -19,6 +19,13 @@ bool plan_projects_input(const RnnConfig& cfg, const driver::DirectionArgs& a) {
 }
 
 template <typename T>
+bool plan_rows_apart(const RnnConfig& cfg, bool backward) {
+  const int64_t u = cfg.units, G = cfg.gates();
+  return std::is_same_v<T, float> && !bf16_plan<T>(cfg) &&
+         float_gemm_engine(backward ? G * u : u, backward ? u : G * u) == GemmEngine::Packed;
+}
+
+template <typename T>
 std::unique_ptr<ForwardPlan<T>> forward_plan(const PlanArgs& p) {
   if constexpr (std::is_same_v<T, float>) {
     if (bf16_plan<T>(p.cfg)) return bf16_forward_plan(p, plan_projects_input<T>(p.cfg, p.a));
@@ -58,6 +65,7 @@ bool row_gemm(const RnnConfig& cfg, const at::Tensor& in2, const at::Tensor& row
 
 #define CUDNN_RNN_PLANS(T)                                                                                       \
   template bool bf16_plan<T>(const RnnConfig&);                                                                  \
+  template bool plan_rows_apart<T>(const RnnConfig&, bool);                                                     \
   template bool plan_projects_input<T>(const RnnConfig&, const driver::DirectionArgs&);                         \
   template std::unique_ptr<ForwardPlan<T>> forward_plan<T>(const PlanArgs&);                                    \
   template std::unique_ptr<BackwardPlan<T>> backward_plan<T>(const PlanArgs&, const BackwardPlanArgs<T>&);      \

@@ -44,6 +44,8 @@ class PackedForward final : public ForwardPlan<float> {
     }
   }
 
+  bool rows_apart() const override { return true; }
+
  private:
   int64_t G_, u_, B_;
   const UnitBlocks& blocks_;
@@ -76,6 +78,13 @@ class PackedBackward final : public BackwardPlan<float> {
     const int64_t* rows = act.list(B_);
     const int64_t from_j0 = j0 / kPanel * packed_size(K, kPanel);  // the panel of unit j0
     packed_gemm(act.n, w, K, D_, {rows, ld_}, panels_.data_ptr<float>() + from_j0, nullptr, true, dh + j0, {rows, u_});
+  }
+
+  bool add_grad_rows(const ActiveRows& act, const float* D, int64_t ld, float* dh) override {
+    TORCH_INTERNAL_ASSERT(blocks_.n == 1, "add_grad_rows: a plan of one unit block");
+    packed_gemm(act.n, u_, G_ * u_, D, {act.rows.data(), ld}, panels_.data_ptr<float>(), nullptr, true, dh,
+                {act.rows.data(), u_});
+    return true;
   }
 
  private:

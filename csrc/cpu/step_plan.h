@@ -51,6 +51,9 @@ class ForwardPlan {
   // After block k's cell update (step.h_next holds its units).
   virtual void end_block(int64_t k, const ForwardStep<T>& step) {}
   virtual void end_task() {}
+  // Whether product() may run for disjoint row sets on several threads at once (it keeps no
+  // per-step state, reads the rows in place): the row split (time_loop.h) needs it.
+  virtual bool rows_apart() const { return false; }
 };
 
 // The backward loop's recurrent products: dh[:, block k] += D · R[block k's units, :]^T, where
@@ -67,6 +70,10 @@ class BackwardPlan {
   // Block k's units of step s's gate gradients are final (the bfloat16 plan converts them).
   virtual void end_block(int64_t k, int64_t s, const BackwardStep<T>& step) {}
   virtual void end_task() {}
+  // The row split's product (a plan built on one unit block): dh[act rows] += D[act rows] · R^T,
+  // D's rows ld apart, with no state kept between calls, so threads may run it on disjoint rows
+  // at once. False (and nothing done) where the plan cannot.
+  virtual bool add_grad_rows(const ActiveRows& act, const T* D, int64_t ld, T* dh) { return false; }
 };
 
 // What the backward loop is given besides the plan args: its step (a plan may point step.dxw at
@@ -144,6 +151,11 @@ std::unique_ptr<BackwardPlan<float>> bf16_backward_plan(const PlanArgs& p, const
 // bf16_gemm_available().
 template <typename T>
 bool bf16_plan(const RnnConfig& cfg);
+
+// Whether the plan of a call runs rows apart (ForwardPlan::rows_apart, BackwardPlan::add_grad_rows):
+// the packed float32 plan.
+template <typename T>
+bool plan_rows_apart(const RnnConfig& cfg, bool backward);
 
 // out2[r] = (accumulate ? out2[r] : bias, or 0) + in2[r] · op(W) for the rows listed in `rows`
 // (every row without), on the engine the call's plans use: the input projection and the input

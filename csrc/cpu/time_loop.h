@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace cudnn_rnn {
@@ -27,6 +28,8 @@ struct UnitBlocks {
   std::vector<int64_t> start;  // n + 1 bounds
 
   UnitBlocks(int64_t batch, int64_t units, int64_t gates);
+  // One block of every unit (the row split's).
+  explicit UnitBlocks(int64_t units) : n(1), start{0, units} {}
   int64_t width(int64_t k) const { return start[k + 1] - start[k]; }
 };
 
@@ -37,9 +40,11 @@ struct ActiveRows {
   int64_t n = 0;
 
   explicit ActiveRows(int64_t batch) : rows(batch) {}
-  void collect(const bool* mask, int64_t batch, int64_t time, int64_t t) {
+  void collect(const bool* mask, int64_t batch, int64_t time, int64_t t) { collect(mask, 0, batch, time, t); }
+  // The active rows among [b0, b1).
+  void collect(const bool* mask, int64_t b0, int64_t b1, int64_t time, int64_t t) {
     n = 0;
-    for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
       if (mask == nullptr || mask[b * time + t]) rows[n++] = b;
     }
   }
@@ -51,6 +56,20 @@ struct ActiveRows {
     for (int64_t i = 0; i < n; ++i) std::copy(src + rows[i] * ld, src + rows[i] * ld + width, dst + i * width);
   }
 };
+
+// How a direction's time loop splits across threads:
+//   units  each step's unit blocks across the threads (UnitBlocks), one fork-join a step: the
+//          recurrent kernel is read once a step between the threads
+//   rows   the batch rows in groups, one per thread, each group running every step on its own
+//          (no barrier between steps): every thread reads the whole recurrent kernel
+// CUDNN_RNN_CPU_SPLIT=units|rows|auto (read once) forces one; auto is choose_split's.
+enum class Split { Units, Rows };
+// The split of a direction with `batch` rows and `units` units of `gates` gates on `threads`
+// threads, where the plan can run rows apart (plan_rows); Units where it cannot.
+Split choose_split(int64_t batch, int64_t units, int64_t gates, int64_t threads, bool plan_rows);
+const char* split_name(Split s);
+// Tests only: "units", "rows", or "" for the choice again.
+void override_split(const std::string& name);
 
 // Runs each step's unit blocks (body(k0, k1): blocks [k0, k1)) across threads, one fork-join a
 // step, unless the threads fall out of step. When one task ends far behind the others twice
