@@ -11,6 +11,7 @@ from .explain import Explanation, explain
 from .keras import ConversionError, load_keras, save_keras
 from .conv_lstm import ConvLSTM1D, ConvLSTM2D, ConvLSTM3D
 from .layers import GRU, LSTM, Bidirectional, SimpleRNN, from_torch, to_torch
+from .quantization import Int8Linear, int8_available, quantize_dynamic
 
 __version__ = "0.1.0"
 
@@ -73,5 +74,5 @@ def build_info() -> dict:
     return info
 
 
-__all__ = ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D", "explain", "Explanation", "from_torch", "to_torch",
+__all__ = ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "quantize_dynamic", "Int8Linear", "int8_available", "ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D", "explain", "Explanation", "from_torch", "to_torch",
            "build_info", "set_cudnn_algorithm", "cudnn_algorithm", "cudnn_fallback_count", "empty_cpu_cache", "ops", "load_keras", "save_keras", "ConversionError"]

@@ -89,6 +89,8 @@ class _RNNBase(nn.Module):
     """Shared machinery of the three Keras recurrent layers (one stack of num_layers)."""
 
     cell: str = ""
+    # Set by cudnn_rnn.quantize_dynamic: inference through the int8 op (cudnn_rnn/quantization.py).
+    quantized: bool = False
 
     def __init__(self, input_size, units, *, activation, recurrent_activation, use_bias, kernel_initializer,
                  recurrent_initializer, bias_initializer, dropout, recurrent_dropout, seed, return_sequences,
@@ -329,9 +331,27 @@ class _RNNBase(nn.Module):
         mask = self._check_mask(mask, x)
         training = self.training if training is None else training
         h0, c0 = self._initial_states(initial_state, x, 1)
+        if self.quantized:
+            return self._run_int8(x, mask, h0, c0, training)
         dropout_masks, recurrent_masks = self.dropout_masks(x, training)
         weights = [w for layer in range(self.num_layers) for w in self.layer_weights(layer)]
         y, h_n, c_n, _ = rnn_forward(x, weights, mask, h0, c0, dropout_masks, recurrent_masks, self.op_spec())
+        if self.stateful:
+            self._states = [h_n.detach()] + ([c_n.detach()] if self.cell == "lstm" else [])
+        return y, h_n, c_n
+
+    def _run_int8(self, x: Tensor, mask, h0, c0, training: bool):
+        """run() of a layer cudnn_rnn.quantize_dynamic marked: inference on the int8 op."""
+        if training:
+            raise RuntimeError(f"{type(self).__name__}: a layer quantized by cudnn_rnn.quantize_dynamic runs inference "
+                               "only; call model.eval() (or pass training=False)")
+        if x.device.type != "cpu" or x.dtype != torch.float32:
+            raise ValueError(f"{type(self).__name__}: a quantized layer takes float32 CPU tensors; got x as {x.dtype} "
+                             f"on {x.device}")
+        weights = [w for layer in range(self.num_layers) for w in self.layer_weights(layer)]
+        spec = self.op_spec()
+        with torch.no_grad():  # the int8 op has no gradient
+            y, h_n, c_n = torch.ops.cudnn_rnn.rnn_forward_int8(x, weights, mask, h0, c0, *spec.args())
         if self.stateful:
             self._states = [h_n.detach()] + ([c_n.detach()] if self.cell == "lstm" else [])
         return y, h_n, c_n
@@ -477,7 +497,7 @@ class Bidirectional(nn.Module):
         f, b = self.forward_layer, self.backward_layer
         x, initial_state = autocast_input(x, f.kernel), autocast_input(initial_state, f.kernel)
         training = self.training if training is None else training
-        if self.fused:
+        if self.fused and not (f.quantized or b.quantized):  # quantized sides run one by one
             y_f, y_b, states_f, states_b = self._run_fused(x, mask, initial_state, training)
         else:
             if initial_state is not None:

@@ -76,8 +76,8 @@ def _spec(options: tuple) -> RnnSpec:
     return RnnSpec(*options[:_N_OPTIONS])
 
 
-@torch.library.register_fake("cudnn_rnn::rnn_forward")
-def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, *options):
+def _outputs_fake(x, weights, options):
+    """y, h_n, c_n of a forward call (rnn_forward, rnn_forward_int8) without data."""
     spec = _spec(options)
     torch._check(x.dim() == 3, lambda: f"x must have shape (batch, time, features); got {tuple(x.shape)}")
     torch._check(spec.cell in GATES, lambda: f"cell must be one of {sorted(GATES)}; got '{spec.cell}'")
@@ -92,6 +92,12 @@ def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout
     y = x.new_empty((batch, time, spec.directions * units))
     h_n = x.new_empty((stacks, batch, units))
     c_n = x.new_empty((stacks, batch, units)) if spec.cell == "lstm" else x.new_empty((0,))
+    return y, h_n, c_n
+
+
+@torch.library.register_fake("cudnn_rnn::rnn_forward")
+def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout_masks, *options):
+    y, h_n, c_n = _outputs_fake(x, weights, options)
     # The reserve's size depends on the backend (CPU saved activations, cuDNN's reserve space): an
     # unbacked size where a shape environment can make one (torch.compile); the Meta kernel and a
     # plain FakeTensorMode (shape propagation, load_keras's check of huge declared shapes) get an
@@ -105,6 +111,17 @@ def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout
 # Meta kernels (shapes without data or a fake mode; load_keras's trial-run size check) are the
 # fake impls.
 torch.library.register_kernel("cudnn_rnn::rnn_forward", "Meta", _rnn_forward_fake)
+
+
+@torch.library.register_fake("cudnn_rnn::rnn_forward_int8")
+def _rnn_forward_int8_fake(x, weights, mask, h0, c0, *options):
+    return _outputs_fake(x, weights, options)
+
+
+@torch.library.register_fake("cudnn_rnn::linear_int8")
+def _linear_int8_fake(x, kernel, bias):
+    torch._check(x.shape[-1] == kernel.shape[0], lambda: f"x [..., {kernel.shape[0]}]; got {tuple(x.shape)}")
+    return x.new_empty((*x.shape[:-1], kernel.shape[1]))
 
 
 @torch.library.register_fake("cudnn_rnn::rnn_backward")

@@ -14,6 +14,7 @@
 #include "cpu/bf16_gemm.h"
 #include "cpu/buffer_pool.h"
 #include "cpu/fma_peak.h"
+#include "cpu/int8_gemm.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/packed_gemm.h"
 #include "cpu/vec_loops.h"
@@ -107,6 +108,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("repeats") = 5,
         "GFLOP/s of independent multiply-adds on all of torch's threads at once, in the widest vectors the CPU "
         "runs ('float32': FMA; 'bfloat16': AVX512_BF16 dot products, 0 without): the benchmarks' peak");
+  m.def("cpu_int8_gemms", &cr::cpu::int8_gemm_available,
+        "whether layers quantized by cudnn_rnn.quantize_dynamic multiply in int8 on this CPU (AVX512_VNNI); "
+        "otherwise they compute in float32");
   m.def("cpu_bf16_gemm_kernel", &cr::cpu::bf16_gemm_kernel,
         "what multiplies bfloat16 calls' GEMMs on the CPU: 'onednn' (oneDNN's micro-kernel, AMX), 'avx512_bf16' "
         "(the extension's AVX512_BF16 kernel) or 'none' (float32)");

@@ -18,6 +18,11 @@
 // rnn_backward reads: uint8 bytes whose size and layout belong to the backend that ran (the CPU's
 // saved activations, cuDNN's reserve space), so the fake kernel gives it a data-dependent size.
 //
+// rnn_forward_int8 is rnn_forward's inference with dynamic int8 quantization (CPU only, no
+// dropout, no autograd): the float32 weights are quantized per output column by the kernel (and
+// kept while unchanged), each GEMM's input per row as it is computed; y, h_n, c_n as rnn_forward.
+// linear_int8(x [..., K], kernel [K, N], bias [N]) is the same for a Dense layer.
+//
 // conv_lstm_forward runs one ConvLSTM layer (Keras ConvLSTM1D/2D/3D), channels last:
 //   x        [B, T, *S, C]  (S: 1 to 3 spatial sizes)
 //   kernel   [4F, C, *k]  recurrent_kernel [4F, F, *k]  bias [4F] or None  (gates i, f, c, o)
@@ -43,6 +48,11 @@ TORCH_LIBRARY(cudnn_rnn, m) {
       "str recurrent_activation, bool use_bias, bool reset_after, int num_layers, bool bidirectional, "
       "bool go_backwards, bool zero_output_for_mask) "
       "-> (Tensor grad_x, Tensor[] grad_weights, Tensor grad_h0, Tensor grad_c0)");
+  m.def(
+      "rnn_forward_int8(Tensor x, Tensor[] weights, Tensor? mask, Tensor? h0, Tensor? c0, str cell, "
+      "str activation, str recurrent_activation, bool use_bias, bool reset_after, int num_layers, "
+      "bool bidirectional, bool go_backwards, bool zero_output_for_mask) -> (Tensor y, Tensor h_n, Tensor c_n)");
+  m.def("linear_int8(Tensor x, Tensor kernel, Tensor? bias) -> Tensor");
   m.def(
       "conv_lstm_forward(Tensor x, Tensor kernel, Tensor recurrent_kernel, Tensor? bias, Tensor? mask, Tensor? h0, "
       "Tensor? c0, Tensor? dropout_mask, Tensor? recurrent_dropout_mask, int[] stride, int[] pad_before, "

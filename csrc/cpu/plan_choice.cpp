@@ -3,6 +3,7 @@
 // BLAS. The one place the CPU backend chooses an engine.
 #include "cpu/bf16_gemm.h"
 #include "cpu/gemm_engine.h"
+#include "cpu/int8_gemm.h"
 #include "cpu/step_plan.h"
 
 namespace cudnn_rnn {
@@ -14,6 +15,11 @@ bool bf16_plan(const RnnConfig& cfg) {
 }
 
 template <typename T>
+bool int8_plan(const RnnConfig& cfg) {
+  return std::is_same_v<T, float> && cfg.gemm_dtype == at::kQInt8 && int8_gemm_available();
+}
+
+template <typename T>
 bool plan_projects_input(const RnnConfig& cfg, const driver::DirectionArgs& a) {
   return bf16_plan<T>(cfg) && !a.dmask.defined();
 }
@@ -21,6 +27,7 @@ bool plan_projects_input(const RnnConfig& cfg, const driver::DirectionArgs& a) {
 template <typename T>
 bool plan_rows_apart(const RnnConfig& cfg, bool backward) {
   const int64_t u = cfg.units, G = cfg.gates();
+  if (int8_plan<T>(cfg)) return !backward;
   return std::is_same_v<T, float> && !bf16_plan<T>(cfg) &&
          float_gemm_engine(backward ? G * u : u, backward ? u : G * u) == GemmEngine::Packed;
 }
@@ -28,6 +35,7 @@ bool plan_rows_apart(const RnnConfig& cfg, bool backward) {
 template <typename T>
 std::unique_ptr<ForwardPlan<T>> forward_plan(const PlanArgs& p) {
   if constexpr (std::is_same_v<T, float>) {
+    if (int8_plan<T>(p.cfg)) return int8_forward_plan(p);
     if (bf16_plan<T>(p.cfg)) return bf16_forward_plan(p, plan_projects_input<T>(p.cfg, p.a));
     switch (float_gemm_engine(p.cfg.units, p.cfg.gates() * p.cfg.units)) {
       case GemmEngine::Packed: return packed_forward_plan(p);
@@ -55,6 +63,7 @@ template <typename T>
 bool row_gemm(const RnnConfig& cfg, const at::Tensor& in2, const at::Tensor& rows, const at::Tensor& W, bool trans_w,
               const at::Tensor& bias, bool accumulate, const at::Tensor& out2, const at::Tensor& in2_low) {
   if constexpr (std::is_same_v<T, float>) {
+    if (int8_plan<T>(cfg)) return int8_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2);
     if (bf16_plan<T>(cfg)) return bf16_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2, in2_low);
     if (float_gemm_engine(in2.size(1), out2.size(1)) == GemmEngine::Packed) {
       return packed_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2);
@@ -65,6 +74,7 @@ bool row_gemm(const RnnConfig& cfg, const at::Tensor& in2, const at::Tensor& row
 
 #define CUDNN_RNN_PLANS(T)                                                                                       \
   template bool bf16_plan<T>(const RnnConfig&);                                                                  \
+  template bool int8_plan<T>(const RnnConfig&);                                                                  \
   template bool plan_rows_apart<T>(const RnnConfig&, bool);                                                     \
   template bool plan_projects_input<T>(const RnnConfig&, const driver::DirectionArgs&);                         \
   template std::unique_ptr<ForwardPlan<T>> forward_plan<T>(const PlanArgs&);                                    \

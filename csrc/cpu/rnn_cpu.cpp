@@ -567,6 +567,29 @@ struct CpuBackend {
   }
 };
 
+// rnn_forward_int8: rnn_forward's inference on the int8 plan (plan_int8.cpp), float32 in and out.
+struct CpuInt8Backend {
+  static ForwardResult forward(RnnConfig cfg, const ForwardCall& call) {
+    TORCH_CHECK_TYPE(call.in.x.scalar_type() == at::kFloat, "rnn_forward_int8: x must be float32 (a quantized ",
+                     "layer computes in float32 between its int8 products); got ", call.in.x.scalar_type());
+    cfg.keep_saved = false;
+    cfg.gemm_dtype = at::kQInt8;
+    return driver::forward<CpuPolicy>(cfg, call);
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> rnn_forward_int8(const Tensor& x, at::TensorList weights, const OptTensor& mask,
+                                                    const OptTensor& h0, const OptTensor& c0, c10::string_view cell,
+                                                    c10::string_view activation,
+                                                    c10::string_view recurrent_activation, bool use_bias,
+                                                    bool reset_after, int64_t num_layers, bool bidirectional,
+                                                    bool go_backwards, bool zero_output_for_mask) {
+  auto [y, h_n, c_n, reserve] = OpAdapter<Validated<CpuInt8Backend>>::forward(
+      x, weights, mask, h0, c0, {}, {}, cell, activation, recurrent_activation, use_bias, reset_after, num_layers,
+      bidirectional, go_backwards, zero_output_for_mask, /*need_grad=*/false);
+  return {y, h_n, c_n};
+}
+
 }  // namespace
 
 int cpu::StepScheduler::set_blas_threads(int n) {
@@ -625,6 +648,9 @@ void override_split(const std::string& name) {
 }
 }  // namespace cpu
 
-TORCH_LIBRARY_IMPL(cudnn_rnn, CPU, m) { OpAdapter<Validated<CpuBackend>>::register_kernels(m); }
+TORCH_LIBRARY_IMPL(cudnn_rnn, CPU, m) {
+  OpAdapter<Validated<CpuBackend>>::register_kernels(m);
+  m.impl("rnn_forward_int8", &rnn_forward_int8);
+}
 
 }  // namespace cudnn_rnn

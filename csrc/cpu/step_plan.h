@@ -7,7 +7,8 @@
 // Engines (one file each): plan_packed.cpp (the packed-panel kernel of packed_gemm.h, AVX-512 or
 // AVX2), plan_blas.cpp (BLAS; MKL's packed GEMM API where torch exports it; float64 always),
 // plan_brgemm.cpp (oneDNN's float32 micro-kernel through cpublas::brgemm), plan_bf16.cpp
-// (bfloat16 operands, float32 accumulation: bf16_gemm.h). plan_choice.cpp picks one.
+// (bfloat16 operands, float32 accumulation: bf16_gemm.h), plan_int8.cpp (quantized inference:
+// int8 weights, AVX512_VNNI: int8_gemm.h). plan_choice.cpp picks one.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -146,11 +147,16 @@ std::unique_ptr<ForwardPlan<float>> brgemm_forward_plan(const PlanArgs& p);
 std::unique_ptr<BackwardPlan<float>> brgemm_backward_plan(const PlanArgs& p);
 std::unique_ptr<ForwardPlan<float>> bf16_forward_plan(const PlanArgs& p, bool project_input);
 std::unique_ptr<BackwardPlan<float>> bf16_backward_plan(const PlanArgs& p, const BackwardPlanArgs<float>& b);
+std::unique_ptr<ForwardPlan<float>> int8_forward_plan(const PlanArgs& p);
 
 // Whether a call's GEMMs run on the bfloat16 plan: a bfloat16 call (run in float32) where
 // bf16_gemm_available().
 template <typename T>
 bool bf16_plan(const RnnConfig& cfg);
+// Whether a call runs on the int8 plan: a quantized call (rnn_forward_int8: RnnConfig::gemm_dtype
+// kQInt8) where int8_gemm_available(); elsewhere it computes in float32.
+template <typename T>
+bool int8_plan(const RnnConfig& cfg);
 
 // Whether the plan of a call runs rows apart (ForwardPlan::rows_apart, BackwardPlan::add_grad_rows):
 // the packed float32 plan.
@@ -166,6 +172,8 @@ bool row_gemm(const RnnConfig& cfg, const at::Tensor& in2, const at::Tensor& row
               const at::Tensor& bias, bool accumulate, const at::Tensor& out2, const at::Tensor& in2_low);
 bool packed_row_gemm(const at::Tensor& in2, const at::Tensor& rows, const at::Tensor& W, bool trans_w,
                      const at::Tensor& bias, bool accumulate, const at::Tensor& out2);
+bool int8_row_gemm(const at::Tensor& in2, const at::Tensor& rows, const at::Tensor& W, bool trans_w,
+                   const at::Tensor& bias, bool accumulate, const at::Tensor& out2);
 bool bf16_row_gemm(const at::Tensor& in2, const at::Tensor& rows, const at::Tensor& W, bool trans_w,
                    const at::Tensor& bias, bool accumulate, const at::Tensor& out2, const at::Tensor& in2_low);
 

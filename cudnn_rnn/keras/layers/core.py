@@ -16,6 +16,9 @@ from .values import Values, check_shapes
 
 
 class Dense(_Single):
+    # Set by cudnn_rnn.quantize_dynamic: float32 CPU inputs go through the int8 op.
+    quantized = False
+
     def __init__(self, kernel, bias, activation: _Activation):
         super().__init__()
         self.kernel = kernel
@@ -26,6 +29,9 @@ class Dense(_Single):
         return [("", [self.kernel] + ([self.bias] if self.bias is not None else []))]
 
     def apply(self, x):
+        if self.quantized and x.device.type == "cpu" and x.dtype == torch.float32 and self.kernel.dtype == torch.float32:
+            with torch.no_grad():
+                return self.activation(torch.ops.cudnn_rnn.linear_int8(x, self.kernel, self.bias))
         y = torch.matmul(x, self.kernel)
         if self.bias is not None:
             y = y + self.bias

@@ -1,0 +1,225 @@
+#include "cpu/int8_gemm.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "cpu/vec_loops.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
+namespace cudnn_rnn {
+namespace cpu {
+
+bool int8_gemm_available() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool ok = cpu_has_avx512() && __builtin_cpu_supports("avx512vnni") &&
+                         std::string(float_loops().isa) == "avx512";
+  return ok;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+struct Layout {
+  int64_t np, Kq, panel_bytes, scale_at, colsum_at, total;
+  Layout(int64_t K, int64_t N) {
+    np = panel_count(N);
+    Kq = int8_depth(K);
+    panel_bytes = Kq * kPanel;
+    scale_at = (np * panel_bytes + 63) / 64 * 64;
+    colsum_at = scale_at + np * kPanel * 4;
+    total = colsum_at + np * kPanel * 4;
+  }
+};
+
+}  // namespace
+
+at::Tensor pack_int8(const float* src, int64_t sk, int64_t sn, int64_t K, int64_t N) {
+  const Layout l(K, N);
+  at::Tensor out = at::zeros({l.total}, at::kByte);
+  uint8_t* base = out.data_ptr<uint8_t>();
+  int8_t* panels = reinterpret_cast<int8_t*>(base);
+  float* scale = reinterpret_cast<float*>(base + l.scale_at);
+  int32_t* colsum = reinterpret_cast<int32_t*>(base + l.colsum_at);
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      float m = 0;
+      for (int64_t k = 0; k < K; ++k) m = std::max(m, std::fabs(src[k * sk + n * sn]));
+      const float s = m > 0 ? m / 127.0f : 1.0f;
+      scale[n] = s;
+      int8_t* p = panels + (n / kPanel) * l.panel_bytes + (n % kPanel) * 4;
+      int32_t sum = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const float q = std::nearbyint(src[k * sk + n * sn] / s);
+        const int8_t v = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, q)));
+        p[(k / 4) * 64 + k % 4] = v;
+        sum += v;
+      }
+      colsum[n] = sum;
+    }
+  });
+  return out;
+}
+
+Int8Panels int8_view(const at::Tensor& packed, int64_t K, int64_t N) {
+  const Layout l(K, N);
+  TORCH_INTERNAL_ASSERT(packed.numel() == l.total, "int8_view: a pack_int8 tensor of this shape");
+  const uint8_t* base = packed.data_ptr<uint8_t>();
+  return {reinterpret_cast<const int8_t*>(base), reinterpret_cast<const float*>(base + l.scale_at),
+          reinterpret_cast<const int32_t*>(base + l.colsum_at), K, l.Kq, N};
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+namespace {
+// quantize_rows in AVX-512: the same values (vcvtps2dq rounds to nearest even, as nearbyint does
+// under the default rounding mode).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_rows_avx512(
+    const float* x, int64_t ld, const int64_t* rows, int64_t M, int64_t K, int64_t Kq, uint8_t* a, float* scale) {
+  for (int64_t i = 0; i < M; ++i) {
+    const float* r = x + (rows ? rows[i] : i) * ld;
+    __m512 mx = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(r + k)));
+    if (k < K) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1);
+      mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, r + k)));
+    }
+    const float top = _mm512_reduce_max_ps(mx);
+    const float s = top > 0 ? top / 127.0f : 1.0f;
+    scale[i] = s;
+    const __m512 inv = _mm512_set1_ps(1.0f / s);
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127), zero = _mm512_set1_epi32(128);
+    uint8_t* d = a + i * Kq;
+    for (k = 0; k < K; k += 16) {
+      const int64_t n = std::min<int64_t>(16, K - k);
+      const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xffff : (1u << n) - 1);
+      __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, r + k), inv));
+      q = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi), zero);
+      _mm_mask_storeu_epi8(d + k, m, _mm512_cvtepi32_epi8(q));
+    }
+    std::fill(d + K, d + Kq, uint8_t(128));
+  }
+}
+}  // namespace
+#endif
+
+void quantize_rows(const float* x, int64_t ld, const int64_t* rows, int64_t M, int64_t K, int64_t Kq, uint8_t* a,
+                   float* scale) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (int8_gemm_available()) return quantize_rows_avx512(x, ld, rows, M, K, Kq, a, scale);
+#endif
+  for (int64_t i = 0; i < M; ++i) {
+    const float* r = x + (rows ? rows[i] : i) * ld;
+    float m = 0;
+    for (int64_t k = 0; k < K; ++k) m = std::max(m, std::fabs(r[k]));
+    const float s = m > 0 ? m / 127.0f : 1.0f, inv = 1.0f / s;
+    scale[i] = s;
+    uint8_t* d = a + i * Kq;
+    for (int64_t k = 0; k < K; ++k) {
+      const float q = std::nearbyint(r[k] * inv);
+      d[k] = static_cast<uint8_t>(static_cast<int>(std::min(127.0f, std::max(-127.0f, q))) + 128);
+    }
+    std::fill(d + K, d + Kq, uint8_t(128));
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+namespace {
+
+// MR rows x NP panels of 16 columns: NP * MR int32 accumulators, per group of 4 k one panel load
+// per panel and one broadcast per row.
+template <int MR, int NP>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void tile(const uint8_t* a, int64_t lda,
+                                                                         const float* a_scale, const Int8Panels& B,
+                                                                         int64_t q0, int64_t ncols, const float* bias,
+                                                                         bool accumulate, float* C, Rows c,
+                                                                         int64_t i0) {
+  __m512i acc[MR][NP];
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_si512();
+  }
+  const int64_t groups = B.Kq / 4, panel_bytes = B.Kq * kPanel;
+  const int8_t* base = B.panels + q0 * panel_bytes;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i b[NP];
+    for (int p = 0; p < NP; ++p) b[p] = _mm512_loadu_si512(base + p * panel_bytes + g * 64);
+    for (int r = 0; r < MR; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, a + r * lda + 4 * g, sizeof(quad));
+      const __m512i av = _mm512_set1_epi32(quad);
+      for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], av, b[p]);
+    }
+  }
+  for (int p = 0; p < NP; ++p) {
+    const int64_t cols = std::min<int64_t>(kPanel, ncols - p * kPanel);
+    if (cols <= 0) break;
+    const __mmask16 m = static_cast<__mmask16>((1u << cols) - 1);
+    const int64_t col = (q0 + p) * kPanel;
+    const __m512i zero_point = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, B.colsum + col), 7);  // 128 * colsum
+    const __m512 sb = _mm512_maskz_loadu_ps(m, B.scale + col);
+    const __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + p * kPanel) : _mm512_setzero_ps();
+    for (int r = 0; r < MR; ++r) {
+      float* out = C + (c.rows ? c.rows[i0 + r] : i0 + r) * c.ld + p * kPanel;
+      const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][p], zero_point));
+      __m512 v = _mm512_fmadd_ps(sum, _mm512_mul_ps(sb, _mm512_set1_ps(a_scale[r])), bv);
+      if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, out));
+      _mm512_mask_storeu_ps(out, m, v);
+    }
+  }
+}
+
+template <int MR>
+void row_tile(const uint8_t* a, int64_t lda, const float* a_scale, const Int8Panels& B, int64_t q, int64_t n,
+              const float* bias, bool accumulate, float* C, Rows c, int64_t i0) {
+  switch (panel_count(n)) {
+    case 4: tile<MR, 4>(a, lda, a_scale, B, q, n, bias, accumulate, C, c, i0); break;
+    case 3: tile<MR, 3>(a, lda, a_scale, B, q, n, bias, accumulate, C, c, i0); break;
+    case 2: tile<MR, 2>(a, lda, a_scale, B, q, n, bias, accumulate, C, c, i0); break;
+    default: tile<MR, 1>(a, lda, a_scale, B, q, n, bias, accumulate, C, c, i0); break;
+  }
+}
+
+}  // namespace
+
+// Columns outer (groups of 4 panels: Kq x 64 bytes, kept in L2 while every row tile passes), row
+// tiles inner, the M rows in tiles as even as 6-row tiles allow (8 rows: 4 + 4, not 6 + 2).
+void int8_gemm(int64_t M, const uint8_t* a, const float* a_scale, const Int8Panels& B, int64_t n0, int64_t nw,
+               const float* bias, bool accumulate, float* C, Rows c) {
+  TORCH_INTERNAL_ASSERT(n0 % kPanel == 0 && int8_gemm_available(), "int8_gemm: n0 on a panel, a VNNI CPU");
+  if (M <= 0) return;
+  const int64_t lda = B.Kq, tiles = (M + 5) / 6;
+  for (int64_t j = 0; j < nw; j += 4 * kPanel) {
+    const int64_t n = std::min<int64_t>(4 * kPanel, nw - j), q = (n0 + j) / kPanel;
+    const float* bj = bias ? bias + j : nullptr;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t i = M * t / tiles, m = M * (t + 1) / tiles - i;
+      const uint8_t* ai = a + i * lda;
+      switch (m) {
+        case 6: row_tile<6>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i); break;
+        case 5: row_tile<5>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i); break;
+        case 4: row_tile<4>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i); break;
+        case 3: row_tile<3>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i); break;
+        case 2: row_tile<2>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i); break;
+        default: row_tile<1>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i); break;
+      }
+    }
+  }
+}
+#else
+void int8_gemm(int64_t, const uint8_t*, const float*, const Int8Panels&, int64_t, int64_t, const float*, bool, float*,
+               Rows) {
+  TORCH_INTERNAL_ASSERT(false, "int8_gemm: an x86-64 build only");
+}
+#endif
+
+}  // namespace cpu
+}  // namespace cudnn_rnn
