@@ -31,8 +31,8 @@ from typing import Dict, List
 import torch
 
 import cudnn_rnn
-from benchmarks.peak import fma_peak
-from benchmarks.run import _machine
+from .peak import fma_peak
+from .run import _machine
 
 GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
 LAYERS = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU, "simple_rnn": cudnn_rnn.SimpleRNN}

@@ -22,8 +22,9 @@ one), then the median and spread (min-max) of repeated calls (time.perf_counter 
 events around each call on CUDA; under --quick, 1 warm-up and 3 timed calls, 2 for the Keras
 peers). Each time is also expressed as an achieved GEMM FLOP rate (forward: 2 * steps *
 (In + H) * G * H per layer and direction, steps = T*B or the sum of the lengths; forward+backward:
-3x) as a fraction of the machine's GEMM peak, measured in the same run (best of several 2048^3
-torch.mm in the run's dtype, before and after the cases). On CUDA, TF32 is switched off for both sides (full
+3x) as a fraction of the machine's peak, measured in the same run: on the CPU its FMA throughput
+on all threads (benchmarks/peak.py), with the best of several 2048^3 torch.mm in the run's dtype
+(before and after the cases) as a second reference; on CUDA that torch.mm rate. On CUDA, TF32 is switched off for both sides (full
 float32). Ratios are peer time / our time (>1: we are faster). Outputs: a table on stdout, <out>/<device>.json and <out>/<device>.png.
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ import torch
 import cudnn_rnn
 
 from . import peers as peers_mod
+from .peak import fma_peak
 from .workloads import Workload, as_dict, build_ours, gemm_flops, make_inputs, select
 
 MODES = ("forward", "forward+backward")
@@ -336,17 +338,30 @@ def main(argv=None) -> Dict:
         progress.close()
     elapsed = time.perf_counter() - t0
     gemm["end_gflops"] = gemm_rate(args.device, gemm["n"], gemm["reps"], args.dtype)
-    gemm["gflops"] = max(gemm["start_gflops"], gemm["end_gflops"])
+    gemm["mm_gflops"] = max(gemm["start_gflops"], gemm["end_gflops"])
+    # On the CPU the peak is the measured FMA throughput (benchmarks/peak.py; bfloat16's where the
+    # CPU multiplies bfloat16, else float32's, which a bfloat16 call then runs at); torch.mm's rate
+    # is the second reference (MKL runs below the machine's peak on AMD CPUs). On CUDA: torch.mm.
+    if args.device == "cpu":
+        gemm["fma_gflops"] = fma_peak(args.dtype) or fma_peak(torch.float32)
+        gemm["gflops"], gemm["peak"] = gemm["fma_gflops"], "fma"
+    else:
+        gemm["gflops"], gemm["peak"] = gemm["mm_gflops"], "torch.mm"
     for r in rows:
         if r["status"] == "ok":
             r["fraction_of_peak"] = r["gflops"] / gemm["gflops"]
-    print(f"GEMM peak: {gemm['gflops']:.1f} GFLOP/s (best of {gemm['reps']} {gemm['n']}^3 {gemm['dtype']} torch.mm, measured "
-          f"before and after the cases: {gemm['start_gflops']:.1f} and {gemm['end_gflops']:.1f})")
+    mm = (f"best of {gemm['reps']} {gemm['n']}^3 {gemm['dtype']} torch.mm, measured before and after the cases: "
+          f"{gemm['start_gflops']:.1f} and {gemm['end_gflops']:.1f}")
+    if gemm["peak"] == "fma":
+        print(f"peak: {gemm['gflops']:.1f} GFLOP/s (measured FMA throughput, all threads); torch.mm: "
+              f"{gemm['mm_gflops']:.1f} GFLOP/s ({mm})")
+    else:
+        print(f"GEMM peak: {gemm['gflops']:.1f} GFLOP/s ({mm})")
 
     print(format_table(rows))
     print(f"({elapsed:.0f} s; peer/ours > 1 means cudnn_rnn is faster; %peak counts the GEMM FLOPs only)")
     if any(r.get("fraction_of_peak", 0) > 1 for r in rows):
-        print("warning: some results exceed the measured GEMM peak: the machine was probably busy while it was measured")
+        print("warning: some results exceed the measured peak: the machine was probably busy while it was measured")
     report = dict(
         device=args.device, device_name=device_name, threads=args.threads, quick=args.quick, smoke=args.smoke,
         dtype=gemm["dtype"],

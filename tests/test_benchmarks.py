@@ -51,6 +51,9 @@ def test_json_has_one_row_per_case_mode_and_implementation(smoke_run):
 def test_rows_have_positive_times_and_ratios(smoke_run):
     _, report = smoke_run
     assert report["gemm"]["gflops"] > 0
+    # The CPU peak is the FMA throughput, never below what torch.mm achieves (MKL on AMD runs far below it).
+    assert report["gemm"]["peak"] == "fma" and report["gemm"]["gflops"] == report["gemm"]["fma_gflops"]
+    assert report["gemm"]["fma_gflops"] >= 0.8 * report["gemm"]["mm_gflops"]
     ours = {}
     for r in report["rows"]:
         if r["status"] != "ok":
@@ -182,3 +185,18 @@ def test_conv_lstm_benchmark_guard_stops_on_a_wrong_peer(monkeypatch):
     monkeypatch.setattr(conv_lstm, "build", wrong_peer)
     with pytest.raises(AssertionError, match="Keras's ConvLSTM2D disagrees with ours"):
         conv_lstm.main(["--quick", "--batch", "2", "--time", "2", "--size", "6", "--channels", "2", "--filters", "3"])
+
+
+def test_grid_smoke(tmp_path):
+    """benchmarks/grid.py on a tiny grid: every cell type checked against torch.nn before timing,
+    the one-step case against torch.nn.LSTMCell, ratios positive, the machine and peak named."""
+    from benchmarks import grid
+
+    out = tmp_path / "grid.json"
+    result = grid.main(["--cells", "lstm,gru,simple_rnn", "--H", "8,16", "--B", "1,3", "--T", "4", "--reps", "1",
+                        "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert len([r for r in rows if r["cell"] != "lstm_step"]) == 3 * 2 * 2
+    assert all(r["forward_ratio"] > 0 for r in rows)
+    assert {r["H"] for r in rows if r["cell"] == "lstm_step"} == {128, 256, 512}
+    assert result["machine"]["fma_peak_gflops_float32"] > 0 and result["machine"]["cpu"]
