@@ -313,6 +313,8 @@ class _RNNBase(nn.Module):
             if s.dtype != x.dtype or s.device != x.device:
                 raise TypeError(f"initial_state[{i}] must be {x.dtype} on {x.device}; got {s.dtype} on {s.device}")
         n = self.state_count
+        if expected == n:  # one stack: views, no copy (the one-step streaming call)
+            return initial_state[0].unsqueeze(0), initial_state[1].unsqueeze(0) if n == 2 else None
         h0 = torch.stack(list(initial_state[0::n]))
         c0 = torch.stack(list(initial_state[1::n])) if n == 2 else None
         return h0, c0

@@ -34,7 +34,10 @@ class RnnSpec:
 
     def args(self) -> tuple:
         """The options as the op takes them, positionally."""
-        return tuple(getattr(self, name) for name in _FIELD_NAMES)
+        cached = self.__dict__.get("_args")
+        if cached is None:  # (frozen: written past __setattr__, once)
+            cached = self.__dict__["_args"] = tuple(getattr(self, name) for name in _FIELD_NAMES)
+        return cached
 
     @property
     def directions(self) -> int:

@@ -378,3 +378,28 @@ def test_buffer_pool_limit_from_the_environment():
         bad = _run_with_cache_env(value)
         assert bad.returncode != 0
         assert f"CUDNN_RNN_CPU_CACHE_MB must be a non-negative number of MiB; got {value}" in bad.stderr
+
+
+@pytest.mark.parametrize("engine", [e for e in _engine_builds() if e.startswith("packed")], indirect=True)
+@pytest.mark.parametrize("batch,time", [(1, 1), (3, 2), (6, 1)])
+def test_streaming_shapes_match_float64(batch, time, engine, threads):
+    """A streaming call (a few rows, one or two steps, states passed in): the input projection of
+    one row tile splits its columns across threads (K x N >= 2^16 here), the step its units.
+    float32 held to the float64 run, masked and not."""
+    threads(2)
+    torch.manual_seed(7)
+    wide = LAYERS["lstm"](700, 96, return_sequences=True, return_state=True, dtype=torch.float64)
+    with torch.no_grad():
+        for p in wide.parameters():
+            p.uniform_(-0.1, 0.1)
+    wide32 = copy.deepcopy(wide).float()
+    x = torch.randn(batch, time, 700, dtype=torch.float64)
+    h, c = torch.randn(batch, 96, dtype=torch.float64), torch.randn(batch, 96, dtype=torch.float64)
+    mask = torch.ones(batch, time, dtype=torch.bool)
+    mask[0, -1] = False
+    for m in (None, mask):
+        with torch.no_grad():
+            want = wide(x, mask=m, initial_state=[h, c])
+            got = wide32(x.float(), mask=m, initial_state=[h.float(), c.float()])
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)

@@ -128,6 +128,16 @@ bool packed_row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W, boo
   const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
   constexpr int64_t tile = 6;
   const int64_t tiles = (M + tile - 1) / tile;
+  if (tiles == 1 && at::get_num_threads() > 1 && K * N >= (int64_t(1) << 16)) {
+    // One row tile (a streaming step's projection): the columns across threads instead, in groups
+    // of 4 panels.
+    const int64_t groups = (np + 3) / 4;
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+      const int64_t n0 = g0 * 4 * kPanel, n1 = std::min(N, g1 * 4 * kPanel);
+      packed_gemm(M, n1 - n0, K, a, {r, K}, pp + g0 * 4 * panel, b ? b + n0 : nullptr, accumulate, c + n0, {r, N});
+    });
+    return true;
+  }
   at::parallel_for(0, tiles, std::max<int64_t>(1, (int64_t(1) << 18) / (tile * K * N)), [&](int64_t t0, int64_t t1) {
     const int64_t m0 = t0 * tile, m = std::min(M, t1 * tile) - m0;
     if (r) {

@@ -46,7 +46,8 @@ bool enabled() {
 
 bool same_place(const Entry& e, const at::Tensor& w, const char* what) {
   return e.key == w.storage().unsafeGetStorageImpl() && e.offset == w.storage_offset() &&
-         e.sizes == w.sizes().vec() && e.strides == w.strides().vec() && e.dtype == w.scalar_type() && e.what == what;
+         at::IntArrayRef(e.sizes) == w.sizes() && at::IntArrayRef(e.strides) == w.strides() &&
+         e.dtype == w.scalar_type() && e.what == what;
 }
 
 }  // namespace
