@@ -1,5 +1,7 @@
 """Keras-exact recurrent layers (LSTM, GRU, SimpleRNN, Bidirectional, ConvLSTM1D/2D/3D) for PyTorch, run
 in C++."""
+from typing import Optional
+
 import torch  # noqa: F401  (loads libtorch, which _C links against)
 
 from ._compat import load_extension
@@ -44,6 +46,31 @@ def empty_cpu_cache() -> None:
     _C.empty_cpu_cache()
 
 
+def set_cpu_plan(gemm: Optional[str] = None, split: Optional[str] = None) -> None:
+    """Forces how the CPU backend runs its time loops, process-wide (for measurement and
+    reproducibility; each choice is deterministic on its own).
+
+    Args:
+        gemm (str, optional): the float32 GEMM engine: ``"packed"`` (the extension's AVX-512 /
+            AVX2 kernel), ``"brgemm"`` (oneDNN's micro-kernel), ``"blas"`` (MKL), or ``"auto"``
+            (the machine's default, as the environment variable CUDNN_RNN_CPU_GEMM would set it).
+            ``None`` leaves it as it is.
+        split (str, optional): how each step is split across threads: ``"units"`` (unit blocks,
+            a barrier a step), ``"rows"`` (batch-row groups, no barrier; needs the packed or int8
+            engine) or ``"auto"`` (the cost model: rows where the recurrent kernel fits a quarter
+            of L2, or from 4 rows a thread up to 8 L2). ``None`` leaves it as it is.
+
+    Example::
+
+        >>> cudnn_rnn.set_cpu_plan(split="units")
+        >>> cudnn_rnn.set_cpu_plan(gemm="auto", split="auto")  # back to the defaults
+    """
+    for name, value in (("gemm", gemm), ("split", split)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{name} must be a str or None; got {type(value).__name__}")
+    _C.set_cpu_plan(gemm or "", split or "")
+
+
 def build_info() -> dict:
     """What the native extension was built with and what it runs here, in words: the torch it was
     built against (and the running one), CUDA / cuDNN versions (or 'no'), the CUDA architectures,
@@ -74,5 +101,5 @@ def build_info() -> dict:
     return info
 
 
-__all__ = ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "quantize_dynamic", "Int8Linear", "int8_available", "ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D", "explain", "Explanation", "from_torch", "to_torch",
+__all__ = ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "quantize_dynamic", "set_cpu_plan", "Int8Linear", "int8_available", "ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D", "explain", "Explanation", "from_torch", "to_torch",
            "build_info", "set_cudnn_algorithm", "cudnn_algorithm", "cudnn_fallback_count", "empty_cpu_cache", "ops", "load_keras", "save_keras", "ConversionError"]

@@ -53,6 +53,33 @@ def _side_choice(layer: _RNNBase, dtype: torch.dtype, training: bool, bidirectio
     return cuda_backend_choice(x, weights, mask, None, None, dropout, recurrent_dropout, *spec.args(), False)
 
 
+def _cpu_plan(layer: _RNNBase, dtype: torch.dtype, training: bool, mask: Optional[torch.Tensor]) -> List[str]:
+    """What the CPU backend's time loop runs for this layer (csrc/cpu/plan_choice.cpp), in words."""
+    from ._C import cpu_bf16_gemm_kernel, cpu_gemm_engine, cpu_int8_gemms, cpu_split
+    from .cells import GATES
+
+    gates, units = GATES[layer.cell], layer.units
+    if layer.quantized and not training and dtype == torch.float32:
+        products = "int8 products (AVX512_VNNI)" if cpu_int8_gemms() else "float32 products (no AVX512_VNNI for int8)"
+        rows_apart = cpu_int8_gemms()
+    elif dtype == torch.bfloat16 and cpu_bf16_gemm_kernel() != "none":
+        products, rows_apart = f"bfloat16 products ({cpu_bf16_gemm_kernel()} kernel)", False
+    elif dtype == torch.float64:
+        products, rows_apart = "float64 products (BLAS)", False
+    else:
+        engine = cpu_gemm_engine(units, gates * units)
+        products, rows_apart = f"float32 products on the {engine} engine", engine == "packed"
+    notes = [products]
+    if layer.cell == "gru" and not layer.reset_after or (training and layer.recurrent_dropout > 0):
+        notes.append("row loops in parallel over the batch (two GEMMs a step, or recurrent dropout)")
+    elif mask is not None and rows_apart:
+        notes.append(f"steps split by {cpu_split(mask.shape[0], units, gates)} on {torch.get_num_threads()} threads")
+    else:
+        notes.append("steps split by units (by batch rows where the packed or int8 engine runs and the batch and "
+                     "kernel size make it pay: cudnn_rnn.set_cpu_plan)" if rows_apart else "steps split by units")
+    return notes
+
+
 def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, training: Optional[bool] = None,
             mask: Optional[torch.Tensor] = None) -> Explanation:
     """Which backend would run `layer` on `device` (default: where its parameters are) and, when
@@ -74,7 +101,7 @@ def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, tra
             raise ValueError(f"mask must be a (batch, time) tensor; got {got}")
         mask = (mask if mask.dtype == torch.bool else mask != 0).to("cpu")
     if device.type != "cuda":
-        return Explanation("cpu", str(device))
+        return Explanation("cpu", str(device), notes=_cpu_plan(sides[0], ref.dtype, training, mask))
     if not torch._C._dispatch_has_kernel_for_dispatch_key("cudnn_rnn::rnn_forward", "CUDA"):
         return Explanation("unavailable", str(device), ["this build has no CUDA kernels (a CPU-only build): a CUDA "
                                                         "tensor raises; rebuild with CUDA (README, Install)"])

@@ -403,3 +403,27 @@ def test_streaming_shapes_match_float64(batch, time, engine, threads):
             got = wide32(x.float(), mask=m, initial_state=[h.float(), c.float()])
         for a, b in zip(got, want):
             torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
+def test_set_cpu_plan_forces_and_restores():
+    cudnn_rnn.set_cpu_plan(split="units")
+    try:
+        assert _C.cpu_split(32, 64, 4) == "units"
+        cudnn_rnn.set_cpu_plan(split="rows", gemm="blas")
+        assert _C.cpu_split(32, 4096, 4) == "rows" and _C.cpu_gemm_engine() == "blas"
+    finally:
+        cudnn_rnn.set_cpu_plan(gemm="auto", split="auto")
+    assert _C.cpu_split(1, 64, 4) == "units"
+    with pytest.raises(ValueError, match="split must be 'units', 'rows' or 'auto'; got 'diagonal'"):
+        cudnn_rnn.set_cpu_plan(split="diagonal")
+    with pytest.raises(ValueError, match="CUDNN_RNN_CPU_GEMM must be 'packed', 'brgemm' or 'blas'; got 'fast'"):
+        cudnn_rnn.set_cpu_plan(gemm="fast")
+    with pytest.raises(TypeError, match="split must be a str or None"):
+        cudnn_rnn.set_cpu_plan(split=2)
+
+
+def test_explain_names_the_cpu_plan():
+    notes = cudnn_rnn.explain(cudnn_rnn.LSTM(8, 64), mask=torch.ones(64, 3)).notes
+    assert notes[0].startswith("float32 products on the ") and notes[0].endswith(" engine")
+    assert cudnn_rnn.explain(cudnn_rnn.GRU(8, 16, reset_after=False)).notes[1].startswith("row loops")
+    assert cudnn_rnn.explain(cudnn_rnn.LSTM(8, 16, dtype=torch.float64)).notes[0] == "float64 products (BLAS)"

@@ -17,6 +17,7 @@
 #include "cpu/int8_gemm.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/packed_gemm.h"
+#include "cpu/time_loop.h"
 #include "cpu/vec_loops.h"
 #include "cpu/weight_cache.h"
 #include "cudnn_host/backend_choice.h"
@@ -108,6 +109,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("repeats") = 5,
         "GFLOP/s of independent multiply-adds on all of torch's threads at once, in the widest vectors the CPU "
         "runs ('float32': FMA; 'bfloat16': AVX512_BF16 dot products, 0 without): the benchmarks' peak");
+  m.def("set_cpu_plan", [](const std::string& gemm, const std::string& split) {
+        if (!gemm.empty()) cr::cpu::override_gemm_engine(gemm == "auto" ? std::string() : gemm);
+        if (!split.empty()) cr::cpu::override_split(split == "auto" ? std::string() : split);
+      }, pybind11::arg("gemm") = "", pybind11::arg("split") = "",
+      "force the CPU time loops' float32 GEMM engine ('packed', 'brgemm', 'blas', 'auto') and thread split "
+      "('units', 'rows', 'auto'); '' leaves one as it is");
+  m.def("cpu_split", [](int64_t batch, int64_t units, int64_t gates) {
+        return std::string(cr::cpu::split_name(cr::cpu::choose_split(batch, units, gates, at::get_num_threads(), true)));
+      }, "how the CPU time loop splits a direction of this shape across torch's threads where its plan runs rows "
+         "apart: 'units' or 'rows'");
   m.def("cpu_int8_gemms", &cr::cpu::int8_gemm_available,
         "whether layers quantized by cudnn_rnn.quantize_dynamic multiply in int8 on this CPU (AVX512_VNNI); "
         "otherwise they compute in float32");
