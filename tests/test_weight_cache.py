@@ -120,3 +120,25 @@ def test_inference_mode_and_deepcopy():
             p.add_(0.1)
         torch.testing.assert_close(layer(x), a, atol=0, rtol=0)
         torch.testing.assert_close(twin(x), twin.to_torch()(x)[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cell", list(LAYERS))
+def test_streaming_one_step_at_a_time_equals_the_sequence(cell):
+    """The README's streaming recipe: T calls of one step, states passed in and out, give the
+    whole sequence's outputs and final states (the weights packed once for all the calls)."""
+    torch.manual_seed(6)
+    layer = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU, "simple_rnn": cudnn_rnn.SimpleRNN}[cell](
+        24, 40, return_sequences=True, return_state=True).eval()
+    x = torch.randn(2, 12, 24)
+    with torch.no_grad():
+        full = layer(x)
+        states = [torch.zeros(2, 40) for _ in full[1:]]
+        before = _packs()
+        steps = []
+        for t in range(12):
+            y, *states = layer(x[:, t:t + 1], initial_state=states)
+            steps.append(y)
+        assert _packs() == before
+    torch.testing.assert_close(torch.cat(steps, 1), full[0], rtol=0, atol=1e-6)
+    for a, b in zip(states, full[1:]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
