@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/cell_math.h"
+#include "core/conv_lstm_call.h"
 
 namespace cudnn_rnn {
 namespace conv {
@@ -71,43 +72,39 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
                                                                     const Tensor& z, const Tensor& hs, const Tensor& cs,
                                                                     const ConvLstmOptions& o, const CellSteps& steps);
 
-// The kernels of one dispatch key: Backend::steps() gives its CellSteps.
+// The kernels of one dispatch key (registered through ConvLstmAdapter, conv_lstm_call.h):
+// Backend::steps() gives its CellSteps.
 template <class Backend>
 struct ConvLstmKernels {
-  static std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward(
-      const Tensor& x, const Tensor& kernel, const Tensor& recurrent_kernel, const OptTensor& bias,
-      const OptTensor& mask, const OptTensor& h0, const OptTensor& c0, const OptTensor& dropout_mask,
-      const OptTensor& recurrent_dropout_mask, at::IntArrayRef stride, at::IntArrayRef pad_before,
-      at::IntArrayRef pad_after, at::IntArrayRef dilation, c10::string_view activation,
-      c10::string_view recurrent_activation, bool go_backwards) {
+  static ConvLstmResult forward(ConvLstmForwardCall&& c) {
     // Under torch.autocast the convolutions inside would come back in float16 (CUDA autocast casts
     // aten::convolution): the op computes in its inputs' dtype.
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    const ConvLstmOptions o = make_options(stride, pad_before, pad_after, dilation, activation, recurrent_activation,
-                                           go_backwards, x.dim() - 3);
-    return conv::forward({x, kernel, recurrent_kernel, bias.value_or(Tensor()), mask.value_or(Tensor()),
-                          dropout_mask.value_or(Tensor()), recurrent_dropout_mask.value_or(Tensor())},
-                         h0, c0, o, Backend::steps());
+    return conv::forward(tensors_of(c.x, c.kernel, c.recurrent_kernel, c.bias, c.mask, c.dropout_mask,
+                                    c.recurrent_dropout_mask),
+                         c.h0, c.c0, options_of(c.args, c.x), Backend::steps());
   }
 
-  static std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(
-      const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x, const Tensor& kernel,
-      const Tensor& recurrent_kernel, const OptTensor& bias, const OptTensor& mask, const OptTensor& dropout_mask,
-      const OptTensor& recurrent_dropout_mask, const Tensor& z, const Tensor& hs, const Tensor& cs,
-      at::IntArrayRef stride, at::IntArrayRef pad_before, at::IntArrayRef pad_after, at::IntArrayRef dilation,
-      c10::string_view activation, c10::string_view recurrent_activation, bool go_backwards) {
+  static ConvLstmResult backward(ConvLstmBackwardCall&& c) {
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    const ConvLstmOptions o = make_options(stride, pad_before, pad_after, dilation, activation, recurrent_activation,
-                                           go_backwards, x.dim() - 3);
-    return conv::backward(grad_y, grad_h_n, grad_c_n,
-                          {x, kernel, recurrent_kernel, bias.value_or(Tensor()), mask.value_or(Tensor()),
-                           dropout_mask.value_or(Tensor()), recurrent_dropout_mask.value_or(Tensor())},
-                          z, hs, cs, o, Backend::steps());
+    return conv::backward(c.grad_y, c.grad_h_n, c.grad_c_n,
+                          tensors_of(c.x, c.kernel, c.recurrent_kernel, c.bias, c.mask, c.dropout_mask,
+                                     c.recurrent_dropout_mask),
+                          c.z, c.hs, c.cs, options_of(c.args, c.x), Backend::steps());
   }
 
-  static void register_kernels(torch::Library& m) {
-    m.impl("conv_lstm_forward", &forward);
-    m.impl("conv_lstm_backward", &backward);
+  static void register_kernels(torch::Library& m) { ConvLstmAdapter<ConvLstmKernels>::register_kernels(m); }
+
+ private:
+  static ConvLstmOptions options_of(const ConvLstmArgs& a, const Tensor& x) {
+    return make_options(a.stride, a.pad_before, a.pad_after, a.dilation, a.activation, a.recurrent_activation,
+                        a.go_backwards, x.dim() - 3);
+  }
+  static ConvLstmTensors tensors_of(const Tensor& x, const Tensor& kernel, const Tensor& recurrent_kernel,
+                                    const OptTensor& bias, const OptTensor& mask, const OptTensor& dropout_mask,
+                                    const OptTensor& recurrent_dropout_mask) {
+    return {x, kernel, recurrent_kernel, bias.value_or(Tensor()), mask.value_or(Tensor()),
+            dropout_mask.value_or(Tensor()), recurrent_dropout_mask.value_or(Tensor())};
   }
 };
 

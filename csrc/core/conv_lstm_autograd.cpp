@@ -5,6 +5,8 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "core/conv_lstm_call.h"
+
 #include <string>
 #include <vector>
 
@@ -16,50 +18,14 @@ using OptTensor = c10::optional<Tensor>;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-using ForwardOut = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
-
-ForwardOut call_forward(const Tensor& x, const Tensor& kernel, const Tensor& recurrent_kernel, const OptTensor& bias,
-                        const OptTensor& mask, const OptTensor& h0, const OptTensor& c0, const OptTensor& dropout_mask,
-                        const OptTensor& recurrent_dropout_mask, at::IntArrayRef stride, at::IntArrayRef pad_before,
-                        at::IntArrayRef pad_after, at::IntArrayRef dilation, c10::string_view activation,
-                        c10::string_view recurrent_activation, bool go_backwards) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("cudnn_rnn::conv_lstm_forward", "")
-                       .typed<ForwardOut(const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
-                                         const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-                                         const OptTensor&, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
-                                         at::IntArrayRef, c10::string_view, c10::string_view, bool)>();
-  return op.call(x, kernel, recurrent_kernel, bias, mask, h0, c0, dropout_mask, recurrent_dropout_mask, stride,
-                 pad_before, pad_after, dilation, activation, recurrent_activation, go_backwards);
-}
-
-ForwardOut call_backward(const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x,
-                         const Tensor& kernel, const Tensor& recurrent_kernel, const OptTensor& bias,
-                         const OptTensor& mask, const OptTensor& dropout_mask, const OptTensor& recurrent_dropout_mask,
-                         const Tensor& z, const Tensor& hs, const Tensor& cs, at::IntArrayRef stride,
-                         at::IntArrayRef pad_before, at::IntArrayRef pad_after, at::IntArrayRef dilation,
-                         c10::string_view activation, c10::string_view recurrent_activation, bool go_backwards) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("cudnn_rnn::conv_lstm_backward", "")
-                       .typed<ForwardOut(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                         const Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-                                         const OptTensor&, const Tensor&, const Tensor&, const Tensor&,
-                                         at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
-                                         c10::string_view, c10::string_view, bool)>();
-  return op.call(grad_y, grad_h_n, grad_c_n, x, kernel, recurrent_kernel, bias, mask, dropout_mask,
-                 recurrent_dropout_mask, z, hs, cs, stride, pad_before, pad_after, dilation, activation,
-                 recurrent_activation, go_backwards);
-}
-
 Tensor value(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 bool wants_grad(const Tensor& t) { return t.defined() && t.requires_grad(); }
 bool wants_grad(const OptTensor& t) { return t.has_value() && wants_grad(*t); }
 
-// The options between forward and backward, and the tensors that take no gradient (the masks).
+// What passes between forward and backward besides the differentiable tensors: the options and
+// the tensors that take no gradient (the masks).
 struct Options {
-  std::vector<int64_t> stride, pad_before, pad_after, dilation;
-  std::string activation, recurrent_activation;
-  bool go_backwards;
+  ConvLstmArgs args;
   OptTensor mask, dropout_mask, recurrent_dropout_mask;
 };
 
@@ -69,10 +35,9 @@ struct ConvLstmBackwardFunction : public torch::autograd::Function<ConvLstmBackw
                                const OptTensor& bias, const Tensor& z, const Tensor& hs, const Tensor& cs,
                                const Options* o) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [a, b, c, d, e, f] = call_backward(grad_y, grad_h_n, grad_c_n, x, kernel, recurrent_kernel, bias, o->mask,
-                                            o->dropout_mask, o->recurrent_dropout_mask, z, hs, cs, o->stride,
-                                            o->pad_before, o->pad_after, o->dilation, o->activation,
-                                            o->recurrent_activation, o->go_backwards);
+    auto [a, b, c, d, e, f] = redispatch_conv_lstm_backward({grad_y, grad_h_n, grad_c_n, x, kernel, recurrent_kernel,
+                                                             bias, o->mask, o->dropout_mask,
+                                                             o->recurrent_dropout_mask, z, hs, cs, o->args});
     return {a, b, c, d, e, f};
   }
 
@@ -89,20 +54,19 @@ struct ConvLstmFunction : public torch::autograd::Function<ConvLstmFunction> {
     Tensor y, h_n, c_n, z, hs, cs;
     {
       at::AutoDispatchBelowADInplaceOrView guard;
-      std::tie(y, h_n, c_n, z, hs, cs) =
-          call_forward(x, kernel, recurrent_kernel, bias, o->mask, h0, c0, o->dropout_mask, o->recurrent_dropout_mask,
-                       o->stride, o->pad_before, o->pad_after, o->dilation, o->activation, o->recurrent_activation,
-                       o->go_backwards);
+      std::tie(y, h_n, c_n, z, hs, cs) = redispatch_conv_lstm_forward(
+          {x, kernel, recurrent_kernel, bias, o->mask, h0, c0, o->dropout_mask, o->recurrent_dropout_mask, o->args});
     }
     ctx->save_for_backward({x, kernel, recurrent_kernel, value(bias), value(o->mask), value(o->dropout_mask),
                             value(o->recurrent_dropout_mask), z, hs, cs});
-    ctx->saved_data["stride"] = o->stride;
-    ctx->saved_data["pad_before"] = o->pad_before;
-    ctx->saved_data["pad_after"] = o->pad_after;
-    ctx->saved_data["dilation"] = o->dilation;
-    ctx->saved_data["activation"] = o->activation;
-    ctx->saved_data["recurrent_activation"] = o->recurrent_activation;
-    ctx->saved_data["go_backwards"] = o->go_backwards;
+    const ConvLstmArgs& a = o->args;
+    ctx->saved_data["stride"] = a.stride;
+    ctx->saved_data["pad_before"] = a.pad_before;
+    ctx->saved_data["pad_after"] = a.pad_after;
+    ctx->saved_data["dilation"] = a.dilation;
+    ctx->saved_data["activation"] = a.activation;
+    ctx->saved_data["recurrent_activation"] = a.recurrent_activation;
+    ctx->saved_data["go_backwards"] = a.go_backwards;
     ctx->saved_data["has_bias"] = bias.has_value();
     ctx->saved_data["has_h0"] = h0.has_value();
     ctx->saved_data["has_c0"] = c0.has_value();
@@ -115,10 +79,11 @@ struct ConvLstmFunction : public torch::autograd::Function<ConvLstmFunction> {
     const variable_list s = ctx->get_saved_variables();
     const Tensor &x = s[0], &hs = s[8];
     auto opt = [](const Tensor& t) { return t.defined() ? OptTensor(t) : c10::nullopt; };
-    Options o{ctx->saved_data["stride"].toIntVector(), ctx->saved_data["pad_before"].toIntVector(),
-              ctx->saved_data["pad_after"].toIntVector(), ctx->saved_data["dilation"].toIntVector(),
-              ctx->saved_data["activation"].toStringRef(), ctx->saved_data["recurrent_activation"].toStringRef(),
-              ctx->saved_data["go_backwards"].toBool(), opt(s[4]), opt(s[5]), opt(s[6])};
+    const ConvLstmArgs args{ctx->saved_data["stride"].toIntVector(), ctx->saved_data["pad_before"].toIntVector(),
+                            ctx->saved_data["pad_after"].toIntVector(), ctx->saved_data["dilation"].toIntVector(),
+                            ctx->saved_data["activation"].toStringRef(),
+                            ctx->saved_data["recurrent_activation"].toStringRef(),
+                            ctx->saved_data["go_backwards"].toBool()};
     const Tensor state = hs[0];
     Tensor grad_y = grads[0];
     if (!grad_y.defined()) {  // symbolic sizes: under torch.compile the batch and time stay dynamic
@@ -128,10 +93,8 @@ struct ConvLstmFunction : public torch::autograd::Function<ConvLstmFunction> {
     }
     const Tensor grad_h_n = grads[1].defined() ? grads[1] : at::zeros_like(state);
     const Tensor grad_c_n = grads[2].defined() ? grads[2] : at::zeros_like(state);
-    auto [gx, gk, grk, gb, gh0, gc0] =
-        call_backward(grad_y, grad_h_n, grad_c_n, x, s[1], s[2], opt(s[3]), o.mask, o.dropout_mask,
-                      o.recurrent_dropout_mask, s[7], hs, s[9], o.stride, o.pad_before, o.pad_after, o.dilation,
-                      o.activation, o.recurrent_activation, o.go_backwards);
+    auto [gx, gk, grk, gb, gh0, gc0] = redispatch_conv_lstm_backward(
+        {grad_y, grad_h_n, grad_c_n, x, s[1], s[2], opt(s[3]), opt(s[4]), opt(s[5]), opt(s[6]), s[7], hs, s[9], args});
     return {gx,
             gk,
             grk,
@@ -142,54 +105,39 @@ struct ConvLstmFunction : public torch::autograd::Function<ConvLstmFunction> {
   }
 };
 
-ForwardOut autograd_forward(const Tensor& x, const Tensor& kernel, const Tensor& recurrent_kernel,
-                            const OptTensor& bias, const OptTensor& mask, const OptTensor& h0, const OptTensor& c0,
-                            const OptTensor& dropout_mask, const OptTensor& recurrent_dropout_mask,
-                            at::IntArrayRef stride, at::IntArrayRef pad_before, at::IntArrayRef pad_after,
-                            at::IntArrayRef dilation, c10::string_view activation,
-                            c10::string_view recurrent_activation, bool go_backwards) {
-  const bool graph = at::GradMode::is_enabled() && (wants_grad(x) || wants_grad(kernel) ||
-                                                    wants_grad(recurrent_kernel) || wants_grad(bias) ||
-                                                    wants_grad(h0) || wants_grad(c0));
-  if (!graph) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return call_forward(x, kernel, recurrent_kernel, bias, mask, h0, c0, dropout_mask, recurrent_dropout_mask, stride,
-                        pad_before, pad_after, dilation, activation, recurrent_activation, go_backwards);
+// The Autograd-key kernels, through the op boundary (conv_lstm_call.h).
+struct AutogradKernels {
+  static ConvLstmResult forward(ConvLstmForwardCall&& c) {
+    const bool graph = at::GradMode::is_enabled() &&
+                       (wants_grad(c.x) || wants_grad(c.kernel) || wants_grad(c.recurrent_kernel) ||
+                        wants_grad(c.bias) || wants_grad(c.h0) || wants_grad(c.c0));
+    if (!graph) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return redispatch_conv_lstm_forward(c);
+    }
+    const Options o{c.args, c.mask, c.dropout_mask, c.recurrent_dropout_mask};
+    variable_list out = ConvLstmFunction::apply(c.x, c.kernel, c.recurrent_kernel, c.bias, c.h0, c.c0, &o);
+    return {out[0], out[1], out[2], out[3], out[4], out[5]};
   }
-  const Options o{stride.vec(), pad_before.vec(), pad_after.vec(), dilation.vec(), std::string(activation),
-                  std::string(recurrent_activation), go_backwards, mask, dropout_mask, recurrent_dropout_mask};
-  variable_list out = ConvLstmFunction::apply(x, kernel, recurrent_kernel, bias, h0, c0, &o);
-  return {out[0], out[1], out[2], out[3], out[4], out[5]};
-}
 
-ForwardOut autograd_backward(const Tensor& grad_y, const Tensor& grad_h_n, const Tensor& grad_c_n, const Tensor& x,
-                             const Tensor& kernel, const Tensor& recurrent_kernel, const OptTensor& bias,
-                             const OptTensor& mask, const OptTensor& dropout_mask,
-                             const OptTensor& recurrent_dropout_mask, const Tensor& z, const Tensor& hs,
-                             const Tensor& cs, at::IntArrayRef stride, at::IntArrayRef pad_before,
-                             at::IntArrayRef pad_after, at::IntArrayRef dilation, c10::string_view activation,
-                             c10::string_view recurrent_activation, bool go_backwards) {
-  const bool graph = at::GradMode::is_enabled() &&
-                     (wants_grad(grad_y) || wants_grad(grad_h_n) || wants_grad(grad_c_n) || wants_grad(x) ||
-                      wants_grad(kernel) || wants_grad(recurrent_kernel) || wants_grad(bias));
-  if (!graph) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return call_backward(grad_y, grad_h_n, grad_c_n, x, kernel, recurrent_kernel, bias, mask, dropout_mask,
-                         recurrent_dropout_mask, z, hs, cs, stride, pad_before, pad_after, dilation, activation,
-                         recurrent_activation, go_backwards);
+  static ConvLstmResult backward(ConvLstmBackwardCall&& c) {
+    const bool graph = at::GradMode::is_enabled() &&
+                       (wants_grad(c.grad_y) || wants_grad(c.grad_h_n) || wants_grad(c.grad_c_n) ||
+                        wants_grad(c.x) || wants_grad(c.kernel) || wants_grad(c.recurrent_kernel) ||
+                        wants_grad(c.bias));
+    if (!graph) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return redispatch_conv_lstm_backward(c);
+    }
+    const Options o{c.args, c.mask, c.dropout_mask, c.recurrent_dropout_mask};
+    variable_list out = ConvLstmBackwardFunction::apply(c.grad_y, c.grad_h_n, c.grad_c_n, c.x, c.kernel,
+                                                        c.recurrent_kernel, c.bias, c.z, c.hs, c.cs, &o);
+    return {out[0], out[1], out[2], out[3], out[4], out[5]};
   }
-  const Options o{stride.vec(), pad_before.vec(), pad_after.vec(), dilation.vec(), std::string(activation),
-                  std::string(recurrent_activation), go_backwards, mask, dropout_mask, recurrent_dropout_mask};
-  variable_list out = ConvLstmBackwardFunction::apply(grad_y, grad_h_n, grad_c_n, x, kernel, recurrent_kernel, bias,
-                                                      z, hs, cs, &o);
-  return {out[0], out[1], out[2], out[3], out[4], out[5]};
-}
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(cudnn_rnn, Autograd, m) {
-  m.impl("conv_lstm_forward", &autograd_forward);
-  m.impl("conv_lstm_backward", &autograd_backward);
-}
+TORCH_LIBRARY_IMPL(cudnn_rnn, Autograd, m) { ConvLstmAdapter<AutogradKernels>::register_kernels(m); }
 
 }  // namespace cudnn_rnn
