@@ -3,9 +3,8 @@
 // (cuda/conv_lstm_kernels.cu) share it.
 //
 // Keras's ConvLSTMCell (keras/src/layers/rnn/conv_lstm.py): with z the input convolution plus the
-// recurrent one, gates i, f, c, o in that order along the channels,
-//   i = ra(z_i), f = ra(z_f), c' = f c + i a(z_c), o = ra(z_o), h' = o a(c')
-// and Keras's masking (backend.rnn): a masked step keeps h and c and outputs the previous output,
+// recurrent one, gates i, f, c, o in that order along the channels, the LSTM update of
+// core/cell_update.h, and Keras's masking (backend.rnn): a masked step keeps h and c and outputs the previous output,
 // which is zero before the row's first real step.
 #pragma once
 
@@ -13,7 +12,7 @@
 
 #include <cstdint>
 
-#include "core/cell_math.h"
+#include "core/cell_update.h"
 
 namespace cudnn_rnn {
 namespace conv {
@@ -33,15 +32,10 @@ C10_HOST_DEVICE inline void cell_forward(Activation act, Activation ract, const 
     return;
   }
   for (int q = 0; q < 4; ++q) z[q * gate_stride] = zin[q * gate_stride] + r[q * gate_stride];
-  const T i = activate(ract, z[0]);
-  const T f = activate(ract, z[gate_stride]);
-  const T g = activate(act, z[2 * gate_stride]);
-  const T o = activate(ract, z[3 * gate_stride]);
-  const T c = f * c_prev + i * g;
-  const T h = o * activate(act, c);
-  *c_new = c;
-  *h_new = h;
-  *out = h;
+  const LstmState<T> next = lstm_update(act, ract, z[0], z[gate_stride], z[2 * gate_stride], z[3 * gate_stride], c_prev);
+  *c_new = next.c;
+  *h_new = next.h;
+  *out = next.h;
 }
 
 // Its backward: dy the output's gradient, dh / dc those of h' and c'. Writes the four gate
@@ -57,17 +51,14 @@ C10_HOST_DEVICE inline void cell_backward(Activation act, Activation ract, const
     *dc_prev = dc;
     return;
   }
-  const T zi = z[0], zf = z[gate_stride], zg = z[2 * gate_stride], zo = z[3 * gate_stride];
-  const T i = activate(ract, zi), f = activate(ract, zf), g = activate(act, zg), o = activate(ract, zo);
-  const T ac = activate(act, c_new);
-  const T dht = dh + dy;
-  const T dct = dc + dht * o * activate_grad(act, c_new, ac);
-  dz[0] = dct * g * activate_grad(ract, zi, i);
-  dz[gate_stride] = dct * c_prev * activate_grad(ract, zf, f);
-  dz[2 * gate_stride] = dct * i * activate_grad(act, zg, g);
-  dz[3 * gate_stride] = dht * ac * activate_grad(ract, zo, o);
+  const LstmGrads<T> d = lstm_update_backward(act, ract, z[0], z[gate_stride], z[2 * gate_stride],
+                                              z[3 * gate_stride], c_prev, c_new, dh + dy, dc);
+  dz[0] = d.dzi;
+  dz[gate_stride] = d.dzf;
+  dz[2 * gate_stride] = d.dzc;
+  dz[3 * gate_stride] = d.dzo;
   *dh_prev = T(0);
-  *dc_prev = dct * f;
+  *dc_prev = d.dc_prev;
 }
 
 }  // namespace conv

@@ -1,5 +1,6 @@
 // The generic CUDA backend's pointwise steps, one (batch row b, unit j) element at a time: the
-// same cell equations as the CPU row loops (cpu/cell_rows.h), with cell_math.h activations.
+// cell updates of core/cell_update.h (which the CPU's rows compute too), with masking and the
+// saved pre-activations around them.
 // C10_HOST_DEVICE so that generic_kernels.cu runs them as CUDA threads and kernel_emulation.cpp
 // runs them on the CPU (in any thread order), where the tests hold them to the CPU backend.
 //
@@ -10,6 +11,7 @@
 
 #include <c10/macros/Macros.h>
 
+#include "core/cell_update.h"
 #include "core/step_args.h"
 
 namespace cudnn_rnn {
@@ -43,26 +45,24 @@ C10_HOST_DEVICE inline void forward_step_element(const ForwardStep<T>& p, int64_
       sv[u + j] = zf;
       sv[2 * u + j] = zc;
       sv[3 * u + j] = zo;
-      const T c = activate(p.ract, zf) * p.c_prev[b * u + j] + activate(p.ract, zi) * activate(p.act, zc);
-      p.c_next[b * u + j] = c;
-      h = activate(p.ract, zo) * activate(p.act, c);
+      const LstmState<T> next = lstm_update(p.act, p.ract, zi, zf, zc, zo, p.c_prev[b * u + j]);
+      p.c_next[b * u + j] = next.c;
+      h = next.h;
       break;
     }
     case CellKind::GRU:
       if (p.reset_after) {
         const T zpre = xw[j] + rec[j], rpre = xw[u + j] + rec[u + j], hh = rec[2 * u + j];
-        const T z = activate(p.ract, zpre), r = activate(p.ract, rpre);
-        const T npre = xw[2 * u + j] + r * hh;
+        const T npre = xw[2 * u + j] + activate(p.ract, rpre) * hh;
         sv[j] = zpre;
         sv[u + j] = rpre;
         sv[2 * u + j] = npre;
         sv[3 * u + j] = hh;
-        h = z * hp + (T(1) - z) * activate(p.act, npre);
+        h = gru_update(p.act, p.ract, zpre, npre, hp);
       } else {  // phase 2; phase 1 (gru_before_gates) saved z, r and r * hd_h
         const T npre = xw[2 * u + j] + p.rec_h[b * u + j];
         sv[2 * u + j] = npre;
-        const T z = activate(p.ract, sv[j]);
-        h = z * hp + (T(1) - z) * activate(p.act, npre);
+        h = gru_update(p.act, p.ract, sv[j], npre, hp);
       }
       break;
     default: {
@@ -110,26 +110,20 @@ C10_HOST_DEVICE inline void backward_step_element(const BackwardStep<T>& p, int6
   const T* sv = p.saved + b * p.saved_width;
   switch (p.cell) {
     case CellKind::LSTM: {
-      const T zi = sv[j], zf = sv[u + j], zc = sv[2 * u + j], zo = sv[3 * u + j];
-      const T i = activate(p.ract, zi), f = activate(p.ract, zf), g = activate(p.act, zc), o = activate(p.ract, zo);
-      const T cn = p.c_new[b * u + j];
-      const T tc = activate(p.act, cn);
-      const T dcc = p.dc[b * u + j] + dh * o * activate_grad(p.act, cn, tc);
-      dx[j] = dr[j] = dcc * g * activate_grad(p.ract, zi, i);
-      dx[u + j] = dr[u + j] = dcc * p.c_prev[b * u + j] * activate_grad(p.ract, zf, f);
-      dx[2 * u + j] = dr[2 * u + j] = dcc * i * activate_grad(p.act, zc, g);
-      dx[3 * u + j] = dr[3 * u + j] = dh * tc * activate_grad(p.ract, zo, o);
-      p.dc[b * u + j] = dcc * f;
+      const LstmGrads<T> d = lstm_update_backward(p.act, p.ract, sv[j], sv[u + j], sv[2 * u + j], sv[3 * u + j],
+                                                   p.c_prev[b * u + j], p.c_new[b * u + j], dh, p.dc[b * u + j]);
+      dx[j] = dr[j] = d.dzi;
+      dx[u + j] = dr[u + j] = d.dzf;
+      dx[2 * u + j] = dr[2 * u + j] = d.dzc;
+      dx[3 * u + j] = dr[3 * u + j] = d.dzo;
+      p.dc[b * u + j] = d.dc_prev;
       p.dh_next[b * u + j] = T(0);
       break;
     }
     case CellKind::GRU: {
-      const T hp = p.h_prev[b * u + j];
-      const T zpre = sv[j], npre = sv[2 * u + j];
-      const T z = activate(p.ract, zpre), n = activate(p.act, npre);
-      const T dn = dh * (T(1) - z) * activate_grad(p.act, npre, n);
-      const T dz = dh * (hp - n) * activate_grad(p.ract, zpre, z);
-      dx[j] = dr[j] = dz;
+      const GruGrads<T> d = gru_update_backward(p.act, p.ract, sv[j], sv[2 * u + j], p.h_prev[b * u + j], dh);
+      const T dn = d.dn;
+      dx[j] = dr[j] = d.dz;
       dx[2 * u + j] = dn;
       if (p.reset_after) {
         const T rpre = sv[u + j], hh = sv[3 * u + j];
@@ -140,7 +134,7 @@ C10_HOST_DEVICE inline void backward_step_element(const BackwardStep<T>& p, int6
       } else {
         dr[2 * u + j] = dn;  // the r gate comes in phase B
       }
-      p.dh_next[b * u + j] = dh * z;
+      p.dh_next[b * u + j] = d.dh_prev;
       break;
     }
     default: {
