@@ -17,6 +17,7 @@ class Explanation:
     reasons: List[str] = field(default_factory=list)  # why not cuDNN (empty when cuDNN runs)
     notes: List[str] = field(default_factory=list)    # conditions that depend on the call
     algorithm: Optional[str] = None                   # the cuDNN RNN algorithm, when cuDNN runs
+    plan: List[str] = field(default_factory=list)     # the CPU backend: its products and thread split
 
     def __str__(self) -> str:
         text = f"{self.backend} on {self.device}"
@@ -101,7 +102,7 @@ def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, tra
             raise ValueError(f"mask must be a (batch, time) tensor; got {got}")
         mask = (mask if mask.dtype == torch.bool else mask != 0).to("cpu")
     if device.type != "cuda":
-        return Explanation("cpu", str(device), notes=_cpu_plan(sides[0], ref.dtype, training, mask))
+        return Explanation("cpu", str(device), plan=_cpu_plan(sides[0], ref.dtype, training, mask))
     if not torch._C._dispatch_has_kernel_for_dispatch_key("cudnn_rnn::rnn_forward", "CUDA"):
         return Explanation("unavailable", str(device), ["this build has no CUDA kernels (a CPU-only build): a CUDA "
                                                         "tensor raises; rebuild with CUDA (README, Install)"])

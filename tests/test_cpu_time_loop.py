@@ -423,7 +423,7 @@ def test_set_cpu_plan_forces_and_restores():
 
 
 def test_explain_names_the_cpu_plan():
-    notes = cudnn_rnn.explain(cudnn_rnn.LSTM(8, 64), mask=torch.ones(64, 3)).notes
-    assert notes[0].startswith("float32 products on the ") and notes[0].endswith(" engine")
-    assert cudnn_rnn.explain(cudnn_rnn.GRU(8, 16, reset_after=False)).notes[1].startswith("row loops")
-    assert cudnn_rnn.explain(cudnn_rnn.LSTM(8, 16, dtype=torch.float64)).notes[0] == "float64 products (BLAS)"
+    plan = cudnn_rnn.explain(cudnn_rnn.LSTM(8, 64), mask=torch.ones(64, 3)).plan
+    assert plan[0].startswith("float32 products on the ") and plan[0].endswith(" engine")
+    assert cudnn_rnn.explain(cudnn_rnn.GRU(8, 16, reset_after=False)).plan[1].startswith("row loops")
+    assert cudnn_rnn.explain(cudnn_rnn.LSTM(8, 16, dtype=torch.float64)).plan[0] == "float64 products (BLAS)"
