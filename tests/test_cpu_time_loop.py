@@ -43,6 +43,17 @@ def test_unit_blocks_split_on_threads(threads):
     assert _C._testing.cpu_unit_blocks(1, 16, 4) == [0, 16]  # too little work to split
 
 
+# Cell configurations that reach every branch of the time loop's rows: both LSTM output modes
+# under a mask, GRU with and without bias, reversed, a non-tanh SimpleRNN.
+CELL_CONFIGS = [
+    ("lstm", {}),
+    ("lstm", {"go_backwards": True, "zero_output_for_mask": True}),
+    ("gru", {}),
+    ("gru", {"use_bias": False, "go_backwards": True}),
+    ("simple_rnn", {"activation": "relu"}),
+]
+
+
 def _layer(cell, bidirectional=False, units=U, **kwargs):
     torch.manual_seed(0)
     layer = LAYERS[cell](I, units, return_sequences=True, return_state=True, dtype=torch.float64, **kwargs)
@@ -115,13 +126,7 @@ def engine(request):
     _C._testing.override_packed_gemm_isa("")
 
 
-@pytest.mark.parametrize("cell,kwargs", [
-    ("lstm", {}),
-    ("lstm", {"go_backwards": True, "zero_output_for_mask": True}),
-    ("gru", {}),
-    ("gru", {"use_bias": False, "go_backwards": True}),
-    ("simple_rnn", {"activation": "relu"}),
-])
+@pytest.mark.parametrize("cell,kwargs", CELL_CONFIGS)
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_split_loop_matches_one_block_with_masks(cell, kwargs, bidirectional, threads):
     x = torch.randn(BATCH[cell], T, I, dtype=torch.float64)
@@ -237,13 +242,7 @@ def split(request):
 
 @pytest.mark.parametrize("split", ["units", "rows"], indirect=True)
 @pytest.mark.parametrize("engine", [e for e in _engine_builds() if e.startswith("packed")], indirect=True)
-@pytest.mark.parametrize("cell,kwargs", [
-    ("lstm", {}),
-    ("lstm", {"go_backwards": True, "zero_output_for_mask": True}),
-    ("gru", {}),
-    ("gru", {"use_bias": False, "go_backwards": True}),
-    ("simple_rnn", {"activation": "relu"}),
-])
+@pytest.mark.parametrize("cell,kwargs", CELL_CONFIGS)
 @pytest.mark.parametrize("batch,masked,bidirectional", [(64, True, False), (7, True, True), (33, False, False),
                                                          (2, True, False)])
 def test_both_splits_match_float64(cell, kwargs, batch, masked, bidirectional, split, engine, threads):
