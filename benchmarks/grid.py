@@ -12,6 +12,9 @@ machine. Each figure is the median of ``--reps`` timed calls after warm-up; rati
 torch.nn's time over ours (>1: we are faster). Before timing, the outputs are compared
 (float32: 1e-4; bfloat16: 5e-2).
 
+With --dtype bfloat16 each cell also times our float32 layer with the same weights (ratio
+float32 time / bfloat16 time).
+
 "step": one streaming step (T=1, B=1, no_grad, states passed in and returned) of our LSTM
 against ``torch.nn.LSTMCell`` with the same weights.
 
@@ -21,6 +24,7 @@ achieved rate as a fraction of it.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import statistics
@@ -88,9 +92,26 @@ def grid_case(cell: str, H: int, B: int, T: int, dtype: torch.dtype, reps: int) 
     n = max(reps, min(200, int(0.2 / t_once)))
     fo, fp = _median_pair(inf_ours, inf_peer, 2, n)
     to, tp = _median_pair(train_ours, train_peer, 2, max(reps, n // 3))
-    return {"cell": cell, "H": H, "B": B, "T": T, "dtype": str(dtype).replace("torch.", ""),
-            "forward_ours_s": fo, "forward_torch_s": fp, "train_ours_s": to, "train_torch_s": tp,
-            "forward_ratio": fp / fo, "train_ratio": tp / to, "forward_gflops": flops / fo / 1e9}
+    row = {"cell": cell, "H": H, "B": B, "T": T, "dtype": str(dtype).replace("torch.", ""),
+           "forward_ours_s": fo, "forward_torch_s": fp, "train_ours_s": to, "train_torch_s": tp,
+           "forward_ratio": fp / fo, "train_ratio": tp / to, "forward_gflops": flops / fo / 1e9}
+    if dtype != torch.float32:  # also our float32 layer (same weights), against this dtype's
+        ours32 = copy.deepcopy(ours).float()
+        x32, xg32 = x.float(), xg.detach().float().requires_grad_(True)
+        p32 = [xg32] + list(ours32.parameters())
+
+        def inf32():
+            with torch.no_grad():
+                ours32(x32)
+
+        def train32():
+            torch.autograd.grad(ours32(xg32).sum(), p32)
+
+        f32, fo2 = _median_pair(inf32, inf_ours, 2, n)
+        t32, to2 = _median_pair(train32, train_ours, 2, max(reps, n // 3))
+        row.update(forward_ours_float32_s=f32, train_ours_float32_s=t32, forward_over_float32=f32 / fo2,
+                   train_over_float32=t32 / to2)
+    return row
 
 
 def step_case(H: int, dtype: torch.dtype, reps: int) -> Dict:
@@ -174,6 +195,10 @@ def main(argv=None) -> Dict:
                 r = grid_case(cell, H, B, args.T, dtype, args.reps)
                 r["forward_of_peak"] = r["forward_gflops"] / peak
                 rows.append(r)
+                if "forward_over_float32" in r:
+                    print(f"{cell} H={H} B={B}: {args.dtype} against our float32: forward "
+                          f"{r['forward_over_float32']:.2f}x, forward+backward {r['train_over_float32']:.2f}x",
+                          file=sys.stderr, flush=True)
                 print(f"{cell} H={H} B={B}: forward {r['forward_ratio']:.2f}x "
                       f"({r['forward_ours_s'] * 1e3:.3f} ms, {r['forward_of_peak']:.0%} of FMA peak), "
                       f"forward+backward {r['train_ratio']:.2f}x ({r['train_ours_s'] * 1e3:.3f} ms)",
@@ -192,6 +217,12 @@ def main(argv=None) -> Dict:
           f"float32 FMA peak {peak:.0f} GFLOP/s; torch {torch.__version__}")
     for cell in args.cells.split(","):
         print(format_grid(rows, cell))
+        ours32 = [r for r in rows if r["cell"] == cell and "forward_over_float32" in r]
+        if ours32:
+            print(f"{cell} {args.dtype} against our float32 (time of float32 / {args.dtype}): forward "
+                  + ", ".join(f"H={r['H']} B={r['B']} {r['forward_over_float32']:.2f}x" for r in ours32)
+                  + "; forward+backward "
+                  + ", ".join(f"H={r['H']} B={r['B']} {r['train_over_float32']:.2f}x" for r in ours32))
     for r in rows:
         if r["cell"] == "lstm_step":
             print(f"one step H={r['H']}: ours {r['forward_ours_s'] * 1e6:.1f} us, torch.nn.LSTMCell "

@@ -200,3 +200,16 @@ def test_grid_smoke(tmp_path):
     assert all(r["forward_ratio"] > 0 for r in rows)
     assert {r["H"] for r in rows if r["cell"] == "lstm_step"} == {128, 256, 512}
     assert result["machine"]["fma_peak_gflops_float32"] > 0 and result["machine"]["cpu"]
+
+
+def test_quantized_smoke(tmp_path):
+    """benchmarks/quantized.py on one tiny case: both quantized models' errors measured, times
+    positive."""
+    from benchmarks import quantized
+
+    out = tmp_path / "q.json"
+    result = quantized.main(["--H", "16", "--B", "2", "--T", "3", "--reps", "1", "--out", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["int8_s"] > 0 and row["float32_s"] > 0 and row["torch_ao_int8_s"] > 0
+    assert 0 <= row["error_int8"] < 0.1 and row["error_torch_ao"] > 0
+    assert result["machine"]["int8_kernel"] in ("avx512_vnni", "none (float32)")
