@@ -10,6 +10,11 @@
 
 namespace cudnn_rnn {
 namespace cpu {
+// GCC 12's AVX-512 headers build some intrinsics (_mm512_reduce_add_ps, ...) on
+// _mm512_undefined_*(), which -Wuninitialized reports at every inlined use.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 namespace {
 
 // 12 independent accumulator chains hide the FMA latency (4-5 cycles) on two pipes. Each

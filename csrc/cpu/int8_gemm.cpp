@@ -12,6 +12,10 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+// GCC 12's AVX-512 headers build unmasked intrinsics (_mm512_max_ps, _mm512_cvtps_epi32, ...) on
+// _mm512_undefined_*(), which -Wmaybe-uninitialized reports at every inlined use.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace cudnn_rnn {
