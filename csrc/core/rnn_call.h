@@ -7,6 +7,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/boxing/impl/make_boxed_from_unboxed_functor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Optional.h>
 #include <c10/util/string_view.h>
@@ -14,6 +15,7 @@
 
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace cudnn_rnn {
@@ -62,6 +64,25 @@ struct BackwardCall {
 using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;               // y, h_n, c_n, reserve
 using BackwardResult = std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor>;  // dx, dweights, dh0, dc0
 
+// A kernel registered boxed: None in a list argument becomes the empty list, then the unboxed
+// function Fn runs. AOTInductor's proxy executor hands a C++ kernel an empty Tensor[] argument as
+// None (its serialized empty list fills no argument slot; torch fixed the same for int lists in
+// pytorch/pytorch#194324), and the unboxed adapter asserts on None; the ops' empty dropout-mask
+// lists at inference are such arguments.
+template <auto Fn>
+void boxed_with_empty_lists(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const size_t base = stack->size() - args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    c10::IValue& v = (*stack)[base + i];
+    if (v.isNone() && args[i].type()->kind() == c10::TypeKind::ListType) v = c10::List<at::Tensor>();
+  }
+  using Functor = typename c10::impl::WrapFunctionIntoFunctor<
+      c10::CompileTimeFunctionPointer<std::remove_pointer_t<decltype(Fn)>, Fn>>::type;
+  static Functor functor;
+  c10::impl::make_boxed_from_unboxed_functor<Functor, false>::call(&functor, op, keys, stack);
+}
+
 // The kernels of one dispatch key, from Impl::forward(ForwardCall&&) and
 // Impl::backward(BackwardCall&&): the only place the schemas' argument order is read. (The
 // return type is Impl's: ForwardResult / BackwardResult for the kernels registered below; the
@@ -101,8 +122,8 @@ struct OpAdapter {
   }
 
   static void register_kernels(torch::Library& m) {
-    m.impl("rnn_forward", &forward);
-    m.impl("rnn_backward", &backward);
+    m.impl("rnn_forward", torch::CppFunction::makeFromBoxedFunction<&boxed_with_empty_lists<&forward>>());
+    m.impl("rnn_backward", torch::CppFunction::makeFromBoxedFunction<&boxed_with_empty_lists<&backward>>());
   }
 };
 
