@@ -31,6 +31,7 @@ mode, a Bidirectional whose forward side has go_backwards.
 from __future__ import annotations
 
 import itertools
+import inspect
 import os
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -504,6 +505,16 @@ def refusal(error: BaseException) -> Optional[OnnxExportError]:
     return error
 
 
+def _takes_varargs_only(model: torch.nn.Module) -> bool:
+    """Whether model.forward's one parameter is *inputs (torch.export then wants the dynamic
+    shapes of all the arguments as one tuple)."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return len(params) == 1 and params[0].kind is inspect.Parameter.VAR_POSITIONAL
+
+
 def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], dynamic_batch_and_time: bool = True,
            dynamic_shapes=None, **kwargs) -> torch.onnx.ONNXProgram:
     """torch.onnx.export (dynamo) of `model` with cudnn_rnn's translations; the batch dynamic,
@@ -519,6 +530,8 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
         dynamic = tuple({0: batch, 1: torch.export.Dim(f"time_{i}", min=2)}
                         if a.dim() >= 3 or (a.dim() == 2 and not a.is_floating_point()) else {0: batch}
                         for i, a in enumerate(args))
+        if _takes_varargs_only(model):  # a converted Keras model: forward(*inputs), one parameter for them all
+            dynamic = (dynamic,)
     try:
         return torch.onnx.export(model, args, str(path), dynamo=True, custom_translation_table=TRANSLATIONS,
                                  dynamic_shapes=dynamic, **kwargs)

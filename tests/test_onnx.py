@@ -367,3 +367,21 @@ def test_cli_check_of_the_exported_file_fails_loudly(tmp_path, capsys):
     assert "checked in onnxruntime" in capsys.readouterr().out
     assert _check_onnx(str(tmp_path / "m.onnx"), other, args) == 3
     assert "onnxruntime's outputs differ from the model's" in capsys.readouterr().err
+
+
+def test_converted_keras_model_through_the_python_api(tmp_path):
+    """cudnn_rnn.onnx.export(model, (tokens,), path) on a model load_keras made (forward(*inputs)):
+    dynamic batch and length, run in onnxruntime at two lengths against the eager model."""
+    model = cudnn_rnn.load_keras(os.path.join(os.path.dirname(__file__), "..", "examples", "sentiment.h5")).eval()
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(1, 150, (4, 20), generator=g)
+    tokens[:2, :6] = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cudnn_rnn.onnx.export(model, (tokens,), tmp_path / "m.onnx")
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    name = session.get_inputs()[0].name
+    for t in (tokens, tokens[1:, 9:].contiguous()):
+        (got,) = session.run(None, {name: t.numpy()})
+        with torch.no_grad():
+            np.testing.assert_allclose(got, model(t).numpy(), atol=1e-5, rtol=1e-5)
