@@ -113,19 +113,37 @@ def _check_onnx(path: str, model, inputs) -> int:
     return 0
 
 
+OUTPUT_KINDS = (".pt", ".pt2", ".onnx")
+
+
 def cmd_convert(args) -> int:
+    import os
+
     from .keras.convert import save_converted
 
+    if not args.out.endswith(OUTPUT_KINDS):
+        print(f"cudnn-rnn: {args.out}: the output must end in .pt (config + weights), .pt2 (torch.export program) "
+              "or .onnx", file=sys.stderr)
+        return 2
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(folder):
+        print(f"cudnn-rnn: {args.out}: the folder {folder} does not exist", file=sys.stderr)
+        return 2
     model = _load(args)
     if args.out.endswith((".pt2", ".onnx")):
         inputs = tuple(model.example_inputs())
         batch = torch.export.Dim("batch", min=1)
-        dynamic = []
+        dynamic, fixed = [], []
         for i, (_dtype, shape) in enumerate(model.input_specs):
             dims = {0: batch}
-            if len(shape) > 1 and shape[1] is None:  # each input its own length (encoder, decoder, ...)
+            if len(shape) > 1 and (shape[1] is None or args.any_length):  # each input its own length
                 dims[1] = torch.export.Dim(f"time_{i}", min=2)
+            elif len(shape) > 1:
+                fixed.append(f"input {i}: {shape[1]}")
             dynamic.append(dims)
+        if fixed:
+            print(f"cudnn-rnn: the file declares fixed lengths ({', '.join(fixed)}), which the export keeps; "
+                  "--any-length makes them dynamic", file=sys.stderr)
     if args.out.endswith(".onnx"):
         from .onnx import OnnxExportError, export
 
@@ -197,9 +215,9 @@ def cmd_verify(args) -> int:
             reference = keras.saving.load_model(args.model, compile=False)
     except Exception as e:  # noqa: BLE001 - the oracle's own failure, reported as such
         first = (str(e).strip().splitlines() or [""])[0][:300]
-        print(f"cudnn-rnn: Keras {keras.__version__} itself cannot load {args.model} ({type(e).__name__}: {first}); "
-              "the conversion loaded, but Keras 3 gives nothing to compare it with (Keras 3 does not read "
-              "every tf.keras 2 file).", file=sys.stderr)
+        writer = f"written by Keras {model.keras_version}" if model.keras_version else "its writer unknown"
+        print(f"cudnn-rnn: Keras {keras.__version__} itself cannot load {args.model} ({writer}; {type(e).__name__}: "
+              f"{first}); the conversion loaded, but Keras gives nothing to compare it with.", file=sys.stderr)
         return 3
     rng = np.random.RandomState(args.seed)
     vocab = _min_vocab(model.keras_config)
@@ -248,20 +266,28 @@ def _min_vocab(config) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="cudnn-rnn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"cudnn-rnn {__version__} (torch {torch.__version__})")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("convert", "inspect", "verify"):
         p = sub.add_parser(name)
         p.add_argument("model", help=".keras, .h5 or .weights.h5 file")
         if name == "convert":
             p.add_argument("out", help="OUT.pt (config + weights), OUT.pt2 (torch.export program) or OUT.onnx")
+            p.add_argument("--any-length", action="store_true",
+                           help=".pt2 / .onnx: make every sequence length dynamic, also those the file declares "
+                                "fixed (the converted model takes any length)")
         p.add_argument("--architecture", help="model file or JSON config, for weights-only files")
         p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
                        help="report each long step and each layer as it is converted (default: on a terminal)")
         if name == "verify":
-            p.add_argument("--batch", type=int, default=4)
-            p.add_argument("--time", type=int, default=7)
-            p.add_argument("--seed", type=int, default=0)
-            p.add_argument("--tolerance", type=float, default=1e-5)
+            p.add_argument("--batch", type=int, default=4, help="rows of the random inputs (default %(default)s)")
+            p.add_argument("--time", type=int, default=7,
+                           help="length of the random inputs where the file declares none (default %(default)s)")
+            p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default %(default)s)")
+            p.add_argument("--tolerance", type=float, default=1e-5,
+                           help="largest absolute error accepted; above it verify exits 1 (default %(default)s)")
     args = parser.parse_args(argv)
     from .keras.errors import ConversionError
 

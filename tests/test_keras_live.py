@@ -267,3 +267,29 @@ def test_sequential_without_declared_input_shape(first, tmp_path):
     assert ours.input_specs[0][1][-1] == x.shape[-1]  # the width its first layer implies
     with torch.no_grad():
         np.testing.assert_allclose(ours(torch.as_tensor(x)).numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_cli_version_outputs_and_lengths(tmp_path):
+    """--version; an output kind it does not write and a missing folder are refused by name (exit
+    2, no traceback); a declared fixed length is kept and said, --any-length makes it dynamic."""
+    import onnxruntime as ort
+
+    out = _cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith(f"cudnn-rnn {cudnn_rnn.__version__} (torch "), out.stdout
+    example = os.path.join(ROOT, "examples", "sentiment.h5")
+    out = _cli("convert", example, str(tmp_path / "model.xyz"))
+    assert out.returncode == 2 and "must end in .pt" in out.stderr and "Traceback" not in out.stderr
+    out = _cli("convert", example, str(tmp_path / "missing" / "model.pt"))
+    assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "missing").exists()
+    out = _cli("convert", example, str(tmp_path / "fixed.onnx"))
+    assert out.returncode == 0 and "declares fixed lengths (input 0: 20)" in out.stderr, out.stderr
+    out = _cli("convert", example, str(tmp_path / "any.onnx"), "--any-length")
+    assert out.returncode == 0, out.stderr
+    session = ort.InferenceSession(str(tmp_path / "any.onnx"))
+    tokens = torch.randint(1, 150, (3, 7))
+    (got,) = session.run(None, {session.get_inputs()[0].name: tokens.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(got, load_keras(example)(tokens).numpy(), atol=1e-5, rtol=1e-5)
+    usage = " ".join(_cli("verify", "--help").stdout.split())
+    assert "--tolerance" in usage and "above it verify exits 1" in usage and "seed of the random inputs" in usage
