@@ -179,11 +179,26 @@ def extension():
     print("cudnn_rnn build configuration:")
     for k, v in config.items():
         print(f"  {k}: {v}")
-    _write_build_record(config, with_cuda)
+    BUILD_RECORD.update(config=config, with_cuda=with_cuda)
     return ext
 
 
-def _write_build_record(config: dict, with_cuda: bool) -> None:
+BUILD_RECORD: dict = {}
+
+
+class BuildExtension(cpp_extension.BuildExtension):
+    """torch's BuildExtension, writing the build record (cudnn_rnn/_build.py) beside the extension
+    it builds: into the source tree for an in-place build, into the build folder (the wheel) for an
+    install, so that installing from a checkout leaves the checkout's own record alone."""
+
+    def run(self):
+        super().run()
+        folder = ROOT if self.inplace else self.build_lib
+        _write_build_record(BUILD_RECORD["config"], BUILD_RECORD["with_cuda"],
+                            os.path.join(folder, "cudnn_rnn", "_build.py"))
+
+
+def _write_build_record(config: dict, with_cuda: bool, path: str) -> None:
     """cudnn_rnn/_build.py: what this build was compiled against, in Python, so that the package
     can say what to do when the extension no longer fits the running torch (it cannot ask _C)."""
     record = {
@@ -195,7 +210,7 @@ def _write_build_record(config: dict, with_cuda: bool) -> None:
         "source": ROOT,
     }
     body = "".join(f"{k.upper()} = {v!r}\n" for k, v in record.items())
-    path = os.path.join(ROOT, "cudnn_rnn", "_build.py")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     text = '"""Written by setup.py: what the native extension was built against (cudnn_rnn/__init__.py)."""\n' + body
     try:
         with open(path) as f:
@@ -207,12 +222,20 @@ def _write_build_record(config: dict, with_cuda: bool) -> None:
         f.write(text)
 
 
+def _long_description() -> str:
+    """The README's opening (what the package is, the two commands, the status): the package index
+    page; the rest of the README is the documentation in the repository."""
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    head = text.split("\n## Install", 1)[0].rstrip()
+    return head + "\n\nInstall, API, Keras checkpoints, serving, performance and the architecture: README.md in the source distribution.\n"
+
+
 setup(
     name="cudnn_rnn",
     version="0.1.0",
     description="Keras-exact LSTM/GRU/SimpleRNN/Bidirectional/ConvLSTM layers for PyTorch, in C++ (cuDNN, CPU), "
                 "and Keras checkpoints loaded without TensorFlow",
-    long_description=open(os.path.join(ROOT, "README.md"), encoding="utf-8").read(),
+    long_description=_long_description(),
     long_description_content_type="text/markdown",
     license="MIT",
     license_files=["LICENSE"],
@@ -226,8 +249,11 @@ setup(
     packages=find_packages(include=["cudnn_rnn", "cudnn_rnn.*"]),
     package_data={"cudnn_rnn": ["py.typed"]},
     ext_modules=[extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    cmdclass={"build_ext": BuildExtension},
     python_requires=">=3.9",
-    install_requires=["torch>=2.4", "numpy", "h5py"],
+    # The extension imports only under the torch it was built against (its C++ ABI): the wheel
+    # says so, as torchvision's and torchaudio's do.
+    install_requires=[f"torch=={torch.__version__.split('+')[0]}", "numpy", "h5py"],
+    extras_require={"onnx": ["onnx", "onnxscript", "onnxruntime"]},
     entry_points={"console_scripts": ["cudnn-rnn = cudnn_rnn.cli:main"]},
 )
