@@ -91,3 +91,17 @@ def test_build_record_matches_the_running_torch():
 
     assert _build.TORCH == torch.__version__
     assert os.path.isfile(os.path.join(_build.SOURCE, "setup.py"))
+
+
+def test_wheel_metadata_pins_the_torch_it_is_built_against(tmp_path):
+    """The distribution's metadata (setup.py egg_info, no compile): Requires-Dist pins the running
+    torch's release (its C++ ABI is the one the extension links against), an [onnx] extra, and a
+    long description that is the README's opening, not the whole README."""
+    out = subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "-e", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (info,) = [p for p in tmp_path.iterdir() if p.name.endswith(".egg-info")]
+    meta = (info / "PKG-INFO").read_text()
+    assert f"Requires-Dist: torch=={torch.__version__.split('+')[0]}\n" in meta
+    assert "Provides-Extra: onnx" in meta and 'Requires-Dist: onnxruntime; extra == "onnx"' in meta
+    assert len(meta) < 10_000 and "## Install" not in meta and "## Architecture" not in meta

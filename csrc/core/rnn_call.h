@@ -72,10 +72,11 @@ using BackwardResult = std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tenso
 template <auto Fn>
 void boxed_with_empty_lists(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const auto& args = op.schema().arguments();
+  TORCH_INTERNAL_ASSERT(stack->size() >= args.size(), "boxed_with_empty_lists: the arguments are on the stack");
   const size_t base = stack->size() - args.size();
   for (size_t i = 0; i < args.size(); ++i) {
     c10::IValue& v = (*stack)[base + i];
-    if (v.isNone() && args[i].type()->kind() == c10::TypeKind::ListType) v = c10::List<at::Tensor>();
+    if (v.isNone() && args[i].type()->isSubtypeOf(*c10::ListType::ofTensors())) v = c10::List<at::Tensor>();
   }
   using Functor = typename c10::impl::WrapFunctionIntoFunctor<
       c10::CompileTimeFunctionPointer<std::remove_pointer_t<decltype(Fn)>, Fn>>::type;

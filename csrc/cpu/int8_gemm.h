@@ -17,6 +17,9 @@ namespace cpu {
 // AVX-512); elsewhere quantized layers compute in float32.
 bool int8_gemm_available();
 
+// The deepest product whose int32 sums cannot wrap: |sum (a - 128) b| <= 127 * 127 * K < 2^31.
+constexpr int64_t kInt8MaxDepth = 131072;
+
 // Depth padded to the kernel's groups of 4.
 inline int64_t int8_depth(int64_t K) { return (K + 3) / 4 * 4; }
 

@@ -96,16 +96,16 @@ class Bf16Forward final : public ForwardPlan<float> {
     if (in_loop_) {
       float* xo = xwk_[k].data_ptr<float>();
       const bool bias = xbias_[k].defined();
-      if (bias) fill_rows<float>(xbias_[k].data_ptr<float>(), ldr, act.n, xo);
+      if (bias) fill_rows<float>(xbias_[k].const_data_ptr<float>(), ldr, act.n, xo);
       bf16_gemm(act.n, x_in_, x_ld_, wk_[k], 0, ldr, xo, ldr, bias);
     }
     const bool bias = bias_[k].defined();
-    if (bias) fill_rows<float>(bias_[k].data_ptr<float>(), ldr, act.n, r);
+    if (bias) fill_rows<float>(bias_[k].const_data_ptr<float>(), ldr, act.n, r);
     bf16_gemm(act.n, h_in_, up_, bf_[k], 0, ldr, r, ldr, bias);
   }
 
   const float* cell_input(int64_t k, int64_t* stride) const override {
-    if (joint_) return *stride = 0, xbias_[k].data_ptr<float>();
+    if (joint_) return *stride = 0, xbias_[k].const_data_ptr<float>();
     if (in_loop_) return *stride = G_ * blocks_.width(k), xwk_[k].data_ptr<float>();
     return nullptr;
   }

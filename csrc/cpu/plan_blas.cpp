@@ -63,7 +63,7 @@ class BlasForward final : public ForwardPlan<T> {
     if constexpr (std::is_same_v<T, float>) {
       if (uses_mkl_packed<T>()) {
         mkl_ = mkl_pack_blocks(blocks_, p.cfg.batch, u_, false, [&](int64_t k) {
-          return PackSource{G_ * blocks_.width(k), kernel_[k].data_ptr<float>(), G_ * blocks_.width(k)};
+          return PackSource{G_ * blocks_.width(k), kernel_[k].const_data_ptr<float>(), G_ * blocks_.width(k)};
         });
       }
     }
@@ -74,14 +74,14 @@ class BlasForward final : public ForwardPlan<T> {
   void product(int64_t k, const ActiveRows& act, const ForwardStep<T>&, T* r) override {
     const int64_t ldr = G_ * blocks_.width(k);
     const bool bias = bias_[k].defined();
-    if (bias) fill_rows<T>(bias_[k].data_ptr<T>(), ldr, act.n, r);
+    if (bias) fill_rows<T>(bias_[k].const_data_ptr<T>(), ldr, act.n, r);
     if constexpr (std::is_same_v<T, float>) {
       if (mkl_[k].defined()) {
-        mkl_packed_gemm(act.n, ldr, u_, state_.h, u_, mkl_[k].data_ptr<float>(), bias ? 1.0f : 0.0f, r, ldr);
+        mkl_packed_gemm(act.n, ldr, u_, state_.h, u_, mkl_[k].const_data_ptr<float>(), bias ? 1.0f : 0.0f, r, ldr);
         return;
       }
     }
-    blas_gemm<T>(false, act.n, ldr, u_, state_.h, u_, kernel_[k].data_ptr<T>(), ldr, bias ? T(1) : T(0), r, ldr);
+    blas_gemm<T>(false, act.n, ldr, u_, state_.h, u_, kernel_[k].const_data_ptr<T>(), ldr, bias ? T(1) : T(0), r, ldr);
   }
 
  private:
@@ -122,7 +122,7 @@ class BlasBackward final : public BackwardPlan<T> {
     bool done = false;
     if constexpr (std::is_same_v<T, float>) {
       if (mkl_[k].defined()) {
-        mkl_packed_gemm(act.n, w, K, D, ld, mkl_[k].data_ptr<float>(), beta, C, ldc);
+        mkl_packed_gemm(act.n, w, K, D, ld, mkl_[k].const_data_ptr<float>(), beta, C, ldc);
         done = true;
       }
     }

@@ -32,7 +32,7 @@ class BrgemmForward final : public ForwardPlan<float> {
 
   void product(int64_t k, const ActiveRows& act, const ForwardStep<float>&, float* r) override {
     const int64_t j0 = blocks_.start[k], w = blocks_.width(k), ldr = G_ * w;
-    const float* bias = bias_.defined() ? bias_.data_ptr<float>() : nullptr;
+    const float* bias = bias_.defined() ? bias_.const_data_ptr<float>() : nullptr;
     for (int64_t g = 0; g < G_; ++g) {
       float* c = r + g * w;
       for (int64_t i = 0; i < act.n && bias; ++i) std::copy(bias + g * u_ + j0, bias + g * u_ + j0 + w, c + i * ldr);
@@ -60,7 +60,7 @@ class BrgemmBackward final : public BackwardPlan<float> {
 
   void add_grad(int64_t k, const ActiveRows& act, float* dh) override {
     const int64_t j0 = blocks_.start[k], w = blocks_.width(k), K = G_ * u_;
-    const float* RT = RT_.data_ptr<float>();  // [G*u, u]
+    const float* RT = RT_.const_data_ptr<float>();  // [G*u, u]
     if (act.n == B_) {
       brgemm(B_, w, K, grads_.D, grads_.ld, RT + j0, u_, true, dh + j0, u_);
     } else if (act.n > 0) {

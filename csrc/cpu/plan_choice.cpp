@@ -16,7 +16,8 @@ bool bf16_plan(const RnnConfig& cfg) {
 
 template <typename T>
 bool int8_plan(const RnnConfig& cfg) {
-  return std::is_same_v<T, float> && cfg.gemm_dtype == at::kQInt8 && int8_gemm_available();
+  return std::is_same_v<T, float> && cfg.gemm_dtype == at::kQInt8 && int8_gemm_available() &&
+         cfg.units <= kInt8MaxDepth;
 }
 
 template <typename T>

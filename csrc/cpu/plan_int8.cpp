@@ -19,20 +19,20 @@ namespace {
 
 using at::Tensor;
 
-constexpr const char* kGateForms[] = {"int8/gate0", "int8/gate1", "int8/gate2", "int8/gate3"};
-
 class Int8Forward final : public ForwardPlan<float> {
  public:
   explicit Int8Forward(const PlanArgs& p)
       : G_(p.cfg.gates()), u_(p.cfg.units), B_(p.cfg.batch), blocks_(p.blocks), bias_(p.step_bias) {
     const Tensor& R = p.a.w.recurrent;  // [u, G*u]: gate g's columns as a [u, u] matrix
     TORCH_INTERNAL_ASSERT(G_ <= 4, "Int8Forward: at most 4 gates");
-    for (int64_t g = 0; g < G_; ++g) {
-      packed_[g] = cached_pack(R, kGateForms[g], [&] {
-        return pack_int8(R.data_ptr<float>() + g * u_, G_ * u_, 1, u_, u_);
-      });
-      view_[g] = int8_view(packed_[g], u_, u_);
-    }
+    packed_ = cached_pack(R, "int8/gates", [&] {  // the gates' packs one after another, one entry
+      std::vector<Tensor> gates;
+      for (int64_t g = 0; g < G_; ++g) gates.push_back(pack_int8(R.const_data_ptr<float>() + g * u_, G_ * u_, 1, u_, u_));
+      return at::cat(gates);
+    });
+    const int64_t size = packed_.numel() / G_;
+    for (int64_t g = 0; g < G_; ++g) view_[g] = int8_view(packed_.narrow(0, g * size, size), u_, u_);
+    if (bias_.defined()) bias_p_ = bias_.const_data_ptr<float>();
   }
 
   void product(int64_t k, const ActiveRows& act, const ForwardStep<float>& step, float* r) override {
@@ -42,10 +42,9 @@ class Int8Forward final : public ForwardPlan<float> {
     a.resize(act.n * Kq);
     scale.resize(act.n);
     quantize_rows(step.h_prev, u_, act.list(B_), act.n, u_, Kq, a.data(), scale.data());
-    const float* bias = bias_.defined() ? bias_.data_ptr<float>() : nullptr;
     for (int64_t g = 0; g < G_; ++g) {
-      int8_gemm(act.n, a.data(), scale.data(), view_[g], j0, w, bias ? bias + g * u_ + j0 : nullptr, false, r + g * w,
-                {nullptr, ldr});
+      int8_gemm(act.n, a.data(), scale.data(), view_[g], j0, w, bias_p_ ? bias_p_ + g * u_ + j0 : nullptr, false,
+                r + g * w, {nullptr, ldr});
     }
   }
 
@@ -54,8 +53,8 @@ class Int8Forward final : public ForwardPlan<float> {
  private:
   int64_t G_, u_, B_;
   const UnitBlocks& blocks_;
-  Tensor bias_;
-  Tensor packed_[4];
+  Tensor bias_, packed_;
+  const float* bias_p_ = nullptr;
   Int8Panels view_[4];
 };
 
@@ -69,10 +68,11 @@ bool int8_row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W, bool 
     return false;
   }
   const int64_t K = in2.size(1), N = out2.size(1), Kq = int8_depth(K);
+  if (K > kInt8MaxDepth) return false;  // int32 sums could wrap: float32
   const int64_t M = rows.defined() ? rows.numel() : in2.size(0);
   if (M == 0) return true;
   const Tensor packed =
-      cached_pack(W, "int8/rows", [&] { return pack_int8(W.data_ptr<float>(), W.stride(0), W.stride(1), K, N); });
+      cached_pack(W, "int8/rows", [&] { return pack_int8(W.const_data_ptr<float>(), W.stride(0), W.stride(1), K, N); });
   const Int8Panels B = int8_view(packed, K, N);
   const int64_t* r = rows.defined() ? rows.data_ptr<int64_t>() : nullptr;
   const float* x = in2.data_ptr<float>();

@@ -36,8 +36,8 @@ class PackedForward final : public ForwardPlan<float> {
   void product(int64_t k, const ActiveRows& act, const ForwardStep<float>& step, float* r) override {
     const int64_t j0 = blocks_.start[k], w = blocks_.width(k), ldr = G_ * w;
     const int64_t from_j0 = j0 / kPanel * packed_size(u_, kPanel);  // the panel of unit j0
-    const float* panels = panels_.data_ptr<float>();
-    const float* bias = bias_.defined() ? bias_.data_ptr<float>() : nullptr;
+    const float* panels = panels_.const_data_ptr<float>();
+    const float* bias = bias_.defined() ? bias_.const_data_ptr<float>() : nullptr;
     for (int64_t g = 0; g < G_; ++g) {
       packed_gemm(act.n, w, u_, step.h_prev, {act.list(B_), u_}, panels + g * gate_panels_ + from_j0,
                   bias ? bias + g * u_ + j0 : nullptr, false, r + g * w, {nullptr, ldr});
@@ -77,12 +77,12 @@ class PackedBackward final : public BackwardPlan<float> {
     const int64_t j0 = blocks_.start[k], w = blocks_.width(k), K = G_ * u_;
     const int64_t* rows = act.list(B_);
     const int64_t from_j0 = j0 / kPanel * packed_size(K, kPanel);  // the panel of unit j0
-    packed_gemm(act.n, w, K, D_, {rows, ld_}, panels_.data_ptr<float>() + from_j0, nullptr, true, dh + j0, {rows, u_});
+    packed_gemm(act.n, w, K, D_, {rows, ld_}, panels_.const_data_ptr<float>() + from_j0, nullptr, true, dh + j0, {rows, u_});
   }
 
   bool add_grad_rows(const ActiveRows& act, const float* D, int64_t ld, float* dh) override {
     TORCH_INTERNAL_ASSERT(blocks_.n == 1, "add_grad_rows: a plan of one unit block");
-    packed_gemm(act.n, u_, G_ * u_, D, {act.rows.data(), ld}, panels_.data_ptr<float>(), nullptr, true, dh,
+    packed_gemm(act.n, u_, G_ * u_, D, {act.rows.data(), ld}, panels_.const_data_ptr<float>(), nullptr, true, dh,
                 {act.rows.data(), u_});
     return true;
   }

@@ -374,6 +374,9 @@ struct TimeLoops {
                                cpu::BackwardPlan<T>& plan) {
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates(), Tn = cfg.time, n = row_groups(B);
     const bool gru = cfg.cell == CellKind::GRU;
+    cpu::ActiveRows none(B);
+    none.n = 0;
+    TORCH_INTERNAL_ASSERT(plan.add_grad_rows(none, nullptr, 0, nullptr), "backward_by_rows: a plan that runs rows apart");
     Tensor dh_next = at::empty({B, u}, dh.options());
     const int64_t width = (gru ? 2 : 1) * G * u;
     Tensor sums = extras.bias_sums ? at::zeros({n, width}, dh.options().dtype(at::kDouble)) : Tensor();

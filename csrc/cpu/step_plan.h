@@ -122,7 +122,7 @@ struct GatheredGrads {
     D = d, ld = l;
     if (compact.defined() && act.n < batch) act.gather(d, l, width, compact.data_ptr<T>());
   }
-  const T* rows() const { return compact.data_ptr<T>(); }  // the active rows, width apart
+  const T* rows() const { return compact.const_data_ptr<T>(); }  // the active rows, width apart
   T* tmp_of(int64_t k) const { return tmp[k].data_ptr<T>(); }
 };
 

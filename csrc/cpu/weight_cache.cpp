@@ -15,6 +15,10 @@ namespace cpu {
 namespace {
 
 struct Entry {
+  // The tensor itself (its version counter is its own: another tensor on the same storage, a
+  // `.data` or a tied Parameter, counts its writes apart) and its storage, both held weakly.
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> tensor;
+  const c10::TensorImpl* tensor_key;
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
   const c10::StorageImpl* key;
   int64_t offset;
@@ -45,7 +49,8 @@ bool enabled() {
 }
 
 bool same_place(const Entry& e, const at::Tensor& w, const char* what) {
-  return e.key == w.storage().unsafeGetStorageImpl() && e.offset == w.storage_offset() &&
+  return e.tensor_key == w.unsafeGetTensorImpl() && e.key == w.storage().unsafeGetStorageImpl() &&
+         e.offset == w.storage_offset() &&
          at::IntArrayRef(e.sizes) == w.sizes() && at::IntArrayRef(e.strides) == w.strides() &&
          e.dtype == w.scalar_type() && e.what == what;
 }
@@ -63,7 +68,7 @@ at::Tensor cached_pack(const at::Tensor& weight, const char* what, const std::fu
     std::lock_guard<std::mutex> lock(c.mutex);
     for (auto it = c.entries.begin(); it != c.entries.end(); ++it) {
       if (!same_place(*it, weight, what)) continue;
-      if (!it->storage.expired() && it->version == version) {
+      if (!it->tensor.expired() && !it->storage.expired() && it->version == version) {
         c.entries.splice(c.entries.begin(), c.entries, it);
         return it->packed;
       }
@@ -75,9 +80,11 @@ at::Tensor cached_pack(const at::Tensor& weight, const char* what, const std::fu
   c.packs.fetch_add(1);
   std::lock_guard<std::mutex> lock(c.mutex);
   // Entries whose storage is gone can never hit again.
-  c.entries.remove_if([](const Entry& e) { return e.storage.expired(); });
+  c.entries.remove_if([](const Entry& e) { return e.tensor.expired() || e.storage.expired(); });
   c10::StorageImpl* impl = weight.storage().unsafeGetStorageImpl();
-  c.entries.push_front(Entry{c10::weak_intrusive_ptr<c10::StorageImpl>(
+  c.entries.push_front(Entry{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(weight.getIntrusivePtr()),
+                             weight.unsafeGetTensorImpl(),
+                             c10::weak_intrusive_ptr<c10::StorageImpl>(
                                  c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl)),
                              impl, weight.storage_offset(), weight.sizes().vec(), weight.strides().vec(),
                              weight.scalar_type(), what, version, packed});
