@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import statistics
 import sys
@@ -36,7 +35,7 @@ import torch
 
 import cudnn_rnn
 from .peak import fma_peak
-from .run import _machine
+from .run import machine_record, write_result
 
 GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
 LAYERS = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU, "simple_rnn": cudnn_rnn.SimpleRNN}
@@ -209,10 +208,8 @@ def main(argv=None) -> Dict:
             rows.append(r)
             print(f"step H={H}: ours {r['forward_ours_s'] * 1e6:.1f} us, LSTMCell {r['forward_torch_s'] * 1e6:.1f} us "
                   f"({r['forward_ratio']:.2f}x)", file=sys.stderr, flush=True)
-    machine = _machine("cpu")
-    machine["threads"] = args.threads
+    machine = machine_record(args.threads)
     machine["fma_peak_gflops_float32"] = peak
-    machine["date"] = time.strftime("%Y-%m-%d")
     print(f"{machine['cpu']}, {args.threads} threads, ISA {' '.join(machine['isa_flags'])}; "
           f"float32 FMA peak {peak:.0f} GFLOP/s; torch {torch.__version__}")
     for cell in args.cells.split(","):
@@ -227,11 +224,7 @@ def main(argv=None) -> Dict:
         if r["cell"] == "lstm_step":
             print(f"one step H={r['H']}: ours {r['forward_ours_s'] * 1e6:.1f} us, torch.nn.LSTMCell "
                   f"{r['forward_torch_s'] * 1e6:.1f} us ({r['forward_ratio']:.2f}x)")
-    result = {"machine": machine, "rows": rows}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    return result
+    return write_result(machine, rows, args.out)
 
 
 if __name__ == "__main__":

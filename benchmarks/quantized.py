@@ -12,16 +12,14 @@ quantized models against the float32 output is measured and reported.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import time
 import warnings
 
 import torch
 
 import cudnn_rnn
-from .run import _machine
+from .run import machine_record, time_calls, write_result
 
 
 class _Output(torch.nn.Module):
@@ -36,13 +34,7 @@ class _Output(torch.nn.Module):
 
 
 def _median(f, reps: int) -> float:
-    f()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(time_calls(f, 1, reps, "cpu"))
 
 
 def case(H: int, B: int, T: int, reps: int):
@@ -76,8 +68,7 @@ def main(argv=None):
     p.add_argument("--out")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    machine = _machine("cpu")
-    machine["threads"], machine["date"] = args.threads, time.strftime("%Y-%m-%d")
+    machine = machine_record(args.threads)
     machine["int8_kernel"] = "avx512_vnni" if cudnn_rnn.int8_available() else "none (float32)"
     rows = []
     for H in [int(h) for h in args.H.split(",")]:
@@ -94,11 +85,7 @@ def main(argv=None):
         print(f"| {r['H']} | {r['B']} | {r['float32_s'] * 1e3:.2f} | {r['int8_s'] * 1e3:.2f} | "
               f"{r['int8_over_float32']:.2f}x | {r['torch_ao_int8_s'] * 1e3:.2f} | {r['error_int8']:.1e} | "
               f"{r['error_torch_ao']:.1e} |")
-    result = {"machine": machine, "rows": rows}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    return result
+    return write_result(machine, rows, args.out)
 
 
 if __name__ == "__main__":

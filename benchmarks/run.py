@@ -230,6 +230,23 @@ def cpu_flags() -> set:
     return set()
 
 
+def machine_record(threads: int) -> Dict:
+    """The CPU side of _machine with the thread count and the date: what benchmarks/grid.py and
+    benchmarks/quantized.py store beside their rows."""
+    machine = _machine("cpu")
+    machine["threads"], machine["date"] = threads, time.strftime("%Y-%m-%d")
+    return machine
+
+
+def write_result(machine: Dict, rows: List[Dict], path: Optional[str]) -> Dict:
+    """{"machine", "rows"}, written as JSON to path when given."""
+    result = {"machine": machine, "rows": rows}
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
 def _machine(device_name: str) -> Dict:
     """What the CPU timings depend on: the CPU and its vector ISA, what ATen dispatches to, the
     ISA limits set for oneDNN / ATen / MKL, and the engine of our own float32 GEMMs."""

@@ -334,16 +334,17 @@ class _RNNBase(nn.Module):
         training = self.training if training is None else training
         h0, c0 = self._initial_states(initial_state, x, 1)
         if self.quantized:
-            return self._run_int8(x, mask, h0, c0, training)
-        dropout_masks, recurrent_masks = self.dropout_masks(x, training)
-        weights = [w for layer in range(self.num_layers) for w in self.layer_weights(layer)]
-        y, h_n, c_n, _ = rnn_forward(x, weights, mask, h0, c0, dropout_masks, recurrent_masks, self.op_spec())
+            y, h_n, c_n = self._run_int8(x, mask, h0, c0, training)
+        else:
+            dropout_masks, recurrent_masks = self.dropout_masks(x, training)
+            weights = [w for layer in range(self.num_layers) for w in self.layer_weights(layer)]
+            y, h_n, c_n, _ = rnn_forward(x, weights, mask, h0, c0, dropout_masks, recurrent_masks, self.op_spec())
         if self.stateful:
             self._states = [h_n.detach()] + ([c_n.detach()] if self.cell == "lstm" else [])
         return y, h_n, c_n
 
     def _run_int8(self, x: Tensor, mask, h0, c0, training: bool):
-        """run() of a layer cudnn_rnn.quantize_dynamic marked: inference on the int8 op."""
+        """run()'s op call for a layer cudnn_rnn.quantize_dynamic marked: inference on the int8 op."""
         if training:
             raise RuntimeError(f"{type(self).__name__}: a layer quantized by cudnn_rnn.quantize_dynamic runs inference "
                                "only; call model.eval() (or pass training=False)")
@@ -353,10 +354,7 @@ class _RNNBase(nn.Module):
         weights = [w for layer in range(self.num_layers) for w in self.layer_weights(layer)]
         spec = self.op_spec()
         with torch.no_grad():  # the int8 op has no gradient
-            y, h_n, c_n = torch.ops.cudnn_rnn.rnn_forward_int8(x, weights, mask, h0, c0, *spec.args())
-        if self.stateful:
-            self._states = [h_n.detach()] + ([c_n.detach()] if self.cell == "lstm" else [])
-        return y, h_n, c_n
+            return torch.ops.cudnn_rnn.rnn_forward_int8(x, weights, mask, h0, c0, *spec.args())
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, initial_state=None, training: Optional[bool] = None):
         x, initial_state = autocast_input(x, self.kernel), autocast_input(initial_state, self.kernel)
@@ -487,10 +485,11 @@ class Bidirectional(nn.Module):
 
     @property
     def fused(self) -> bool:
-        """Do both directions run as one op call (same cell configuration, not stateful)?"""
+        """Do both directions run as one op call (same cell configuration, not stateful, not
+        quantized: a quantized side runs the int8 op on its own)?"""
         f, b = self.forward_layer, self.backward_layer
         return (f.op_spec(go_backwards=False) == b.op_spec(go_backwards=False) and f.units == b.units
-                and not f.stateful and not b.stateful)
+                and not f.stateful and not b.stateful and not f.quantized and not b.quantized)
 
     def _merge(self, y_f: Tensor, y_b: Tensor):
         return merge_directions(y_f, y_b, self.merge_mode)
@@ -499,7 +498,7 @@ class Bidirectional(nn.Module):
         f, b = self.forward_layer, self.backward_layer
         x, initial_state = autocast_input(x, f.kernel), autocast_input(initial_state, f.kernel)
         training = self.training if training is None else training
-        if self.fused and not (f.quantized or b.quantized):  # quantized sides run one by one
+        if self.fused:
             y_f, y_b, states_f, states_b = self._run_fused(x, mask, initial_state, training)
         else:
             if initial_state is not None:
