@@ -103,6 +103,21 @@ def _cudnn_link_args(lib_dir):
     return ["-lcudnn"]
 
 
+def _libstdcxx_link_args():
+    """Link the C++ runtime torch runs with (found in this process after `import torch`), by its
+    soname. A compiler that carries only a static libstdc++ (a GCC installed beside the system's)
+    would otherwise copy one into the extension: two C++ runtimes in one process, and the copy's
+    streams crash on first use (std::ostringstream, so any error message)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libstdc++.so.6" in line}
+    except OSError:
+        return []
+    if len(paths) != 1:
+        return []
+    return [paths.pop()]  # a path given to the linker: no -L that could change what else it finds
+
+
 def extension():
     force = os.environ.get("FORCE_CUDA")
     torch_cuda = torch.version.cuda is not None
@@ -136,7 +151,7 @@ def extension():
     # serial loop, so the CPU backend's threads need it. Linking -fopenmp adds libgomp.so.1, the
     # soname torch itself loads (its own copy in torch/lib), so one OpenMP runtime is shared.
     openmp = torch.backends.openmp.is_available()
-    link = ["-fopenmp"] if openmp else []
+    link = (["-fopenmp"] if openmp else []) + _libstdcxx_link_args()
     if openmp:
         cxx.append("-fopenmp")
     config = {
@@ -145,6 +160,7 @@ def extension():
         "CUDA_HOME": cpp_extension.CUDA_HOME,
         "FORCE_CUDA": force,
         "openmp": "yes (at::parallel_for on torch's threads)" if openmp else "no (torch built without OpenMP)",
+        "libstdc++": " ".join(_libstdcxx_link_args()) or "the compiler's",
         "warnings as errors": "yes (CUDNN_RNN_WERROR=1)" if werror else "no",
         "debug information": "yes (CUDNN_RNN_DEBUG=1)" if debug else "no",
     }

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from ._random import MaskSource
 from .cells import canonical_activation
 from .layers import _check_positive_int, _check_rate, _init_, autocast_input
+from .ops import register_meta
 
 IntOrTuple = Union[int, Sequence[int]]
 _forward_op = torch.ops.cudnn_rnn.conv_lstm_forward.default
@@ -278,7 +279,7 @@ def _conv_lstm_forward_fake(x, kernel, recurrent_kernel, bias, mask, h0, c0, dro
             x.new_empty((t, b, *sp, 4 * f)), x.new_empty((t + 1, b, *sp, f)), x.new_empty((t + 1, b, *sp, f)))
 
 
-torch.library.register_kernel("cudnn_rnn::conv_lstm_forward", "Meta", _conv_lstm_forward_fake)  # shapes only
+register_meta("cudnn_rnn::conv_lstm_forward", _conv_lstm_forward_fake)  # shapes only
 
 
 @torch.library.register_fake("cudnn_rnn::conv_lstm_backward")

@@ -111,9 +111,15 @@ def _rnn_forward_fake(x, weights, mask, h0, c0, dropout_masks, recurrent_dropout
     return y, h_n, c_n, reserve
 
 
-# Meta kernels (shapes without data or a fake mode; load_keras's trial-run size check) are the
-# fake impls.
-torch.library.register_kernel("cudnn_rnn::rnn_forward", "Meta", _rnn_forward_fake)
+def register_meta(qualname: str, fake) -> None:
+    """Meta kernels (shapes without data or a fake mode; load_keras's trial-run size check) are the
+    fake impls. Some torch releases (2.11) already register the fake impl as the Meta kernel of an op
+    that has none, and refuse a second one."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "Meta"):
+        torch.library.register_kernel(qualname, "Meta", fake)
+
+
+register_meta("cudnn_rnn::rnn_forward", _rnn_forward_fake)
 
 
 @torch.library.register_fake("cudnn_rnn::rnn_forward_int8")
