@@ -131,7 +131,7 @@ def extension():
     else:
         with_cuda = torch_cuda and nvcc
 
-    # csrc's rooms, bottom up (README, "Architecture"): core/ knows no backend; cpu/ and
+    # csrc's rooms, bottom up (docs/architecture.md): core/ knows no backend; cpu/ and
     # cudnn_host/ (the cuDNN logic that runs on the host, tested on the CPU) build on it; cuda/
     # only in a CUDA build; bindings/ (the _C module and its _testing hooks) on top.
     sources = [os.path.join(CSRC, "core", f) for f in (
@@ -239,11 +239,8 @@ def _write_build_record(config: dict, with_cuda: bool, path: str) -> None:
 
 
 def _long_description() -> str:
-    """The README's opening (what the package is, the two commands, the status): the package index
-    page; the rest of the README is the documentation in the repository."""
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    head = text.split("\n## Install", 1)[0].rstrip()
-    return head + "\n\nInstall, API, Keras checkpoints, serving, performance and the architecture: README.md in the source distribution.\n"
+    """The README, the package index page (the rest of the documentation is docs/)."""
+    return open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
 
 
 setup(

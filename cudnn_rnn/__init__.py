@@ -19,30 +19,55 @@ __version__ = "0.1.0"
 
 
 def set_cudnn_algorithm(name: str) -> None:
-    """The cuDNN RNN algorithm to use: "standard" (the default), "auto" (PERSIST_STATIC_SMALL_H
-    for float16/float32 with hidden size <= 128 (<= 256 for SimpleRNN) and no mask, else
-    STANDARD), "persist_static" or "persist_static_small_h" (where their constraints hold).
-    A persistent algorithm cuDNN refuses for a configuration falls back to STANDARD."""
+    """Chooses the cuDNN RNN algorithm, process-wide.
+
+    Args:
+        name (str): ``"standard"`` (the default), ``"auto"`` (PERSIST_STATIC_SMALL_H for
+            float16 / float32 with hidden size <= 128, or <= 256 for SimpleRNN, and no mask; else
+            STANDARD), ``"persist_static"`` or ``"persist_static_small_h"`` (where their
+            constraints hold). A persistent algorithm cuDNN refuses for a configuration falls
+            back to STANDARD.
+
+    Example:
+        >>> cudnn_rnn.set_cudnn_algorithm("auto")
+        >>> cudnn_rnn.cudnn_algorithm()
+        'auto'
+        >>> cudnn_rnn.set_cudnn_algorithm("standard")
+    """
     _C.set_cudnn_algorithm(name)
 
 
 def cudnn_algorithm() -> str:
-    """The cuDNN RNN algorithm preference set_cudnn_algorithm chose ("standard" by default)."""
+    """The cuDNN RNN algorithm :func:`set_cudnn_algorithm` chose.
+
+    Returns:
+        str: ``"standard"`` unless set otherwise.
+    """
     return _C.cudnn_algorithm()
 
 
 def cudnn_fallback_count() -> int:
-    """How many calls on CUDA tensors ran on the generic CUDA backend instead of cuDNN (a
-    silent fallback would be a bug; explain() says why a layer cannot use cuDNN)."""
+    """How many calls on CUDA tensors ran on the generic CUDA backend instead of cuDNN since the
+    process started (:func:`explain` says why a layer cannot use cuDNN).
+
+    Returns:
+        int: the count (0 in a CPU-only build).
+    """
     return int(_C.cudnn_fallback_count())
 
 
 def empty_cpu_cache() -> None:
-    """Frees what the CPU backend keeps between calls: its idle large buffers (at most
-    CUDNN_RNN_CPU_CACHE_MB, default 512 MiB; 0 disables that pool) and the packed forms of the
-    weights it multiplies by (kept while the weight tensors are unchanged, as their version
-    counters say; CUDNN_RNN_CPU_WEIGHT_CACHE=0 disables it). Call it after writing weights in a
-    way the version counter does not see (through ``.data``)."""
+    """Frees what the CPU backend keeps between calls.
+
+    That is its idle large buffers (at most ``CUDNN_RNN_CPU_CACHE_MB``, default 512 MiB; 0
+    disables the pool) and the packed forms of the weights it multiplies by, kept while the weight
+    tensors are unchanged as their version counters say (``CUDNN_RNN_CPU_WEIGHT_CACHE=0``
+    disables them). Call it after writing weights in a way the version counter does not see
+    (through ``.data``).
+
+    Example:
+        >>> cudnn_rnn.empty_cpu_cache()
+    """
     _C.empty_cpu_cache()
 
 
@@ -60,8 +85,7 @@ def set_cpu_plan(gemm: Optional[str] = None, split: Optional[str] = None) -> Non
             engine) or ``"auto"`` (the cost model: rows where the recurrent kernel fits a quarter
             of L2, or from 4 rows a thread up to 8 L2). ``None`` leaves it as it is.
 
-    Example::
-
+    Example:
         >>> cudnn_rnn.set_cpu_plan(split="units")
         >>> cudnn_rnn.set_cpu_plan(gemm="auto", split="auto")  # back to the defaults
     """
@@ -72,10 +96,17 @@ def set_cpu_plan(gemm: Optional[str] = None, split: Optional[str] = None) -> Non
 
 
 def build_info() -> dict:
-    """What the native extension was built with and what it runs here, in words: the torch it was
-    built against (and the running one), CUDA / cuDNN versions (or 'no'), the CUDA architectures,
-    OpenMP, and the CPU paths this machine takes (cell-loop instruction set, float32 GEMM engine,
-    bfloat16 GEMMs)."""
+    """What the native extension was built with and what it runs on this machine.
+
+    Returns:
+        dict: in words, the torch it was built against and the running one, the CUDA and cuDNN
+        versions (or ``"no"``), the CUDA architectures, OpenMP, and the CPU paths this machine
+        takes (cell-loop instruction set, float32 GEMM engine, bfloat16 GEMMs).
+
+    Example:
+        >>> sorted(cudnn_rnn.build_info())[:3]
+        ['cpu_bfloat16_gemms', 'cpu_cell_loops', 'cpu_float32_gemms']
+    """
     from ._compat import _built_against
 
     info = {"torch_running": torch.__version__}

@@ -47,6 +47,57 @@ def conv_output_size(size: int, kernel: int, stride: int, dilation: int, padding
 
 
 class _ConvLSTM(nn.Module):
+    r"""Convolutional LSTM over a sequence of 1-, 2- or 3-D feature maps, as Keras's ConvLSTM1D / 2D
+    / 3D compute it: the LSTM of :class:`LSTM` with its matrix products replaced by convolutions
+    (the input convolution with ``strides``, ``padding`` and ``dilation_rate``, the recurrent one
+    "same" with stride 1).
+
+    Args:
+        in_channels (int): channels of each input step.
+        filters (int): channels of the states and of the output.
+        kernel_size (int or tuple): size of both convolutions' kernels.
+        strides (int or tuple): stride of the input convolution. Default: ``1``.
+        padding (str): ``"valid"`` or ``"same"`` (Keras's, asymmetric where it must be) for the input
+            convolution. Default: ``"valid"``.
+        data_format (str): ``"channels_last"`` (Keras's default) or ``"channels_first"``.
+            Default: ``"channels_last"``.
+        dilation_rate (int or tuple): dilation of the input convolution. Default: ``1``.
+        activation (str or None): Keras name of the cell's activation. Default: ``"tanh"``.
+        recurrent_activation (str): Keras name of the gates' activation. Default: ``"sigmoid"``.
+        use_bias (bool): whether the layer has a ``bias``. Default: ``True``.
+        kernel_initializer (str): Keras initializer name for ``kernel``. Default: ``"glorot_uniform"``.
+        recurrent_initializer (str): for ``recurrent_kernel``. Default: ``"orthogonal"``.
+        bias_initializer (str): for ``bias``. Default: ``"zeros"``.
+        unit_forget_bias (bool): start the forget gate's bias at 1. Default: ``True``.
+        dropout (float): fraction of the inputs dropped in training (one mask per gate and
+            sequence). Default: ``0.0``.
+        recurrent_dropout (float): fraction of the recurrent state dropped in training.
+            Default: ``0.0``.
+        seed (int, optional): seed of the dropout masks; ``None`` draws from torch's global
+            generator. Default: ``None``.
+        return_sequences (bool): return every step's output instead of the last. Default: ``False``.
+        return_state (bool): return ``[output, h, c]``. Default: ``False``.
+        go_backwards (bool): process the sequence from its end. Default: ``False``.
+        stateful (bool): keep the final states for the next call. Default: ``False``.
+        zero_output_for_mask (bool): masked steps output zeros. Default: ``False``.
+        device (torch.device, optional): device of the parameters.
+        dtype (torch.dtype, optional): float32 or float64.
+
+    Shape:
+        - x: :math:`(N, L, *S, C_{in})` (channels last) or :math:`(N, L, C_{in}, *S)`, S the
+          ``rank`` spatial sizes.
+        - mask: :math:`(N, L)`, optional. initial_state: optional ``[h_0, c_0]``, each
+          :math:`(N, *S', F)` in the layer's data format.
+        - Output: :math:`(N, L, *S', F)` with ``return_sequences``, else :math:`(N, *S', F)`; with
+          ``return_state`` the list ``[output, h_n, c_n]``. S' is S after the input convolution and
+          F = ``filters``.
+
+    Attributes:
+        kernel: :math:`(*kernel\_size, C_{in}, 4F)`, gate blocks i, f, c, o.
+        recurrent_kernel: :math:`(*kernel\_size, F, 4F)`.
+        bias: :math:`(4F)`.
+    """
+
     rank: int = 0
 
     def __init__(self, in_channels: int, filters: int, kernel_size: IntOrTuple, strides: IntOrTuple = 1,
@@ -177,7 +228,7 @@ class _ConvLSTM(nn.Module):
     def dropout_masks(self, x_op: Tensor, state_shape: Sequence[int], training: bool):
         """(input mask [4, B, *S, C] or None, recurrent mask [4, B, *S', F] or None): one mask per
         gate and sequence, shared by every step (tf.keras's ConvLSTM; Keras 3 indexes its one mask
-        by the gate instead, which makes the masks rows of the batch: see the README)."""
+        by the gate instead, which makes the masks rows of the batch: see docs/limits.md)."""
         dmask = rmask = None
         if training and 0.0 < self.dropout < 1.0:
             dmask = self._mask((4, x_op.shape[0], *x_op.shape[2:]), self.dropout, x_op)
@@ -246,17 +297,38 @@ class _ConvLSTM(nn.Module):
 
 
 class ConvLSTM1D(_ConvLSTM):
-    """keras.layers.ConvLSTM1D: x (batch, time, length, channels)."""
+    """``keras.layers.ConvLSTM1D``: x (batch, time, length, channels) by default. Arguments, shapes and
+    attributes below.
+
+    Example:
+        >>> layer = cudnn_rnn.ConvLSTM1D(3, 4, kernel_size=3, padding="same", return_sequences=True)
+        >>> layer(torch.randn(2, 5, 9, 3)).shape
+        torch.Size([2, 5, 9, 4])
+    """
     rank = 1
 
 
 class ConvLSTM2D(_ConvLSTM):
-    """keras.layers.ConvLSTM2D: x (batch, time, rows, cols, channels)."""
+    """``keras.layers.ConvLSTM2D``: x (batch, time, rows, cols, channels) by default. Arguments, shapes and
+    attributes below.
+
+    Example:
+        >>> layer = cudnn_rnn.ConvLSTM2D(3, 4, kernel_size=3, padding="same", return_sequences=True)
+        >>> layer(torch.randn(2, 5, 6, 7, 3)).shape
+        torch.Size([2, 5, 6, 7, 4])
+    """
     rank = 2
 
 
 class ConvLSTM3D(_ConvLSTM):
-    """keras.layers.ConvLSTM3D: x (batch, time, depth, rows, cols, channels)."""
+    """``keras.layers.ConvLSTM3D``: x (batch, time, depth, rows, cols, channels) by default. Arguments, shapes and
+    attributes below.
+
+    Example:
+        >>> layer = cudnn_rnn.ConvLSTM3D(3, 4, kernel_size=3, padding="same", return_sequences=True)
+        >>> layer(torch.randn(2, 5, 4, 5, 3, 3)).shape
+        torch.Size([2, 5, 4, 5, 3, 4])
+    """
     rank = 3
 
 
@@ -290,3 +362,8 @@ def _conv_lstm_backward_fake(grad_y, grad_h_n, grad_c_n, x, kernel, recurrent_ke
 
 
 __all__ = ["ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D"]
+
+
+# Each layer's help() and reference page carry the whole description (written once, above).
+for _cls in (ConvLSTM1D, ConvLSTM2D, ConvLSTM3D):
+    _cls.__doc__ = _cls.__doc__.rstrip() + "\n\n    " + _ConvLSTM.__doc__.strip() + "\n"

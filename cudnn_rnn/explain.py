@@ -12,6 +12,10 @@ from .layers import Bidirectional, _RNNBase
 
 @dataclass
 class Explanation:
+    """What :func:`explain` found: the backend a layer's call runs on, why it is not cuDNN, and
+    the CPU plan. Fields: ``backend``, ``device``, ``reasons``, ``notes``, ``algorithm``,
+    ``plan``; ``str()`` joins them in one line."""
+
     backend: str  # "cpu", "cudnn", "cuda-generic", or "unavailable" (CUDA asked of a CPU-only build)
     device: str
     reasons: List[str] = field(default_factory=list)  # why not cuDNN (empty when cuDNN runs)
@@ -83,10 +87,30 @@ def _cpu_plan(layer: _RNNBase, dtype: torch.dtype, training: bool, mask: Optiona
 
 def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, training: Optional[bool] = None,
             mask: Optional[torch.Tensor] = None) -> Explanation:
-    """Which backend would run `layer` on `device` (default: where its parameters are) and, when
-    it is not cuDNN, why. With `mask` (the [batch, time] mask a call would pass), the answer is
-    for that call: cuDNN takes no mask or a right-padded one, anything else runs cuda-generic;
-    without it, the answer holds for unmasked and right-padded calls (a note says so)."""
+    r"""Which backend would run ``layer``, and why not cuDNN.
+
+    Args:
+        layer (LSTM, GRU, SimpleRNN or Bidirectional): the layer to explain.
+        device (str or torch.device, optional): where the call would run. Default: where the
+            layer's parameters are.
+        training (bool, optional): for a call in training mode (dropout). Default:
+            ``layer.training``.
+        mask (Tensor, optional): the :math:`(N, L)` mask a call would pass. cuDNN takes no mask or
+            a right-padded one; anything else runs the generic CUDA backend. Default: the answer
+            for unmasked and right-padded calls (a note says so).
+
+    Returns:
+        Explanation: ``backend`` (``"cpu"``, ``"cudnn"``, ``"cuda-generic"``, or ``"unavailable"``
+        when a CPU-only build is asked about CUDA), ``reasons`` it is not cuDNN, ``notes``,
+        cuDNN's ``algorithm``, and on the CPU the ``plan`` (products, engine, thread split).
+        ``str()`` gives it in one line.
+
+    Example:
+        >>> cudnn_rnn.explain(cudnn_rnn.GRU(8, 8, reset_after=False)).backend
+        'cpu'
+        >>> print(cudnn_rnn.explain(cudnn_rnn.GRU(8, 8, reset_after=False), "cuda"))  # doctest: +SKIP
+        cuda-generic on cuda: reset_after=False is not supported by cuDNN ...
+    """
     if isinstance(layer, Bidirectional):
         sides = [layer.forward_layer, layer.backward_layer]
     elif isinstance(layer, _RNNBase):
@@ -105,7 +129,7 @@ def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, tra
         return Explanation("cpu", str(device), plan=_cpu_plan(sides[0], ref.dtype, training, mask))
     if not torch._C._dispatch_has_kernel_for_dispatch_key("cudnn_rnn::rnn_forward", "CUDA"):
         return Explanation("unavailable", str(device), ["this build has no CUDA kernels (a CPU-only build): a CUDA "
-                                                        "tensor raises; rebuild with CUDA (README, Install)"])
+                                                        "tensor raises; rebuild with CUDA (docs/install.md)"])
     if isinstance(layer, Bidirectional) and layer.fused:
         calls = [(sides[0], True, sides[0].go_backwards)]
     else:

@@ -388,7 +388,74 @@ def _layer_args(frame_locals: dict) -> dict:
 
 
 class LSTM(_RNNBase):
-    """keras.layers.LSTM. Parameters: kernel [I, 4u], recurrent_kernel [u, 4u], bias [4u]; gates i, f, c, o."""
+    r"""Long short-term memory layer that computes what ``keras.layers.LSTM`` computes.
+
+    For each step, with Keras's gate order i, f, c, o::
+
+        i = σ(x_t W_i + h U_i + b_i)      f = σ(x_t W_f + h U_f + b_f)
+        g = act(x_t W_c + h U_c + b_c)    o = σ(x_t W_o + h U_o + b_o)
+        c = f * c + i * g                 h = o * act(c)
+
+    where σ is ``recurrent_activation`` and act is ``activation``. A masked step keeps both states.
+
+    Args:
+        input_size (int): features of each input step.
+        units (int): size of the hidden and cell states.
+        activation (str or None): Keras name of the cell's activation (``None``: linear).
+            Default: ``"tanh"``.
+        recurrent_activation (str): Keras name of the gates' activation. Default: ``"sigmoid"``.
+        use_bias (bool): whether the layer has a ``bias``. Default: ``True``.
+        kernel_initializer (str): Keras initializer name for ``kernel``. Default: ``"glorot_uniform"``.
+        recurrent_initializer (str): Keras initializer name for ``recurrent_kernel``.
+            Default: ``"orthogonal"``.
+        bias_initializer (str): Keras initializer name for ``bias``. Default: ``"zeros"``.
+        unit_forget_bias (bool): start the forget gate's bias at 1. Default: ``True``.
+        dropout (float): fraction of the inputs dropped in training (one mask per sequence, as
+            Keras). Default: ``0.0``.
+        recurrent_dropout (float): fraction of the recurrent state dropped in training (one mask
+            per gate and sequence). Default: ``0.0``.
+        seed (int, optional): seed of the dropout masks' counter-based generator, which gives the
+            same masks eagerly and compiled, on the CPU and on CUDA; ``None`` draws them from
+            torch's global generator. Default: ``None``.
+        return_sequences (bool): return every step's output instead of the last. Default: ``False``.
+        return_state (bool): return ``[output, *states]`` instead of the output. Default: ``False``.
+        go_backwards (bool): process the sequence from its end (and return the outputs in that
+            order). Default: ``False``.
+        stateful (bool): keep the final states as the next call's initial states;
+            ``reset_states()`` forgets them. Default: ``False``.
+        unroll (bool): accepted for Keras configurations; the computation is the same.
+            Default: ``False``.
+        zero_output_for_mask (bool): masked steps output zeros instead of the previous output.
+            Default: ``False``.
+        num_layers (int): a fused stack of this many layers in one op call (the inner ones return
+            sequences and pass the mask on; their parameters are ``kernel_l1``, ...). Default: ``1``.
+        device (torch.device, optional): device of the parameters. Default: torch's default.
+        dtype (torch.dtype, optional): dtype of the parameters (float32, float64, bfloat16,
+            float16). Default: torch's default.
+
+    Shape:
+        - x: :math:`(N, L, H_{in})`, batch first as in Keras.
+        - mask: :math:`(N, L)`, optional; True (or non-zero) for real steps, any pattern.
+        - initial_state: optional list ``[h_0, c_0]``; with ``num_layers=K``, every layer's in order.
+        - Output: :math:`(N, L, H)` with ``return_sequences``, else :math:`(N, H)`; with
+          ``return_state``, the list ``[output, h_n, c_n]``, each state :math:`(N, H)` (the
+          last layer's).
+
+        where N is the batch size, L the number of steps, :math:`H_{in}` = ``input_size`` and
+        H = ``units``. ``forward(x, mask=None, initial_state=None, training=None)``: ``training``
+        defaults to ``module.training``; dropout applies only in training.
+
+    Attributes:
+        kernel: :math:`(H_{in}, 4H)`, gate blocks i, f, c, o (Keras's layout and initialisation).
+        recurrent_kernel: :math:`(H, 4H)`.
+        bias: :math:`(4H)`.
+
+    Example:
+        >>> lstm = cudnn_rnn.LSTM(16, 32, return_sequences=True, return_state=True)
+        >>> out, h, c = lstm(torch.randn(4, 12, 16), mask=torch.ones(4, 12, dtype=torch.bool))
+        >>> out.shape, h.shape
+        (torch.Size([4, 12, 32]), torch.Size([4, 32]))
+    """
 
     cell = "lstm"
 
@@ -403,8 +470,75 @@ class LSTM(_RNNBase):
 
 
 class GRU(_RNNBase):
-    """keras.layers.GRU. Parameters: kernel [I, 3u], recurrent_kernel [u, 3u], bias [2, 3u]
-    (reset_after=True: row 0 input, row 1 recurrent) or [3u]; gates z, r, h."""
+    r"""Gated recurrent unit layer that computes what ``keras.layers.GRU`` computes.
+
+    For each step, with Keras's gate order z, r, h::
+
+        z = σ(x_t W_z + h U_z + b_z)      r = σ(x_t W_r + h U_r + b_r)
+        ĥ = act(x_t W_h + r * (h U_h + b'_h) + b_h)       (reset_after=True)
+        ĥ = act(x_t W_h + (r * h) U_h + b_h)              (reset_after=False)
+        h = z * h + (1 - z) * ĥ
+
+    where σ is ``recurrent_activation``, act is ``activation`` and b' the recurrent bias row.
+
+    Args:
+        input_size (int): features of each input step.
+        units (int): size of the hidden state.
+        activation (str or None): Keras name of the candidate's activation (``None``: linear).
+            Default: ``"tanh"``.
+        recurrent_activation (str): Keras name of the gates' activation. Default: ``"sigmoid"``.
+        use_bias (bool): whether the layer has a ``bias``. Default: ``True``.
+        kernel_initializer (str): Keras initializer name for ``kernel``. Default: ``"glorot_uniform"``.
+        recurrent_initializer (str): Keras initializer name for ``recurrent_kernel``.
+            Default: ``"orthogonal"``.
+        bias_initializer (str): Keras initializer name for ``bias``. Default: ``"zeros"``.
+        dropout (float): fraction of the inputs dropped in training (one mask per sequence, as
+            Keras). Default: ``0.0``.
+        recurrent_dropout (float): fraction of the recurrent state dropped in training (one mask
+            per gate and sequence). Default: ``0.0``.
+        seed (int, optional): seed of the dropout masks' counter-based generator, which gives the
+            same masks eagerly and compiled, on the CPU and on CUDA; ``None`` draws them from
+            torch's global generator. Default: ``None``.
+        return_sequences (bool): return every step's output instead of the last. Default: ``False``.
+        return_state (bool): return ``[output, *states]`` instead of the output. Default: ``False``.
+        go_backwards (bool): process the sequence from its end (and return the outputs in that
+            order). Default: ``False``.
+        stateful (bool): keep the final states as the next call's initial states;
+            ``reset_states()`` forgets them. Default: ``False``.
+        unroll (bool): accepted for Keras configurations; the computation is the same.
+            Default: ``False``.
+        reset_after (bool): apply the reset gate after the recurrent product (Keras 3's and
+            cuDNN's default) instead of before it (Keras 2's). Default: ``True``.
+        zero_output_for_mask (bool): masked steps output zeros instead of the previous output.
+            Default: ``False``.
+        num_layers (int): a fused stack of this many layers in one op call (the inner ones return
+            sequences and pass the mask on; their parameters are ``kernel_l1``, ...). Default: ``1``.
+        device (torch.device, optional): device of the parameters. Default: torch's default.
+        dtype (torch.dtype, optional): dtype of the parameters (float32, float64, bfloat16,
+            float16). Default: torch's default.
+
+    Shape:
+        - x: :math:`(N, L, H_{in})`, batch first as in Keras.
+        - mask: :math:`(N, L)`, optional; True (or non-zero) for real steps, any pattern.
+        - initial_state: optional list ``[h_0]``; with ``num_layers=K``, every layer's in order.
+        - Output: :math:`(N, L, H)` with ``return_sequences``, else :math:`(N, H)`; with
+          ``return_state``, the list ``[output, h_n]``, each state :math:`(N, H)` (the
+          last layer's).
+
+        where N is the batch size, L the number of steps, :math:`H_{in}` = ``input_size`` and
+        H = ``units``. ``forward(x, mask=None, initial_state=None, training=None)``: ``training``
+        defaults to ``module.training``; dropout applies only in training.
+
+    Attributes:
+        kernel: :math:`(H_{in}, 3H)`, gate blocks z, r, h.
+        recurrent_kernel: :math:`(H, 3H)`.
+        bias: :math:`(2, 3H)` with ``reset_after`` (row 0 input, row 1 recurrent), else :math:`(3H)`.
+
+    Example:
+        >>> gru = cudnn_rnn.GRU(16, 24, reset_after=False, recurrent_activation="hard_sigmoid")
+        >>> gru(torch.randn(4, 12, 16)).shape
+        torch.Size([4, 24])
+    """
 
     cell = "gru"
 
@@ -419,7 +553,64 @@ class GRU(_RNNBase):
 
 
 class SimpleRNN(_RNNBase):
-    """keras.layers.SimpleRNN. Parameters: kernel [I, u], recurrent_kernel [u, u], bias [u]."""
+    r"""Fully connected recurrent layer that computes what ``keras.layers.SimpleRNN`` computes:
+    ``h = act(x_t W + h U + b)`` for each step, a masked step keeping ``h``.
+
+    Args:
+        input_size (int): features of each input step.
+        units (int): size of the hidden state.
+        activation (str or None): Keras name of the activation (``None``: linear).
+            Default: ``"tanh"``.
+        use_bias (bool): whether the layer has a ``bias``. Default: ``True``.
+        kernel_initializer (str): Keras initializer name for ``kernel``. Default: ``"glorot_uniform"``.
+        recurrent_initializer (str): Keras initializer name for ``recurrent_kernel``.
+            Default: ``"orthogonal"``.
+        bias_initializer (str): Keras initializer name for ``bias``. Default: ``"zeros"``.
+        dropout (float): fraction of the inputs dropped in training (one mask per sequence, as
+            Keras). Default: ``0.0``.
+        recurrent_dropout (float): fraction of the recurrent state dropped in training (one mask
+            per gate and sequence). Default: ``0.0``.
+        seed (int, optional): seed of the dropout masks' counter-based generator, which gives the
+            same masks eagerly and compiled, on the CPU and on CUDA; ``None`` draws them from
+            torch's global generator. Default: ``None``.
+        return_sequences (bool): return every step's output instead of the last. Default: ``False``.
+        return_state (bool): return ``[output, *states]`` instead of the output. Default: ``False``.
+        go_backwards (bool): process the sequence from its end (and return the outputs in that
+            order). Default: ``False``.
+        stateful (bool): keep the final states as the next call's initial states;
+            ``reset_states()`` forgets them. Default: ``False``.
+        unroll (bool): accepted for Keras configurations; the computation is the same.
+            Default: ``False``.
+        zero_output_for_mask (bool): masked steps output zeros instead of the previous output.
+            Default: ``False``.
+        num_layers (int): a fused stack of this many layers in one op call (the inner ones return
+            sequences and pass the mask on; their parameters are ``kernel_l1``, ...). Default: ``1``.
+        device (torch.device, optional): device of the parameters. Default: torch's default.
+        dtype (torch.dtype, optional): dtype of the parameters (float32, float64, bfloat16,
+            float16). Default: torch's default.
+
+    Shape:
+        - x: :math:`(N, L, H_{in})`, batch first as in Keras.
+        - mask: :math:`(N, L)`, optional; True (or non-zero) for real steps, any pattern.
+        - initial_state: optional list ``[h_0]``; with ``num_layers=K``, every layer's in order.
+        - Output: :math:`(N, L, H)` with ``return_sequences``, else :math:`(N, H)`; with
+          ``return_state``, the list ``[output, h_n]``, each state :math:`(N, H)` (the
+          last layer's).
+
+        where N is the batch size, L the number of steps, :math:`H_{in}` = ``input_size`` and
+        H = ``units``. ``forward(x, mask=None, initial_state=None, training=None)``: ``training``
+        defaults to ``module.training``; dropout applies only in training.
+
+    Attributes:
+        kernel: :math:`(H_{in}, H)`.
+        recurrent_kernel: :math:`(H, H)`.
+        bias: :math:`(H)`.
+
+    Example:
+        >>> rnn = cudnn_rnn.SimpleRNN(16, 8, activation="relu", return_sequences=True)
+        >>> rnn(torch.randn(4, 12, 16)).shape
+        torch.Size([4, 12, 8])
+    """
 
     cell = "simple_rnn"
 
@@ -437,16 +628,36 @@ _MERGE_MODES = ("concat", "sum", "mul", "ave", None)
 
 
 class Bidirectional(nn.Module):
-    """keras.layers.Bidirectional.
+    r"""Runs a recurrent layer over the sequence in both directions and merges the two outputs,
+    as ``keras.layers.Bidirectional`` does.
 
-    ``forward_layer`` is ``layer`` itself (its zero_output_for_mask is set as Keras sets it, and
-    inside a num_layers stack its inner kernels are re-created to read both directions);
+    ``forward_layer`` is ``layer`` itself (its ``zero_output_for_mask`` set as Keras sets it; in a
+    ``num_layers`` stack its inner kernels are re-created to read both directions).
     ``backward_layer`` defaults to a freshly initialised copy of its configuration with
     ``go_backwards`` flipped, as tf.keras does (Keras 3 refuses a wrapped layer that already has
-    go_backwards=True; here it is accepted and computes what tf.keras computed). When both sides share a
-    cell configuration they run as one two-direction op call. With ``num_layers=N`` the wrapped
-    layer stands for N stacked Bidirectional layers (concatenated between layers), which is also
+    ``go_backwards=True``; here it computes what tf.keras computed). When both sides share a cell
+    configuration they run as one two-direction op call. With ``num_layers=N`` the wrapped layer
+    stands for N stacked Bidirectional layers (concatenated between layers), which is also
     torch.nn's bidirectional stacking.
+
+    Args:
+        layer (LSTM, GRU or SimpleRNN): the forward direction.
+        merge_mode (str or None): ``"concat"``, ``"sum"``, ``"mul"``, ``"ave"``, or ``None`` to
+            return the two outputs as a list. Default: ``"concat"``.
+        backward_layer (LSTM, GRU or SimpleRNN, optional): the backward direction, with the same
+            ``return_sequences`` and ``return_state``. Default: a copy of ``layer``'s configuration.
+
+    Shape:
+        - x: :math:`(N, L, H_{in})`; mask: :math:`(N, L)`, optional.
+        - initial_state: optional list, the forward layer's states then the backward layer's.
+        - Output: :math:`(N, L, 2H)` for ``"concat"`` with ``return_sequences`` (:math:`(N, L, H)`
+          for the other modes; without ``return_sequences`` the time axis is dropped); with
+          ``return_state``, ``[output, *forward_states, *backward_states]``.
+
+    Example:
+        >>> bi = cudnn_rnn.Bidirectional(cudnn_rnn.LSTM(16, 32, return_sequences=True))
+        >>> bi(torch.randn(4, 12, 16)).shape
+        torch.Size([4, 12, 64])
     """
 
     def __init__(self, layer: _RNNBase, merge_mode: Optional[str] = "concat", backward_layer: Optional[_RNNBase] = None):
@@ -567,16 +778,48 @@ def merge_directions(y_f: Tensor, y_b: Tensor, merge_mode: Optional[str]):
 
 
 def to_torch(layer: nn.Module) -> nn.Module:
-    """torch.nn.LSTM / GRU / RNN with batch_first=True computing what `layer` computes (as
-    return_sequences=True output). Dropout settings are not carried over (they differ in kind)."""
+    """A ``torch.nn`` module computing what ``layer`` computes, with its weights copied.
+
+    Args:
+        layer (LSTM, GRU, SimpleRNN or Bidirectional): a layer torch.nn can express: tanh /
+            sigmoid activations, GRU ``reset_after=True``, no ``go_backwards``, a ``"concat"``
+            merge. Dropout settings are not carried over (they differ in kind).
+
+    Returns:
+        torch.nn.LSTM, GRU or RNN with ``batch_first=True``, whose output equals the layer's with
+        ``return_sequences=True``.
+
+    Raises:
+        ValueError: listing what torch.nn cannot express.
+
+    Example:
+        >>> torch_lstm = cudnn_rnn.to_torch(cudnn_rnn.LSTM(8, 16))
+        >>> type(torch_lstm).__name__
+        'LSTM'
+    """
     if not isinstance(layer, (_RNNBase, Bidirectional)):
         raise TypeError(f"layer must be a cudnn_rnn LSTM, GRU, SimpleRNN or Bidirectional; got {type(layer).__name__}")
     return layer.to_torch()
 
 
 def from_torch(module: nn.Module, **kwargs) -> nn.Module:
-    """Our layer (a Bidirectional for a bidirectional module) with `module`'s weights.
-    return_sequences defaults to True, as torch returns every step; kwargs override."""
+    """A cudnn_rnn layer with a ``torch.nn`` recurrent module's weights.
+
+    Args:
+        module (torch.nn.LSTM, GRU or RNN): the module (``batch_first`` either way; the layer takes
+            batch-first inputs).
+        **kwargs: layer arguments to set, e.g. ``return_state=True``. ``return_sequences``
+            defaults to True, as torch returns every step.
+
+    Returns:
+        LSTM, GRU or SimpleRNN (a :class:`Bidirectional` for a bidirectional module, with
+        ``num_layers`` for a stack) computing what ``module`` computes.
+
+    Example:
+        >>> layer = cudnn_rnn.from_torch(torch.nn.LSTM(8, 16, batch_first=True))
+        >>> layer(torch.randn(2, 5, 8)).shape
+        torch.Size([2, 5, 16])
+    """
     cell, options = keras_options(module)
     options.update(kwargs)
     cls = {"lstm": LSTM, "gru": GRU, "simple_rnn": SimpleRNN}[cell]

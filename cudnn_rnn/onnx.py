@@ -517,12 +517,32 @@ def _takes_varargs_only(model: torch.nn.Module) -> bool:
 
 def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], dynamic_batch_and_time: bool = True,
            dynamic_shapes=None, **kwargs) -> torch.onnx.ONNXProgram:
-    """torch.onnx.export (dynamo) of `model` with cudnn_rnn's translations; the batch dynamic,
-    and dimension 1 of every sequence (3-D and up, or integer 2-D token ids) its own dynamic length;
-    2-D float inputs (initial states, or a mask given as 0/1 floats) keep their batch only, so a
-    float mask fixes the length: pass it as bool, or choose with `dynamic_shapes` (torch.export's
-    form). A refusal of the translation is raised as
-    OnnxExportError. Returns the ONNXProgram (also saved to `path`)."""
+    """``torch.onnx.export`` (dynamo) of a model with cudnn_rnn's layers translated to ONNX.
+
+    LSTM / GRU / RNN operators where ONNX has the cell, a ``Loop`` otherwise (other activations,
+    ConvLSTM). float32 and inference only.
+
+    Args:
+        model (torch.nn.Module): the model (a converted Keras model takes ``forward(*inputs)``).
+        args (tuple): example inputs.
+        path (str or os.PathLike): the ``.onnx`` file to write.
+        dynamic_batch_and_time (bool): make the batch dynamic, and dimension 1 of every sequence
+            input (3-D and up, or integer 2-D token ids) its own dynamic length; 2-D float inputs
+            (initial states, a mask given as 0/1 floats) keep their batch only, so pass a mask as
+            bool. Default: ``True``.
+        dynamic_shapes (optional): torch.export's form, instead of the above. Default: ``None``.
+        **kwargs: passed to ``torch.onnx.export`` (``verbose=True`` shows its progress).
+
+    Returns:
+        torch.onnx.ONNXProgram: the program, also saved to ``path``.
+
+    Raises:
+        OnnxExportError: naming what has no ONNX translation.
+
+    Example:
+        >>> model = cudnn_rnn.load_keras("examples/sentiment.h5")
+        >>> program = cudnn_rnn.onnx.export(model, (torch.randint(1, 50, (2, 20)),), tmp_path / "m.onnx")
+    """
     model = model.eval()
     dynamic = dynamic_shapes
     if dynamic is None and dynamic_batch_and_time:  # time: dimension 1 of sequences (3-D and up) and token ids, each its own
@@ -533,6 +553,7 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
         if _takes_varargs_only(model):  # a converted Keras model: forward(*inputs), one parameter for them all
             dynamic = (dynamic,)
     try:
+        kwargs.setdefault("verbose", False)  # torch's step-by-step progress lines
         return torch.onnx.export(model, args, str(path), dynamo=True, custom_translation_table=TRANSLATIONS,
                                  dynamic_shapes=dynamic, **kwargs)
     except Exception as e:  # noqa: BLE001 - torch wraps our refusal in its own error: surface it

@@ -32,6 +32,11 @@ class Int8Linear(nn.Module):
     Shape:
         - Input: :math:`(*, H_{in})`
         - Output: :math:`(*, H_{out})`
+
+    Example:
+        >>> layer = cudnn_rnn.Int8Linear(torch.nn.Linear(64, 8))
+        >>> layer(torch.randn(3, 64)).shape
+        torch.Size([3, 8])
     """
 
     def __init__(self, linear: nn.Linear):
@@ -75,13 +80,13 @@ def quantize_dynamic(model: nn.Module, inplace: bool = False) -> nn.Module:
 
     Returns:
         The quantized model. Its error against float32 on the shipped Keras example
-        (``examples/sentiment.h5``) is documented in the README's quantization section.
+        (``examples/sentiment.h5``) is documented in docs/guides/serving.md (Quantized inference).
 
-    Example::
-
+    Example:
         >>> model = cudnn_rnn.load_keras("examples/sentiment.h5")
-        >>> q = cudnn_rnn.quantize_dynamic(model)
-        >>> q(tokens)  # int8 products where the CPU has AVX512_VNNI
+        >>> q = cudnn_rnn.quantize_dynamic(model)  # int8 products where the CPU has AVX512_VNNI
+        >>> q(torch.randint(1, 50, (2, 20))).shape
+        torch.Size([2, 3])
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
@@ -101,8 +106,11 @@ def quantize_dynamic(model: nn.Module, inplace: bool = False) -> nn.Module:
 
 
 def int8_available() -> bool:
-    """Whether this CPU runs the int8 products (AVX512_VNNI); elsewhere quantized layers compute in
-    float32."""
+    """Whether this CPU runs the int8 products (AVX512_VNNI).
+
+    Returns:
+        bool: where False, quantized layers compute in float32.
+    """
     return _int8()
 
 

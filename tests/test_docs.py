@@ -40,3 +40,97 @@ def test_the_history_check_catches_narration():
         assert HISTORY.search(line), line
     for line in ("onnxruntime.InferenceSession(path)", "measured on 2026-11-24", "torch.nn time / ours"):
         assert not HISTORY.search(line), line
+
+
+# -- the documentation itself -------------------------------------------------------------------
+import doctest  # noqa: E402
+import inspect  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import cudnn_rnn  # noqa: E402
+import cudnn_rnn.keras  # noqa: E402
+import cudnn_rnn.onnx  # noqa: E402
+
+PUBLIC = [getattr(cudnn_rnn, name) for name in cudnn_rnn.__all__ if name != "ops"] + [
+    cudnn_rnn.keras.load_converted, cudnn_rnn.keras.recurrent_layers, cudnn_rnn.onnx.export]
+LAYERS = [cudnn_rnn.LSTM, cudnn_rnn.GRU, cudnn_rnn.SimpleRNN, cudnn_rnn.Bidirectional, cudnn_rnn.ConvLSTM1D,
+          cudnn_rnn.ConvLSTM2D, cudnn_rnn.ConvLSTM3D, cudnn_rnn.Int8Linear]
+ARG = re.compile(r"^        (\*{0,2}\w+)(?: \(|:)", re.M)
+
+
+def _arg_entries(doc):
+    """{name: its whole entry} of a docstring's Args section, in order."""
+    section = doc.split("\n    Args:\n", 1)[1] if "\n    Args:\n" in doc else ""
+    section = re.split(r"\n\s*\n", section, maxsplit=1)[0]
+    entries, current = {}, None
+    for line in section.splitlines():
+        match = ARG.match(line)
+        if match:
+            current = match.group(1)
+            entries[current] = line.strip()
+        elif current:
+            entries[current] += " " + line.strip()
+    return entries
+
+
+@pytest.mark.parametrize("obj", PUBLIC, ids=lambda o: o.__name__)
+def test_public_api_is_documented_in_torch_nn_style(obj):
+    """Args with types and defaults naming exactly the signature's parameters, an Example, and a
+    Shape section on layers: what help() shows is the reference."""
+    doc = obj.__doc__ or ""
+    if inspect.isclass(obj) and issubclass(obj, Exception):
+        assert len(doc) > 80, obj.__name__
+        return
+    signature = inspect.signature(obj.__init__ if inspect.isclass(obj) else obj)
+    params = {("**" if p.kind == p.VAR_KEYWORD else "") + n: p for n, p in signature.parameters.items() if n != "self"}
+    entries = _arg_entries(doc)
+    if obj is not cudnn_rnn.Explanation:
+        assert list(entries) == list(params), f"{obj.__name__}: Args must list {list(params)}; has {list(entries)}"
+    for name, entry in entries.items():
+        head = entry.split(":", 1)[0]
+        if name.startswith("*"):
+            continue
+        assert re.match(r"\*{0,2}\w+ \(.+\)$", head), f"{obj.__name__}.{name}: no type"
+        if params[name].default is not inspect.Parameter.empty and "optional" not in head:
+            assert "Default:" in entry, f"{obj.__name__}.{name}: no Default"
+    if obj in LAYERS:
+        assert "\n    Shape:\n" in doc, obj.__name__
+    if obj not in (cudnn_rnn.cudnn_algorithm, cudnn_rnn.cudnn_fallback_count, cudnn_rnn.int8_available,
+                   cudnn_rnn.keras.load_converted, cudnn_rnn.Explanation):
+        assert "\n    Example:\n" in doc, f"{obj.__name__}: no Example"
+
+
+@pytest.mark.parametrize("obj", PUBLIC, ids=lambda o: o.__name__)
+def test_docstring_examples_run(obj, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    finder, runner = doctest.DocTestFinder(recurse=False), doctest.DocTestRunner(
+        optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in finder.find(obj, obj.__name__, globs={"torch": torch, "cudnn_rnn": cudnn_rnn, "tmp_path": tmp_path}):
+        runner.run(test)
+    assert runner.failures == 0, f"{obj.__name__}: {runner.failures} example(s) failed (output above)"
+    cudnn_rnn.set_cpu_plan(gemm="auto", split="auto")
+
+
+def test_readme_is_the_short_front_door_and_its_code_runs(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    assert len(readme.encode()) <= 10_240, f"README.md is {len(readme.encode())} bytes; the rest belongs in docs/"
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
+        assert target.startswith("http") or os.path.exists(os.path.join(ROOT, target)), target
+    for block in re.findall(r"```python\n(.*?)```", readme, re.S):
+        exec(compile(block, "README.md", "exec"), {})
+
+
+def test_documentation_site_builds_with_warnings_as_errors(tmp_path):
+    """mkdocs --strict: every page in the navigation, every link and anchor between pages
+    resolves, and every docstring the reference pages render parses."""
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    page = (tmp_path / "site" / "reference" / "layers" / "index.html").read_text()
+    assert "recurrent_activation" in page and "Shape" in page  # the docstrings were rendered

@@ -316,7 +316,7 @@ def test_seeded_layers_repeat_their_masks_from_the_same_state():
 
 
 def test_torch_func_transforms_are_refused_as_the_readme_says():
-    """README, Limits: the C++ autograd Function cannot be transformed by functorch; the refusal
+    """docs/limits.md: the C++ autograd Function cannot be transformed by functorch; the refusal
     is torch's own clear error, not a wrong result."""
     layer = cudnn_rnn.LSTM(3, 4)
     with pytest.raises(RuntimeError, match="cannot use C\\+\\+ torch::autograd::Function with functorch"):

@@ -153,7 +153,7 @@ def test_quantized_model_keeps_its_parameters_and_refuses_training():
 @needs_vnni
 def test_keras_example_error():
     """The shipped Keras model (Embedding, LSTM, Dense), quantized: the largest difference of its
-    sigmoid outputs from float32 over 64 random token sequences, as the README states it."""
+    sigmoid outputs from float32 over 64 random token sequences, as docs/guides/serving.md states it."""
     model = cudnn_rnn.load_keras(os.path.join(HERE, "..", "examples", "sentiment.h5")).eval()
     q = cudnn_rnn.quantize_dynamic(model)
     vocab = next(m for m in model.modules() if type(m).__name__ == "Embedding").embeddings.shape[0]

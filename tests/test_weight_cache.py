@@ -129,7 +129,7 @@ def test_inference_mode_and_deepcopy():
 
 @pytest.mark.parametrize("cell", list(LAYERS))
 def test_streaming_one_step_at_a_time_equals_the_sequence(cell):
-    """The README's streaming recipe: T calls of one step, states passed in and out, give the
+    """The streaming recipe (docs/guides/serving.md): T calls of one step, states passed in and out, give the
     whole sequence's outputs and final states (the weights packed once for all the calls)."""
     torch.manual_seed(6)
     layer = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU, "simple_rnn": cudnn_rnn.SimpleRNN}[cell](

@@ -10,7 +10,7 @@
 //           the recurrent products read the kernel packed once per call through MKL's packed
 //           GEMM API where torch exports it (cpu/rnn_cpu.cpp)
 // CUDNN_RNN_CPU_GEMM=packed|brgemm|blas picks one for every GEMM (read once). The default follows
-// the machine and the GEMM, as measured by benchmarks/run.py (README, "Performance"): on Intel
+// the machine and the GEMM, as measured by benchmarks/run.py (docs/guides/performance.md): on Intel
 // CPUs at ATen's AVX-512 level (ATEN_CPU_CAPABILITY=avx2 lowers it) BLAS for the GEMMs whose
 // operand B has at least 2^18 elements (K x N), where MKL's packed AVX-512 GEMM is level with the
 // packed kernel's AVX-512 build or ahead (fastrnns: level; PTB's B=20: 1.1x; it beat the AVX2

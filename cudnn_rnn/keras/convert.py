@@ -89,8 +89,19 @@ def _nested(path, value, depth: int, what: str):
 
 def load_converted(path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32,
                    custom_layers: Optional[Mapping[str, Callable]] = None) -> KerasModel:
-    """The model save_converted wrote, rebuilt and checked against its saved state_dict; a model
-    with layers of its own classes needs the custom_layers builders load_keras was given."""
+    """Loads a model ``cudnn-rnn convert`` (``save_converted``) wrote as ``.pt``: rebuilt from its
+    stored Keras config and checked against its saved ``state_dict`` (read with
+    ``weights_only=True``; nothing is unpickled).
+
+    Args:
+        path (str or os.PathLike): the ``.pt`` file.
+        dtype (torch.dtype): of the parameters. Default: ``torch.float32``.
+        custom_layers (dict, optional): the builders :func:`load_keras` was given for the model's
+            own layer classes. Default: ``None``.
+
+    Returns:
+        KerasModel: as :func:`load_keras` returns it.
+    """
     from .load import rebuild
 
     path = str(path)

@@ -4,9 +4,9 @@ MAX_MESSAGE = 1000  # a message that lists a hostile file's contents stays reada
 
 
 class ConversionError(ValueError):
-    """A Keras file that is malformed, truncated, hostile, or that this converter cannot express.
-
-    The message names the file, the layer (when there is one) and what was expected."""
+    """A Keras file that is malformed, truncated or hostile, or that this converter cannot
+    express. The message names the file, the layer (where there is one) and what was expected;
+    no other exception escapes :func:`load_keras`."""
 
     def __init__(self, path, message: str, layer: str = None):
         self.path = str(path)

@@ -33,19 +33,36 @@ from .files.weights import LegacySource, RecordingSource, ReplaySource, WeightSo
 def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, dict]] = None, dtype: torch.dtype = torch.float32,
                progress: Optional[Callable] = None,
                custom_layers: Optional[Mapping[str, Callable]] = None) -> KerasModel:
-    """A torch module computing what the Keras model in `path` computes.
+    """A torch module computing what the Keras model in ``path`` computes.
 
-    `path`: a `.keras` archive, a full-model legacy `.h5`, or a weights-only file
-    (`.weights.h5`, legacy weights `.h5`) together with `architecture`: a `.keras` / full `.h5`
-    file or a model config dict (`model.get_config()` wrapped as {"class_name", "config"}, or a
-    JSON string of it). Nothing from TensorFlow or Keras is needed, and nothing is unpickled.
-    `progress(i, n, layer_name)` is called as layers are converted.
-    `custom_layers` maps the class names of the model's own layer classes to builders,
-    `builder(config, weights) -> torch.nn.Module` (custom.py, README "Custom layers").
+    Nothing from TensorFlow or Keras is needed, and nothing is unpickled: a file that cannot be
+    converted, hostile ones included, raises one :class:`ConversionError` naming the file, the
+    layer and what was expected (docs/guides/untrusted-files.md).
 
-    The returned model keeps `keras_config` and `keras_version` (what save_keras and the CLI
-    use) and `keras_weights` (the arrays as read, by layer, in Keras order). A file that cannot
-    be converted raises ConversionError (README: "Loading files you did not write")."""
+    Args:
+        path (str or os.PathLike): a ``.keras`` archive, a full-model legacy ``.h5``, or a
+            weights-only file (``.weights.h5``, legacy weights ``.h5``) with ``architecture``.
+        architecture (str or dict, optional): for a weights-only file: a ``.keras`` / full ``.h5``
+            file, a model config dict (``model.get_config()`` wrapped as
+            ``{"class_name", "config"}``) or a JSON string of it. Default: ``None``.
+        dtype (torch.dtype): of the converted parameters. Default: ``torch.float32``.
+        progress (callable, optional): ``progress(i, n, layer_name)`` called as layers are
+            converted. Default: ``None``.
+        custom_layers (dict, optional): the model's own layer classes by class name, each a
+            ``builder(config, weights) -> torch.nn.Module`` (docs/guides/keras.md, "Custom
+            layers"). Default: ``None``.
+
+    Returns:
+        KerasModel: a ``torch.nn.Module`` whose ``forward(*inputs)`` takes the Keras model's
+        inputs (a tensor or list of tensors out, as Keras returns them). It keeps
+        ``keras_config``, ``keras_version`` (for :func:`save_keras` and the CLI) and
+        ``keras_weights`` (the arrays as read, by layer, in Keras order).
+
+    Example:
+        >>> model = cudnn_rnn.load_keras("examples/sentiment.h5")
+        >>> model(torch.randint(1, 50, (2, 20))).shape
+        torch.Size([2, 3])
+    """
     kf = open_keras_file(path)
     config, version = kf.config, kf.keras_version
     if architecture is not None:
@@ -229,7 +246,7 @@ def _check_classes(spec: ModelSpec, custom: Mapping[str, Callable], path) -> Non
         only = places[0][1] if len(missing) == 1 and len(places) == 1 else None
         raise ConversionError(path, f"layer class{'es' if len(missing) > 1 else ''} not supported: {listed}. A model's "
                                     f"own classes can be given builders: load_keras(..., custom_layers="
-                                    f"{{{example!r}: builder}}) (README: Custom layers)", only)
+                                    f"{{{example!r}: builder}}) (docs/guides/keras.md: Custom layers)", only)
 
 
 def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, where: str, progress,

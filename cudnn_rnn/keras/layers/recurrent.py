@@ -140,10 +140,20 @@ def recurrent_layer(module: nn.Module) -> Optional[nn.Module]:
 
 
 def recurrent_layers(module: nn.Module) -> List[nn.Module]:
-    """Every cudnn_rnn layer (LSTM, GRU, SimpleRNN or Bidirectional) that a converted model, or
-    one of its modules, runs, in the model's layer order: one for a Recurrent, those of each cell
-    group for a CellStack, those inside any other module (a whole model, a nested model, a
-    TimeDistributed) in its order; none where there are none."""
+    """Every cudnn_rnn layer a converted model (or one of its modules) runs, in the model's order.
+
+    Args:
+        module (torch.nn.Module): a model :func:`load_keras` made, or any module in it (a
+            recurrent layer, a cell stack, a nested model, a TimeDistributed).
+
+    Returns:
+        list: the LSTM, GRU, SimpleRNN and Bidirectional layers (empty where there are none).
+
+    Example:
+        >>> model = cudnn_rnn.load_keras("examples/sentiment.h5")
+        >>> [type(l).__name__ for l in cudnn_rnn.keras.recurrent_layers(model)]
+        ['Bidirectional', 'GRU']
+    """
     if isinstance(module, Recurrent):
         return [module.layer]
     if isinstance(module, CellStack):

@@ -100,8 +100,17 @@ def _write_weights(groups, target) -> None:
 
 
 def save_keras(module: nn.Module, path: Union[str, os.PathLike]) -> None:
-    """Writes `module` as a Keras 3 `.keras` archive or `.weights.h5` file, with its current
-    weights (fine-tuned ones included)."""
+    """Writes a converted model as Keras 3 would, with its current (e.g. fine-tuned) weights.
+
+    Args:
+        module (torch.nn.Module): a model :func:`load_keras` made from a Keras 3 file, or a
+            cudnn_rnn layer (saved as a one-layer Keras model).
+        path (str or os.PathLike): a ``.keras`` archive (config and weights) or a
+            ``.weights.h5`` file (weights only).
+
+    Example:
+        >>> cudnn_rnn.save_keras(cudnn_rnn.LSTM(8, 16), tmp_path / "lstm.keras")
+    """
     path = str(path)
     if isinstance(module, KerasModel):
         if not module.keras_version or not str(module.keras_version).startswith("3"):
