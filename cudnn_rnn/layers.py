@@ -387,6 +387,57 @@ def _layer_args(frame_locals: dict) -> dict:
     return {k: v for k, v in frame_locals.items() if k not in ("self", "__class__")}
 
 
+# The arguments LSTM, GRU and SimpleRNN share, written once and placed in each class's docstring
+# (help() and the reference pages show the whole text).
+_SHARED_ARGS = {
+    "{initializer_args}": """        use_bias (bool): whether the layer has a ``bias``. Default: ``True``.
+        kernel_initializer (str): Keras initializer name for ``kernel``. Default: ``"glorot_uniform"``.
+        recurrent_initializer (str): Keras initializer name for ``recurrent_kernel``.
+            Default: ``"orthogonal"``.
+        bias_initializer (str): Keras initializer name for ``bias``. Default: ``"zeros"``.""",
+    "{dropout_state_args}": """        dropout (float): fraction of the inputs dropped in training (one mask per sequence, as
+            Keras). Default: ``0.0``.
+        recurrent_dropout (float): fraction of the recurrent state dropped in training (one mask
+            per gate and sequence). Default: ``0.0``.
+        seed (int, optional): seed of the dropout masks' counter-based generator, which gives the
+            same masks eagerly and compiled, on the CPU and on CUDA; ``None`` draws them from
+            torch's global generator. Default: ``None``.
+        return_sequences (bool): return every step's output instead of the last. Default: ``False``.
+        return_state (bool): return ``[output, *states]`` instead of the output. Default: ``False``.
+        go_backwards (bool): process the sequence from its end (and return the outputs in that
+            order). Default: ``False``.
+        stateful (bool): keep the final states as the next call's initial states;
+            ``reset_states()`` forgets them. Default: ``False``.
+        unroll (bool): accepted for Keras configurations; the computation is the same.
+            Default: ``False``.""",
+    "{one_state_shape}": """    Shape:
+        - x: :math:`(N, L, H_{in})`, batch first as in Keras.
+        - mask: :math:`(N, L)`, optional; True (or non-zero) for real steps, any pattern.
+        - initial_state: optional list ``[h_0]``; with ``num_layers=K``, every layer's in order.
+        - Output: :math:`(N, L, H)` with ``return_sequences``, else :math:`(N, H)`; with
+          ``return_state``, the list ``[output, h_n]``, each state :math:`(N, H)` (the
+          last layer's).
+
+        where N is the batch size, L the number of steps, :math:`H_{in}` = ``input_size`` and
+        H = ``units``. ``forward(x, mask=None, initial_state=None, training=None)``: ``training``
+        defaults to ``module.training``; dropout applies only in training.""",
+    "{stack_args}": """        zero_output_for_mask (bool): masked steps output zeros instead of the previous output.
+            Default: ``False``.
+        num_layers (int): a fused stack of this many layers in one op call (the inner ones return
+            sequences and pass the mask on; their parameters are ``kernel_l1``, ...). Default: ``1``.
+        device (torch.device, optional): device of the parameters. Default: torch's default.
+        dtype (torch.dtype, optional): dtype of the parameters (float32, float64, bfloat16,
+            float16). Default: torch's default.""",
+}
+
+
+def _with_shared_args(cls):
+    for placeholder, text in _SHARED_ARGS.items():
+        cls.__doc__ = cls.__doc__.replace(placeholder, text)
+    return cls
+
+
+@_with_shared_args
 class LSTM(_RNNBase):
     r"""Long short-term memory layer that computes what ``keras.layers.LSTM`` computes.
 
@@ -404,34 +455,10 @@ class LSTM(_RNNBase):
         activation (str or None): Keras name of the cell's activation (``None``: linear).
             Default: ``"tanh"``.
         recurrent_activation (str): Keras name of the gates' activation. Default: ``"sigmoid"``.
-        use_bias (bool): whether the layer has a ``bias``. Default: ``True``.
-        kernel_initializer (str): Keras initializer name for ``kernel``. Default: ``"glorot_uniform"``.
-        recurrent_initializer (str): Keras initializer name for ``recurrent_kernel``.
-            Default: ``"orthogonal"``.
-        bias_initializer (str): Keras initializer name for ``bias``. Default: ``"zeros"``.
+{initializer_args}
         unit_forget_bias (bool): start the forget gate's bias at 1. Default: ``True``.
-        dropout (float): fraction of the inputs dropped in training (one mask per sequence, as
-            Keras). Default: ``0.0``.
-        recurrent_dropout (float): fraction of the recurrent state dropped in training (one mask
-            per gate and sequence). Default: ``0.0``.
-        seed (int, optional): seed of the dropout masks' counter-based generator, which gives the
-            same masks eagerly and compiled, on the CPU and on CUDA; ``None`` draws them from
-            torch's global generator. Default: ``None``.
-        return_sequences (bool): return every step's output instead of the last. Default: ``False``.
-        return_state (bool): return ``[output, *states]`` instead of the output. Default: ``False``.
-        go_backwards (bool): process the sequence from its end (and return the outputs in that
-            order). Default: ``False``.
-        stateful (bool): keep the final states as the next call's initial states;
-            ``reset_states()`` forgets them. Default: ``False``.
-        unroll (bool): accepted for Keras configurations; the computation is the same.
-            Default: ``False``.
-        zero_output_for_mask (bool): masked steps output zeros instead of the previous output.
-            Default: ``False``.
-        num_layers (int): a fused stack of this many layers in one op call (the inner ones return
-            sequences and pass the mask on; their parameters are ``kernel_l1``, ...). Default: ``1``.
-        device (torch.device, optional): device of the parameters. Default: torch's default.
-        dtype (torch.dtype, optional): dtype of the parameters (float32, float64, bfloat16,
-            float16). Default: torch's default.
+{dropout_state_args}
+{stack_args}
 
     Shape:
         - x: :math:`(N, L, H_{in})`, batch first as in Keras.
@@ -469,6 +496,7 @@ class LSTM(_RNNBase):
         super().__init__(**_layer_args(locals()), reset_after=False)
 
 
+@_with_shared_args
 class GRU(_RNNBase):
     r"""Gated recurrent unit layer that computes what ``keras.layers.GRU`` computes.
 
@@ -487,47 +515,13 @@ class GRU(_RNNBase):
         activation (str or None): Keras name of the candidate's activation (``None``: linear).
             Default: ``"tanh"``.
         recurrent_activation (str): Keras name of the gates' activation. Default: ``"sigmoid"``.
-        use_bias (bool): whether the layer has a ``bias``. Default: ``True``.
-        kernel_initializer (str): Keras initializer name for ``kernel``. Default: ``"glorot_uniform"``.
-        recurrent_initializer (str): Keras initializer name for ``recurrent_kernel``.
-            Default: ``"orthogonal"``.
-        bias_initializer (str): Keras initializer name for ``bias``. Default: ``"zeros"``.
-        dropout (float): fraction of the inputs dropped in training (one mask per sequence, as
-            Keras). Default: ``0.0``.
-        recurrent_dropout (float): fraction of the recurrent state dropped in training (one mask
-            per gate and sequence). Default: ``0.0``.
-        seed (int, optional): seed of the dropout masks' counter-based generator, which gives the
-            same masks eagerly and compiled, on the CPU and on CUDA; ``None`` draws them from
-            torch's global generator. Default: ``None``.
-        return_sequences (bool): return every step's output instead of the last. Default: ``False``.
-        return_state (bool): return ``[output, *states]`` instead of the output. Default: ``False``.
-        go_backwards (bool): process the sequence from its end (and return the outputs in that
-            order). Default: ``False``.
-        stateful (bool): keep the final states as the next call's initial states;
-            ``reset_states()`` forgets them. Default: ``False``.
-        unroll (bool): accepted for Keras configurations; the computation is the same.
-            Default: ``False``.
+{initializer_args}
+{dropout_state_args}
         reset_after (bool): apply the reset gate after the recurrent product (Keras 3's and
             cuDNN's default) instead of before it (Keras 2's). Default: ``True``.
-        zero_output_for_mask (bool): masked steps output zeros instead of the previous output.
-            Default: ``False``.
-        num_layers (int): a fused stack of this many layers in one op call (the inner ones return
-            sequences and pass the mask on; their parameters are ``kernel_l1``, ...). Default: ``1``.
-        device (torch.device, optional): device of the parameters. Default: torch's default.
-        dtype (torch.dtype, optional): dtype of the parameters (float32, float64, bfloat16,
-            float16). Default: torch's default.
+{stack_args}
 
-    Shape:
-        - x: :math:`(N, L, H_{in})`, batch first as in Keras.
-        - mask: :math:`(N, L)`, optional; True (or non-zero) for real steps, any pattern.
-        - initial_state: optional list ``[h_0]``; with ``num_layers=K``, every layer's in order.
-        - Output: :math:`(N, L, H)` with ``return_sequences``, else :math:`(N, H)`; with
-          ``return_state``, the list ``[output, h_n]``, each state :math:`(N, H)` (the
-          last layer's).
-
-        where N is the batch size, L the number of steps, :math:`H_{in}` = ``input_size`` and
-        H = ``units``. ``forward(x, mask=None, initial_state=None, training=None)``: ``training``
-        defaults to ``module.training``; dropout applies only in training.
+{one_state_shape}
 
     Attributes:
         kernel: :math:`(H_{in}, 3H)`, gate blocks z, r, h.
@@ -552,6 +546,7 @@ class GRU(_RNNBase):
         super().__init__(**_layer_args(locals()), unit_forget_bias=False)
 
 
+@_with_shared_args
 class SimpleRNN(_RNNBase):
     r"""Fully connected recurrent layer that computes what ``keras.layers.SimpleRNN`` computes:
     ``h = act(x_t W + h U + b)`` for each step, a masked step keeping ``h``.
@@ -561,45 +556,11 @@ class SimpleRNN(_RNNBase):
         units (int): size of the hidden state.
         activation (str or None): Keras name of the activation (``None``: linear).
             Default: ``"tanh"``.
-        use_bias (bool): whether the layer has a ``bias``. Default: ``True``.
-        kernel_initializer (str): Keras initializer name for ``kernel``. Default: ``"glorot_uniform"``.
-        recurrent_initializer (str): Keras initializer name for ``recurrent_kernel``.
-            Default: ``"orthogonal"``.
-        bias_initializer (str): Keras initializer name for ``bias``. Default: ``"zeros"``.
-        dropout (float): fraction of the inputs dropped in training (one mask per sequence, as
-            Keras). Default: ``0.0``.
-        recurrent_dropout (float): fraction of the recurrent state dropped in training (one mask
-            per gate and sequence). Default: ``0.0``.
-        seed (int, optional): seed of the dropout masks' counter-based generator, which gives the
-            same masks eagerly and compiled, on the CPU and on CUDA; ``None`` draws them from
-            torch's global generator. Default: ``None``.
-        return_sequences (bool): return every step's output instead of the last. Default: ``False``.
-        return_state (bool): return ``[output, *states]`` instead of the output. Default: ``False``.
-        go_backwards (bool): process the sequence from its end (and return the outputs in that
-            order). Default: ``False``.
-        stateful (bool): keep the final states as the next call's initial states;
-            ``reset_states()`` forgets them. Default: ``False``.
-        unroll (bool): accepted for Keras configurations; the computation is the same.
-            Default: ``False``.
-        zero_output_for_mask (bool): masked steps output zeros instead of the previous output.
-            Default: ``False``.
-        num_layers (int): a fused stack of this many layers in one op call (the inner ones return
-            sequences and pass the mask on; their parameters are ``kernel_l1``, ...). Default: ``1``.
-        device (torch.device, optional): device of the parameters. Default: torch's default.
-        dtype (torch.dtype, optional): dtype of the parameters (float32, float64, bfloat16,
-            float16). Default: torch's default.
+{initializer_args}
+{dropout_state_args}
+{stack_args}
 
-    Shape:
-        - x: :math:`(N, L, H_{in})`, batch first as in Keras.
-        - mask: :math:`(N, L)`, optional; True (or non-zero) for real steps, any pattern.
-        - initial_state: optional list ``[h_0]``; with ``num_layers=K``, every layer's in order.
-        - Output: :math:`(N, L, H)` with ``return_sequences``, else :math:`(N, H)`; with
-          ``return_state``, the list ``[output, h_n]``, each state :math:`(N, H)` (the
-          last layer's).
-
-        where N is the batch size, L the number of steps, :math:`H_{in}` = ``input_size`` and
-        H = ``units``. ``forward(x, mask=None, initial_state=None, training=None)``: ``training``
-        defaults to ``module.training``; dropout applies only in training.
+{one_state_shape}
 
     Attributes:
         kernel: :math:`(H_{in}, H)`.

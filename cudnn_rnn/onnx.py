@@ -30,8 +30,10 @@ mode, a Bidirectional whose forward side has go_backwards.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import inspect
+import logging
 import os
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -515,6 +517,25 @@ def _takes_varargs_only(model: torch.nn.Module) -> bool:
     return len(params) == 1 and params[0].kind is inspect.Parameter.VAR_POSITIONAL
 
 
+@contextlib.contextmanager
+def _quiet_optimizer(verbose):
+    """Warnings that say nothing about the model, shown only when verbose: onnxscript's
+    constant folding logs one for every multi-output Split it leaves (the recurrent
+    translations' gate splits), torch's exporter one for each torchvision op it cannot register
+    where torchvision is not installed."""
+    loggers = [logging.getLogger(name) for name in ("onnxscript.optimizer._constant_folding",
+                                                    "torch.onnx._internal.exporter._registration")]
+    levels = [logger.level for logger in loggers]
+    if not verbose:
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], dynamic_batch_and_time: bool = True,
            dynamic_shapes=None, **kwargs) -> torch.onnx.ONNXProgram:
     """``torch.onnx.export`` (dynamo) of a model with cudnn_rnn's layers translated to ONNX.
@@ -531,7 +552,9 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
             (initial states, a mask given as 0/1 floats) keep their batch only, so pass a mask as
             bool. Default: ``True``.
         dynamic_shapes (optional): torch.export's form, instead of the above. Default: ``None``.
-        **kwargs: passed to ``torch.onnx.export`` (``verbose=True`` shows its progress).
+        **kwargs: passed to ``torch.onnx.export`` (``verbose=True`` shows its progress;
+            the weights go inside the ``.onnx`` file unless they pass 1.5 GB or
+            ``external_data=True``).
 
     Returns:
         torch.onnx.ONNXProgram: the program, also saved to ``path``.
@@ -540,6 +563,7 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
         OnnxExportError: naming what has no ONNX translation.
 
     Example:
+        >>> import cudnn_rnn.onnx
         >>> model = cudnn_rnn.load_keras("examples/sentiment.h5")
         >>> program = cudnn_rnn.onnx.export(model, (torch.randint(1, 50, (2, 20)),), tmp_path / "m.onnx")
     """
@@ -554,8 +578,13 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
             dynamic = (dynamic,)
     try:
         kwargs.setdefault("verbose", False)  # torch's step-by-step progress lines
-        return torch.onnx.export(model, args, str(path), dynamo=True, custom_translation_table=TRANSLATIONS,
-                                 dynamic_shapes=dynamic, **kwargs)
+        # One self-contained file (torch writes the weights to a `.onnx.data` file beside it by
+        # default) wherever protobuf's 2 GiB limit allows.
+        weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        kwargs.setdefault("external_data", weight_bytes > 1_500_000_000)
+        with _quiet_optimizer(kwargs["verbose"]):
+            return torch.onnx.export(model, args, str(path), dynamo=True, custom_translation_table=TRANSLATIONS,
+                                     dynamic_shapes=dynamic, **kwargs)
     except Exception as e:  # noqa: BLE001 - torch wraps our refusal in its own error: surface it
         ours = refusal(e)
         if ours is not None:

@@ -134,3 +134,9 @@ def test_documentation_site_builds_with_warnings_as_errors(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     page = (tmp_path / "site" / "reference" / "layers" / "index.html").read_text()
     assert "recurrent_activation" in page and "Shape" in page  # the docstrings were rendered
+
+
+def test_results_page_is_generated_from_the_committed_json():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "benchmark_tables.py"), "--check"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, "docs/guides/results.md is stale: run scripts/benchmark_tables.py\n" + out.stderr

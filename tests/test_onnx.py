@@ -369,9 +369,11 @@ def test_cli_check_of_the_exported_file_fails_loudly(tmp_path, capsys):
     assert "onnxruntime's outputs differ from the model's" in capsys.readouterr().err
 
 
-def test_converted_keras_model_through_the_python_api(tmp_path):
+def test_converted_keras_model_through_the_python_api(tmp_path, capfd):
     """cudnn_rnn.onnx.export(model, (tokens,), path) on a model load_keras made (forward(*inputs)):
-    dynamic batch and length, run in onnxruntime at two lengths against the eager model."""
+    dynamic batch and length, run in onnxruntime at two lengths against the eager model; one
+    self-contained file, and nothing printed (torch's progress and onnxscript's folding notes
+    only with verbose=True)."""
     model = cudnn_rnn.load_keras(os.path.join(os.path.dirname(__file__), "..", "examples", "sentiment.h5")).eval()
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(1, 150, (4, 20), generator=g)
@@ -379,9 +381,52 @@ def test_converted_keras_model_through_the_python_api(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cudnn_rnn.onnx.export(model, (tokens,), tmp_path / "m.onnx")
+    assert os.listdir(tmp_path) == ["m.onnx"]
+    printed = capfd.readouterr()
+    assert "[torch.onnx]" not in printed.out and "Skipping constant folding" not in printed.err, printed
     session = ort.InferenceSession(str(tmp_path / "m.onnx"))
     name = session.get_inputs()[0].name
     for t in (tokens, tokens[1:, 9:].contiguous()):
         (got,) = session.run(None, {name: t.numpy()})
         with torch.no_grad():
             np.testing.assert_allclose(got, model(t).numpy(), atol=1e-5, rtol=1e-5)
+
+
+class _Step(torch.nn.Module):
+    """One timestep of a layer, states in and out (docs/guides/serving.md)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x_t, h, c):
+        y, h, c = self.layer(x_t[:, None], initial_state=[h, c])
+        return y, h, c
+
+
+def test_exported_step_function_streams_the_whole_sequence(tmp_path):
+    """The streaming recipe: a step module exported with torch.export and to ONNX, called T times
+    with the states carried by the caller, gives the eager layer's output for the whole sequence."""
+    torch.manual_seed(0)
+    layer = cudnn_rnn.LSTM(16, 32, return_state=True).eval()
+    step = _Step(layer)
+    example = (torch.randn(2, 16), torch.zeros(2, 32), torch.zeros(2, 32))
+    batch = torch.export.Dim("batch")
+    program = torch.export.export(step, example, dynamic_shapes=({0: batch}, {0: batch}, {0: batch}))
+    torch.export.save(program, tmp_path / "step.pt2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cudnn_rnn.onnx.export(step, example, tmp_path / "step.onnx")
+    xs = torch.randn(3, 7, 16)
+    with torch.no_grad():
+        full = layer(xs)[0]
+        run = torch.export.load(tmp_path / "step.pt2").module()
+        session = ort.InferenceSession(str(tmp_path / "step.onnx"))
+        names = [i.name for i in session.get_inputs()]
+        h = c = torch.zeros(3, 32)
+        ho = co = np.zeros((3, 32), np.float32)
+        for t in range(7):
+            y, h, c = run(xs[:, t], h, c)
+            yo, ho, co = session.run(None, dict(zip(names, [xs[:, t].numpy(), ho, co])))
+    torch.testing.assert_close(y, full, atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(yo, full.numpy(), atol=1e-5, rtol=1e-5)
