@@ -140,3 +140,10 @@ def test_results_page_is_generated_from_the_committed_json():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "benchmark_tables.py"), "--check"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, "docs/guides/results.md is stale: run scripts/benchmark_tables.py\n" + out.stderr
+
+
+def test_testing_page_lists_every_test_module():
+    page = open(os.path.join(ROOT, "docs", "guides", "testing.md"), encoding="utf-8").read()
+    modules = sorted(n for n in os.listdir(os.path.join(ROOT, "tests")) if n.startswith("test_") and n.endswith(".py"))
+    missing = [m for m in modules if f"`tests/{m}`" not in page]
+    assert not missing, f"docs/guides/testing.md has no row for {missing}"
