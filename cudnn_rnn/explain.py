@@ -1,4 +1,5 @@
-"""Which backend runs a layer, and why not cuDNN (DESIGN.md, "Backends and the choice")."""
+"""Which backend runs a layer, and why not cuDNN (docs/architecture.md; the choice itself:
+csrc/cudnn_host/backend_choice.cpp)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,9 +13,17 @@ from .layers import Bidirectional, _RNNBase
 
 @dataclass
 class Explanation:
-    """What :func:`explain` found: the backend a layer's call runs on, why it is not cuDNN, and
-    the CPU plan. Fields: ``backend``, ``device``, ``reasons``, ``notes``, ``algorithm``,
-    ``plan``; ``str()`` joins them in one line."""
+    """What :func:`explain` found; ``str()`` gives it in one line.
+
+    Attributes:
+        backend (str): ``"cpu"``, ``"cudnn"``, ``"cuda-generic"``, or ``"unavailable"`` (CUDA
+            asked of a CPU-only build).
+        device (str): the device asked about.
+        reasons (list of str): why not cuDNN (empty when cuDNN runs).
+        notes (list of str): conditions that depend on the call (a mask's shape).
+        algorithm (str or None): the cuDNN RNN algorithm, when cuDNN runs.
+        plan (list of str): on the CPU, the products (engine, precision) and the thread split.
+    """
 
     backend: str  # "cpu", "cudnn", "cuda-generic", or "unavailable" (CUDA asked of a CPU-only build)
     device: str

@@ -612,8 +612,10 @@ class Bidirectional(nn.Module):
         - x: :math:`(N, L, H_{in})`; mask: :math:`(N, L)`, optional.
         - initial_state: optional list, the forward layer's states then the backward layer's.
         - Output: :math:`(N, L, 2H)` for ``"concat"`` with ``return_sequences`` (:math:`(N, L, H)`
-          for the other modes; without ``return_sequences`` the time axis is dropped); with
-          ``return_state``, ``[output, *forward_states, *backward_states]``.
+          for the other modes, a list of the two outputs for ``None``; without
+          ``return_sequences`` the time axis is dropped); with ``return_state``,
+          ``[output, *forward_states, *backward_states]``. ``forward(x, mask=None,
+          initial_state=None, training=None)``, as the wrapped layer's.
 
     Example:
         >>> bi = cudnn_rnn.Bidirectional(cudnn_rnn.LSTM(16, 32, return_sequences=True))
@@ -752,6 +754,7 @@ def to_torch(layer: nn.Module) -> nn.Module:
 
     Raises:
         ValueError: listing what torch.nn cannot express.
+        TypeError: for anything but a cudnn_rnn LSTM, GRU, SimpleRNN or Bidirectional.
 
     Example:
         >>> torch_lstm = cudnn_rnn.to_torch(cudnn_rnn.LSTM(8, 16))

@@ -541,7 +541,7 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
     """``torch.onnx.export`` (dynamo) of a model with cudnn_rnn's layers translated to ONNX.
 
     LSTM / GRU / RNN operators where ONNX has the cell, a ``Loop`` otherwise (other activations,
-    ConvLSTM). float32 and inference only.
+    ConvLSTM). float32 and inference only: ``model`` is put in eval mode.
 
     Args:
         model (torch.nn.Module): the model (a converted Keras model takes ``forward(*inputs)``).
@@ -565,7 +565,7 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
     Example:
         >>> import cudnn_rnn.onnx
         >>> model = cudnn_rnn.load_keras("examples/sentiment.h5")
-        >>> program = cudnn_rnn.onnx.export(model, (torch.randint(1, 50, (2, 20)),), tmp_path / "m.onnx")
+        >>> program = cudnn_rnn.onnx.export(model, (torch.randint(1, 50, (2, 20)),), "sentiment.onnx")
     """
     model = model.eval()
     dynamic = dynamic_shapes

@@ -24,7 +24,9 @@ from .layers import _RNNBase
 
 class Int8Linear(nn.Module):
     """A ``torch.nn.Linear`` whose products run in int8 (``cudnn_rnn::linear_int8``) on float32 CPU
-    inputs; ``weight`` and ``bias`` are the original module's, so is ``state_dict``.
+    inputs (other inputs run ``torch.nn.functional.linear``); ``weight`` and ``bias`` are the
+    original module's, so is ``state_dict``. Inference only: it starts in eval mode, and in training
+    mode a call raises.
 
     Args:
         linear (torch.nn.Linear): the layer to quantize.
@@ -42,10 +44,13 @@ class Int8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.train(False)  # built for inference
         self.weight = linear.weight
         self.bias = linear.bias
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            raise RuntimeError("Int8Linear runs inference only; call model.eval() (the int8 product has no gradient)")
         if x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             with torch.no_grad():
                 return torch.ops.cudnn_rnn.linear_int8(x, self.weight.t(), self.bias)

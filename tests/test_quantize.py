@@ -146,6 +146,8 @@ def test_quantized_model_keeps_its_parameters_and_refuses_training():
     q.train()
     with pytest.raises(RuntimeError, match="inference only; call model.eval"):
         q(x)
+    with pytest.raises(RuntimeError, match="Int8Linear runs inference only; call model.eval"):
+        q.head(torch.randn(2, q.head.in_features))
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         cudnn_rnn.quantize_dynamic("model")
 

@@ -2,7 +2,7 @@
 
 The public face: load_keras / rebuild (load.py), save_keras (export.py), load_converted /
 save_converted (convert.py), ConversionError, KerasModel, the layer registry BUILDERS
-(builders.py) and recurrent_layer (the cudnn_rnn layer a converted model's module runs, or None)."""
+(layers/registry.py) and recurrent_layer (the cudnn_rnn layer a converted model's module runs, or None)."""
 from __future__ import annotations
 
 from .layers import BUILDERS

@@ -2,8 +2,8 @@
 
 What comes out has been validated as a whole before it is returned: every layer's config values
 (types and ranges) and weight shapes when its builder runs, the graph when it is scheduled, and
-then the model is run once on inputs of its declared shape (batch 2, free time steps 3), so that a
-model that loads also runs. Any failure on the way, whatever raised it, is one ConversionError
+then the model is run once on inputs of its declared shape (free time dimensions 8, then 128
+and 1024 steps: check_runs), so that a model that loads also runs. Any failure on the way, whatever raised it, is one ConversionError
 naming the file and the layer.
 """
 from __future__ import annotations
@@ -57,6 +57,10 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
         inputs (a tensor or list of tensors out, as Keras returns them). It keeps
         ``keras_config``, ``keras_version`` (for :func:`save_keras` and the CLI) and
         ``keras_weights`` (the arrays as read, by layer, in Keras order).
+
+    Raises:
+        ConversionError: for a file that cannot be converted (the only exception it raises for
+            a file's content).
 
     Example:
         >>> model = cudnn_rnn.load_keras("examples/sentiment.h5")

@@ -29,6 +29,9 @@ class Dense(_Single):
         return [("", [self.kernel] + ([self.bias] if self.bias is not None else []))]
 
     def apply(self, x):
+        if self.quantized and self.training:
+            raise RuntimeError("Dense: a layer quantized by cudnn_rnn.quantize_dynamic runs inference only; "
+                               "call model.eval()")
         if self.quantized and x.device.type == "cpu" and x.dtype == torch.float32 and self.kernel.dtype == torch.float32:
             with torch.no_grad():
                 return self.activation(torch.ops.cudnn_rnn.linear_int8(x, self.kernel, self.bias))

@@ -103,13 +103,17 @@ def save_keras(module: nn.Module, path: Union[str, os.PathLike]) -> None:
     """Writes a converted model as Keras 3 would, with its current (e.g. fine-tuned) weights.
 
     Args:
-        module (torch.nn.Module): a model :func:`load_keras` made from a Keras 3 file, or a
-            cudnn_rnn layer (saved as a one-layer Keras model).
+        module (torch.nn.Module): a model :func:`load_keras` made from a Keras 3 file, or an
+            LSTM, GRU, SimpleRNN or Bidirectional layer (saved as a one-layer Keras model).
         path (str or os.PathLike): a ``.keras`` archive (config and weights) or a
             ``.weights.h5`` file (weights only).
 
+    Raises:
+        ConversionError: for a model converted from a Keras 2 / tf.keras file.
+        TypeError: for any other module.
+
     Example:
-        >>> cudnn_rnn.save_keras(cudnn_rnn.LSTM(8, 16), tmp_path / "lstm.keras")
+        >>> cudnn_rnn.save_keras(cudnn_rnn.LSTM(8, 16), "lstm.keras")
     """
     path = str(path)
     if isinstance(module, KerasModel):
