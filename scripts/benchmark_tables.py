@@ -26,7 +26,7 @@ RESULTS = [
     ("benchmarks-cuda-h200.json", "2026-11-26", None, "all workloads, `--quick`, full float32"),
     ("benchmarks-grid-cpu-amd-zen4.json", "2026-11-25", "AMD EPYC Zen 4",
      "LSTM / GRU / SimpleRNN size grid (T=50, I=H) and one step (T=1, B=1), `benchmarks.grid`"),
-    ("benchmarks-grid-bf16-cpu-amd-zen4.json", "2026-11-25", "AMD EPYC Zen 4",
+    ("benchmarks-grid-bf16-cpu-amd-zen4.json", "2026-11-26", "AMD EPYC Zen 4",
      "LSTM bfloat16 grid, `benchmarks.grid --dtype bfloat16`"),
     ("benchmarks-int8-cpu-amd-zen4.json", "2026-11-25", "AMD EPYC Zen 4", "int8 inference, `benchmarks.quantized`"),
     ("benchmarks-cpu-intel-avx512-fastrnns.json", "2026-11-24", None, "fastrnns workloads, 10 repetitions"),

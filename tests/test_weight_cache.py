@@ -147,3 +147,27 @@ def test_streaming_one_step_at_a_time_equals_the_sequence(cell):
     torch.testing.assert_close(torch.cat(steps, 1), full[0], rtol=0, atol=1e-6)
     for a, b in zip(states, full[1:]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.skipif(_C.cpu_bf16_gemm_kernel() == "none", reason="no bfloat16 GEMM on this CPU (AMX or AVX512_BF16)")
+@pytest.mark.parametrize("cell", list(LAYERS))
+def test_bfloat16_panels_are_kept_and_follow_the_weights(cell):
+    """bfloat16 inference packs its panels from the caller's bfloat16 weights once; an in-place
+    update packs again. Oracle: the same layer in float32 with the bfloat16 weights, within
+    bfloat16's rounding of the state."""
+    torch.manual_seed(2)
+    layer = LAYERS[cell]().to(torch.bfloat16).eval()
+    reference = copy.deepcopy(layer).float()
+    x = torch.randn(3, 5, 24).to(torch.bfloat16)
+    with torch.no_grad():
+        first = layer(x)
+        before = _packs()
+        assert torch.equal(layer(x), first)
+        assert _packs() == before, "unchanged bfloat16 weights were packed again"
+        torch.testing.assert_close(first.float(), reference(x.float()), atol=3e-2, rtol=3e-2)
+        for p, q in zip(layer.parameters(), reference.parameters()):
+            p.mul_(-0.5)
+            q.copy_(p.float())
+        again = layer(x)
+        assert _packs() > before, "weights changed in place but the old panels were used"
+        torch.testing.assert_close(again.float(), reference(x.float()), atol=3e-2, rtol=3e-2)

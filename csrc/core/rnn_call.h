@@ -49,8 +49,11 @@ struct ForwardCall {
   RnnOptions options;
   bool need_grad;  // false: no backward will run (no saved activations, cuDNN INFERENCE mode)
   // A float16 / bfloat16 call computed in float32 (driver::forward_any_precision): the caller's
-  // x, for a backend that reads it in that precision; in.x is then float32.
+  // x, for a backend that reads it in that precision; in.x is then float32. weights_low: the
+  // caller's weights likewise (in.weights are their float32 copies), which a backend may pack
+  // from and key a cache on.
   at::Tensor x_low = {};
+  std::vector<at::Tensor> weights_low = {};
 };
 
 struct BackwardCall {

@@ -225,6 +225,9 @@ struct DirectionArgs {
   DirReserve rs;
   // Layer 0 of a low-precision call: the caller's x (ForwardCall::x_low), contiguous; else undefined.
   Tensor x3_low = {};
+  // A low-precision forward: the caller's weights of this direction (ForwardCall::weights_low);
+  // else undefined.
+  DirWeights w_low = {};
 };
 
 // Direction d of layer l of a call: x3 its input, mask the call's mask made contiguous (or
@@ -731,6 +734,7 @@ ForwardResult forward(const RnnConfig& cfg, const ForwardCall& call) {
         const int64_t ld = l * D + d;
         DirectionArgs a = direction_args(cfg, call.in, mask, reserve, l, d, l == 0 ? x : inner_layer_output(cfg, reserve, l - 1));
         if (l == 0) input0.give(a, Policy::template projects_input_in_loop<scalar_t>(cfg, a));
+        if (!call.weights_low.empty()) a.w_low = dir_weights(cfg, call.weights_low, ld);
         if (call.h0.has_value()) a.rs.h[0].copy_((*call.h0)[ld]); else a.rs.h[0].zero_();
         if (cfg.has_cell_state()) {
           if (call.c0.has_value()) a.rs.c[0].copy_((*call.c0)[ld]); else a.rs.c[0].zero_();
@@ -826,6 +830,7 @@ ForwardResult forward_any_precision(const RnnConfig& cfg, const ForwardCall& cal
   if (!low_precision(call.in.x)) return forward<Policy>(cfg, call);
   ForwardCall f{float_inputs_but_x(call.in), to_float(call.h0), to_float(call.c0), call.options, call.need_grad};
   f.x_low = call.in.x;
+  f.weights_low = call.in.weights;
   RnnConfig c = cfg;
   c.gemm_dtype = call.in.x.scalar_type();
   auto [y, h_n, c_n, reserve] = forward<Policy>(c, f);

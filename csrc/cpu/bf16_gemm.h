@@ -1,7 +1,8 @@
 // bfloat16 GEMMs with float32 accumulation, for calls whose tensors are bfloat16 (the driver
 // runs them in float32, RnnConfig::gemm_dtype says what they were): oneDNN's micro-kernel
 // through at::native::cpublas::brgemm, which runs on AMX tiles (or AVX512_BF16) where the CPU
-// has them. B is packed once per call into oneDNN's VNNI layout, in panels of kBf16Panel
+// has them. B is packed into oneDNN's VNNI layout once per call (a forward from bfloat16
+// weights keeps its panels in the weight cache, plan_bf16.cpp), in panels of kBf16Panel
 // columns (pack needs a panel width oneDNN knows); A is converted to bfloat16 by the caller.
 // Values that came in as bfloat16 (x, the weights) survive the float32 round trip exactly, so
 // only the recurrent state and the gradients are rounded to feed the GEMMs, as torch.nn's

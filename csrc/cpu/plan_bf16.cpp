@@ -10,11 +10,13 @@
 // Also the bfloat16 row GEMM of the input projection and the input gradient (bf16_row_gemm).
 #include <ATen/Parallel.h>
 
+#include <string>
 #include <vector>
 
 #include "cpu/bf16_gemm.h"
 #include "cpu/buffer_pool.h"
 #include "cpu/step_plan.h"
+#include "cpu/weight_cache.h"
 
 namespace cudnn_rnn {
 namespace cpu {
@@ -22,6 +24,24 @@ namespace {
 
 using at::BFloat16;
 using at::Tensor;
+
+// The panels of gate columns [j0, j0 + w) of a weight (all of it when whole). From the caller's
+// bfloat16 weight where the call has one (driver::DirectionArgs::w_low), kept across calls in the
+// weight cache keyed on that tensor: inference stops converting and repacking the same weights on
+// every call. Else from the float32 copy, packed for this call.
+Bf16Panels panels_of(const Tensor& full, const Tensor& low, const char* form, bool whole, int64_t G, int64_t u,
+                     int64_t j0, int64_t w) {
+  auto block = [&](const Tensor& m) { return whole ? m : block_columns(m, G, u, j0, w); };
+  if (!low.defined() || low.scalar_type() != at::kBFloat16) return pack_bf16(block(full));
+  Bf16Panels p;
+  p.K = full.size(0);
+  p.Kp = bf16_depth(p.K);
+  p.N = whole ? full.size(1) : G * w;
+  const std::string what = std::string("bf16 panels (") + bf16_gemm_kernel() + ") " + form + " of " +
+                           std::to_string(G) + " gates, units " + std::to_string(j0) + "+" + std::to_string(w);
+  p.data = cached_pack(low, what.c_str(), [&] { return pack_bf16(block(low)).data; });
+  return p;
+}
 
 class Bf16Forward final : public ForwardPlan<float> {
  public:
@@ -33,7 +53,7 @@ class Bf16Forward final : public ForwardPlan<float> {
     bf_.resize(n), bias_.resize(n);
     for (int64_t k = 0; k < n; ++k) {
       const int64_t j0 = blocks_.start[k], w = blocks_.width(k);
-      bf_[k] = pack_bf16(n == 1 ? a.w.recurrent : block_columns(a.w.recurrent, G_, u_, j0, w));
+      bf_[k] = panels_of(a.w.recurrent, a.w_low.recurrent, "recurrent", n == 1, G_, u_, j0, w);
       if (p.step_bias.defined()) bias_[k] = block_columns(p.step_bias, G_, u_, j0, w);
     }
     // Rows of up values, the pad (odd u) zero.
@@ -64,7 +84,7 @@ class Bf16Forward final : public ForwardPlan<float> {
     wk_.resize(n), xbias_.resize(n), xwk_.resize(n);
     for (int64_t k = 0; k < n; ++k) {
       const int64_t j0 = blocks_.start[k], w = blocks_.width(k);
-      wk_[k] = pack_bf16(block_columns(a.w.kernel, G_, u_, j0, w));
+      wk_[k] = panels_of(a.w.kernel, a.w_low.kernel, "kernel", false, G_, u_, j0, w);
       if (joint_ || a.w.bias_in.defined()) xbias_[k] = block_columns(joint_ ? joint_bias : a.w.bias_in, G_, u_, j0, w);
       if (!joint_) xwk_[k] = at::empty({B_, G_ * w}, a.x3.options());
     }
