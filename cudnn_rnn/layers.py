@@ -7,6 +7,7 @@ the work is one call of the ``cudnn_rnn::rnn_forward`` op per stack. Input is ba
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import List, Optional, Sequence
 
@@ -77,10 +78,12 @@ def autocast_input(t, ref: Tensor):
     autocast dtype a preceding layer produced) cast to theirs: the recurrent layers compute in
     their parameters' precision, as torchvision's ops compute in float32 under autocast. Outside
     autocast, or for a tensor of their dtype, `t` itself."""
-    if isinstance(t, Tensor) and t.is_floating_point() and t.dtype != ref.dtype and \
-            torch.is_autocast_enabled(t.device.type):
-        return t.to(ref.dtype)
-    if isinstance(t, (list, tuple)):
+    if isinstance(t, Tensor):  # (cheapest test first: this runs on every call, streaming included)
+        if t.dtype != ref.dtype and t.is_floating_point() and torch.is_autocast_enabled(t.device.type):
+            return t.to(ref.dtype)
+        return t
+    if isinstance(t, (list, tuple)) and any(isinstance(e, (Tensor, list, tuple)) and
+                                            getattr(e, "dtype", None) != ref.dtype for e in t):
         return type(t)(autocast_input(e, ref) for e in t)
     return t
 
@@ -180,9 +183,8 @@ class _RNNBase(nn.Module):
     def op_spec(self, **overrides) -> RnnSpec:
         """The op's options for this layer's stack (one direction, as configured); keyword
         overrides replace fields (a Bidirectional sets bidirectional=True)."""
-        spec = RnnSpec(cell=self.cell, activation=self.activation, recurrent_activation=self.recurrent_activation,
-                           use_bias=self.use_bias, reset_after=self.reset_after, num_layers=self.num_layers,
-                           go_backwards=self.go_backwards, zero_output_for_mask=self.zero_output_for_mask)
+        spec = _spec(self.cell, self.activation, self.recurrent_activation, self.use_bias, self.reset_after,
+                     self.num_layers, self.go_backwards, self.zero_output_for_mask)
         return dataclasses.replace(spec, **overrides) if overrides else spec
 
     def nonstandard_settings(self) -> List[tuple]:
@@ -380,6 +382,15 @@ class _RNNBase(nn.Module):
             raise TypeError(f"{cls.__name__}.from_torch needs a matching torch module; got {type(module).__name__}, "
                             f"which converts to {type(converted).__name__}")
         return layer
+
+
+@functools.lru_cache(maxsize=1024)
+def _spec(cell, activation, recurrent_activation, use_bias, reset_after, num_layers, go_backwards,
+          zero_output_for_mask) -> RnnSpec:
+    """One RnnSpec per configuration, so that its argument tuple is built once (RnnSpec.args)."""
+    return RnnSpec(cell=cell, activation=activation, recurrent_activation=recurrent_activation, use_bias=use_bias,
+                   reset_after=reset_after, num_layers=num_layers, go_backwards=go_backwards,
+                   zero_output_for_mask=zero_output_for_mask)
 
 
 def _layer_args(frame_locals: dict) -> dict:
