@@ -104,8 +104,8 @@ def build_info() -> dict:
         takes (cell-loop instruction set, float32 GEMM engine, bfloat16 GEMMs).
 
     Example:
-        >>> sorted(cudnn_rnn.build_info())[:3]
-        ['cpu_bfloat16_gemms', 'cpu_cell_loops', 'cpu_float32_gemms']
+        >>> cudnn_rnn.build_info()["cpu_cell_loops"] in ("avx512", "avx2", "baseline")
+        True
     """
     from ._compat import _built_against
 

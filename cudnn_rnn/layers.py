@@ -783,7 +783,7 @@ def from_torch(module: nn.Module, **kwargs) -> nn.Module:
     Args:
         module (torch.nn.LSTM, GRU or RNN): the module (``batch_first`` either way; the layer takes
             batch-first inputs).
-        **kwargs: layer arguments to set, e.g. ``return_state=True``. ``return_sequences``
+        **kwargs (Any): layer arguments to set, e.g. ``return_state=True``. ``return_sequences``
             defaults to True, as torch returns every step.
 
     Returns:

@@ -552,7 +552,7 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
             (initial states, a mask given as 0/1 floats) keep their batch only, so pass a mask as
             bool. Default: ``True``.
         dynamic_shapes (optional): torch.export's form, instead of the above. Default: ``None``.
-        **kwargs: passed to ``torch.onnx.export`` (``verbose=True`` shows its progress;
+        **kwargs (Any): passed to ``torch.onnx.export`` (``verbose=True`` shows its progress;
             the weights go inside the ``.onnx`` file unless they pass 1.5 GB or
             ``external_data=True``).
 

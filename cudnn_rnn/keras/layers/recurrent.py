@@ -151,8 +151,8 @@ def recurrent_layers(module: nn.Module) -> List[nn.Module]:
 
     Example:
         >>> model = cudnn_rnn.load_keras("examples/sentiment.h5")
-        >>> [type(l).__name__ for l in cudnn_rnn.keras.recurrent_layers(model)]
-        ['Bidirectional', 'GRU']
+        >>> " + ".join(type(l).__name__ for l in cudnn_rnn.keras.recurrent_layers(model))
+        'Bidirectional + GRU'
     """
     if isinstance(module, Recurrent):
         return [module.layer]
