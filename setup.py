@@ -151,7 +151,8 @@ def extension():
     # serial loop, so the CPU backend's threads need it. Linking -fopenmp adds libgomp.so.1, the
     # soname torch itself loads (its own copy in torch/lib), so one OpenMP runtime is shared.
     openmp = torch.backends.openmp.is_available()
-    link = (["-fopenmp"] if openmp else []) + _libstdcxx_link_args()
+    libstdcxx = _libstdcxx_link_args()
+    link = (["-fopenmp"] if openmp else []) + libstdcxx
     if openmp:
         cxx.append("-fopenmp")
     config = {
@@ -160,7 +161,7 @@ def extension():
         "CUDA_HOME": cpp_extension.CUDA_HOME,
         "FORCE_CUDA": force,
         "openmp": "yes (at::parallel_for on torch's threads)" if openmp else "no (torch built without OpenMP)",
-        "libstdc++": " ".join(_libstdcxx_link_args()) or "the compiler's",
+        "libstdc++": " ".join(libstdcxx) or "the compiler's",
         "warnings as errors": "yes (CUDNN_RNN_WERROR=1)" if werror else "no",
         "debug information": "yes (CUDNN_RNN_DEBUG=1)" if debug else "no",
     }

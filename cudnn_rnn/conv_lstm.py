@@ -367,3 +367,4 @@ __all__ = ["ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D"]
 # Each layer's help() and reference page carry the whole description (written once, above).
 for _cls in (ConvLSTM1D, ConvLSTM2D, ConvLSTM3D):
     _cls.__doc__ = _cls.__doc__.rstrip() + "\n\n    " + _ConvLSTM.__doc__.strip() + "\n"
+del _cls

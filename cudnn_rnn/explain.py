@@ -25,12 +25,12 @@ class Explanation:
         plan (list of str): on the CPU, the products (engine, precision) and the thread split.
     """
 
-    backend: str  # "cpu", "cudnn", "cuda-generic", or "unavailable" (CUDA asked of a CPU-only build)
+    backend: str
     device: str
-    reasons: List[str] = field(default_factory=list)  # why not cuDNN (empty when cuDNN runs)
-    notes: List[str] = field(default_factory=list)    # conditions that depend on the call
-    algorithm: Optional[str] = None                   # the cuDNN RNN algorithm, when cuDNN runs
-    plan: List[str] = field(default_factory=list)     # the CPU backend: its products and thread split
+    reasons: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    algorithm: Optional[str] = None
+    plan: List[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         text = f"{self.backend} on {self.device}"
@@ -69,20 +69,21 @@ def _side_choice(layer: _RNNBase, dtype: torch.dtype, training: bool, bidirectio
 
 def _cpu_plan(layer: _RNNBase, dtype: torch.dtype, training: bool, mask: Optional[torch.Tensor]) -> List[str]:
     """What the CPU backend's time loop runs for this layer (csrc/cpu/plan_choice.cpp), in words."""
-    from ._C import cpu_bf16_gemm_kernel, cpu_gemm_engine, cpu_int8_gemms, cpu_split
+    from ._C import cpu_bf16_gemm_kernel, cpu_forward_plan, cpu_split
     from .cells import GATES
 
     gates, units = GATES[layer.cell], layer.units
-    if layer.quantized and not training and dtype == torch.float32:
-        products = "int8 products (AVX512_VNNI)" if cpu_int8_gemms() else "float32 products (no AVX512_VNNI for int8)"
-        rows_apart = cpu_int8_gemms()
-    elif dtype == torch.bfloat16 and cpu_bf16_gemm_kernel() != "none":
-        products, rows_apart = f"bfloat16 products ({cpu_bf16_gemm_kernel()} kernel)", False
-    elif dtype == torch.float64:
-        products, rows_apart = "float64 products (BLAS)", False
+    quantized = layer.quantized and not training and dtype == torch.float32
+    precision = "int8" if quantized else {torch.bfloat16: "bfloat16", torch.float64: "float64"}.get(dtype, "float32")
+    plan, rows_apart = cpu_forward_plan(layer.cell, units, precision)
+    if plan == "int8":
+        products = "int8 products (AVX512_VNNI)"
+    elif plan == "bfloat16":
+        products = f"bfloat16 products ({cpu_bf16_gemm_kernel()} kernel)"
+    elif precision == "float64":
+        products = "float64 products (BLAS)"
     else:
-        engine = cpu_gemm_engine(units, gates * units)
-        products, rows_apart = f"float32 products on the {engine} engine", engine == "packed"
+        products = f"float32 products on the {plan} engine" + (" (no int8 products on this CPU)" if quantized else "")
     notes = [products]
     if layer.cell == "gru" and not layer.reset_after or (training and layer.recurrent_dropout > 0):
         notes.append("row loops in parallel over the batch (two GEMMs a step, or recurrent dropout)")

@@ -421,12 +421,12 @@ _SHARED_ARGS = {
             ``reset_states()`` forgets them. Default: ``False``.
         unroll (bool): accepted for Keras configurations; the computation is the same.
             Default: ``False``.""",
-    "{one_state_shape}": """    Shape:
+    "{shape}": """    Shape:
         - x: :math:`(N, L, H_{in})`, batch first as in Keras.
         - mask: :math:`(N, L)`, optional; True (or non-zero) for real steps, any pattern.
-        - initial_state: optional list ``[h_0]``; with ``num_layers=K``, every layer's in order.
+        - initial_state: optional list ``[{states}]``; with ``num_layers=K``, every layer's in order.
         - Output: :math:`(N, L, H)` with ``return_sequences``, else :math:`(N, H)`; with
-          ``return_state``, the list ``[output, h_n]``, each state :math:`(N, H)` (the
+          ``return_state``, the list ``[output, {final_states}]``, each state :math:`(N, H)` (the
           last layer's).
 
         where N is the batch size, L the number of steps, :math:`H_{in}` = ``input_size`` and
@@ -442,13 +442,17 @@ _SHARED_ARGS = {
 }
 
 
-def _with_shared_args(cls):
-    for placeholder, text in _SHARED_ARGS.items():
-        cls.__doc__ = cls.__doc__.replace(placeholder, text)
-    return cls
+def _with_shared_args(states: str, final_states: str):
+    """Fills a layer's docstring: the shared texts, then its state names."""
+    def fill(cls):
+        for placeholder, text in _SHARED_ARGS.items():
+            cls.__doc__ = cls.__doc__.replace(placeholder, text)
+        cls.__doc__ = cls.__doc__.replace("{states}", states).replace("{final_states}", final_states)
+        return cls
+    return fill
 
 
-@_with_shared_args
+@_with_shared_args("h_0, c_0", "h_n, c_n")
 class LSTM(_RNNBase):
     r"""Long short-term memory layer that computes what ``keras.layers.LSTM`` computes.
 
@@ -471,17 +475,7 @@ class LSTM(_RNNBase):
 {dropout_state_args}
 {stack_args}
 
-    Shape:
-        - x: :math:`(N, L, H_{in})`, batch first as in Keras.
-        - mask: :math:`(N, L)`, optional; True (or non-zero) for real steps, any pattern.
-        - initial_state: optional list ``[h_0, c_0]``; with ``num_layers=K``, every layer's in order.
-        - Output: :math:`(N, L, H)` with ``return_sequences``, else :math:`(N, H)`; with
-          ``return_state``, the list ``[output, h_n, c_n]``, each state :math:`(N, H)` (the
-          last layer's).
-
-        where N is the batch size, L the number of steps, :math:`H_{in}` = ``input_size`` and
-        H = ``units``. ``forward(x, mask=None, initial_state=None, training=None)``: ``training``
-        defaults to ``module.training``; dropout applies only in training.
+{shape}
 
     Attributes:
         kernel: :math:`(H_{in}, 4H)`, gate blocks i, f, c, o (Keras's layout and initialisation).
@@ -507,7 +501,7 @@ class LSTM(_RNNBase):
         super().__init__(**_layer_args(locals()), reset_after=False)
 
 
-@_with_shared_args
+@_with_shared_args("h_0", "h_n")
 class GRU(_RNNBase):
     r"""Gated recurrent unit layer that computes what ``keras.layers.GRU`` computes.
 
@@ -532,7 +526,7 @@ class GRU(_RNNBase):
             cuDNN's default) instead of before it (Keras 2's). Default: ``True``.
 {stack_args}
 
-{one_state_shape}
+{shape}
 
     Attributes:
         kernel: :math:`(H_{in}, 3H)`, gate blocks z, r, h.
@@ -557,7 +551,7 @@ class GRU(_RNNBase):
         super().__init__(**_layer_args(locals()), unit_forget_bias=False)
 
 
-@_with_shared_args
+@_with_shared_args("h_0", "h_n")
 class SimpleRNN(_RNNBase):
     r"""Fully connected recurrent layer that computes what ``keras.layers.SimpleRNN`` computes:
     ``h = act(x_t W + h U + b)`` for each step, a masked step keeping ``h``.
@@ -571,7 +565,7 @@ class SimpleRNN(_RNNBase):
 {dropout_state_args}
 {stack_args}
 
-{one_state_shape}
+{shape}
 
     Attributes:
         kernel: :math:`(H_{in}, H)`.

@@ -17,6 +17,7 @@
 #include "cpu/int8_gemm.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/packed_gemm.h"
+#include "cpu/step_plan.h"
 #include "cpu/time_loop.h"
 #include "cpu/vec_loops.h"
 #include "cpu/weight_cache.h"
@@ -119,6 +120,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return std::string(cr::cpu::split_name(cr::cpu::choose_split(batch, units, gates, at::get_num_threads(), true)));
       }, "how the CPU time loop splits a direction of this shape across torch's threads where its plan runs rows "
          "apart: 'units' or 'rows'");
+  m.def("cpu_forward_plan", [](const std::string& cell, int64_t units, const std::string& precision) {
+        cr::RnnConfig cfg{};
+        cfg.cell = cr::parse_cell(cell);
+        cfg.units = units;
+        TORCH_CHECK_VALUE(precision == "float32" || precision == "bfloat16" || precision == "int8" ||
+                              precision == "float64",
+                          "precision must be 'float32', 'bfloat16', 'int8' or 'float64'; got '", precision, "'");
+        cfg.gemm_dtype = precision == "bfloat16" ? at::kBFloat16 : precision == "int8" ? at::kQInt8 : at::kFloat;
+        namespace cpu = cr::cpu;
+        if (precision == "float64") {
+          return std::make_pair(std::string(cpu::plan_kind_name(cpu::forward_plan_kind<double>(cfg))),
+                                cpu::plan_rows_apart<double>(cfg, false));
+        }
+        return std::make_pair(std::string(cpu::plan_kind_name(cpu::forward_plan_kind<float>(cfg))),
+                              cpu::plan_rows_apart<float>(cfg, false));
+      }, "(the forward plan the CPU time loop runs for a direction of this cell, units and precision: 'int8', "
+         "'bfloat16', 'packed', 'brgemm' or 'blas'; whether it runs rows apart), as csrc/cpu/plan_choice.cpp "
+         "decides it");
   m.def("cpu_int8_gemms", &cr::cpu::int8_gemm_available,
         "whether layers quantized by cudnn_rnn.quantize_dynamic multiply in int8 on this CPU (AVX512_VNNI); "
         "otherwise they compute in float32");

@@ -34,14 +34,32 @@ bool plan_rows_apart(const RnnConfig& cfg, bool backward) {
 }
 
 template <typename T>
+PlanKind forward_plan_kind(const RnnConfig& cfg) {
+  if (int8_plan<T>(cfg)) return PlanKind::Int8;
+  if (bf16_plan<T>(cfg)) return PlanKind::Bf16;
+  if (!std::is_same_v<T, float>) return PlanKind::Blas;
+  switch (float_gemm_engine(cfg.units, cfg.gates() * cfg.units)) {
+    case GemmEngine::Packed: return PlanKind::Packed;
+    case GemmEngine::Brgemm: return PlanKind::Brgemm;
+    case GemmEngine::Blas: break;
+  }
+  return PlanKind::Blas;
+}
+
+const char* plan_kind_name(PlanKind kind) {
+  static const char* kNames[] = {"int8", "bfloat16", "packed", "brgemm", "blas"};
+  return kNames[static_cast<int>(kind)];
+}
+
+template <typename T>
 std::unique_ptr<ForwardPlan<T>> forward_plan(const PlanArgs& p) {
   if constexpr (std::is_same_v<T, float>) {
-    if (int8_plan<T>(p.cfg)) return int8_forward_plan(p);
-    if (bf16_plan<T>(p.cfg)) return bf16_forward_plan(p, plan_projects_input<T>(p.cfg, p.a));
-    switch (float_gemm_engine(p.cfg.units, p.cfg.gates() * p.cfg.units)) {
-      case GemmEngine::Packed: return packed_forward_plan(p);
-      case GemmEngine::Brgemm: return brgemm_forward_plan(p);
-      case GemmEngine::Blas: break;
+    switch (forward_plan_kind<T>(p.cfg)) {
+      case PlanKind::Int8: return int8_forward_plan(p);
+      case PlanKind::Bf16: return bf16_forward_plan(p, plan_projects_input<T>(p.cfg, p.a));
+      case PlanKind::Packed: return packed_forward_plan(p);
+      case PlanKind::Brgemm: return brgemm_forward_plan(p);
+      case PlanKind::Blas: break;
     }
   }
   return blas_forward_plan<T>(p);
@@ -78,6 +96,7 @@ bool row_gemm(const RnnConfig& cfg, const at::Tensor& in2, const at::Tensor& row
   template bool int8_plan<T>(const RnnConfig&);                                                                  \
   template bool plan_rows_apart<T>(const RnnConfig&, bool);                                                     \
   template bool plan_projects_input<T>(const RnnConfig&, const driver::DirectionArgs&);                         \
+  template PlanKind forward_plan_kind<T>(const RnnConfig&);                                                      \
   template std::unique_ptr<ForwardPlan<T>> forward_plan<T>(const PlanArgs&);                                    \
   template std::unique_ptr<BackwardPlan<T>> backward_plan<T>(const PlanArgs&, const BackwardPlanArgs<T>&);      \
   template bool row_gemm<T>(const RnnConfig&, const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,    \

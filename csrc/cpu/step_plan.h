@@ -126,6 +126,12 @@ struct GatheredGrads {
   T* tmp_of(int64_t k) const { return tmp[k].data_ptr<T>(); }
 };
 
+// The forward plan a call runs (plan_choice.cpp decides it once; explain() reports it).
+enum class PlanKind { Int8, Bf16, Packed, Brgemm, Blas };
+template <typename T>
+PlanKind forward_plan_kind(const RnnConfig& cfg);
+const char* plan_kind_name(PlanKind kind);  // "int8", "bfloat16", "packed", "brgemm", "blas"
+
 template <typename T>
 std::unique_ptr<ForwardPlan<T>> forward_plan(const PlanArgs& p);
 template <typename T>
