@@ -173,7 +173,35 @@ def test_cuda_graph_capture_and_replay():
         with torch.cuda.graph(graph):
             out = gpu(x)[0]
         graph.replay()
-    torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(out, expected)
+        # A replay reads the weights as they are then: the captured call packed them, it did not
+        # keep a packed copy.
+        for p in gpu.parameters():
+            p.mul_(0.5)
+        graph.replay()
+        torch.testing.assert_close(out, gpu(x)[0])
+        assert not torch.allclose(out, expected)
+
+
+@cuda
+def test_inference_weight_space_follows_in_place_updates():
+    """Inference keeps the packed cuDNN weight space across calls; an in-place write to any one
+    weight (an optimizer step, copy_ under no_grad) must reach the next call."""
+    cpu, gpu = _pair("lstm", 2, True)
+    x = torch.randn(4, 7, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(gpu(x.cuda())[0].cpu(), cpu(x)[0], atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(gpu(x.cuda())[0].cpu(), cpu(x)[0], atol=2e-5, rtol=2e-5)
+        for p, q in zip(cpu.parameters(), gpu.parameters()):
+            p.mul_(0.5)
+            q.mul_(0.5)
+            torch.testing.assert_close(gpu(x.cuda())[0].cpu(), cpu(x)[0], atol=2e-5, rtol=2e-5)
+    # Training after inference reads the same weights, and its gradients match the CPU's.
+    gpu.train(), cpu.train()
+    xg, xc = x.cuda().requires_grad_(True), x.clone().requires_grad_(True)
+    gpu(xg)[0].sum().backward()
+    cpu(xc)[0].sum().backward()
+    torch.testing.assert_close(xg.grad.cpu(), xc.grad, atol=2e-5, rtol=2e-5)
 
 
 @cuda
@@ -304,14 +332,15 @@ def test_persistent_algorithms_match_standard(algorithm):
     _, gpu = _pair("lstm")
     gpu.train()
     x = torch.randn(8, 9, 6, device="cuda", requires_grad=True)
-    out = gpu(x)[0]
-    g_ref, = torch.autograd.grad(out.sum(), x)
     try:
+        cudnn_rnn.set_cudnn_algorithm("standard")
+        out = gpu(x)[0]
+        g_ref, = torch.autograd.grad(out.sum(), x)
         cudnn_rnn.set_cudnn_algorithm(algorithm)
         out_p = gpu(x)[0]
         g_p, = torch.autograd.grad(out_p.sum(), x)
     finally:
-        cudnn_rnn.set_cudnn_algorithm("standard")
+        cudnn_rnn.set_cudnn_algorithm("auto")
     torch.testing.assert_close(out_p, out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(g_p, g_ref, atol=1e-5, rtol=1e-5)
 

@@ -114,21 +114,26 @@ def test_mask_to_lengths_and_backend_choice():
 def test_algorithm_preference_and_choice():
     import cudnn_rnn
 
-    assert cudnn_rnn.cudnn_algorithm() == "standard"
-    assert _C.choose_algorithm("lstm", 64, torch.float32, True, 9) == "STANDARD"
+    assert cudnn_rnn.cudnn_algorithm() == "auto"
     try:
+        cudnn_rnn.set_cudnn_algorithm("standard")
+        assert _C.choose_algorithm("lstm", 64, torch.float32, True, 9) == "STANDARD"
         cudnn_rnn.set_cudnn_algorithm("auto")
         assert _C.choose_algorithm("lstm", 64, torch.float32, True, 9) == "PERSIST_STATIC_SMALL_H"
         assert _C.choose_algorithm("lstm", 64, torch.float32, False, 9) == "STANDARD"  # variable lengths
         assert _C.choose_algorithm("lstm", 256, torch.float32, True, 9) == "STANDARD"
-        assert _C.choose_algorithm("simple_rnn", 256, torch.float16, True, 9) == "PERSIST_STATIC_SMALL_H"
+        assert _C.choose_algorithm("gru", 64, torch.float32, True, 9) == "STANDARD"  # LSTM only
+        assert _C.choose_algorithm("simple_rnn", 256, torch.float16, True, 9) == "STANDARD"
         assert _C.choose_algorithm("gru", 64, torch.float64, True, 9) == "STANDARD"
         assert _C.choose_algorithm("gru", 64, torch.bfloat16, True, 9) == "STANDARD"
         assert _C.choose_algorithm("gru", 64, torch.float32, True, 5) == "STANDARD"  # compute capability < 6
-        assert "algorithm PERSIST_STATIC_SMALL_H" in str(cudnn_rnn.explain(cudnn_rnn.GRU(3, 64), "cuda"))
+        assert "algorithm PERSIST_STATIC_SMALL_H" in str(cudnn_rnn.explain(cudnn_rnn.LSTM(3, 64), "cuda"))
+        cudnn_rnn.set_cudnn_algorithm("persist_static_small_h")
+        assert _C.choose_algorithm("simple_rnn", 256, torch.float16, True, 9) == "PERSIST_STATIC_SMALL_H"
+        assert _C.choose_algorithm("gru", 64, torch.float32, True, 9) == "PERSIST_STATIC_SMALL_H"
         cudnn_rnn.set_cudnn_algorithm("persist_static")
         assert _C.choose_algorithm("lstm", 512, torch.float32, True, 9) == "PERSIST_STATIC"
         with pytest.raises(ValueError, match="algorithm must be 'standard', 'auto'"):
             cudnn_rnn.set_cudnn_algorithm("fastest")
     finally:
-        cudnn_rnn.set_cudnn_algorithm("standard")
+        cudnn_rnn.set_cudnn_algorithm("auto")

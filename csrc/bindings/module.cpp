@@ -77,7 +77,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cuda_backend_choice", &cr::bindings::PyOp<&Probe::forward>::call,
         "(runs on cuDNN, why not) for rnn_forward's arguments, were they on a CUDA device");
   m.def("set_cudnn_algorithm", &cr::set_algorithm_preference,
-        "'standard' (default), 'auto', 'persist_static' or 'persist_static_small_h'");
+        "'auto' (default), 'standard', 'persist_static' or 'persist_static_small_h'");
   m.def("cudnn_algorithm", &cr::algorithm_preference, "the cuDNN algorithm preference");
   m.def("choose_algorithm", [](const std::string& cell, int64_t units, at::ScalarType dtype, bool uniform_lengths,
                                int device_major) {

@@ -57,14 +57,14 @@ inline void set_tensor_3d(const TensorDescriptor& desc, cudnnDataType_t type, in
   CUDNN_RNN_CHECK(cudnnSetTensorNdDescriptor(desc.get(), type, 3, dims, strides));
 }
 
-// A batch-major unpacked sequence [B, T, vector] with per-row lengths (host array); padded output
-// positions are filled with zero. cuDNN reads the fill as one value of `type` and copies it; the
+// A sequence in `layout` ([B, T, vector] batch-major, [T, B, vector] sequence-major) with per-row
+// lengths (host array); padded output positions are filled with zero. cuDNN reads the fill as one value of `type` and copies it; the
 // 8 zero bytes are zero in every RNN data type (half, bfloat16, float, double).
-inline void set_rnn_data(const RnnDataDescriptor& desc, cudnnDataType_t type, int max_len, int batch, int vector,
-                         const std::vector<int32_t>& lengths) {
+inline void set_rnn_data(const RnnDataDescriptor& desc, cudnnDataType_t type, cudnnRNNDataLayout_t layout,
+                         int max_len, int batch, int vector, const std::vector<int32_t>& lengths) {
   double zero_fill = 0.0;
-  CUDNN_RNN_CHECK(cudnnSetRNNDataDescriptor(desc.get(), type, CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED, max_len,
-                                            batch, vector, lengths.data(), &zero_fill));
+  CUDNN_RNN_CHECK(cudnnSetRNNDataDescriptor(desc.get(), type, layout, max_len, batch, vector, lengths.data(),
+                                            &zero_fill));
 }
 
 // Elements described by a tensor descriptor (cudnnGetRNNWeightParams fills mDesc / bDesc).

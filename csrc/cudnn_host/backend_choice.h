@@ -37,8 +37,8 @@ BackendChoice choose_backend(const RnnConfig& cfg, const c10::optional<at::Tenso
 // cuDNN RNN algorithms, as cudnnRNNAlgo_t numbers them.
 enum class CudnnAlgo : int32_t { Standard = 0, PersistStatic = 1, PersistDynamic = 2, PersistStaticSmallH = 3 };
 
-// The user's preference (cudnn_rnn.set_cudnn_algorithm): "standard" (the default), "auto"
-// (persistent kernels where their constraints hold), "persist_static" or
+// The user's preference (cudnn_rnn.set_cudnn_algorithm): "auto" (the default: LSTM's persistent
+// small-hidden kernel where its constraints hold), "standard", "persist_static" or
 // "persist_static_small_h". A persistent algorithm cuDNN refuses for a configuration falls back
 // to STANDARD, and that is remembered.
 void set_algorithm_preference(const std::string& name);

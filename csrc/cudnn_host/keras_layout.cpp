@@ -20,13 +20,27 @@ CudnnLinLayer cudnn_lin_layer(CellKind cell, int64_t id) {
 namespace {
 
 struct Slot {
-  at::Tensor matrix;  // [u, in] view into the weight space
-  at::Tensor bias;    // [u]
-  at::Tensor keras_block;  // [in, u] Keras column block
-  at::Tensor keras_bias;   // [u] or undefined (zeros)
+  at::Tensor matrix;  // [n * u, in] view into the weight space
+  at::Tensor bias;    // [n * u]
+  at::Tensor keras_block;  // [in, n * u] Keras column blocks
+  at::Tensor keras_bias;   // [n * u] or undefined (zeros)
 };
 
-// Calls fn(slot) for every (pseudo-layer, linLayerID) of the stack.
+// One (pseudo-layer, linLayerID): where its Keras block and bias come from and where cuDNN keeps
+// them.
+struct SlotSource {
+  int64_t weight;       // index of the kernel or recurrent kernel in the op's weights
+  int64_t in;           // its rows
+  int64_t keras_gate;   // its column block
+  int64_t bias_weight;  // index of the bias tensor, or -1 (zeros)
+  int64_t bias_row;     // the row of a [2, G * u] bias (GRU reset_after), or -1
+  WeightOffsets off;
+};
+
+// Calls fn(slot) over the stack's (pseudo-layer, linLayerID)s, a run of them at a time: slots
+// next to each other in cuDNN's order that read consecutive Keras gates of the same tensors into
+// consecutive matrices and biases (an LSTM's four input or four recurrent gates, in cuDNN's usual
+// layout) are one copy each, not one per gate.
 template <typename Fn>
 void for_each_slot(const RnnConfig& cfg, at::TensorList weights, const WeightOffsetTable& offsets,
                    const at::Tensor& space, Fn fn) {
@@ -35,6 +49,7 @@ void for_each_slot(const RnnConfig& cfg, at::TensorList weights, const WeightOff
   TORCH_CHECK(static_cast<int64_t>(offsets.size()) == cfg.num_layers * cfg.num_directions * n,
               "weight offset table has ", offsets.size(), " entries; expected ",
               cfg.num_layers * cfg.num_directions * n);
+  std::vector<SlotSource> slots;
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     for (int64_t d = 0; d < cfg.num_directions; ++d) {
       const int64_t pseudo = l * cfg.num_directions + d;
@@ -42,26 +57,38 @@ void for_each_slot(const RnnConfig& cfg, at::TensorList weights, const WeightOff
       for (int64_t id = 0; id < n; ++id) {
         const CudnnLinLayer lin = cudnn_lin_layer(cfg.cell, id);
         const WeightOffsets& off = offsets[pseudo * n + id];
-        const at::Tensor& source = weights[base + (lin.recurrent ? 1 : 0)];
-        const int64_t in = source.size(0);
-        TORCH_CHECK(off.matrix >= 0 && off.matrix + u * in <= space.numel() && off.bias >= 0 &&
+        SlotSource src{base + (lin.recurrent ? 1 : 0), 0, lin.keras_gate, -1, -1, off};
+        src.in = weights[src.weight].size(0);
+        TORCH_CHECK(off.matrix >= 0 && off.matrix + u * src.in <= space.numel() && off.bias >= 0 &&
                         off.bias + u <= space.numel(),
                     "weight offsets of pseudo-layer ", pseudo, ", linLayerID ", id, " fall outside the weight space");
-        Slot slot;
-        slot.matrix = space.narrow(0, off.matrix, u * in).view({u, in});
-        slot.bias = space.narrow(0, off.bias, u);
-        slot.keras_block = source.narrow(1, lin.keras_gate * u, u);
-        if (cfg.use_bias) {
-          const at::Tensor& bias = weights[base + 2];
-          if (cfg.reset_after) {
-            slot.keras_bias = bias[lin.recurrent ? 1 : 0].narrow(0, lin.keras_gate * u, u);
-          } else if (!lin.recurrent) {
-            slot.keras_bias = bias.narrow(0, lin.keras_gate * u, u);
-          }
+        if (cfg.use_bias && (cfg.reset_after || !lin.recurrent)) {
+          src.bias_weight = base + 2;
+          src.bias_row = cfg.reset_after ? (lin.recurrent ? 1 : 0) : -1;
         }
-        fn(slot);
+        slots.push_back(src);
       }
     }
+  }
+  auto continues = [u](const SlotSource& a, const SlotSource& b, int64_t k) {
+    return b.weight == a.weight && b.bias_weight == a.bias_weight && b.bias_row == a.bias_row &&
+           b.keras_gate == a.keras_gate + k && b.off.matrix == a.off.matrix + k * u * a.in &&
+           b.off.bias == a.off.bias + k * u;
+  };
+  for (size_t i = 0; i < slots.size();) {
+    const SlotSource& a = slots[i];
+    int64_t k = 1;
+    while (i + k < slots.size() && continues(a, slots[i + k], k)) ++k;
+    Slot slot;
+    slot.matrix = space.narrow(0, a.off.matrix, k * u * a.in).view({k * u, a.in});
+    slot.bias = space.narrow(0, a.off.bias, k * u);
+    slot.keras_block = weights[a.weight].narrow(1, a.keras_gate * u, k * u);
+    if (a.bias_weight >= 0) {
+      const at::Tensor& bias = weights[a.bias_weight];
+      slot.keras_bias = (a.bias_row >= 0 ? bias[a.bias_row] : bias).narrow(0, a.keras_gate * u, k * u);
+    }
+    fn(slot);
+    i += static_cast<size_t>(k);
   }
 }
 
