@@ -272,10 +272,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward(const ConvLst
     }
   }
 
-  Tensor z = at::empty(d.shape({T, B}, d.Sp, G), opts);
-  Tensor hs = at::empty(d.shape({T + 1, B}, d.Sp, F), opts);
-  Tensor cs = at::empty(d.shape({T + 1, B}, d.Sp, F), opts);
-  Tensor y = at::empty(d.shape({B, T}, d.Sp, F), opts);
+  Tensor z = steps.make(d.shape({T, B}, d.Sp, G), opts);
+  Tensor hs = steps.make(d.shape({T + 1, B}, d.Sp, F), opts);
+  Tensor cs = steps.make(d.shape({T + 1, B}, d.Sp, F), opts);
+  Tensor y = steps.make(d.shape({B, T}, d.Sp, F), opts);
   if (h0.has_value()) hs[0].copy_(*h0); else hs[0].zero_();
   if (c0.has_value()) cs[0].copy_(*c0); else cs[0].zero_();
   const StepMasks masks = step_masks(in.mask, o.go_backwards);
@@ -318,7 +318,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
   check_tensor(grad_y, in.x, "grad_y", d.shape({B, T}, d.Sp, F));
   check_tensor(grad_h_n, in.x, "grad_h_n", state);
   check_tensor(grad_c_n, in.x, "grad_c_n", state);
-  const Tensor x = in.x.contiguous(), dy_all = grad_y.contiguous();
+  const Tensor x = in.x.contiguous(), dy_all = steps.contiguous(grad_y);
   const Tensor zc = z.contiguous(), hsc = hs.contiguous(), csc = cs.contiguous();
   const auto opts = x.options();
   const Conv conv_in = input_conv(o), conv_rec = recurrent_conv(in.recurrent_kernel);
@@ -326,7 +326,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
   const StepMasks masks = step_masks(in.mask, o.go_backwards);
   const int64_t Gr = d.recurrent_groups, wr = G / Gr;
 
-  Tensor dz = at::empty(d.shape({T, B}, d.Sp, G), opts);  // processing order
+  Tensor dz = steps.make(d.shape({T, B}, d.Sp, G), opts);  // processing order
   Tensor dh = grad_h_n.contiguous().clone(), dc = grad_c_n.contiguous().clone();
   Tensor dh_prev = at::empty(state, opts), dc_prev = at::empty(state, opts);
   for (int64_t s = T - 1; s >= 0; --s) {
@@ -357,17 +357,21 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
     (Gr == 1 ? grad_recurrent : grad_recurrent.narrow(0, k * wr, wr)).copy_(gw);
   }
 
-  // The input side: x, kernel and bias from every step's gate gradients in time order.
-  const Tensor dz_time = (o.go_backwards ? dz.flip(0) : dz).transpose(0, 1).contiguous();  // [B, T, *S', 4F]
+  // The input side: x, kernel and bias from every step's gate gradients. dz is in processing order
+  // [T, B]; x is laid out the same way for the convolution (a copy of x, smaller than one of dz by
+  // C / 4F) and its gradient laid back.
   const int64_t Gi = d.input_groups, wi = G / Gi;
   Tensor grad_x, grad_kernel = at::empty(kernel.sizes(), opts);
   Tensor grad_bias = in.bias.defined() ? at::empty({G}, opts) : at::empty({0}, opts);
   for (int64_t k = 0; k < Gi; ++k) {
-    const Tensor gk = (Gi == 1 ? dz_time : dz_time.narrow(-1, k * wi, wi)).reshape(d.shape({B * T}, d.Sp, wi));
+    const Tensor gk = (Gi == 1 ? dz : dz.narrow(-1, k * wi, wi)).reshape(d.shape({T * B}, d.Sp, wi));
     const Tensor wk = Gi == 1 ? kernel : kernel.narrow(0, k * wi, wi);
-    auto [gx, gw, gb] = conv_in.backward(gk, input_of_group(x, in.dropout_mask, k, d), wk, true, true,
+    const Tensor xk = in.dropout_mask.defined() ? x * in.dropout_mask[k].unsqueeze(1) : x;  // [B, T, *S, C]
+    const Tensor xk_steps = steps.contiguous((o.go_backwards ? xk.flip(1) : xk).transpose(0, 1));  // [T, B, *S, C]
+    auto [gx, gw, gb] = conv_in.backward(gk, xk_steps.view(d.shape({T * B}, d.S, d.C)), wk, true, true,
                                          in.bias.defined());
-    gx = gx.view(x.sizes());
+    gx = gx.view(d.shape({T, B}, d.S, d.C)).transpose(0, 1);
+    if (o.go_backwards) gx = gx.flip(1);
     if (in.dropout_mask.defined()) gx = gx * in.dropout_mask[k].unsqueeze(1);
     grad_x = grad_x.defined() ? grad_x.add_(gx) : gx.contiguous();
     (Gi == 1 ? grad_kernel : grad_kernel.narrow(0, k * wi, wi)).copy_(gw);

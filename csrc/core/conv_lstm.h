@@ -55,6 +55,18 @@ struct CellSteps {
                    const Tensor& seen, const Tensor& dy, const Tensor& dh, const Tensor& dc, const Tensor& dz,
                    const Tensor& dh_prev, const Tensor& dc_prev, Activation activation,
                    Activation recurrent_activation);
+  // Where the step's large arrays (z, the states, y, the gate gradients) come from: the backend's
+  // allocator (the CPU's buffer pool: no page faults on memory freed by the previous call), or
+  // at::empty where null.
+  Tensor (*empty)(at::IntArrayRef sizes, const at::TensorOptions& options) = nullptr;
+
+  Tensor make(at::IntArrayRef sizes, const at::TensorOptions& options) const {
+    return empty != nullptr ? empty(sizes, options) : at::empty(sizes, options);
+  }
+  // t itself if contiguous, else a contiguous copy from make().
+  Tensor contiguous(const Tensor& t) const {
+    return t.is_contiguous() ? t : make(t.sizes(), t.options()).copy_(t);
+  }
 };
 
 ConvLstmOptions make_options(at::IntArrayRef stride, at::IntArrayRef pad_before, at::IntArrayRef pad_after,

@@ -11,6 +11,7 @@
 
 #include "core/conv_lstm.h"
 #include "core/conv_lstm_cell.h"
+#include "cpu/buffer_pool.h"
 #include "cpu/vec_loops.h"
 
 namespace cudnn_rnn {
@@ -146,9 +147,13 @@ void backward_step(const Tensor& z, const Tensor& c_prev, const Tensor& c_new, c
   });
 }
 
+Tensor pooled(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  return cpu::pooled_empty(sizes, options.dtype().toScalarType());
+}
+
 struct CpuConvLstm {
   static const conv::CellSteps& steps() {
-    static const conv::CellSteps s{&forward_step, &backward_step};
+    static const conv::CellSteps s{&forward_step, &backward_step, &pooled};
     return s;
   }
 };
