@@ -214,6 +214,34 @@ def test_gradcheck_with_dropout_masks():
     assert torch.autograd.gradcheck(f, (x, k, r, b), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kernel,go_backwards,activation", [(3, False, "tanh"), (2, True, "tanh"), (3, True, "relu")])
+def test_one_convolution_per_step_matches_two(kernel, go_backwards, activation):
+    """With stride 1, dilation 1 and "same" padding the CPU runs a step's input and recurrent
+    convolutions as one over x_t and h concatenated (dropout masks shared by the four gates
+    too); four identical per-gate masks take the path with two convolutions per step, which the
+    Keras tests above check. Both must compute the same outputs, states and gradients (float64),
+    with a mask whose rows end early, an even kernel (asymmetric padding) and a scalar cell."""
+    torch.manual_seed(2)
+    op = torch.ops.cudnn_rnn.conv_lstm_forward
+    x = torch.randn(3, 4, 5, 6, 2, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(12, 2, kernel, kernel, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(12, 3, kernel, kernel, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(12, dtype=torch.float64, requires_grad=True)
+    dm = (torch.rand(1, 3, 5, 6, 2, dtype=torch.float64) > 0.3).double() / 0.7
+    rm = (torch.rand(1, 3, 5, 6, 3, dtype=torch.float64) > 0.3).double() / 0.7
+    mask = torch.tensor([[True] * 4, [True, True, True, False], [True, False, False, False]])
+    pad_before, pad_after = [(kernel - 1) // 2] * 2, [kernel // 2] * 2
+
+    def run(d, rr):
+        y, h, c = op(x, k, r, b, mask, None, None, d, rr, [1, 1], pad_before, pad_after, [1, 1], activation,
+                     "sigmoid", go_backwards)[:3]
+        grads = torch.autograd.grad((y * y).sum() + h.sum() + (c * c).sum(), (x, k, r, b))
+        return (y, h, c) + grads
+
+    for one, four in zip(run(dm, rm), run(dm.expand(4, -1, -1, -1, -1), rm.expand(4, -1, -1, -1, -1))):
+        torch.testing.assert_close(one, four, atol=1e-10, rtol=1e-10)
+
+
 @pytest.mark.keras
 def test_gradients_match_keras_autograd():
     """Keras 3 on the torch backend is differentiable by torch.autograd: same loss, same grads."""

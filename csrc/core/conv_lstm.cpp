@@ -232,6 +232,59 @@ StepMasks step_masks(const Tensor& mask, bool go_backwards) {
   return {by_step, seen};
 }
 
+// Whether a step's two convolutions can be one, over x_t and h concatenated along the channels:
+// the backend opts in, the input convolution has the recurrent one's geometry (stride 1,
+// dilation 1, Keras's "same" padding, the same kernel size: the usual ConvLSTM) and no dropout
+// mask is per gate.
+bool one_convolution_per_step(const ConvLstmTensors& in, const ConvLstmOptions& o, const Dims& d, const Conv& rec,
+                              const CellSteps& steps) {
+  if (!steps.concatenated_inputs || d.input_groups != 1 || d.recurrent_groups != 1) return false;
+  if (o.stride != rec.stride || o.dilation != rec.dilation || o.pad_before != rec.pad_before ||
+      o.pad_after != rec.pad_after) {
+    return false;
+  }
+  return in.kernel.sizes().slice(2) == in.recurrent_kernel.sizes().slice(2);
+}
+
+// forward() with one convolution per step: [x_t, h_prev] (each with its dropout mask) in a
+// [B, *S, C + F] buffer, convolved with [kernel, recurrent_kernel] and the bias into the step's
+// pre-activations; the cell reads them alone (CellSteps::forward with r undefined). What it
+// returns, z included, is what forward() returns.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward_concatenated(
+    const ConvLstmTensors& in, const OptTensor& h0, const OptTensor& c0, const ConvLstmOptions& o, const Dims& d,
+    const Conv& rec, const CellSteps& steps) {
+  const Tensor x = in.x.contiguous();
+  const auto opts = x.options();
+  const int64_t B = d.B, T = d.T, C = d.C, F = d.F, G = 4 * F;
+  const Tensor weight = conv_weight(at::cat({in.kernel, in.recurrent_kernel}, 1));
+  const Tensor xin = in.dropout_mask.defined() ? x * in.dropout_mask[0].unsqueeze(1) : x;
+  Tensor xh = steps.make(d.shape({B}, d.S, C + F), opts);
+  Tensor z = steps.make(d.shape({T, B}, d.Sp, G), opts);
+  Tensor hs = steps.make(d.shape({T + 1, B}, d.Sp, F), opts);
+  Tensor cs = steps.make(d.shape({T + 1, B}, d.Sp, F), opts);
+  Tensor y = steps.make(d.shape({B, T}, d.Sp, F), opts);
+  if (h0.has_value()) hs[0].copy_(*h0); else hs[0].zero_();
+  if (c0.has_value()) cs[0].copy_(*c0); else cs[0].zero_();
+  const StepMasks masks = step_masks(in.mask, o.go_backwards);
+  for (int64_t s = 0; s < T; ++s) {
+    const int64_t t = o.go_backwards ? T - 1 - s : s;
+    const Tensor h_prev = hs[s];
+    xh.narrow(-1, 0, C).copy_(xin.select(1, t));
+    if (in.recurrent_dropout_mask.defined()) {
+      Tensor h_part = xh.narrow(-1, C, F);
+      at::mul_out(h_part, h_prev, in.recurrent_dropout_mask[0]);
+    } else {
+      xh.narrow(-1, C, F).copy_(h_prev);
+    }
+    const Tensor pre = rec(xh, weight, in.bias);
+    const Tensor real = in.mask.defined() ? masks.real_by_step[s] : Tensor();
+    const Tensor seen = in.mask.defined() ? masks.seen_before[s] : Tensor();
+    steps.forward(pre, Tensor(), h_prev, cs[s], real, seen, z[s], hs[s + 1], cs[s + 1], y.select(1, s),
+                  o.activation, o.recurrent_activation);
+  }
+  return {y, hs[T].clone(), cs[T].clone(), z, hs, cs};
+}
+
 }  // namespace
 
 ConvLstmOptions make_options(at::IntArrayRef stride, at::IntArrayRef pad_before, at::IntArrayRef pad_after,
@@ -258,6 +311,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward(const ConvLst
   const int64_t B = d.B, T = d.T, F = d.F, G = 4 * F;
   const Conv conv_in = input_conv(o), conv_rec = recurrent_conv(in.recurrent_kernel);
   const Tensor kernel = conv_weight(in.kernel), recurrent = conv_weight(in.recurrent_kernel);
+  if (one_convolution_per_step(in, o, d, conv_rec, steps)) return forward_concatenated(in, h0, c0, o, d, conv_rec, steps);
 
   // Every timestep's input convolution at once, [B, T, *S', 4F].
   Tensor zin;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "core/conv_lstm.h"
 #include "core/conv_lstm_cell.h"
@@ -71,7 +72,9 @@ void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, cons
   const bool* sn = seen.defined() ? seen.data_ptr<bool>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "conv_lstm_forward_step", [&] {
     const scalar_t* zi = zin.data_ptr<scalar_t>();
-    const scalar_t* rp = r.data_ptr<scalar_t>();
+    // r undefined: zin holds both convolutions; the cell adds a row of zeros.
+    const std::vector<scalar_t> zeros(r.defined() ? 0 : static_cast<size_t>(4 * F), scalar_t(0));
+    const scalar_t* rp = r.defined() ? r.data_ptr<scalar_t>() : nullptr;
     const scalar_t* hp = h_prev.data_ptr<scalar_t>();
     const scalar_t* cp = c_prev.data_ptr<scalar_t>();
     scalar_t* zp = z.data_ptr<scalar_t>();
@@ -83,18 +86,19 @@ void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, cons
       for (int64_t q = q0; q < q1; ++q) {
         const int64_t b = q / P, p = q - b * P, s = q * F;
         const scalar_t* zr = zi + b * zin_stride + p * 4 * F;
+        const scalar_t* rr = rp != nullptr ? rp + 4 * s : zeros.data();
         scalar_t* o = op + b * out_stride + p * F;
         if (rl != nullptr && !rl[b]) {
           std::fill(zp + 4 * s, zp + 4 * s + 4 * F, scalar_t(0));  // as conv_lstm_cell.h
           masked_row(F, hp + s, cp + s, sn != nullptr && sn[b], hn + s, cn + s, o);
           continue;
         }
-        if (fused_forward_row(act, ract, F, zr, rp + 4 * s, cp + s, zp + 4 * s, hn + s, cn + s)) {
+        if (fused_forward_row(act, ract, F, zr, rr, cp + s, zp + 4 * s, hn + s, cn + s)) {
           std::copy(hn + s, hn + s + F, o);
           continue;
         }
         for (int64_t f = 0; f < F; ++f) {
-          conv::cell_forward<scalar_t>(act, ract, zr + f, rp + 4 * s + f, zp + 4 * s + f, F, hp[s + f], cp[s + f],
+          conv::cell_forward<scalar_t>(act, ract, zr + f, rr + f, zp + 4 * s + f, F, hp[s + f], cp[s + f],
                                        true, false, hn + s + f, cn + s + f, o + f);
         }
       }
@@ -153,7 +157,7 @@ Tensor pooled(at::IntArrayRef sizes, const at::TensorOptions& options) {
 
 struct CpuConvLstm {
   static const conv::CellSteps& steps() {
-    static const conv::CellSteps s{&forward_step, &backward_step, &pooled};
+    static const conv::CellSteps s{&forward_step, &backward_step, &pooled, /*concatenated_inputs=*/true};
     return s;
   }
 };
