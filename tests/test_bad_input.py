@@ -127,7 +127,9 @@ def test_op_errors_name_the_argument():
 def test_explain():
     assert cudnn_rnn.explain(cudnn_rnn.LSTM(3, 4)).backend == "cpu"
     assert cudnn_rnn.explain(cudnn_rnn.LSTM(3, 4), "cuda").backend == "cudnn"
-    assert "algorithm STANDARD" in str(cudnn_rnn.explain(cudnn_rnn.LSTM(3, 4), "cuda"))
+    # The default algorithm ("auto"): LSTM's persistent small-hidden kernel, STANDARD for the others.
+    assert "algorithm PERSIST_STATIC_SMALL_H" in str(cudnn_rnn.explain(cudnn_rnn.LSTM(3, 4), "cuda"))
+    assert "algorithm STANDARD" in str(cudnn_rnn.explain(cudnn_rnn.GRU(3, 4), "cuda"))
     e = cudnn_rnn.explain(cudnn_rnn.LSTM(3, 4, recurrent_activation="hard_sigmoid"), "cuda")
     assert e.backend == "cuda-generic"
     assert "recurrent_activation='hard_sigmoid' is not supported by cuDNN" in str(e)
