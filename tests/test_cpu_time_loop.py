@@ -262,6 +262,28 @@ def test_both_splits_match_float64(cell, kwargs, batch, masked, bidirectional, s
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("split", ["units", "rows"], indirect=True)
+@pytest.mark.parametrize("engine", [e for e in _engine_builds() if e.startswith("packed")], indirect=True)
+@pytest.mark.parametrize("cell,kwargs", CELL_CONFIGS)
+@pytest.mark.parametrize("batch,masked,bidirectional", [(64, True, False), (7, True, True), (33, False, True)])
+def test_inference_matches_float64_on_both_splits(cell, kwargs, batch, masked, bidirectional, split, engine,
+                                                  threads):
+    """Inference runs a path of its own: no saved activations and, for LSTM and SimpleRNN on the
+    packed kernel with the rows apart, each step's input product inside the loop instead of a
+    hoisted projection (csrc/cpu/plan_choice.cpp: plan_projects_input). Held to the float64 run:
+    outputs and final states, masked rows and not, both directions, uneven row groups."""
+    layer = _layer(cell, bidirectional, **kwargs)
+    layer32 = copy.deepcopy(layer).float()
+    x = torch.randn(batch, T, I, dtype=torch.float64)
+    mask = _random_mask(5, batch) if masked else None
+    threads(4)
+    with torch.no_grad():
+        out64 = layer(x, mask=mask)
+        out32 = layer32(x.float(), mask=mask)
+    for a, b in zip(out32, out64):
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
 def test_split_choice_follows_the_kernel_size(threads):
     """Rows apart where the recurrent kernel fits a quarter of L2 or, from 4 rows a thread, 8 L2;
     else unit blocks; one thread or one row: unit blocks (csrc/cpu/rnn_cpu.cpp: choose_split)."""
@@ -344,8 +366,9 @@ def test_gemm_engine_from_the_environment_is_checked(tmp_path):
 def test_buffer_pool_reuses_and_frees():
     _C.empty_cpu_cache()
     assert _C.cpu_cache_info()[0] == 0
-    layer = cudnn_rnn.LSTM(64, 64, return_sequences=True)
-    x = torch.randn(64, 100, 64)  # a 6.5 MB input projection: pooled
+    # GRU: its input projection is hoisted out of the time loop ([T, B, 3u]: 4.9 MB, pooled).
+    layer = cudnn_rnn.GRU(64, 64, return_sequences=True)
+    x = torch.randn(64, 100, 64)
     with torch.no_grad():
         first = layer(x)
     idle, limit = _C.cpu_cache_info()
@@ -363,7 +386,7 @@ def _run_with_cache_env(value):
     import subprocess
     import sys
     code = ("import torch, cudnn_rnn\nfrom cudnn_rnn import _C\n"
-            "with torch.no_grad():\n    cudnn_rnn.LSTM(64, 64)(torch.randn(64, 100, 64))\n"
+            "with torch.no_grad():\n    cudnn_rnn.GRU(64, 64)(torch.randn(64, 100, 64))\n"
             "print(_C.cpu_cache_info())\n")
     env = {**os.environ, "CUDNN_RNN_CPU_CACHE_MB": value}
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

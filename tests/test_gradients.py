@@ -246,7 +246,10 @@ def test_unused_outputs_need_no_gradient():
 def test_inference_path_equals_training_path(cell, reset_after, mask_kind, dtype):
     """Without autograd the CPU keeps no per-step activations (one step of scratch, the fused
     float32 rows writing none) and two state slots instead of T + 1: the outputs and final
-    states must not change."""
+    states must not change. float64 runs the same arithmetic and must match bit for bit; in
+    float32 inference may add the input product into the recurrent one inside the loop (the
+    packed plan's in-loop projection, LSTM and SimpleRNN) where training adds a hoisted
+    projection, a different association of the same sums: within float32 rounding."""
     x, ws, mask, h0, c0, dm, rdm, config = _case(cell, reset_after=reset_after, bidirectional=True, num_layers=2,
                                                  mask_kind=mask_kind)
     x, h0, c0 = (t.detach().to(dtype).requires_grad_() if t is not None else None for t in (x, h0, c0))
@@ -255,7 +258,10 @@ def test_inference_path_equals_training_path(cell, reset_after, mask_kind, dtype
     with torch.no_grad():
         inferred = ops.rnn_forward(x, ws, mask, h0, c0, dm, rdm, **config)
     for a, b in zip(trained[:3], inferred[:3]):
-        assert torch.equal(a.detach(), b)
+        if dtype == torch.float64:
+            assert torch.equal(a.detach(), b)
+        else:
+            torch.testing.assert_close(b, a.detach(), atol=2e-6, rtol=2e-6)
     assert inferred[3].numel() < trained[3].numel()
 
 

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -339,13 +340,15 @@ void packed_gemm_at(int64_t M, int64_t N, int64_t K, const float* At, int64_t ld
     const int64_t m_end = std::min(M, mb + kMc), tiles = (m_end - mb + kMR - 1) / kMR;
     for (int64_t kb = 0; kb < k_blocks; ++kb) {
       const int64_t k0 = kb * kKc, kc = std::min(kKc, K - k0);
+      const int64_t full = (m_end - mb) / kMR;  // tiles of kMR rows; the last may be partial
       for (int64_t k = 0; k < kc; ++k) {
-        const float* src = At + (k0 + k) * lda;
-        for (int64_t t = 0; t < tiles; ++t) {
-          float* dst = block.data() + (t * kc + k) * kMR;
+        const float* src = At + (k0 + k) * lda + mb;
+        float* dst = block.data() + k * kMR;
+        for (int64_t t = 0; t < full; ++t) std::memcpy(dst + t * kc * kMR, src + t * kMR, kMR * sizeof(float));
+        for (int64_t t = full; t < tiles; ++t) {
           for (int64_t i = 0; i < kMR; ++i) {
-            const int64_t m = mb + t * kMR + i;
-            dst[i] = m < m_end ? src[m] : 0.0f;
+            const int64_t m = t * kMR + i;
+            dst[t * kc * kMR + i] = mb + m < m_end ? src[m] : 0.0f;
           }
         }
       }

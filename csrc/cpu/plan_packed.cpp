@@ -4,6 +4,9 @@
 // read and written in place through the step's row list: nothing is gathered.
 #include <ATen/Parallel.h>
 
+#include <string>
+#include <vector>
+
 #include "cpu/buffer_pool.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/packed_gemm.h"
@@ -18,9 +21,9 @@ using at::Tensor;
 
 class PackedForward final : public ForwardPlan<float> {
  public:
-  explicit PackedForward(const PlanArgs& p)
+  PackedForward(const PlanArgs& p, bool project_input)
       : G_(p.cfg.gates()), u_(p.cfg.units), B_(p.cfg.batch), blocks_(p.blocks), gate_panels_(packed_size(u_, u_)),
-        bias_(p.step_bias) {
+        bias_(p.step_bias), joint_(project_input) {
     const Tensor& R = p.a.w.recurrent;
     panels_ = cached_pack(R, "packed/gates", [&] {
       Tensor out = at::empty({G_ * gate_panels_}, R.options());
@@ -31,19 +34,78 @@ class PackedForward final : public ForwardPlan<float> {
       });
       return out;
     });
+    if (joint_) project_in_loop(p);
   }
 
   void product(int64_t k, const ActiveRows& act, const ForwardStep<float>& step, float* r) override {
+    recurrent_product(k, act, step, r);
+    if (!joint_) return;
+    // r += x_t · K[block k]: the step's input product in place of a hoisted projection.
+    const int64_t ldr = G_ * blocks_.width(k);
+    packed_gemm(act.n, ldr, I_, x_ + step.t * x_time_stride_, {act.list(B_), x_row_stride_},
+                kernel_panels_[k].const_data_ptr<float>(), nullptr, true, r, {nullptr, ldr});
+  }
+
+  const float* cell_input(int64_t k, int64_t* stride) const override {
+    if (!joint_) return nullptr;
+    *stride = 0;  // every row: the biases
+    return joint_bias_[k].const_data_ptr<float>();
+  }
+
+ private:
+  // LSTM and SimpleRNN, whose gates add the two products: each block's kernel columns packed
+  // (cached while the kernel is unchanged), and the input and recurrent biases as the cell's
+  // "input projection", one [G*w] row read for every batch row.
+  void project_in_loop(const PlanArgs& p) {
+    const driver::DirectionArgs& a = p.a;
+    const Tensor& K = a.w.kernel;  // [I, G*u]
+    I_ = K.size(0);
+    Tensor bias = at::zeros({G_ * u_}, K.options());
+    for (const Tensor& b : {a.w.bias_in, p.step_bias}) {
+      if (b.defined()) bias.add_(b);
+    }
+    bias_ = Tensor();
+    kernel_panels_.resize(blocks_.n);
+    joint_bias_.resize(blocks_.n);
+    for (int64_t k = 0; k < blocks_.n; ++k) {
+      const int64_t j0 = blocks_.start[k], w = blocks_.width(k);
+      // The whole kernel's panels are the hoisted projection's form (packed_row_gemm's
+      // "packed/rows"): one cache entry serves both, so a one-step call after a sequence packs
+      // nothing.
+      const std::string what = blocks_.n == 1 ? std::string("packed/rows")
+                                              : "packed/kernel units " + std::to_string(j0) + "+" + std::to_string(w);
+      kernel_panels_[k] = cached_pack(K, what.c_str(), [&] {
+        const Tensor block = (blocks_.n == 1 ? K : block_columns(K, G_, u_, j0, w)).contiguous();
+        Tensor out = at::empty({packed_size(I_, G_ * w)}, K.options());
+        pack_panels(block.const_data_ptr<float>(), G_ * w, false, I_, G_ * w, out.data_ptr<float>());
+        return out;
+      });
+      joint_bias_[k] = block_columns(bias, G_, u_, j0, w).contiguous();
+    }
+    const int64_t B = p.cfg.batch, T = p.cfg.time;
+    x_ = a.x3.const_data_ptr<float>();
+    x_time_stride_ = a.in_batch_major ? I_ : B * I_;
+    x_row_stride_ = a.in_batch_major ? T * I_ : I_;
+  }
+
+  void recurrent_product(int64_t k, const ActiveRows& act, const ForwardStep<float>& step, float* r) {
     const int64_t j0 = blocks_.start[k], w = blocks_.width(k), ldr = G_ * w;
     const int64_t from_j0 = j0 / kPanel * packed_size(u_, kPanel);  // the panel of unit j0
     const float* panels = panels_.const_data_ptr<float>();
     const float* bias = bias_.defined() ? bias_.const_data_ptr<float>() : nullptr;
+    if (w == u_ && u_ % kPanel == 0) {
+      // The block is every unit and the gates' panels lie end to end: the packed [u, G*u] matrix,
+      // one product for all gates.
+      packed_gemm(act.n, G_ * u_, u_, step.h_prev, {act.list(B_), u_}, panels, bias, false, r, {nullptr, ldr});
+      return;
+    }
     for (int64_t g = 0; g < G_; ++g) {
       packed_gemm(act.n, w, u_, step.h_prev, {act.list(B_), u_}, panels + g * gate_panels_ + from_j0,
                   bias ? bias + g * u_ + j0 : nullptr, false, r + g * w, {nullptr, ldr});
     }
   }
 
+ public:
   bool rows_apart() const override { return true; }
 
  private:
@@ -51,6 +113,10 @@ class PackedForward final : public ForwardPlan<float> {
   const UnitBlocks& blocks_;
   int64_t gate_panels_;
   Tensor bias_, panels_;
+  bool joint_;
+  int64_t I_ = 0, x_time_stride_ = 0, x_row_stride_ = 0;
+  const float* x_ = nullptr;
+  std::vector<Tensor> kernel_panels_, joint_bias_;
 };
 
 class PackedBackward final : public BackwardPlan<float> {
@@ -189,8 +255,8 @@ Tensor packed_weight_grad(const Tensor& A, const Tensor& D) {
   return ct.t().contiguous();
 }
 
-std::unique_ptr<ForwardPlan<float>> packed_forward_plan(const PlanArgs& p) {
-  return std::make_unique<PackedForward>(p);
+std::unique_ptr<ForwardPlan<float>> packed_forward_plan(const PlanArgs& p, bool project_input) {
+  return std::make_unique<PackedForward>(p, project_input);
 }
 std::unique_ptr<BackwardPlan<float>> packed_backward_plan(const PlanArgs& p) {
   return std::make_unique<PackedBackward>(p);

@@ -356,11 +356,13 @@ struct TimeLoops {
         ForwardStep<T> st = step;
         cpu::ActiveRows act(B);
         std::vector<T> rec((b1 - b0) * G * u), scratch(cpu::row_scratch_size(u));
+        int64_t xw_stride = 0;
+        const T* xw = plan.cell_input(0, &xw_stride);  // null: the hoisted projection
         for (int64_t s = 0; s < cfg.time; ++s) {
           driver::set_forward_step(st, cfg, a, s);
           act.collect(st.mask, b0, b1, cfg.time, st.t);
           if (act.n > 0) plan.product(0, act, st, rec.data());
-          forward_rows<T>(st, b0, b1, 0, u, nullptr, 0, rec.data(), scratch.data());
+          forward_rows<T>(st, b0, b1, 0, u, xw, xw_stride, rec.data(), scratch.data());
           for (int64_t b = b0; b < b1 && st.mask; ++b) st.seen[b] |= st.mask[b * cfg.time + st.t];
         }
       }

@@ -137,8 +137,9 @@ std::unique_ptr<ForwardPlan<T>> forward_plan(const PlanArgs& p);
 template <typename T>
 std::unique_ptr<BackwardPlan<T>> backward_plan(const PlanArgs& p, const BackwardPlanArgs<T>& b);
 
-// Whether the forward plan projects each step's input itself (bfloat16 without input dropout):
-// the driver then hoists no projection.
+// Whether the forward plan projects each step's input itself (bfloat16, and the packed plan's LSTM
+// and SimpleRNN inference over more than one step, without input dropout): the driver then
+// hoists no projection.
 template <typename T>
 bool plan_projects_input(const RnnConfig& cfg, const driver::DirectionArgs& a);
 
@@ -147,7 +148,7 @@ template <typename T>
 std::unique_ptr<ForwardPlan<T>> blas_forward_plan(const PlanArgs& p);
 template <typename T>
 std::unique_ptr<BackwardPlan<T>> blas_backward_plan(const PlanArgs& p);
-std::unique_ptr<ForwardPlan<float>> packed_forward_plan(const PlanArgs& p);
+std::unique_ptr<ForwardPlan<float>> packed_forward_plan(const PlanArgs& p, bool project_input);
 std::unique_ptr<BackwardPlan<float>> packed_backward_plan(const PlanArgs& p);
 std::unique_ptr<ForwardPlan<float>> brgemm_forward_plan(const PlanArgs& p);
 std::unique_ptr<BackwardPlan<float>> brgemm_backward_plan(const PlanArgs& p);
