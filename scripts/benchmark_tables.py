@@ -24,8 +24,10 @@ PAGE = os.path.join(DOCS, "guides", "results.md")
 # (file in docs/, date measured, machine when the file does not record it, what the run is)
 RESULTS = [
     ("benchmarks-cuda-h200.json", "2026-11-26", None, "all workloads, `--quick`, full float32"),
-    ("benchmarks-grid-cpu-amd-zen4.json", "2026-11-25", "AMD EPYC Zen 4",
+    ("benchmarks-grid-cpu-amd-zen4.json", "2026-11-26", "AMD EPYC Zen 4",
      "LSTM / GRU / SimpleRNN size grid (T=50, I=H) and one step (T=1, B=1), `benchmarks.grid`"),
+    ("benchmarks-grid-cpu-amd-zen4-avx2.json", "2026-11-26", "AMD EPYC Zen 4",
+     "the same grid, `ATEN_CPU_CAPABILITY=avx2 DNNL_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`"),
     ("benchmarks-grid-bf16-cpu-amd-zen4.json", "2026-11-26", "AMD EPYC Zen 4",
      "LSTM bfloat16 grid, `benchmarks.grid --dtype bfloat16`"),
     ("benchmarks-int8-cpu-amd-zen4.json", "2026-11-25", "AMD EPYC Zen 4", "int8 inference, `benchmarks.quantized`"),
