@@ -232,6 +232,20 @@ StepMasks step_masks(const Tensor& mask, bool go_backwards) {
   return {by_step, seen};
 }
 
+// What forward() returns besides the final states, from the backend's allocator: z [T, B, *S', 4F],
+// hs and cs [T + 1, B, *S', F] (slot 0 the initial states), y [B, T, *S', F].
+std::tuple<Tensor, Tensor, Tensor, Tensor> forward_arrays(const Dims& d, const OptTensor& h0, const OptTensor& c0,
+                                                          const at::TensorOptions& opts, const CellSteps& steps) {
+  const int64_t B = d.B, T = d.T, F = d.F;
+  Tensor z = steps.make(d.shape({T, B}, d.Sp, 4 * F), opts);
+  Tensor hs = steps.make(d.shape({T + 1, B}, d.Sp, F), opts);
+  Tensor cs = steps.make(d.shape({T + 1, B}, d.Sp, F), opts);
+  Tensor y = steps.make(d.shape({B, T}, d.Sp, F), opts);
+  if (h0.has_value()) hs[0].copy_(*h0); else hs[0].zero_();
+  if (c0.has_value()) cs[0].copy_(*c0); else cs[0].zero_();
+  return {z, hs, cs, y};
+}
+
 // Whether a step's two convolutions can be one, over x_t and h concatenated along the channels:
 // the backend opts in, the input convolution has the recurrent one's geometry (stride 1,
 // dilation 1, Keras's "same" padding, the same kernel size: the usual ConvLSTM) and no dropout
@@ -255,16 +269,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward_concatenated(
     const Conv& rec, const CellSteps& steps) {
   const Tensor x = in.x.contiguous();
   const auto opts = x.options();
-  const int64_t B = d.B, T = d.T, C = d.C, F = d.F, G = 4 * F;
+  const int64_t B = d.B, T = d.T, C = d.C, F = d.F;
   const Tensor weight = conv_weight(at::cat({in.kernel, in.recurrent_kernel}, 1));
   const Tensor xin = in.dropout_mask.defined() ? x * in.dropout_mask[0].unsqueeze(1) : x;
   Tensor xh = steps.make(d.shape({B}, d.S, C + F), opts);
-  Tensor z = steps.make(d.shape({T, B}, d.Sp, G), opts);
-  Tensor hs = steps.make(d.shape({T + 1, B}, d.Sp, F), opts);
-  Tensor cs = steps.make(d.shape({T + 1, B}, d.Sp, F), opts);
-  Tensor y = steps.make(d.shape({B, T}, d.Sp, F), opts);
-  if (h0.has_value()) hs[0].copy_(*h0); else hs[0].zero_();
-  if (c0.has_value()) cs[0].copy_(*c0); else cs[0].zero_();
+  auto [z, hs, cs, y] = forward_arrays(d, h0, c0, opts, steps);
   const StepMasks masks = step_masks(in.mask, o.go_backwards);
   for (int64_t s = 0; s < T; ++s) {
     const int64_t t = o.go_backwards ? T - 1 - s : s;
@@ -326,12 +335,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward(const ConvLst
     }
   }
 
-  Tensor z = steps.make(d.shape({T, B}, d.Sp, G), opts);
-  Tensor hs = steps.make(d.shape({T + 1, B}, d.Sp, F), opts);
-  Tensor cs = steps.make(d.shape({T + 1, B}, d.Sp, F), opts);
-  Tensor y = steps.make(d.shape({B, T}, d.Sp, F), opts);
-  if (h0.has_value()) hs[0].copy_(*h0); else hs[0].zero_();
-  if (c0.has_value()) cs[0].copy_(*c0); else cs[0].zero_();
+  auto [z, hs, cs, y] = forward_arrays(d, h0, c0, opts, steps);
   const StepMasks masks = step_masks(in.mask, o.go_backwards);
   const int64_t Gr = d.recurrent_groups, wr = G / Gr;
   Tensor r_groups = Gr > 1 ? at::empty(d.shape({B}, d.Sp, G), opts) : Tensor();
