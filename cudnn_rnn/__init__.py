@@ -59,6 +59,21 @@ def cudnn_fallback_count() -> int:
     return int(_C.cudnn_fallback_count())
 
 
+def empty_cache() -> None:
+    """Frees what the package keeps between calls, on the CPU and on CUDA devices.
+
+    That is :func:`empty_cpu_cache`'s buffers and packed weights, and the packed cuDNN weight
+    spaces that inference on a GPU keeps while the weight tensors are unchanged
+    (``CUDNN_RNN_CUDA_WEIGHT_CACHE=0`` disables them). Call it after writing weights in a way the
+    version counter does not see (through ``.data``, DLPack or another library).
+
+    Example:
+        >>> cudnn_rnn.empty_cache()
+    """
+    _C.empty_cpu_cache()
+    _C.empty_cuda_cache()
+
+
 def empty_cpu_cache() -> None:
     """Frees what the CPU backend keeps between calls.
 
@@ -136,4 +151,4 @@ def build_info() -> dict:
 
 
 __all__ = ["LSTM", "GRU", "SimpleRNN", "Bidirectional", "quantize_dynamic", "set_cpu_plan", "Int8Linear", "int8_available", "ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D", "explain", "Explanation", "from_torch", "to_torch",
-           "build_info", "set_cudnn_algorithm", "cudnn_algorithm", "cudnn_fallback_count", "empty_cpu_cache", "ops", "load_keras", "save_keras", "ConversionError"]
+           "build_info", "set_cudnn_algorithm", "cudnn_algorithm", "cudnn_fallback_count", "empty_cpu_cache", "empty_cache", "ops", "load_keras", "save_keras", "ConversionError"]

@@ -205,6 +205,40 @@ def test_inference_weight_space_follows_in_place_updates():
 
 
 @cuda
+def test_backward_runs_the_forwards_algorithm():
+    """The reserve's size records the algorithm that wrote it: a preference changed between a
+    forward and its backward must not change the backward (it would read a persistent kernel's
+    reserve as STANDARD's)."""
+    _, gpu = _pair("lstm")
+    gpu.train()
+    x = torch.randn(8, 9, 6, device="cuda", requires_grad=True)
+    try:
+        cudnn_rnn.set_cudnn_algorithm("persist_static_small_h")
+        out = gpu(x)[0]
+        g_same, = torch.autograd.grad(out.sum(), x)
+        out = gpu(x)[0]
+        cudnn_rnn.set_cudnn_algorithm("standard")
+        g_changed, = torch.autograd.grad(out.sum(), x)
+    finally:
+        cudnn_rnn.set_cudnn_algorithm("auto")
+    torch.testing.assert_close(g_changed, g_same, atol=0, rtol=0)
+
+
+@cuda
+def test_empty_cache_drops_kept_weight_spaces():
+    """A write the version counter does not see (through .data) needs cudnn_rnn.empty_cache()."""
+    cpu, gpu = _pair("gru")
+    x = torch.randn(4, 7, 6)
+    with torch.no_grad():
+        before = gpu(x.cuda())[0].cpu()
+        gpu.kernel.data.mul_(0.5)
+        cpu.kernel.data.mul_(0.5)
+        cudnn_rnn.empty_cache()
+        torch.testing.assert_close(gpu(x.cuda())[0].cpu(), cpu(x)[0], atol=2e-5, rtol=2e-5)
+    assert not torch.allclose(before, cpu(x)[0])
+
+
+@cuda
 def test_opcheck_and_compile_on_cuda():
     _, gpu = _pair("lstm", 1, True)
     x = torch.randn(3, 5, 6, device="cuda", requires_grad=True)

@@ -148,6 +148,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         cr::cpu::empty_cache();
         cr::cpu::clear_weight_cache();
       }, "frees the CPU buffer pool's idle buffers and the packed weights the CPU kernels keep across calls");
+  m.def("empty_cuda_cache", &cr::empty_accelerator_caches,
+        "drops the packed cuDNN weight spaces inference keeps across calls (nothing in a CPU-only build)");
   auto testing = m.def_submodule("_testing", "hooks into the C++ internals, for the tests");
   cr::bindings::register_testing(testing);
 }

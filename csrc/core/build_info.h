@@ -11,4 +11,6 @@ namespace cudnn_rnn {
 std::map<std::string, std::string> accelerator_build_info();
 // Calls on CUDA tensors that did not run on cuDNN (a silent fallback is a bug: this makes it visible).
 int64_t cudnn_fallback_count();
+// Drops what the accelerator backend keeps between calls (the cuDNN path's kept weight spaces).
+void empty_accelerator_caches();
 }

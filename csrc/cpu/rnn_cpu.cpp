@@ -208,6 +208,17 @@ struct TimeLoops {
            !projects_input_in_loop<T>(cfg, a);
   }
 
+  // The driver hoists the projection unless projects_input_in_loop said the plan projects it; the
+  // plan decides again when it is built (from the same settings, which another thread could change
+  // in between: set_cpu_plan). A plan that reads the hoisted projection must have one.
+  template <typename T>
+  static void check_projection(const cpu::ForwardPlan<T>& plan, const ForwardStep<T>& step) {
+    int64_t stride = 0;
+    TORCH_CHECK(plan.cell_input(0, &stride) != nullptr || step.xw.data != nullptr,
+                "cudnn_rnn: the CPU plan changed during the call (cudnn_rnn.set_cpu_plan from another thread?); "
+                "run the call again");
+  }
+
   template <typename T>
   static bool time_loop_forward(const RnnConfig& cfg, const driver::DirectionArgs& a, ForwardStep<T>& step) {
     if (!fused_loop_applies<T>(cfg, a)) return false;
@@ -221,11 +232,13 @@ struct TimeLoops {
       const cpu::UnitBlocks whole(u);
       const auto plan = cpu::forward_plan<T>({cfg, a, whole, step_bias, step.mask != nullptr});
       TORCH_INTERNAL_ASSERT(plan->rows_apart(), "time_loop_forward: plan_rows_apart and the plan disagree");
+      check_projection(*plan, step);
       forward_by_rows(cfg, a, step, *plan);
       return true;
     }
     const cpu::UnitBlocks blocks(B, u, G);
     const auto plan = cpu::forward_plan<T>({cfg, a, blocks, step_bias, step.mask != nullptr});
+    check_projection(*plan, step);
     // Per block the product's output [B, G*w] and the row kernel's scratch; raw pointers taken
     // here: the worker threads make no ATen calls.
     std::vector<Tensor> rec(blocks.n), scratch(blocks.n);

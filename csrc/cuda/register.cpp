@@ -53,6 +53,8 @@ struct CudaBackend {
 
 int64_t cudnn_fallback_count() { return fallback_counter().load(); }
 
+void empty_accelerator_caches() { empty_cuda_weight_cache(); }
+
 std::map<std::string, std::string> accelerator_build_info() {
   return {{"cuda", std::to_string(CUDART_VERSION)},
           {"cudnn", std::to_string(CUDNN_VERSION)},

@@ -238,7 +238,9 @@ std::shared_ptr<Plan> get_plan(cudnnHandle_t handle, const RnnDescriptors& desc,
 // version counters (an optimizer step or any in-place write bumps them), on the same stream.
 // Inference reads a kept space directly; training copies it into the reserve in one copy instead
 // of packing slot by slot. Never used while a CUDA graph is captured: a replay would read the
-// kept space after the weights changed in place. CUDNN_RNN_CUDA_WEIGHT_CACHE=0 turns it off.
+// kept space after the weights changed in place. Writes the version counters do not see (through
+// `.data`, DLPack or another library) are not noticed: cudnn_rnn.empty_cache() drops every kept
+// space. CUDNN_RNN_CUDA_WEIGHT_CACHE=0 turns it off.
 struct KeptSpace {
   const Plan* plan;
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> tensors;
@@ -249,7 +251,7 @@ struct KeptSpace {
   Tensor space;
 };
 
-constexpr size_t kKeptSpaces = 8;
+constexpr size_t kKeptSpaces = 64;  // a model's recurrent layers; the CPU's weight cache keeps 256 forms
 
 std::mutex& kept_mutex() {
   static std::mutex m;
@@ -260,6 +262,15 @@ std::list<KeptSpace>& kept_spaces() {  // most recently used first
   static auto* l = new std::list<KeptSpace>();  // never destroyed: no teardown order against the allocator
   return *l;
 }
+
+}  // namespace
+
+void empty_cuda_weight_cache() {
+  std::lock_guard<std::mutex> lock(kept_mutex());
+  kept_spaces().clear();
+}
+
+namespace {
 
 bool can_keep(at::TensorList weights) {
   static const bool on = [] {
@@ -301,17 +312,25 @@ Tensor find_kept_space(const Plan* plan, at::TensorList weights) {
   return Tensor();
 }
 
-void keep_space(const Plan* plan, at::TensorList weights, const Tensor& space) {
+// The key of a space about to be packed from `weights`: their versions and data pointers are read
+// before packing, so a write racing the packing makes the entry stale, never a newer key over
+// older data.
+KeptSpace kept_key(const Plan* plan, at::TensorList weights) {
   KeptSpace k;
   k.plan = plan;
   k.stream = c10::cuda::getCurrentCUDAStream().stream();
-  k.space = space;
   for (const auto& w : weights) {
     k.tensors.emplace_back(w.getIntrusivePtr());
     k.impls.push_back(w.unsafeGetTensorImpl());
     k.versions.push_back(w._version());
     k.data.push_back(w.data_ptr());
   }
+  return k;
+}
+
+void keep_space(KeptSpace k, const Tensor& space) {
+  k.space = space;
+  const Plan* plan = k.plan;
   std::lock_guard<std::mutex> lock(kept_mutex());
   auto& l = kept_spaces();
   for (auto it = l.begin(); it != l.end();) {  // an older space of the same tensors is stale now
@@ -370,6 +389,19 @@ struct ReserveLayout {
   int64_t weights, y, hx, cx, cudnn, total;
 };
 
+// The reserve's size says which algorithm wrote it: layout.total (a multiple of 4) plus the
+// algorithm's number (0-3). Backward reads it from there, so it runs the forward's algorithm even
+// when the preference changed or a persistent algorithm was refused in between.
+int64_t reserve_bytes(int64_t layout_total, cudnnRNNAlgo_t algo) { return layout_total + static_cast<int64_t>(algo); }
+
+cudnnRNNAlgo_t reserve_algorithm(const Tensor& reserve) {
+  const int64_t code = reserve.numel() % 4;
+  TORCH_CHECK_VALUE(reserve.numel() >= 4 && code != CUDNN_RNN_ALGO_PERSIST_DYNAMIC,
+                    "reserve must be the uint8 tensor a training-mode rnn_forward returned; got ", reserve.numel(),
+                    " bytes");
+  return static_cast<cudnnRNNAlgo_t>(code);
+}
+
 ReserveLayout reserve_layout(const RnnConfig& cfg, const Tensor& x, size_t weight_bytes, size_t cudnn_bytes) {
   const int64_t elem = x.element_size();
   const int64_t state = cfg.num_layers * cfg.num_directions * cfg.batch * cfg.units * elem;
@@ -380,6 +412,7 @@ ReserveLayout reserve_layout(const RnnConfig& cfg, const Tensor& x, size_t weigh
   r.cx = r.hx + align256(state);
   r.cudnn = r.cx + (cfg.has_cell_state() ? align256(state) : 0);
   r.total = r.cudnn + static_cast<int64_t>(cudnn_bytes);
+  r.total = (r.total + 3) / 4 * 4 + 4;  // room for the algorithm's code (reserve_bytes)
   return r;
 }
 
@@ -444,7 +477,7 @@ ForwardResult cudnn_forward_with(cudnnRNNAlgo_t algo, const RnnConfig& cfg, cons
                                             &cudnn_reserve_bytes));
   const ReserveLayout layout = reserve_layout(cfg, x, call.plan->weight_bytes, need_grad ? cudnn_reserve_bytes : 0);
   // Inference keeps nothing for backward: an empty reserve, and the weight space on its own.
-  Tensor reserve = at::empty({need_grad ? layout.total : 0}, x.options().dtype(at::kByte));
+  Tensor reserve = at::empty({need_grad ? reserve_bytes(layout.total, algo) : 0}, x.options().dtype(at::kByte));
   const bool keep = can_keep(weights);
   const Tensor kept = keep ? find_kept_space(call.plan.get(), weights) : Tensor();
   Tensor space;
@@ -457,11 +490,12 @@ ForwardResult cudnn_forward_with(cudnnRNNAlgo_t algo, const RnnConfig& cfg, cons
     if (kept.defined()) {
       space.copy_(kept);
     } else {
-      if (!call.plan->slots_cover_space) space.zero_();
-      pack_keras_weights(cfg, weights, call.plan->offsets, space);
       // Inference keeps what it packed; training packs into the reserve and keeps nothing (its
       // weights change every step).
-      if (keep && !need_grad) keep_space(call.plan.get(), weights, space);
+      KeptSpace key = keep && !need_grad ? kept_key(call.plan.get(), weights) : KeptSpace{};
+      if (!call.plan->slots_cover_space) space.zero_();
+      pack_keras_weights(cfg, weights, call.plan->offsets, space);
+      if (keep && !need_grad) keep_space(std::move(key), space);
     }
   }
 
@@ -530,14 +564,14 @@ BackwardResult cudnn_backward(const RnnConfig& cfg, const BackendChoice& choice,
   const auto& dropout_masks = c.in.dropout_masks;
   const Tensor& reserve = c.reserve;
   Call call;
-  prepare(call, cfg, x_in, mask, choice.lengths, algorithm_for(cfg, x_in, mask));
+  prepare(call, cfg, x_in, mask, choice.lengths, reserve_algorithm(reserve));
   Tensor x = cudnn_input(cfg, call, x_in, dropout_masks);
   size_t work_bytes = 0, cudnn_reserve_bytes = 0;
   CUDNN_RNN_CHECK(cudnnGetRNNTempSpaceSizes(call.handle, call.desc.rnn.get(), CUDNN_FWD_MODE_TRAINING,
                                             call.x_desc.get(), &work_bytes, &cudnn_reserve_bytes));
   const ReserveLayout layout = reserve_layout(cfg, x, call.plan->weight_bytes, cudnn_reserve_bytes);
-  TORCH_CHECK_VALUE(reserve.scalar_type() == at::kByte && reserve.numel() == layout.total,
-                    "reserve must be the ", layout.total, "-byte uint8 tensor a training-mode rnn_forward returned on "
+  TORCH_CHECK_VALUE(reserve.scalar_type() == at::kByte && reserve.numel() == reserve_bytes(layout.total, call.algo),
+                    "reserve must be the ", reserve_bytes(layout.total, call.algo), "-byte uint8 tensor a training-mode rnn_forward returned on "
                     "this configuration; got ", reserve.scalar_type(), " of ", reserve.numel(), " elements (was the "
                     "forward run without autograd?)");
   const int64_t B = cfg.batch, T = cfg.time, u = cfg.units, LD = cfg.num_layers * cfg.num_directions;

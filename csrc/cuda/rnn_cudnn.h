@@ -10,4 +10,7 @@ namespace cudnn_rnn {
 ForwardResult cudnn_forward(const RnnConfig& cfg, const BackendChoice& choice, const ForwardCall& call);
 BackwardResult cudnn_backward(const RnnConfig& cfg, const BackendChoice& choice, const BackwardCall& call);
 
+// Drops the weight spaces inference keeps across calls (rnn_cudnn.cpp).
+void empty_cuda_weight_cache();
+
 }  // namespace cudnn_rnn
