@@ -214,7 +214,7 @@ struct TimeLoops {
   template <typename T>
   static void check_projection(const cpu::ForwardPlan<T>& plan, const ForwardStep<T>& step) {
     int64_t stride = 0;
-    TORCH_CHECK(plan.cell_input(0, &stride) != nullptr || step.xw.data != nullptr,
+    TORCH_CHECK(plan.cell_input(0, &stride) != nullptr || step.xw.data != nullptr || step.batch == 0,
                 "cudnn_rnn: the CPU plan changed during the call (cudnn_rnn.set_cpu_plan from another thread?); "
                 "run the call again");
   }
@@ -232,13 +232,11 @@ struct TimeLoops {
       const cpu::UnitBlocks whole(u);
       const auto plan = cpu::forward_plan<T>({cfg, a, whole, step_bias, step.mask != nullptr});
       TORCH_INTERNAL_ASSERT(plan->rows_apart(), "time_loop_forward: plan_rows_apart and the plan disagree");
-      check_projection(*plan, step);
       forward_by_rows(cfg, a, step, *plan);
       return true;
     }
     const cpu::UnitBlocks blocks(B, u, G);
     const auto plan = cpu::forward_plan<T>({cfg, a, blocks, step_bias, step.mask != nullptr});
-    check_projection(*plan, step);
     // Per block the product's output [B, G*w] and the row kernel's scratch; raw pointers taken
     // here: the worker threads make no ATen calls.
     std::vector<Tensor> rec(blocks.n), scratch(blocks.n);
@@ -253,6 +251,7 @@ struct TimeLoops {
     cpu::StepScheduler scheduler(blocks.n);
     for (int64_t s = 0; s < cfg.time; ++s) {
       driver::set_forward_step(step, cfg, a, s);
+      if (s == 0) check_projection(*plan, step);
       act.collect(step.mask, B, cfg.time, step.t);
       plan->begin_step(s, act, step);
       scheduler.run([&](int64_t k0, int64_t k1) {
@@ -373,6 +372,7 @@ struct TimeLoops {
         const T* xw = plan.cell_input(0, &xw_stride);  // null: the hoisted projection
         for (int64_t s = 0; s < cfg.time; ++s) {
           driver::set_forward_step(st, cfg, a, s);
+          if (s == 0) check_projection(plan, st);
           act.collect(st.mask, b0, b1, cfg.time, st.t);
           if (act.n > 0) plan.product(0, act, st, rec.data());
           forward_rows<T>(st, b0, b1, 0, u, xw, xw_stride, rec.data(), scratch.data());
