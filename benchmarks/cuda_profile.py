@@ -21,7 +21,7 @@ CASES = [  # name, B, T, I, H, masked
     ("keras-typical", 32, 100, 64, 64, True),
     ("fastrnns", 64, 100, 512, 512, False),
 ]
-LAYOUTS = ["batch", "seq", "packed"]
+LAYOUTS = ["batch", "seq"]
 
 
 def _inputs(B, T, I, masked, seed=0):

@@ -204,23 +204,31 @@ def test_inference_weight_space_follows_in_place_updates():
     torch.testing.assert_close(xg.grad.cpu(), xc.grad, atol=2e-5, rtol=2e-5)
 
 
+def _lstm_input_grad(forward_algorithm, backward_algorithm=None):
+    """A training LSTM's output and the gradient of its sum with respect to x (the same layer and x
+    on every call), the forward run under one cuDNN algorithm preference and the backward under
+    another (default the same); the preference is "auto" again afterwards."""
+    _, gpu = _pair("lstm")
+    gpu.train()
+    torch.manual_seed(3)
+    x = torch.randn(8, 9, 6, device="cuda", requires_grad=True)
+    try:
+        cudnn_rnn.set_cudnn_algorithm(forward_algorithm)
+        out = gpu(x)[0]
+        cudnn_rnn.set_cudnn_algorithm(backward_algorithm or forward_algorithm)
+        grad, = torch.autograd.grad(out.sum(), x)
+    finally:
+        cudnn_rnn.set_cudnn_algorithm("auto")
+    return out.detach(), grad
+
+
 @cuda
 def test_backward_runs_the_forwards_algorithm():
     """The reserve's size records the algorithm that wrote it: a preference changed between a
     forward and its backward must not change the backward (it would read a persistent kernel's
     reserve as STANDARD's)."""
-    _, gpu = _pair("lstm")
-    gpu.train()
-    x = torch.randn(8, 9, 6, device="cuda", requires_grad=True)
-    try:
-        cudnn_rnn.set_cudnn_algorithm("persist_static_small_h")
-        out = gpu(x)[0]
-        g_same, = torch.autograd.grad(out.sum(), x)
-        out = gpu(x)[0]
-        cudnn_rnn.set_cudnn_algorithm("standard")
-        g_changed, = torch.autograd.grad(out.sum(), x)
-    finally:
-        cudnn_rnn.set_cudnn_algorithm("auto")
+    _, g_same = _lstm_input_grad("persist_static_small_h")
+    _, g_changed = _lstm_input_grad("persist_static_small_h", "standard")
     torch.testing.assert_close(g_changed, g_same, atol=0, rtol=0)
 
 
@@ -363,18 +371,8 @@ def test_generic_cuda_low_precision_backward(dtype):
 def test_persistent_algorithms_match_standard(algorithm):
     """Each algorithm (or its remembered fallback to STANDARD) gives STANDARD's numbers, forward
     and backward."""
-    _, gpu = _pair("lstm")
-    gpu.train()
-    x = torch.randn(8, 9, 6, device="cuda", requires_grad=True)
-    try:
-        cudnn_rnn.set_cudnn_algorithm("standard")
-        out = gpu(x)[0]
-        g_ref, = torch.autograd.grad(out.sum(), x)
-        cudnn_rnn.set_cudnn_algorithm(algorithm)
-        out_p = gpu(x)[0]
-        g_p, = torch.autograd.grad(out_p.sum(), x)
-    finally:
-        cudnn_rnn.set_cudnn_algorithm("auto")
+    out, g_ref = _lstm_input_grad("standard")
+    out_p, g_p = _lstm_input_grad(algorithm)
     torch.testing.assert_close(out_p, out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(g_p, g_ref, atol=1e-5, rtol=1e-5)
 

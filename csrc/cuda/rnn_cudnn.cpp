@@ -60,11 +60,10 @@ struct PlanKey {
   int math_type;
   int64_t input_size, units, num_layers;
   int algo;
-  int aux_flags;
   bool operator<(const PlanKey& o) const {
-    return std::tie(device, cell_mode, dir_mode, data_type, math_type, input_size, units, num_layers, algo, aux_flags) <
+    return std::tie(device, cell_mode, dir_mode, data_type, math_type, input_size, units, num_layers, algo) <
            std::tie(o.device, o.cell_mode, o.dir_mode, o.data_type, o.math_type, o.input_size, o.units, o.num_layers,
-                    o.algo, o.aux_flags);
+                    o.algo);
   }
 };
 
@@ -96,9 +95,10 @@ std::map<PlanKey, std::shared_ptr<Plan>>& plan_cache() {
 // How x and y are laid out for cuDNN. Without a mask, sequence-major [T, B, n] (x transposed on
 // the way in, y on the way out): on an H200 (cuDNN 9.19) it ran a small LSTM's forward+backward
 // 1.4x and fastrnns' forward 1.08x faster than batch-major. With a mask, batch-major [B, T, n]:
-// no transposes around a call whose padded steps cuDNN skips. CUDNN_RNN_CUDNN_LAYOUT (batch, seq,
-// packed: sequence-major packed where every row is full length) overrides it, for measurement.
-enum class IoLayout { BatchMajor, SeqMajor, SeqPacked };
+// no transposes around a call whose padded steps cuDNN skips. Both are unpacked layouts with
+// padded I/O (cuDNN's sequence-major packed layout measured no faster). CUDNN_RNN_CUDNN_LAYOUT
+// (batch, seq) overrides the choice, for measurement.
+enum class IoLayout { BatchMajor, SeqMajor };
 
 IoLayout io_layout(bool uniform_lengths) {
   static const std::string pref = [] {
@@ -107,22 +107,13 @@ IoLayout io_layout(bool uniform_lengths) {
   }();
   if (pref == "batch") return IoLayout::BatchMajor;
   if (pref == "seq") return IoLayout::SeqMajor;
-  if (pref == "packed") return uniform_lengths ? IoLayout::SeqPacked : IoLayout::SeqMajor;
   return uniform_lengths ? IoLayout::SeqMajor : IoLayout::BatchMajor;
 }
 
-bool seq_major(IoLayout io) { return io != IoLayout::BatchMajor; }
+bool seq_major(IoLayout io) { return io == IoLayout::SeqMajor; }
 
 cudnnRNNDataLayout_t data_layout(IoLayout io) {
-  switch (io) {
-    case IoLayout::BatchMajor: return CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED;
-    case IoLayout::SeqMajor: return CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED;
-    default: return CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED;
-  }
-}
-
-uint32_t aux_flags(IoLayout io) {
-  return io == IoLayout::SeqPacked ? CUDNN_RNN_PADDED_IO_DISABLED : CUDNN_RNN_PADDED_IO_ENABLED;
+  return seq_major(io) ? CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED : CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED;
 }
 
 cudnnRNNMode_t cell_mode(const RnnConfig& cfg) {
@@ -141,7 +132,7 @@ cudnnMathType_t math_type(at::ScalarType t) {
 }
 
 void set_descriptors(RnnDescriptors& d, cudnnHandle_t handle, const RnnConfig& cfg, at::ScalarType dtype,
-                     cudnnRNNAlgo_t algo, IoLayout io) {
+                     cudnnRNNAlgo_t algo) {
   const cudnnDataType_t type = cudnn::data_type(dtype);
   // No dropout between layers (Keras's dropout is per layer input; see backend_choice.cpp):
   // probability 0 needs no RNG state, so this is cheap.
@@ -152,13 +143,13 @@ void set_descriptors(RnnDescriptors& d, cudnnHandle_t handle, const RnnConfig& c
       cfg.num_directions == 2 ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, type, math_prec,
       math_type(dtype), static_cast<int32_t>(cfg.input_size), static_cast<int32_t>(cfg.units),
       static_cast<int32_t>(cfg.units) /* projSize == hiddenSize: no projection */, static_cast<int32_t>(cfg.num_layers),
-      d.dropout.get(), aux_flags(io)));
+      d.dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED));
 }
 
-PlanKey plan_key(const RnnConfig& cfg, const Tensor& x, cudnnRNNAlgo_t algo, IoLayout io = IoLayout::BatchMajor) {
+PlanKey plan_key(const RnnConfig& cfg, const Tensor& x, cudnnRNNAlgo_t algo) {
   return PlanKey{x.get_device(), static_cast<int>(cell_mode(cfg)), static_cast<int>(cfg.num_directions),
                  static_cast<int>(cudnn::data_type(x.scalar_type())), static_cast<int>(math_type(x.scalar_type())),
-                 cfg.input_size, cfg.units, cfg.num_layers, static_cast<int>(algo), static_cast<int>(aux_flags(io))};
+                 cfg.input_size, cfg.units, cfg.num_layers, static_cast<int>(algo)};
 }
 
 // Configurations (with their persistent algorithm) cuDNN refused: they run STANDARD from then on.
@@ -186,8 +177,8 @@ void refuse(const RnnConfig& cfg, const Tensor& x, cudnnRNNAlgo_t algo) {
 }
 
 std::shared_ptr<Plan> get_plan(cudnnHandle_t handle, const RnnDescriptors& desc, const RnnConfig& cfg,
-                               const Tensor& x, cudnnRNNAlgo_t algo, IoLayout io) {
-  const PlanKey key = plan_key(cfg, x, algo, io);
+                               const Tensor& x, cudnnRNNAlgo_t algo) {
+  const PlanKey key = plan_key(cfg, x, algo);
   std::lock_guard<std::mutex> lock(plan_mutex());
   auto it = plan_cache().find(key);
   if (it != plan_cache().end()) return it->second;
@@ -367,8 +358,8 @@ void prepare(Call& call, const RnnConfig& cfg, const Tensor& x, const c10::optio
   call.algo = algo;
   call.io = io_layout(!mask.has_value());
   call.handle = at::native::getCudnnHandle();
-  set_descriptors(call.desc, call.handle, cfg, x.scalar_type(), algo, call.io);
-  call.plan = get_plan(call.handle, call.desc, cfg, x, algo, call.io);
+  set_descriptors(call.desc, call.handle, cfg, x.scalar_type(), algo);
+  call.plan = get_plan(call.handle, call.desc, cfg, x, algo);
   call.type = cudnn::data_type(x.scalar_type());
   call.lengths = std::move(lengths);
   const int B = static_cast<int>(cfg.batch), T = static_cast<int>(cfg.time);
