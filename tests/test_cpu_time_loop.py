@@ -293,24 +293,27 @@ def test_split_choice_follows_the_kernel_size(threads):
     assert split(8, 4096, 4, 2) == "units"  # a 256 MiB kernel on every thread
 
 
-@needs_avx512
-@pytest.mark.parametrize("engine", ["packed-avx512"], indirect=True)
-@pytest.mark.parametrize("cell,kwargs", [("lstm", {}), ("gru", {"go_backwards": True})])
-def test_packed_weight_grads_match_float64(cell, kwargs, threads, engine):
-    """Where the large GEMMs run on the packed engine (CPUs other than Intel's), the weight
-    gradients do too from 2^28 multiply-adds (T*B = 4096 rows here: the kernel's and the
-    recurrent kernel's both reach it): float32 held to the float64 run like every other engine's."""
-    rows, units, width = 4096, 256, 128
-    assert rows * width * GATES[cell] * units >= 2 ** 28
+@pytest.mark.parametrize("engine", ["packed-avx2", pytest.param("packed-avx512", marks=needs_avx512)], indirect=True)
+@pytest.mark.parametrize("cell,kwargs,masked", [("lstm", {}, False), ("lstm", {"go_backwards": True}, False),
+                                                ("lstm", {}, True), ("simple_rnn", {"go_backwards": True}, False),
+                                                ("gru", {"go_backwards": True}, False)])
+def test_packed_weight_grads_match_float64(cell, kwargs, masked, threads, engine):
+    """Where the large GEMMs run on the packed engine (CPUs other than Intel's), so do the weight
+    gradients (from 2^20 multiply-adds): LSTM and SimpleRNN as one product over [x | h_prev],
+    h_prev re-indexed from processing order to the input's (go_backwards reverses it), the masked
+    LSTM over its real rows only with the bias's row; float32 held to the float64 run like every
+    other engine's."""
+    batch, steps, units, width = 32, 20, 64, 48
     layer = LAYERS[cell](width, units, return_sequences=True, return_state=True, dtype=torch.float64, **kwargs)
     with torch.no_grad():
         for p in layer.parameters():
             p.uniform_(-0.1, 0.1)
     layer32 = copy.deepcopy(layer).float()
-    x = torch.randn(64, rows // 64, width, dtype=torch.float64)
+    x = torch.randn(batch, steps, width, dtype=torch.float64)
+    mask = (torch.arange(steps) < torch.randint(1, steps + 1, (batch, 1))) if masked else None
     threads(2)
-    out64, grads64 = _run(layer, x)
-    out32, grads32 = _run(layer32, x.float())
+    out64, grads64 = _run(layer, x, mask)
+    out32, grads32 = _run(layer32, x.float(), mask)
     for a, b in zip(out32 + list(grads32), out64 + list(grads64)):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 

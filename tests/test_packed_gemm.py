@@ -64,28 +64,28 @@ needs_avx512 = pytest.mark.skipif(not _C._testing.cpu_packed_gemm_avx512(), reas
 
 
 @pytest.fixture
-def packed_engine():
+def packed_engine(build):
     _C._testing.override_cpu_gemm_engine("packed")
-    _C._testing.override_packed_gemm_isa("avx512")
-    yield
+    yield build
     _C._testing.override_cpu_gemm_engine("")
-    _C._testing.override_packed_gemm_isa("")
 
 
-@needs_avx512
+FLOOR = 2 ** 20  # csrc/cpu/time_loop.h: kPackedWeightGradFloor
+
+
 @pytest.mark.parametrize("R,k,N", [(0, 3, 5), (1, 1, 1), (7, 5, 3), (513, 37, 130), (1100, 17, 199),
                                    (20000, 33, 450), (16384, 130, 257)])
 def test_weight_grad_matches_float64(packed_engine, R, k, N):
-    """The backward's weight-gradient GEMM A^T D on the AVX-512 build (csrc/cpu/rnn_cpu.cpp
+    """The backward's weight-gradient GEMM A^T D on each build (csrc/cpu/plan_packed.cpp
     packed_weight_grad: A packed, D's blocks copied into row tiles of 6 with the rows past N zero,
     K blocks of 512, the threads splitting D's columns, the product transposed) against float64;
-    the last three shapes reach its 2^28 size floor; error at most 3x torch.mm's in float32, both
-    against float64. Below the floor it declines (None)."""
+    error at most 3x torch.mm's in float32, both against float64. Below its size floor it
+    declines (None)."""
     g = torch.Generator().manual_seed(R + k + N)
     A = torch.randn(R, k, generator=g)
     D = torch.randn(R, N + 7, generator=g)[:, :N]  # rows N + 7 apart, as a gate block's are
-    got = _C._testing.packed_weight_grad(A, D)
-    if R * k * N < 2 ** 28:
+    got = _C._testing.packed_weight_grad([(A, None)], D)
+    if R * k * N < FLOOR:
         assert got is None
         return
     assert got is not None and got.shape == (k, N) and got.is_contiguous()
@@ -95,11 +95,36 @@ def test_weight_grad_matches_float64(packed_engine, R, k, N):
     assert err <= 3 * err_mm + 1e-6, (err, err_mm)
 
 
-@needs_avx512
+@pytest.mark.parametrize("R,widths,N", [(6400, (64, 64), 256), (1100, (17, 33), 199), (3000, (513, 1), 20),
+                                        (400, (16, 5, 40), 96)])
+@pytest.mark.parametrize("ones", [False, True])
+def test_stacked_weight_grads_match_float64(packed_engine, R, widths, N, ones):
+    """Several parts in one product, [x | h_prev (| 1)]^T D as the backward stacks the kernel's and
+    the recurrent kernel's gradients (and the bias's): the first part's rows in order, the others'
+    picked through row lists (h_prev re-indexed to the input's order as it is packed), widths that
+    leave a part's last panel partial; held to float64 like the single product."""
+    g = torch.Generator().manual_seed(R + N + len(widths))
+    parts, full = [], []
+    for i, w in enumerate(widths):
+        A = torch.randn(R + 9 * i, w, generator=g)
+        rows = None if i == 0 else torch.randperm(R + 9 * i, generator=g)[:R]
+        parts.append((A, rows))
+        full.append(A if rows is None else A[rows])
+    if ones:
+        full.append(torch.ones(R, 1))
+    D = torch.randn(R, N + 3, generator=g)[:, :N]
+    got = _C._testing.packed_weight_grad(parts, D, ones)
+    assert got is not None and got.shape == (sum(widths) + ones, N)
+    stacked = torch.cat(full, 1)
+    want = stacked.double().t() @ D.double()
+    err, err_mm = (got.double() - want).abs().max(), ((stacked.t() @ D).double() - want).abs().max()
+    assert err <= 3 * err_mm + 1e-6, (err, err_mm)
+
+
 def test_weight_grad_declines_where_blas_serves():
     """With BLAS as the engine (the Intel default for large GEMMs) the weight gradients stay on it."""
     _C._testing.override_cpu_gemm_engine("blas")
     try:
-        assert _C._testing.packed_weight_grad(torch.randn(20000, 130), torch.randn(20000, 257)) is None
+        assert _C._testing.packed_weight_grad([(torch.randn(20000, 130), None)], torch.randn(20000, 257)) is None
     finally:
         _C._testing.override_cpu_gemm_engine("")

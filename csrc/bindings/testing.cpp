@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -154,9 +155,15 @@ void register_testing(pybind11::module_& m) {
   m.def("packed_gemm", &packed_product, py::arg("A"), py::arg("B"), py::arg("trans_b") = false,
         py::arg("bias") = py::none(), py::arg("C") = py::none(), py::arg("rows") = py::none(),
         "A[rows] · B (+ C[rows] with C, else + bias) through the packed GEMM, B packed here");
-  m.def("packed_weight_grad", &cpu::packed_weight_grad, py::arg("A"), py::arg("D"),
-        "A^T D (float32) as the CPU backward's weight gradients run it on the packed kernel's AVX-512 build; "
-        "None where BLAS or another engine serves the shape or that build does not run");
+  m.def("packed_weight_grad", [](const std::vector<std::pair<at::Tensor, std::optional<at::Tensor>>>& parts,
+                                  const at::Tensor& D, bool ones) {
+    std::vector<std::pair<at::Tensor, at::Tensor>> p;
+    for (const auto& [A, rows] : parts) p.emplace_back(A, rows.value_or(at::Tensor()));
+    return cpu::packed_weight_grad(p, D, ones);
+  }, py::arg("parts"), py::arg("D"), py::arg("ones") = false,
+        "[A_1 | A_2 ... (| 1)]^T D (float32; parts: (A, rows or None) pairs, A's rows `rows` or all of them) as the "
+        "CPU backward's weight gradients run it on the packed kernel's AVX-512 build; None where BLAS or another "
+        "engine serves the shape or that build does not run");
   m.def("weight_cache_packs", &cpu::weight_cache_packs,
         "how many packed weight forms the CPU plans have made since the process started (a cache hit makes none)");
   m.def("weight_cache_entries", &cpu::weight_cache_entries, "packed weight forms held by the CPU weight cache");

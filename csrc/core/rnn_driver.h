@@ -17,7 +17,8 @@
 //   projects_input_in_loop<T>(cfg, a)             the time loop projects each step's input (PolicyDefaults: no)
 //   takes_input_bias<T>(cfg, a)                   the time loop adds the input bias (PolicyDefaults: no)
 //   transposed_to(A, dtype)                       A^T row-major in dtype, for those GEMMs (PolicyDefaults: ATen)
-//   weight_grad(A, D)                             float32 A^T · D by the backend's own GEMM, or undefined
+//   weight_grad(parts, D, ones)                   float32 [A_1 | A_2 ... (| 1)]^T · D by the backend's own GEMM,
+//                                                 or undefined (stacked_weight_grad)
 //                                                 for ATen's (PolicyDefaults: undefined)
 //
 // Layouts: x and y are batch-major [B, T, F]; the outputs of inner layers live in the reserve
@@ -351,28 +352,36 @@ struct WeightProducts {
   bool low = false;
   at::ScalarType dtype = at::kFloat;
   Tensor (*transposed_to)(const Tensor&, at::ScalarType) = nullptr;
-  Tensor (*own)(const Tensor&, const Tensor&) = nullptr;  // Policy::weight_grad
+  using Parts = std::vector<std::pair<Tensor, Tensor>>;
+  Tensor (*own)(const Parts&, const Tensor&, bool) = nullptr;  // Policy::weight_grad
   Tensor operator()(const Tensor& A, const Tensor& D, const Tensor& D_low = Tensor()) const {
     if (!low) {
-      Tensor product = own ? own(A, D) : Tensor();
+      Tensor product = own ? own({{A, Tensor()}}, D, false) : Tensor();
       return product.defined() ? product : at::mm(A.t(), D);
     }
     return at::mm(transposed_to(A, dtype), D_low.defined() ? D_low : D.to(dtype)).to(at::kFloat);
   }
+  // The backend's own float32 [A_1 | A_2 ... (| 1)]^T · D (stacked_weight_grad), or undefined.
+  Tensor own_stacked(const Parts& parts, const Tensor& D, bool ones) const {
+    return !low && own ? own(parts, D, ones) : Tensor();
+  }
 };
 
 // [A_1 | A_2 | ... (| 1)]^T · D: the weight gradients of several inputs (rows `rows_k` of each
-// 2-D A_k) and, with `ones`, the bias's as the last row, in one GEMM over the rows of D. Returns
-// the [sum of widths (+ 1), N] product.
+// 2-D A_k, all its rows in order where rows_k is undefined) and, with `ones`, the bias's as the
+// last row, in one GEMM over the rows of D: the backend's own (which reads the parts where they
+// are), else ATen's over a stacked copy. Returns the [sum of widths (+ 1), N] product.
 template <typename Policy>
 Tensor stacked_weight_grad(const std::vector<std::pair<Tensor, Tensor>>& parts, bool ones, const Tensor& D,
                            const WeightProducts& product) {
+  Tensor own = product.own_stacked(parts, D, ones);
+  if (own.defined()) return own;
   int64_t width = ones ? 1 : 0;
   for (const auto& part : parts) width += part.first.size(1);
   Tensor A = Policy::workspace({D.size(0), width}, D.options());
   int64_t col = 0;
   for (const auto& [src, rows] : parts) {
-    A.narrow(1, col, src.size(1)).copy_(src.index_select(0, rows));
+    A.narrow(1, col, src.size(1)).copy_(rows.defined() ? src.index_select(0, rows) : src);
     col += src.size(1);
   }
   if (ones) A.narrow(1, col, 1).fill_(1);
@@ -433,8 +442,9 @@ struct PolicyDefaults {
   static Tensor transposed_to(const Tensor& A, at::ScalarType dtype) {
     return A.t().to(dtype, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
   }
-  // float32 A^T · D by the backend's own GEMM, or undefined for ATen's.
-  static Tensor weight_grad(const Tensor&, const Tensor&) { return Tensor(); }
+  // float32 [A_1 | A_2 ... (| 1)]^T · D (stacked_weight_grad) by the backend's own GEMM, or
+  // undefined for ATen's.
+  static Tensor weight_grad(const std::vector<std::pair<Tensor, Tensor>>&, const Tensor&, bool) { return Tensor(); }
   template <typename T>
   static bool time_loop_forward(const RnnConfig&, const DirectionArgs&, ForwardStep<T>&) {
     return false;
@@ -623,7 +633,21 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       Tensor xd = a.dmask.defined() ? a.x3 * over_time(a.dmask[0], a.in_batch_major)
                   : a.x3_low.defined() ? a.x3_low
                                        : a.x3;
-      g.dkernel = product(xd.reshape({rows, in}), dxw2, dxw2_low);
+      if (!gru_after && !gru_before && !a.rmask.defined()) {
+        // The kernel's and the recurrent kernel's gradients in one product over dxw's rows, where
+        // the backend has its own: [x | h_prev]^T · dxw, h_prev's rows read in the input's order.
+        const Tensor P = processing_rows(cfg, reversed, opts);  // [B, T]
+        const Tensor h_rows = !a.in_batch_major && !reversed ? Tensor()
+                              : a.in_batch_major            ? P.reshape({rows})
+                                                            : P.t().contiguous().view({rows});
+        const Tensor both = product.own_stacked(
+            {{xd.reshape({rows, in}), Tensor()}, {a.rs.h.narrow(0, 0, Tn).reshape({Tn * B, u}), h_rows}}, dxw2, false);
+        if (both.defined()) {
+          g.dkernel = both.narrow(0, 0, in);  // owns the product; the recurrent kernel's is a copy
+          g.drecurrent = both.narrow(0, in, u).clone();
+        }
+      }
+      if (!g.dkernel.defined()) g.dkernel = product(xd.reshape({rows, in}), dxw2, dxw2_low);
       if (a.dmask.defined()) {
         g.dx3.add_(at::mm(dxw2, a.w.kernel.t()).view(a.x3.sizes()) * over_time(a.dmask[0], a.in_batch_major));
       } else if (!Policy::template row_gemm<T>(cfg, dxw2, Tensor(), a.w.kernel, true, Tensor(), !dx3_write,
@@ -669,7 +693,9 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
         g.drecurrent.narrow(1, g0 * u, (g1 - g0) * u).copy_(product(h2, d2, d2_low));
       }
     };
-    if (!a.rmask.defined()) {
+    if (g.drecurrent.defined()) {
+      // computed with the kernel's above
+    } else if (!a.rmask.defined()) {
       rec_grad(hprev, 0, hr_gates);
     } else if (a.rmask.size(0) == 1) {
       rec_grad(hprev * a.rmask[0].unsqueeze(0), 0, hr_gates);

@@ -89,9 +89,10 @@ CUDNN_RNN_AVX2 inline __m256i lanes(int64_t n) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(table + 8 - n));
 }
 
-// One tile: MR rows x the 16 columns of one panel, cols (<= 16) of them stored.
-template <int MR>
-CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, int64_t /*lda: rows only*/, const float* b,
+// One tile: MR rows x the 16 columns of one panel, cols (<= 16) of them stored. TA: A given
+// transposed (row i's k-th value at a_rows[0] + k * lda + i), each K block's sum added to C.
+template <int MR, bool TA = false>
+CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, int64_t lda, const float* b,
                          int64_t /*pstride: one panel*/, float* const* c_rows, const float* bias, bool load_c,
                          int64_t cols) {
   const float* a[MR];
@@ -100,7 +101,7 @@ CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, int64_t /*lda: 
   const bool full = cols == kPanel;
   const __m256i m0 = lanes(std::min<int64_t>(cols, 8)), m1 = lanes(std::max<int64_t>(cols - 8, 0));
   __m256 lo[MR], hi[MR];
-  if (load_c) {
+  if (load_c && !TA) {
 #pragma GCC unroll 6
     for (int i = 0; i < MR; ++i) {
       lo[i] = full ? _mm256_loadu_ps(c_rows[i]) : _mm256_maskload_ps(c_rows[i], m0);
@@ -116,9 +117,22 @@ CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, int64_t /*lda: 
       hi[i] = v1;
     }
   }
+  int64_t k = 0;
+  if constexpr (TA) {
+    const float* ak = a[0];
+    for (; k < kc; ++k, ak += lda) {
+      const __m256 b0 = _mm256_loadu_ps(b + k * kPanel), b1 = _mm256_loadu_ps(b + k * kPanel + 8);
+#pragma GCC unroll 6
+      for (int i = 0; i < MR; ++i) {
+        const __m256 ai = _mm256_broadcast_ss(ak + i);
+        lo[i] = _mm256_fmadd_ps(ai, b0, lo[i]);
+        hi[i] = _mm256_fmadd_ps(ai, b1, hi[i]);
+      }
+    }
+  }
   // Few rows leave too few independent FMA chains to cover the FMA latency: those tiles also
   // split k into S interleaved partial sums (at least 8 accumulators), added at the end.
-  constexpr int S = MR >= 4 ? 1 : (MR == 1 ? 4 : 2);
+  constexpr int S = MR >= 4 || TA ? 1 : (MR == 1 ? 4 : 2);
   __m256 lo_s[S > 1 ? S - 1 : 1][MR], hi_s[S > 1 ? S - 1 : 1][MR];
   if constexpr (S > 1) {
 #pragma GCC unroll 4
@@ -127,7 +141,6 @@ CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, int64_t /*lda: 
       for (int i = 0; i < MR; ++i) lo_s[j][i] = hi_s[j][i] = _mm256_setzero_ps();
     }
   }
-  int64_t k = 0;
   if constexpr (S > 1) {
     for (; k + S <= kc; k += S) {
 #pragma GCC unroll 4
@@ -163,6 +176,10 @@ CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, int64_t /*lda: 
   }
 #pragma GCC unroll 6
   for (int i = 0; i < MR; ++i) {
+    if (TA && load_c) {
+      lo[i] = _mm256_add_ps(lo[i], full ? _mm256_loadu_ps(c_rows[i]) : _mm256_maskload_ps(c_rows[i], m0));
+      hi[i] = _mm256_add_ps(hi[i], full ? _mm256_loadu_ps(c_rows[i] + 8) : _mm256_maskload_ps(c_rows[i] + 8, m1));
+    }
     if (full) {
       _mm256_storeu_ps(c_rows[i], lo[i]);
       _mm256_storeu_ps(c_rows[i] + 8, hi[i]);
@@ -181,6 +198,9 @@ using TileFn = void (*)(int64_t, const float* const*, int64_t, const float*, int
 constexpr int kMR = 6;
 constexpr TileFn kTiles[kMR + 1][2] = {{nullptr, nullptr}, {nullptr, tile<1>}, {nullptr, tile<2>}, {nullptr, tile<3>},
                                        {nullptr, tile<4>},  {nullptr, tile<5>}, {nullptr, tile<6>}};
+constexpr TileFn kTilesT[kMR + 1][2] = {{nullptr, nullptr},       {nullptr, tile<1, true>}, {nullptr, tile<2, true>},
+                                        {nullptr, tile<3, true>}, {nullptr, tile<4, true>}, {nullptr, tile<5, true>},
+                                        {nullptr, tile<6, true>}};  // A^T row tiles
 
 // One K block [k0, k0 + kc) against every panel of B in groups of `group` (tiles[mr][g]
 // multiplies mr rows by g panels), the rows [m_begin, m_end) in tiles of kMR: set_rows(m0, mr, q,
@@ -332,8 +352,8 @@ void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const 
 // against MKL's 37; packed, A^T is read once, in order.
 void packed_gemm_at(int64_t M, int64_t N, int64_t K, const float* At, int64_t lda, const float* panels,
                     bool accumulate, float* C, int64_t ldc) {
-  TORCH_CHECK(packed_gemm_isa() == PackedIsa::Avx512, "packed_gemm_at: the AVX-512 build only");
   if (M <= 0 || N <= 0) return;
+  const bool avx512 = packed_gemm_isa() == PackedIsa::Avx512;
   std::vector<float> block(size_t(kMc * kKc));
   const int64_t k_blocks = K == 0 ? 1 : (K + kKc - 1) / kKc;
   for (int64_t mb = 0; mb < M; mb += kMc) {
@@ -352,11 +372,15 @@ void packed_gemm_at(int64_t M, int64_t N, int64_t K, const float* At, int64_t ld
           }
         }
       }
-      panel_pass(N, K, k0, kc, panels, nullptr, kb > 0 || accumulate, kMR, mb, m_end, kNP, kTiles512T,
-                 [&](int64_t m0, int64_t mr, int64_t q, const float** ap, float** cp) {
-                   ap[0] = block.data() + (m0 - mb) * kc;  // tile (m0 - mb) / kMR: kc x kMR floats
-                   for (int64_t i = 0; i < mr; ++i) cp[i] = C + (m0 + i) * ldc + q * kPanel;
-                 });
+      auto set_rows = [&](int64_t m0, int64_t mr, int64_t q, const float** ap, float** cp) {
+        ap[0] = block.data() + (m0 - mb) * kc;  // tile (m0 - mb) / kMR: kc x kMR floats
+        for (int64_t i = 0; i < mr; ++i) cp[i] = C + (m0 + i) * ldc + q * kPanel;
+      };
+      if (avx512) {
+        panel_pass(N, K, k0, kc, panels, nullptr, kb > 0 || accumulate, kMR, mb, m_end, kNP, kTiles512T, set_rows);
+      } else {
+        panel_pass(N, K, k0, kc, panels, nullptr, kb > 0 || accumulate, kMR, mb, m_end, 1, kTilesT, set_rows);
+      }
     }
   }
 }
@@ -385,7 +409,7 @@ void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const 
 }
 
 void packed_gemm_at(int64_t, int64_t, int64_t, const float*, int64_t, const float*, bool, float*, int64_t) {
-  TORCH_CHECK(false, "packed_gemm_at: the AVX-512 build only");
+  TORCH_CHECK(false, "packed_gemm_at: an x86-64 build only");
 }
 
 #endif

@@ -48,7 +48,7 @@ void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const 
 
 // The same with A given transposed and no row lists, for weight gradients (A^T: a gate-gradient
 // array, copied block by block into row tiles): C[i, j] = (accumulate ? C[i, j] : 0) + sum_k At[k * lda + i] * B[k, j],
-// C's rows ldc apart. The AVX-512 build only (packed_gemm_isa() == Avx512).
+// C's rows ldc apart. Either build (packed_gemm_isa()).
 void packed_gemm_at(int64_t M, int64_t N, int64_t K, const float* At, int64_t lda, const float* panels,
                     bool accumulate, float* C, int64_t ldc);
 

@@ -4,6 +4,7 @@
 // read and written in place through the step's row list: nothing is gathered.
 #include <ATen/Parallel.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -215,32 +216,72 @@ bool packed_row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W, boo
   return true;
 }
 
-// A^T · D (A: [R, k], D: [R, N], float32, unit column stride) on the packed kernel's AVX-512
-// build where the machine runs its large GEMMs on the packed engine (gemm_engine.h: CPUs other
-// than Intel's, where MKL runs its AVX2 kernels, or CUDNN_RNN_CPU_GEMM=packed), else undefined:
-// D^T · A with D as the transposed operand (packed_gemm_at) and A packed (the smaller of the two
-// at every weight-gradient shape: k = In or u against N = G*u), the threads splitting D's
-// columns, then the [N, k] product transposed. fastrnns weight gradient (6400 x 512 x 2048) on
-// the Intel Xeon: 52 ms against MKL's 34-38 at AVX-512 and 61 at AVX2.
-Tensor packed_weight_grad(const Tensor& A, const Tensor& D) {
-  if (A.scalar_type() != at::kFloat || D.scalar_type() != at::kFloat || A.dim() != 2 || D.dim() != 2 ||
-      A.size(0) != D.size(0) || A.stride(1) != 1 || D.stride(1) != 1 || !packed_gemm_available() ||
-      packed_gemm_isa() != PackedIsa::Avx512 || float_gemm_engine() != GemmEngine::Packed) {
+// [A_1 | A_2 | ... (| 1)]^T · D (D: [R, N]; part p's row r is A_p's row rows_p[r], or r without
+// a list; float32, unit column stride) on the packed kernel (either build) where the machine runs
+// its large GEMMs on the packed engine (gemm_engine.h: CPUs other than Intel's, where MKL runs its
+// AVX2 kernels, or CUDNN_RNN_CPU_GEMM=packed), else undefined. D^T · [A_1 | A_2 ...] with D as
+// the transposed operand (packed_gemm_at) and the parts packed side by side (each from a panel of
+// its own, gathering its rows as it packs: h_prev needs no re-indexed copy), the threads
+// splitting D's columns, then the [N, k] product transposed. One pass over D for the kernel's and
+// the recurrent kernel's gradients: the LSTM's training at H=64-128, B=32-128 (AMD EPYC Zen 4)
+// spent 2.7-2.9 ms in MKL's two GEMMs (145-160 GFLOP/s), reading D twice and a copy of h_prev;
+// in one packed pass training ran 4-7 % faster at AVX-512 and 1-4 % at the AVX2 level, GRU (its
+// products apart) 13 %; from H=512 the two are within 2 % at either level.
+Tensor packed_weight_grad(const std::vector<std::pair<Tensor, Tensor>>& parts, const Tensor& D, bool ones) {
+  if (parts.empty() || D.scalar_type() != at::kFloat || D.dim() != 2 || D.stride(1) != 1 || !packed_gemm_available() ||
+      float_gemm_engine() != GemmEngine::Packed) {
     return Tensor();
   }
-  // Below 2^28 multiply-adds BLAS won even at AVX2 (MKL_ENABLE_INSTRUCTIONS=AVX2 on the Intel
-  // Xeon: Keras-typical LSTM training 4.7-4.9 ms against 5.3-5.5 with the packing and transposes).
-  if (double(A.size(0)) * double(A.size(1)) * double(D.size(1)) < double(int64_t(1) << 28)) return Tensor();
-  const int64_t R = A.size(0), k = A.size(1), N = D.size(1);
-  const int64_t np = panel_count(k), panel = packed_size(R, kPanel);
+  const int64_t R = D.size(0), N = D.size(1);
+  int64_t width = 0, np = 0;
+  for (const auto& [A, rows] : parts) {
+    const bool listed = rows.defined();
+    if (A.scalar_type() != at::kFloat || A.dim() != 2 || A.stride(1) != 1 ||
+        (listed ? (rows.scalar_type() != at::kLong || rows.dim() != 1 || rows.numel() != R || !rows.is_contiguous())
+                : A.size(0) != R)) {
+      return Tensor();
+    }
+    width += A.size(1);
+    np += panel_count(A.size(1));
+  }
+  // Below kPackedWeightGradFloor multiply-adds the two tie (a 50-row call).
+  if (double(R) * double(width) * double(N) < kPackedWeightGradFloor) return Tensor();
+  const int64_t panel = packed_size(R, kPanel);
   Tensor panels = pooled_empty({np * panel}, at::kFloat);
-  const float* a = A.data_ptr<float>();
   float* pp = panels.data_ptr<float>();
+  // Panel q: its part, that part's first column and width.
+  struct Source {
+    const float* a;
+    int64_t ld;
+    const int64_t* rows;
+    int64_t cols;
+  };
+  std::vector<Source> source;
+  std::vector<int64_t> col_of;  // panel q's first column in the stacked [width] order
+  int64_t col = 0;
+  for (const auto& [A, rows] : parts) {
+    const int64_t k = A.size(1);
+    for (int64_t c = 0; c < k; c += kPanel) {
+      source.push_back({A.data_ptr<float>() + c, A.stride(0), rows.defined() ? rows.data_ptr<int64_t>() : nullptr,
+                        std::min(kPanel, k - c)});
+      col_of.push_back(col + c);
+    }
+    col += k;
+  }
   at::parallel_for(0, np, 1, [&](int64_t q0, int64_t q1) {
-    const int64_t n0 = q0 * kPanel, n1 = std::min(k, q1 * kPanel);
-    pack_panels(a + n0, A.stride(0), false, R, n1 - n0, pp + q0 * panel);
+    for (int64_t q = q0; q < q1; ++q) {
+      const Source& s = source[q];
+      float* dst = pp + q * panel;
+      for (int64_t r = 0; r < R; ++r) {
+        const float* src = s.a + (s.rows ? s.rows[r] : r) * s.ld;
+        float* d = dst + r * kPanel;
+        std::memcpy(d, src, s.cols * sizeof(float));
+        if (s.cols < kPanel) std::memset(d + s.cols, 0, (kPanel - s.cols) * sizeof(float));
+      }
+    }
   });
-  Tensor ct = pooled_empty({N, k}, at::kFloat);
+  const int64_t kp = np * kPanel;
+  Tensor ct = pooled_empty({N, kp}, at::kFloat);
   float* c = ct.data_ptr<float>();
   const float* d = D.data_ptr<float>();
   // Whole 16-column strips of D per thread (no cache line of D read by two threads' tiles).
@@ -249,10 +290,20 @@ Tensor packed_weight_grad(const Tensor& A, const Tensor& D) {
   at::parallel_for(0, nt, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t m0 = std::min(N, t * per * kPanel), m1 = std::min(N, (t + 1) * per * kPanel);
-      if (m1 > m0) packed_gemm_at(m1 - m0, k, R, d + m0, D.stride(0), pp, false, c + m0 * k, k);
+      if (m1 > m0) packed_gemm_at(m1 - m0, kp, R, d + m0, D.stride(0), pp, false, c + m0 * kp, kp);
     }
   });
-  return ct.t().contiguous();
+  Tensor out = at::empty({width + (ones ? 1 : 0), N}, D.options());
+  if (np * kPanel == width) {
+    out.narrow(0, 0, width).copy_(ct.t());
+  } else {  // panel by panel: the columns past a part's width are padding
+    for (int64_t q = 0; q < np; ++q) out.narrow(0, col_of[q], source[q].cols).copy_(ct.narrow(1, q * kPanel, source[q].cols).t());
+  }
+  if (ones) {
+    Tensor sums = out[width];
+    at::sum_out(sums, D, {0});
+  }
+  return out;
 }
 
 std::unique_ptr<ForwardPlan<float>> packed_forward_plan(const PlanArgs& p, bool project_input) {

@@ -493,7 +493,9 @@ struct CpuPolicy : TimeLoops {
 
   // float32 weight gradients on the packed kernel's AVX-512 build where it serves the shape
   // (cpu/plan_packed.cpp).
-  static Tensor weight_grad(const Tensor& A, const Tensor& D) { return cpu::packed_weight_grad(A, D); }
+  static Tensor weight_grad(const std::vector<std::pair<Tensor, Tensor>>& parts, const Tensor& D, bool ones) {
+    return cpu::packed_weight_grad(parts, D, ones);
+  }
 
   // bfloat16 from float32 or bfloat16 through the tiled transposes (cpu/bf16_gemm.h); the rest
   // through ATen.

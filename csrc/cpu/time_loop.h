@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cudnn_rnn {
@@ -137,10 +138,15 @@ class StepScheduler {
   int64_t serial_left_ = 0, stretch_ = kStretch, serial_stretches_ = 0;
 };
 
-// A^T · D in float32 (A: [R, k], D: [R, N]) on the packed kernel's AVX-512 build, or an undefined
-// tensor where BLAS or another engine serves the shape (cpu/gemm_engine.h) or that build does not
-// run.
-at::Tensor packed_weight_grad(const at::Tensor& A, const at::Tensor& D);
+// The weight gradients [A_1 | A_2 | ... (| 1)]^T · D in float32 (D: [R, N]; each part an A of
+// R rows, or of any rows with an int64 list of R row indices) on the packed kernel, or an
+// undefined tensor where BLAS or another engine serves the shape (cpu/gemm_engine.h) or the
+// kernel does not run. Returns [sum of widths (+ 1), N], the column sums of D last with ones
+// (driver::stacked_weight_grad's product).
+at::Tensor packed_weight_grad(const std::vector<std::pair<at::Tensor, at::Tensor>>& parts, const at::Tensor& D,
+                              bool ones);
+// From this many multiply-adds (R x sum of widths x N) the packed kernel serves them.
+constexpr double kPackedWeightGradFloor = double(int64_t(1) << 20);
 
 }  // namespace cpu
 }  // namespace cudnn_rnn
