@@ -177,8 +177,14 @@ class _RNNBase(nn.Module):
 
     def layer_weights(self, layer: int = 0) -> List[Tensor]:
         """[kernel, recurrent_kernel(, bias)] of one layer of the stack, in op order."""
-        names = ("kernel", "recurrent_kernel", "bias") if self.use_bias else ("kernel", "recurrent_kernel")
-        return [getattr(self, self._name(n, layer)) for n in names]
+        return [self._weight(name) for name in _weight_names(self.use_bias, layer)]
+
+    def _weight(self, name: str) -> Tensor:
+        # Straight from the parameter dict (nn.Module.__getattr__ costs a few microseconds a call,
+        # which a one-step streaming call pays several times); through getattr where the weight
+        # is not a plain parameter (a parametrization, a reassigned tensor).
+        p = self._parameters.get(name)
+        return p if p is not None else getattr(self, name)
 
     def op_spec(self, **overrides) -> RnnSpec:
         """The op's options for this layer's stack (one direction, as configured); keyword
@@ -254,6 +260,8 @@ class _RNNBase(nn.Module):
         """The masks of dropout_shapes, drawn (from the layer's generator when it has a seed).
 
         Returns (input masks, recurrent masks), one [1 or G, B, width] tensor per layer, or []."""
+        if not training:  # (no masks: the common inference call returns here)
+            return [], []
         inputs, recurrent = self.dropout_shapes(x.shape[0], training)
         # Drawn layer by layer, the input mask before the recurrent one: the order a seeded
         # layer's generator has always been consumed in.
@@ -269,7 +277,7 @@ class _RNNBase(nn.Module):
     def _check_input(self, x: Tensor, argument: str = "x") -> None:
         if not isinstance(x, Tensor):
             raise TypeError(f"{argument} must be a torch.Tensor of shape (batch, time, {self.input_size}); got {type(x).__name__}")
-        ref = self.kernel
+        ref = self._weight("kernel")
         if x.dim() != 3 or x.shape[2] != self.input_size:
             raise ValueError(f"{argument} must have shape (batch, time, {self.input_size}); got {tuple(x.shape)}")
         if x.shape[1] < 1:
@@ -359,13 +367,14 @@ class _RNNBase(nn.Module):
             return torch.ops.cudnn_rnn.rnn_forward_int8(x, weights, mask, h0, c0, *spec.args())
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, initial_state=None, training: Optional[bool] = None):
-        x, initial_state = autocast_input(x, self.kernel), autocast_input(initial_state, self.kernel)
+        ref = self._weight("kernel")
+        x, initial_state = autocast_input(x, ref), autocast_input(initial_state, ref)
         y, h_n, c_n = self.run(x, mask, initial_state, training)
-        output = y if self.return_sequences else y[:, -1]
+        # (select, not indexing: Python's tensor indexing costs microseconds a call)
+        output = y if self.return_sequences else y.select(1, -1)
         if not self.return_state:
             return output
-        states = [h_n[-1]] + ([c_n[-1]] if self.cell == "lstm" else [])
-        return [output] + states
+        return [output, h_n.select(0, -1), c_n.select(0, -1)] if self.cell == "lstm" else [output, h_n.select(0, -1)]
 
     # -- torch.nn conversion ------------------------------------------------------------------
     def to_torch(self) -> nn.Module:
@@ -382,6 +391,13 @@ class _RNNBase(nn.Module):
             raise TypeError(f"{cls.__name__}.from_torch needs a matching torch module; got {type(module).__name__}, "
                             f"which converts to {type(converted).__name__}")
         return layer
+
+
+@functools.lru_cache(maxsize=None)
+def _weight_names(use_bias: bool, layer: int) -> tuple:
+    """The attribute names of one layer's weights, in op order."""
+    kinds = ("kernel", "recurrent_kernel", "bias") if use_bias else ("kernel", "recurrent_kernel")
+    return tuple(_RNNBase._name(kind, layer) for kind in kinds)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -57,3 +57,35 @@ def test_autocast_runs_in_the_parameters_precision(make):
     expected = layer(h.float())
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+class _Doubled(torch.nn.Module):
+    def forward(self, w):
+        return 2 * w
+
+
+@pytest.mark.parametrize("make", [lambda: cudnn_rnn.LSTM(5, 7, num_layers=2, return_sequences=True),
+                                  lambda: cudnn_rnn.GRU(5, 7, use_bias=False, return_sequences=True)])
+def test_parametrized_weights_reach_the_op(make):
+    """A weight under torch.nn.utils.parametrize is no longer in the module's parameter dict:
+    the layer reads it through the parametrization (its gradient reaching the original), as it
+    reads a plain parameter directly; the same numbers as a layer holding the doubled weights."""
+    from torch.nn.utils import parametrize
+    torch.manual_seed(0)
+    layer = make()
+    plain = make()
+    plain.load_state_dict(layer.state_dict())
+    with torch.no_grad():
+        plain.recurrent_kernel.mul_(2)
+        getattr(plain, "kernel_l1", plain.kernel).mul_(2)
+    parametrize.register_parametrization(layer, "recurrent_kernel", _Doubled())
+    if hasattr(layer, "kernel_l1"):
+        parametrize.register_parametrization(layer, "kernel_l1", _Doubled())
+    else:
+        parametrize.register_parametrization(layer, "kernel", _Doubled())
+    x = torch.randn(3, 4, 5)
+    y = layer(x)
+    torch.testing.assert_close(y, plain(x))
+    y.sum().backward()
+    assert layer.parametrizations.recurrent_kernel.original.grad is not None
+    assert layer.parametrizations.recurrent_kernel.original.grad.abs().sum() > 0
