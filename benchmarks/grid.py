@@ -8,7 +8,8 @@ For each cell type, hidden size H and batch B (T steps, I = H, one layer, unidir
 mask): "forward" (eval, no_grad) and "forward+backward" (the gradients of sum(output) with
 respect to x and every weight), ours and torch.nn (our layer's ``to_torch()``: the same weights)
 in the same process and thread count, the calls of the two interleaved so both see the same
-machine. Each figure is the median of ``--reps`` timed calls after warm-up; ratios are
+machine. Each figure is the median of at least ``--reps`` timed calls, and of about a second of
+them, after at least 0.25 s of warm-up; ratios are
 torch.nn's time over ours (>1: we are faster). Before timing, the outputs are compared
 (float32: 1e-4; bfloat16: 5e-2).
 
@@ -41,10 +42,20 @@ GATES = {"lstm": 4, "gru": 3, "simple_rnn": 1}
 LAYERS = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU, "simple_rnn": cudnn_rnn.SimpleRNN}
 
 
-def _median_pair(f_ours, f_peer, warmup: int, reps: int):
-    for _ in range(warmup):
+def _median_pair(f_ours, f_peer, warmup: int, reps: int, warmup_s: float = 0.25, timed_s: float = 1.0):
+    # At least `warmup` calls of each and `warmup_s` seconds: the first case of a process also
+    # pays the thread pools' start, oneDNN's kernel generation and first-touch page faults (a
+    # first cell timed after two calls read 0.76x where it reads 1.03x after the others).
+    t_start = time.perf_counter()
+    done = 0
+    while done < warmup or time.perf_counter() < t_start + warmup_s:
         f_ours()
         f_peer()
+        done += 1
+    # Enough pairs for ~`timed_s` seconds of timed calls (short calls on a shared machine vary by
+    # 15 % between runs of 20), at least `reps`.
+    per_pair = (time.perf_counter() - t_start) / done
+    reps = max(reps, min(400, int(timed_s / per_pair)))
     a, b = [], []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -86,11 +97,9 @@ def grid_case(cell: str, H: int, B: int, T: int, dtype: torch.dtype, reps: int) 
         torch.autograd.grad(peer(xg)[0].sum(), p_peer)
 
     flops = 2.0 * T * B * 2 * H * GATES[cell] * H
-    # Enough repetitions for ~0.2 s of the smaller cases, at least `reps`.
-    t_once = max(1e-6, flops / 50e9)
-    n = max(reps, min(200, int(0.2 / t_once)))
+    n = reps
     fo, fp = _median_pair(inf_ours, inf_peer, 2, n)
-    to, tp = _median_pair(train_ours, train_peer, 2, max(reps, n // 3))
+    to, tp = _median_pair(train_ours, train_peer, 2, n)
     row = {"cell": cell, "H": H, "B": B, "T": T, "dtype": str(dtype).replace("torch.", ""),
            "forward_ours_s": fo, "forward_torch_s": fp, "train_ours_s": to, "train_torch_s": tp,
            "forward_ratio": fp / fo, "train_ratio": tp / to, "forward_gflops": flops / fo / 1e9}
@@ -107,7 +116,7 @@ def grid_case(cell: str, H: int, B: int, T: int, dtype: torch.dtype, reps: int) 
             torch.autograd.grad(ours32(xg32).sum(), p32)
 
         f32, fo2 = _median_pair(inf32, inf_ours, 2, n)
-        t32, to2 = _median_pair(train32, train_ours, 2, max(reps, n // 3))
+        t32, to2 = _median_pair(train32, train_ours, 2, n)
         row.update(forward_ours_float32_s=f32, train_ours_float32_s=t32, forward_over_float32=f32 / fo2,
                    train_over_float32=t32 / to2)
     return row
