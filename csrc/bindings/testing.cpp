@@ -19,6 +19,7 @@
 #include "cpu/gemm_engine.h"
 #include "cpu/packed_gemm.h"
 #include "cpu/time_loop.h"
+#include "cpu/vec_loops.h"
 #include "cpu/weight_cache.h"
 #include "cudnn_host/backend_choice.h"
 #include "cudnn_host/keras_layout.h"
@@ -91,10 +92,47 @@ at::Tensor packed_product(const at::Tensor& A, const at::Tensor& B, bool trans_b
   return out;
 }
 
+// The fused float32 cell rows of the running instruction set (cpu/vec_loops.h) over every row
+// of [R, G * n] pre-activations xw and rec (gate-blocked), with c_prev / h_prev [R, n]: LSTM
+// returns (h, c, saved), GRU (h, saved). Units [n0, n0 + width) of each row in one call: a unit's
+// result must not depend on where in the call it falls.
+std::vector<at::Tensor> cell_rows(const std::string& cell, bool act_tanh, bool ract_tanh, const at::Tensor& xw,
+                                  const at::Tensor& rec, const at::Tensor& prev, int64_t width) {
+  const bool lstm = cell == "lstm";
+  TORCH_CHECK(lstm || cell == "gru", "cell must be 'lstm' or 'gru'");
+  const at::Tensor x = xw.contiguous(), r = rec.contiguous(), p = prev.contiguous();
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && r.sizes() == x.sizes() && p.dim() == 2 &&
+                  p.size(0) == x.size(0) && x.size(1) == (lstm ? 4 : 3) * p.size(1) && width > 0,
+              "xw, rec: [R, G * n] float32; prev: [R, n]; width > 0");
+  const int64_t R = x.size(0), n = p.size(1), G = lstm ? 4 : 3;
+  at::Tensor h = at::empty({R, n}, x.options()), c = at::empty({R, n}, x.options());
+  at::Tensor saved = at::empty({R, 4 * n}, x.options());
+  const auto& loops = cpu::float_loops();
+  for (int64_t i = 0; i < R; ++i) {
+    for (int64_t n0 = 0; n0 < n; n0 += width) {
+      const int64_t w = std::min(width, n - n0);
+      const float* xi = x.data_ptr<float>() + i * G * n + n0;
+      const float* ri = r.data_ptr<float>() + i * G * n + n0;
+      float* si = saved.data_ptr<float>() + i * 4 * n + n0;
+      if (lstm) {
+        loops.lstm_forward_row(act_tanh, ract_tanh, w, xi, n, ri, n, p.data_ptr<float>() + i * n + n0, si, n,
+                               h.data_ptr<float>() + i * n + n0, c.data_ptr<float>() + i * n + n0);
+      } else {
+        loops.gru_forward_row(act_tanh, ract_tanh, w, xi, n, ri, n, p.data_ptr<float>() + i * n + n0, si, n,
+                              h.data_ptr<float>() + i * n + n0);
+      }
+    }
+  }
+  return lstm ? std::vector<at::Tensor>{h, c, saved} : std::vector<at::Tensor>{h, saved};
+}
+
 }  // namespace
 
 void register_testing(pybind11::module_& m) {
   m.def("apply_activation", &apply_activation, "(f(x), f'(x)) of a Keras activation by the CPU kernels");
+  m.def("cell_rows", &cell_rows, py::arg("cell"), py::arg("act_tanh"), py::arg("ract_tanh"), py::arg("xw"),
+        py::arg("rec"), py::arg("prev"), py::arg("width"),
+        "the fused float32 LSTM / GRU cell rows of the running instruction set, `width` units a call");
   m.def("cudnn_lin_layer", [](const std::string& cell, int64_t id) {
         auto lin = cudnn_lin_layer(parse_cell(cell), id);
         return std::make_pair(lin.keras_gate, lin.recurrent);
