@@ -44,8 +44,9 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("level", sorted(LEVELS))
-def test_each_instruction_set_matches_torch_nn_float64(level):
+def _probe_at(level: str, probe: str) -> dict:
+    """The JSON a probe prints, run in a process started at ATEN level `level` (skipped where
+    this CPU cannot run it), after checking that the loops of that level were picked."""
     isa, needs = LEVELS[level]
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         pytest.skip("the instruction-set builds are x86-64's")
@@ -53,10 +54,16 @@ def test_each_instruction_set_matches_torch_nn_float64(level):
     if missing:
         pytest.skip(f"this CPU lacks {sorted(missing)} (hardware)")
     env = dict(os.environ, ATEN_CPU_CAPABILITY=level, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    run = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["isa"] == isa, got
+    return got
+
+
+@pytest.mark.parametrize("level", sorted(LEVELS))
+def test_each_instruction_set_matches_torch_nn_float64(level):
+    got = _probe_at(level, _PROBE)
     for cell in ("lstm", "gru"):
         assert got[cell]["y"] < 2e-6, (cell, got)
         assert got[cell]["dx"] < 2e-6 * max(1.0, got[cell]["dx_scale"]), (cell, got)
@@ -115,16 +122,6 @@ def test_cell_rows_give_the_same_bits_at_every_position(level):
     through every gate,
     and the cell is within 1e-6 of float64 at inputs that reach the clamps of exp and the switch
     of tanh's two branches."""
-    isa, needs = LEVELS[level]
-    if sys.platform != "linux" or os.uname().machine != "x86_64":
-        pytest.skip("the instruction-set builds are x86-64's")
-    missing = needs - cpu_flags()
-    if missing:
-        pytest.skip(f"this CPU lacks {sorted(missing)} (hardware)")
-    env = dict(os.environ, ATEN_CPU_CAPABILITY=level, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    run = subprocess.run([sys.executable, "-c", _LANES_PROBE], env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
-    assert got["isa"] == isa, got
+    got = _probe_at(level, _LANES_PROBE)
     assert got["same"] and got["nan_kept"], got
     assert got["err"] < 1e-6, got
