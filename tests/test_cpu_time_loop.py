@@ -295,12 +295,14 @@ def test_split_choice_follows_the_kernel_size(threads):
 
 @pytest.mark.parametrize("engine", ["packed-avx2", pytest.param("packed-avx512", marks=needs_avx512)], indirect=True)
 @pytest.mark.parametrize("cell,kwargs,masked", [("lstm", {}, False), ("lstm", {"go_backwards": True}, False),
-                                                ("lstm", {}, True), ("simple_rnn", {"go_backwards": True}, False),
+                                                ("lstm", {"num_layers": 2}, False), ("lstm", {}, True),
+                                                ("simple_rnn", {"go_backwards": True}, False),
                                                 ("gru", {"go_backwards": True}, False)])
 def test_packed_weight_grads_match_float64(cell, kwargs, masked, threads, engine):
     """Where the large GEMMs run on the packed engine (CPUs other than Intel's), so do the weight
     gradients (from 2^20 multiply-adds): LSTM and SimpleRNN as one product over [x | h_prev],
-    h_prev re-indexed from processing order to the input's (go_backwards reverses it), the masked
+    h_prev re-indexed from processing order to the input's (go_backwards reverses it; a second
+    layer reads its input sequence-major), the masked
     LSTM over its real rows only with the bias's row; float32 held to the float64 run like every
     other engine's."""
     batch, steps, units, width = 32, 20, 64, 48

@@ -200,8 +200,8 @@ void register_testing(pybind11::module_& m) {
     return cpu::packed_weight_grad(p, D, ones);
   }, py::arg("parts"), py::arg("D"), py::arg("ones") = false,
         "[A_1 | A_2 ... (| 1)]^T D (float32; parts: (A, rows or None) pairs, A's rows `rows` or all of them) as the "
-        "CPU backward's weight gradients run it on the packed kernel's AVX-512 build; None where BLAS or another "
-        "engine serves the shape or that build does not run");
+        "CPU backward's weight gradients run it on the packed kernel; None where BLAS or another engine serves the "
+        "shape or the kernel does not run");
   m.def("weight_cache_packs", &cpu::weight_cache_packs,
         "how many packed weight forms the CPU plans have made since the process started (a cache hit makes none)");
   m.def("weight_cache_entries", &cpu::weight_cache_entries, "packed weight forms held by the CPU weight cache");

@@ -589,8 +589,10 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   // the kernel, recurrent kernel and bias gradients in one GEMM, [x | h_prev | 1]^T · d (GRU
   // reset_after: two, its recurrent side having gradients of its own). (Over every row, the
   // separate GEMMs below measured faster: no copy of x.)
+  // (own stays null for a policy without a weight-gradient GEMM of its own: no row lists are built for it)
   const WeightProducts product{Policy::template low_precision_weight_grads<T>(cfg), cfg.gemm_dtype,
-                               &Policy::transposed_to, &Policy::weight_grad};
+                               &Policy::transposed_to,
+                               &Policy::weight_grad == &PolicyDefaults::weight_grad ? nullptr : &Policy::weight_grad};
   if (extras.dbias.defined()) g.dbias = extras.dbias;
   // The input gradient is written by a GEMM without accumulating where it is the first and that
   // GEMM covers every row (a zero fill and a read of [T, B, In] the less); else added to zeros.
@@ -633,7 +635,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       Tensor xd = a.dmask.defined() ? a.x3 * over_time(a.dmask[0], a.in_batch_major)
                   : a.x3_low.defined() ? a.x3_low
                                        : a.x3;
-      if (!gru_after && !gru_before && !a.rmask.defined()) {
+      if (product.own && !product.low && !gru_after && !gru_before && !a.rmask.defined()) {
         // The kernel's and the recurrent kernel's gradients in one product over dxw's rows, where
         // the backend has its own: [x | h_prev]^T · dxw, h_prev's rows read in the input's order.
         const Tensor P = processing_rows(cfg, reversed, opts);  // [B, T]

@@ -491,8 +491,8 @@ struct CpuPolicy : TimeLoops {
     return cudnn_rnn::workspace(sizes, opts);
   }
 
-  // float32 weight gradients on the packed kernel's AVX-512 build where it serves the shape
-  // (cpu/plan_packed.cpp).
+  // float32 weight gradients on the packed kernel where it serves the shape, several operands in
+  // one product (cpu/plan_packed.cpp).
   static Tensor weight_grad(const std::vector<std::pair<Tensor, Tensor>>& parts, const Tensor& D, bool ones) {
     return cpu::packed_weight_grad(parts, D, ones);
   }
