@@ -294,18 +294,20 @@ def test_split_choice_follows_the_kernel_size(threads):
 
 
 @pytest.mark.parametrize("engine", ["packed-avx2", pytest.param("packed-avx512", marks=needs_avx512)], indirect=True)
-@pytest.mark.parametrize("cell,kwargs,masked", [("lstm", {}, False), ("lstm", {"go_backwards": True}, False),
-                                                ("lstm", {"num_layers": 2}, False), ("lstm", {}, True),
-                                                ("simple_rnn", {"go_backwards": True}, False),
-                                                ("gru", {"go_backwards": True}, False)])
-def test_packed_weight_grads_match_float64(cell, kwargs, masked, threads, engine):
+@pytest.mark.parametrize("cell,kwargs,masked,width", [("lstm", {}, False, 48), ("lstm", {"go_backwards": True}, False, 48),
+                                                      ("lstm", {"num_layers": 2}, False, 48), ("lstm", {}, True, 48),
+                                                      ("lstm", {}, False, 1), ("lstm", {}, True, 3),
+                                                      ("simple_rnn", {"go_backwards": True}, False, 48),
+                                                      ("gru", {"go_backwards": True}, False, 48)])
+def test_packed_weight_grads_match_float64(cell, kwargs, masked, width, threads, engine):
     """Where the large GEMMs run on the packed engine (CPUs other than Intel's), so do the weight
     gradients (from 2^20 multiply-adds): LSTM and SimpleRNN as one product over [x | h_prev],
     h_prev re-indexed from processing order to the input's (go_backwards reverses it; a second
     layer reads its input sequence-major), the masked
     LSTM over its real rows only with the bias's row; float32 held to the float64 run like every
-    other engine's."""
-    batch, steps, units, width = 32, 20, 64, 48
+    other engine's. With 1-3 input features (a time series) the input's panel is shared with
+    h_prev's, and its gradient goes to BLAS's matrix-vector product."""
+    batch, steps, units = 32, 20, 64
     layer = LAYERS[cell](width, units, return_sequences=True, return_state=True, dtype=torch.float64, **kwargs)
     with torch.no_grad():
         for p in layer.parameters():
