@@ -77,10 +77,7 @@ class Bf16Forward final : public ForwardPlan<float> {
     // LSTM and SimpleRNN, whose gates add the two products: the input's accumulates into the
     // recurrent product's output, and the cell reads the biases (input and recurrent) as its
     // "input projection", one [G*w] row for every batch row. GRU's candidate gate keeps them apart.
-    Tensor joint_bias = joint_ ? at::zeros({G_ * u_}, a.x3.options()) : Tensor();
-    for (const Tensor& b : {a.w.bias_in, p.step_bias}) {
-      if (joint_ && b.defined()) joint_bias.add_(b);
-    }
+    const Tensor joint_bias = joint_ ? summed_biases(p) : Tensor();
     wk_.resize(n), xbias_.resize(n), xwk_.resize(n);
     for (int64_t k = 0; k < n; ++k) {
       const int64_t j0 = blocks_.start[k], w = blocks_.width(k);

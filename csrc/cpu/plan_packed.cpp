@@ -61,10 +61,7 @@ class PackedForward final : public ForwardPlan<float> {
     const driver::DirectionArgs& a = p.a;
     const Tensor& K = a.w.kernel;  // [I, G*u]
     I_ = K.size(0);
-    Tensor bias = at::zeros({G_ * u_}, K.options());
-    for (const Tensor& b : {a.w.bias_in, p.step_bias}) {
-      if (b.defined()) bias.add_(b);
-    }
+    const Tensor bias = summed_biases(p);
     bias_ = Tensor();
     kernel_panels_.resize(blocks_.n);
     joint_bias_.resize(blocks_.n);
@@ -81,7 +78,7 @@ class PackedForward final : public ForwardPlan<float> {
         pack_panels(block.const_data_ptr<float>(), G_ * w, false, I_, G_ * w, out.data_ptr<float>());
         return out;
       });
-      joint_bias_[k] = block_columns(bias, G_, u_, j0, w).contiguous();
+      joint_bias_[k] = block_columns(bias, G_, u_, j0, w);
     }
     const int64_t B = p.cfg.batch, T = p.cfg.time;
     x_ = a.x3.const_data_ptr<float>();

@@ -192,6 +192,17 @@ inline at::Tensor block_columns(const at::Tensor& m, int64_t G, int64_t u, int64
   return m.dim() == 1 ? b.view({G * w}) : b;
 }
 
+// The input and the step's recurrent biases summed ([G*u] float32, zeros without either): the
+// cell's input row of a plan that adds each step's input product into the recurrent one (LSTM and
+// SimpleRNN, whose gates add the two).
+inline at::Tensor summed_biases(const PlanArgs& p) {
+  at::Tensor sum = at::zeros({p.cfg.gates() * p.cfg.units}, p.a.x3.options());
+  for (const at::Tensor& b : {p.a.w.bias_in, p.step_bias}) {
+    if (b.defined()) sum.add_(b);
+  }
+  return sum;
+}
+
 // out[i, :] = v (width values) for i < n: a bias under a GEMM that adds to its output.
 template <typename T>
 void fill_rows(const T* v, int64_t width, int64_t n, T* out) {
