@@ -84,6 +84,9 @@ def _cpu_plan(layer: _RNNBase, dtype: torch.dtype, training: bool, mask: Optiona
         products = "float64 products (BLAS)"
     else:
         products = f"float32 products on the {plan} engine" + (" (no int8 products on this CPU)" if quantized else "")
+        small = cpu_forward_plan(layer.cell, units, precision, batch=1, time=1)[0]
+        if small != plan:
+            products += f" ({small} for one-step calls and batches under 8)"
     notes = [products]
     if layer.cell == "gru" and not layer.reset_after or (training and layer.recurrent_dropout > 0):
         notes.append("row loops in parallel over the batch (two GEMMs a step, or recurrent dropout)")

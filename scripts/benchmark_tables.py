@@ -23,7 +23,17 @@ PAGE = os.path.join(DOCS, "guides", "results.md")
 
 # (file in docs/, date measured, machine when the file does not record it, what the run is)
 RESULTS = [
+    ("benchmarks-cuda-h100.json", "2026-11-26", None, "all workloads, `--quick`, full float32"),
     ("benchmarks-cuda-h200.json", "2026-11-26", None, "all workloads, `--quick`, full float32"),
+    ("benchmarks-grid-cpu-intel-xeon.json", "2026-11-26", "Intel Xeon, family 6 model 207 (Emerald Rapids)",
+     "LSTM size grid and one step, `benchmarks.grid`, MKL for the recurrent products from K x N = 2^18 at every "
+     "batch (the default runs the packed kernel below 8 rows and for one step: next table)"),
+    ("benchmarks-grid-cpu-intel-xeon-small-packed.json", "2026-11-26",
+     "Intel Xeon, family 6 model 207 (Emerald Rapids)",
+     "LSTM at B=1-8, `CUDNN_RNN_CPU_GEMM=packed CUDNN_RNN_CPU_SPLIT=units`: the packed kernel the forward "
+     "products of fewer than 8 rows and of one step run by default"),
+    ("benchmarks-grid-bf16-cpu-intel-xeon.json", "2026-11-26", "Intel Xeon, family 6 model 207 (Emerald Rapids)",
+     "LSTM bfloat16 grid (AMX, oneDNN's micro-kernel), `benchmarks.grid --dtype bfloat16`"),
     ("benchmarks-grid-cpu-amd-zen4.json", "2026-11-26", "AMD EPYC Zen 4",
      "LSTM / GRU / SimpleRNN size grid (T=50, I=H) and one step (T=1, B=1), `benchmarks.grid`"),
     ("benchmarks-grid-cpu-amd-zen4-avx2.json", "2026-11-26", "AMD EPYC Zen 4",

@@ -456,3 +456,62 @@ def test_explain_names_the_cpu_plan():
     assert plan[0].startswith("float32 products on the ") and plan[0].endswith(" engine")
     assert cudnn_rnn.explain(cudnn_rnn.GRU(8, 16, reset_after=False)).plan[1].startswith("row loops")
     assert cudnn_rnn.explain(cudnn_rnn.LSTM(8, 16, dtype=torch.float64)).plan[0] == "float64 products (BLAS)"
+
+
+@pytest.fixture
+def machine_default():
+    def use(name):
+        _C._testing.override_machine_default(name)
+    yield use
+    _C._testing.override_machine_default("")
+
+
+@pytest.mark.skipif(not _C._testing.cpu_packed_gemm(), reason="needs a CPU with AVX2 and FMA (the packed kernel)")
+def test_intel_rule_runs_small_calls_on_the_packed_kernel(machine_default):
+    """On Intel at the AVX-512 level (csrc/cpu/gemm_engine.h) the forward recurrent products of
+    K x N >= 2^18 run BLAS from 8 rows a step over more than one step, the packed kernel for fewer
+    rows or one step; below 2^18, and for every other GEMM, the size alone decides."""
+    machine_default("blas_from_size")
+    plan = lambda units, batch, time: _C.cpu_forward_plan("lstm", units, "float32", batch=batch, time=time)
+    assert [plan(256, b, 50)[0] for b in (1, 4, 7, 8, 128)] == ["packed"] * 3 + ["blas"] * 2
+    assert plan(256, 128, 1)[0] == "packed" and plan(255, 128, 50)[0] == "packed"
+    assert _C.cpu_gemm_engine(256, 1024) == "blas" and _C.cpu_gemm_engine(255, 1024) == "packed"
+    assert plan(256, 4, 50)[1] and not plan(256, 8, 50)[1]  # rows apart only on the packed kernel
+    machine_default("packed")
+    assert plan(1024, 128, 50)[0] == "packed" and _C.cpu_gemm_engine() == "packed"
+    machine_default("blas")
+    assert plan(64, 1, 1)[0] == "blas"
+    with pytest.raises(ValueError, match="machine must be 'packed', 'blas' or 'blas_from_size'; got 'amd'"):
+        machine_default("amd")
+
+
+@pytest.mark.skipif(not _C._testing.cpu_packed_gemm(), reason="needs a CPU with AVX2 and FMA (the packed kernel)")
+@pytest.mark.parametrize("cell,units", [("lstm", 256), ("gru", 300), ("simple_rnn", 512)])
+@pytest.mark.parametrize("batch,time", [(3, 5), (8, 5), (5, 1)])
+def test_intel_rule_mixes_engines_and_matches_float64(cell, units, batch, time, machine_default, threads):
+    """Where the Intel rule runs the forward recurrent products on the packed kernel and the
+    backward's, the weight gradients and the input projection on BLAS (fewer than 8 rows, or one
+    step), float32 training and inference stay within float32 rounding of the float64 run."""
+    machine_default("blas_from_size")
+    threads(2)
+    torch.manual_seed(batch * 10 + time)
+    layer = LAYERS[cell](48, units, return_sequences=True, return_state=True, dtype=torch.float64)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.uniform_(-0.08, 0.08)
+    layer32 = copy.deepcopy(layer).float()
+    forward = _C.cpu_forward_plan(cell, units, "float32", batch=batch, time=time)[0]
+    assert forward == ("packed" if batch < 8 or time == 1 else "blas")
+    x = torch.randn(batch, time, 48, dtype=torch.float64)
+    mask = torch.ones(batch, time, dtype=torch.bool)
+    mask[0, -1] = False
+    for m in (None, mask):
+        out64, grads64 = _run(layer, x, m)
+        out32, grads32 = _run(layer32, x.float(), m)
+        for a, b in zip(out32 + list(grads32), out64 + list(grads64)):
+            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+        layer.eval(), layer32.eval()
+        with torch.no_grad():
+            for a, b in zip(layer32(x.float(), mask=m), layer(x, mask=m)):
+                torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+        layer.train(), layer32.train()

@@ -120,10 +120,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return std::string(cr::cpu::split_name(cr::cpu::choose_split(batch, units, gates, at::get_num_threads(), true)));
       }, "how the CPU time loop splits a direction of this shape across torch's threads where its plan runs rows "
          "apart: 'units' or 'rows'");
-  m.def("cpu_forward_plan", [](const std::string& cell, int64_t units, const std::string& precision) {
+  m.def("cpu_forward_plan", [](const std::string& cell, int64_t units, const std::string& precision, int64_t batch,
+                               int64_t time) {
         cr::RnnConfig cfg{};
         cfg.cell = cr::parse_cell(cell);
         cfg.units = units;
+        cfg.batch = batch;
+        cfg.time = time;
         TORCH_CHECK_VALUE(precision == "float32" || precision == "bfloat16" || precision == "int8" ||
                               precision == "float64",
                           "precision must be 'float32', 'bfloat16', 'int8' or 'float64'; got '", precision, "'");
@@ -135,7 +138,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         }
         return std::make_pair(std::string(cpu::plan_kind_name(cpu::forward_plan_kind<float>(cfg))),
                               cpu::plan_rows_apart<float>(cfg, false));
-      }, "(the forward plan the CPU time loop runs for a direction of this cell, units and precision: 'int8', "
+      }, pybind11::arg("cell"), pybind11::arg("units"), pybind11::arg("precision"), pybind11::arg("batch") = 64,
+      pybind11::arg("time") = 50,
+      "(the forward plan the CPU time loop runs for a direction of this cell, units and precision, for a call of "
+      "`batch` rows and `time` steps: 'int8', "
          "'bfloat16', 'packed', 'brgemm' or 'blas'; whether it runs rows apart), as csrc/cpu/plan_choice.cpp "
          "decides it");
   m.def("cpu_int8_gemms", &cr::cpu::int8_gemm_available,

@@ -42,6 +42,24 @@ std::atomic<int>& override_slot() {
   return slot;
 }
 
+std::atomic<int>& machine_slot() {  // tests: another machine's default
+  static std::atomic<int> slot{-1};
+  return slot;
+}
+
+Default machine() {
+  static const Default measured = machine_default();
+  const int forced = machine_slot().load(std::memory_order_relaxed);
+  return forced >= 0 ? static_cast<Default>(forced) : measured;
+}
+
+Default parse_machine(const std::string& name) {
+  TORCH_CHECK_VALUE(name == "packed" || name == "blas" || name == "blas_from_size",
+                    "machine must be 'packed', 'blas' or 'blas_from_size'; got '", name, "'");
+  TORCH_CHECK_VALUE(name == "blas" || packed_gemm_available(), "machine '", name, "' needs the packed kernel (AVX2 + FMA)");
+  return name == "packed" ? Default::Packed : name == "blas" ? Default::Blas : Default::BlasFromSize;
+}
+
 GemmEngine parse_engine(const std::string& name) {
   TORCH_CHECK_VALUE(name == "packed" || name == "brgemm" || name == "blas",
                     "CUDNN_RNN_CPU_GEMM must be 'packed', 'brgemm' or 'blas'; got '", name, "'");
@@ -52,23 +70,45 @@ GemmEngine parse_engine(const std::string& name) {
   return name == "packed" ? GemmEngine::Packed : name == "brgemm" ? GemmEngine::Brgemm : GemmEngine::Blas;
 }
 
-}  // namespace
-
-GemmEngine float_gemm_engine(int64_t k, int64_t n) {
+// The engine forced by set_cpu_plan or CUDNN_RNN_CPU_GEMM, or -1.
+int forced_engine() {
   const int forced = override_slot().load(std::memory_order_relaxed);
-  if (forced >= 0) return static_cast<GemmEngine>(forced);
+  if (forced >= 0) return forced;
   static const int from_environment = [] {
     const char* v = std::getenv("CUDNN_RNN_CPU_GEMM");
     return v && *v ? static_cast<int>(parse_engine(v)) : -1;
   }();
-  if (from_environment >= 0) return static_cast<GemmEngine>(from_environment);
-  static const Default machine = machine_default();
+  return from_environment;
+}
+
+// rows < 0: a GEMM other than the forward recurrent products.
+GemmEngine rule(Default machine, int64_t k, int64_t n, int64_t rows, int64_t time) {
   switch (machine) {
     case Default::Packed: return GemmEngine::Packed;
     case Default::Blas: return GemmEngine::Blas;
-    case Default::BlasFromSize: return k * n >= (int64_t(1) << 18) ? GemmEngine::Blas : GemmEngine::Packed;
+    case Default::BlasFromSize:
+      if (rows >= 0 && (rows < kBlasMinRows || time == 1)) return GemmEngine::Packed;
+      return k * n >= (int64_t(1) << 18) ? GemmEngine::Blas : GemmEngine::Packed;
   }
   return GemmEngine::Blas;
+}
+
+}  // namespace
+
+GemmEngine float_gemm_engine(int64_t k, int64_t n) {
+  const int forced = forced_engine();
+  if (forced >= 0) return static_cast<GemmEngine>(forced);
+  return rule(machine(), k, n, -1, 0);
+}
+
+GemmEngine float_recurrent_engine(int64_t k, int64_t n, int64_t batch, int64_t time) {
+  const int forced = forced_engine();
+  if (forced >= 0) return static_cast<GemmEngine>(forced);
+  return rule(machine(), k, n, batch, time);
+}
+
+void override_machine_default(const std::string& name) {
+  machine_slot().store(name.empty() ? -1 : static_cast<int>(parse_machine(name)));
 }
 
 void override_gemm_engine(const std::string& name) {

@@ -10,12 +10,19 @@
 //           the recurrent products read the kernel packed once per call through MKL's packed
 //           GEMM API where torch exports it (cpu/rnn_cpu.cpp)
 // CUDNN_RNN_CPU_GEMM=packed|brgemm|blas picks one for every GEMM (read once). The default follows
-// the machine and the GEMM, as measured by benchmarks/run.py (docs/guides/performance.md): on Intel
-// CPUs at ATen's AVX-512 level (ATEN_CPU_CAPABILITY=avx2 lowers it) BLAS for the GEMMs whose
-// operand B has at least 2^18 elements (K x N), where MKL's packed AVX-512 GEMM is level with the
-// packed kernel's AVX-512 build or ahead (fastrnns: level; PTB's B=20: 1.1x; it beat the AVX2
-// build by 1.2-1.55x), and the packed kernel below that, where it wins (the masked Keras-typical
-// B=32, H=64 workload: BLAS 1.03-1.16x slower); the packed kernel on the other AVX2 CPUs (it beat
+// the machine and the GEMM, as measured by benchmarks/run.py and benchmarks/grid.py
+// (docs/guides/performance.md): on Intel CPUs at ATen's AVX-512 level (ATEN_CPU_CAPABILITY=avx2
+// lowers it) BLAS for the GEMMs whose operand B has at least 2^18 elements (K x N), where MKL's
+// packed AVX-512 GEMM is level with the packed kernel's AVX-512 build or ahead (fastrnns: level;
+// PTB's B=20: 1.1x; it beat the AVX2 build by 1.2-1.55x), and the packed kernel below that, where
+// it wins (the masked Keras-typical B=32, H=64 workload: BLAS 1.03-1.16x slower). The forward
+// time loop's recurrent products of fewer than kBlasMinRows rows, and of one-step calls, run the
+// packed kernel there too (float_recurrent_engine): MKL packs its operand on every call, which a
+// one-step call pays whole, and at 1-4 rows its products trail the packed kernel's. Intel Xeon
+// (family 6 model 207, AMX), 2 threads, LSTM T=50, H=256-1024, torch.nn time / ours: B=1-4 forward
+// 1.35-2.75x on the packed kernel against 0.87-2.10x on MKL's; one step at H=256-512 108-318 us
+// against 247-832 us. From 8 rows MKL's was level or ahead (H=1024, B=8: 1.19x against 1.08x).
+// The packed kernel runs on the other AVX2 CPUs (it beat
 // BLAS on AVX2 and on MKL's paths for other vendors; on AVX-512 CPUs of other vendors, AMD Zen 4
 // and later, its AVX-512 build); BLAS without AVX2. brgemm is opt-in: called on the recurrent products as they are
 // (B unpacked: could_pack is false for float32) it ran between the two on the Intel host.
@@ -31,6 +38,15 @@ enum class GemmEngine { Packed, Brgemm, Blas };
 
 // The engine of a float32 GEMM whose operand B is K x N.
 GemmEngine float_gemm_engine(int64_t k, int64_t n);
+// Rows a step from which the forward recurrent products may leave the packed kernel for BLAS.
+constexpr int64_t kBlasMinRows = 8;
+// The engine of the forward time loop's recurrent products (operand B K x N) for a call of
+// `batch` rows a step and `time` steps.
+GemmEngine float_recurrent_engine(int64_t k, int64_t n, int64_t batch, int64_t time);
+// Tests only: choose from now on as on a machine whose default is `name` ('packed', 'blas' or
+// 'blas_from_size': Intel at the AVX-512 level; the packed kernel must run here), or "" for this
+// machine's again.
+void override_machine_default(const std::string& name);
 // The engine of a large float32 GEMM (what benchmarks report).
 inline GemmEngine float_gemm_engine() { return float_gemm_engine(1 << 12, 1 << 12); }
 // Tests only: run `name` ('packed', 'brgemm', 'blas') from now on, or "" for the chosen engine again.

@@ -59,8 +59,9 @@ template <typename T>
 bool plan_rows_apart(const RnnConfig& cfg, bool backward) {
   const int64_t u = cfg.units, G = cfg.gates();
   if (int8_plan<T>(cfg)) return !backward;
-  return std::is_same_v<T, float> && !bf16_plan<T>(cfg) &&
-         float_gemm_engine(backward ? G * u : u, backward ? u : G * u) == GemmEngine::Packed;
+  if (!std::is_same_v<T, float> || bf16_plan<T>(cfg)) return false;
+  return (backward ? float_gemm_engine(G * u, u) : float_recurrent_engine(u, G * u, cfg.batch, cfg.time)) ==
+         GemmEngine::Packed;
 }
 
 template <typename T>
@@ -68,7 +69,7 @@ PlanKind forward_plan_kind(const RnnConfig& cfg) {
   if (int8_plan<T>(cfg)) return PlanKind::Int8;
   if (bf16_plan<T>(cfg)) return PlanKind::Bf16;
   if (!std::is_same_v<T, float>) return PlanKind::Blas;
-  switch (float_gemm_engine(cfg.units, cfg.gates() * cfg.units)) {
+  switch (float_recurrent_engine(cfg.units, cfg.gates() * cfg.units, cfg.batch, cfg.time)) {
     case GemmEngine::Packed: return PlanKind::Packed;
     case GemmEngine::Brgemm: return PlanKind::Brgemm;
     case GemmEngine::Blas: break;
