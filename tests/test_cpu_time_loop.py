@@ -468,14 +468,15 @@ def machine_default():
 
 @pytest.mark.skipif(not _C._testing.cpu_packed_gemm(), reason="needs a CPU with AVX2 and FMA (the packed kernel)")
 def test_intel_rule_runs_small_calls_on_the_packed_kernel(machine_default):
-    """On Intel at the AVX-512 level (csrc/cpu/gemm_engine.h) the forward recurrent products of
-    K x N >= 2^18 run BLAS from 8 rows a step over more than one step, the packed kernel for fewer
-    rows or one step; below 2^18, and for every other GEMM, the size alone decides."""
+    """On Intel at the AVX-512 level (csrc/cpu/gemm_engine.h) GEMMs of K x N >= 2^18 run BLAS
+    from 8 rows (the forward recurrent products: 8 rows a step over more than one step), the
+    packed kernel for fewer rows or one step; below 2^18 the packed kernel."""
     machine_default("blas_from_size")
     plan = lambda units, batch, time: _C.cpu_forward_plan("lstm", units, "float32", batch=batch, time=time)
     assert [plan(256, b, 50)[0] for b in (1, 4, 7, 8, 128)] == ["packed"] * 3 + ["blas"] * 2
     assert plan(256, 128, 1)[0] == "packed" and plan(255, 128, 50)[0] == "packed"
     assert _C.cpu_gemm_engine(256, 1024) == "blas" and _C.cpu_gemm_engine(255, 1024) == "packed"
+    assert _C.cpu_gemm_engine(256, 1024, 7) == "packed" and _C.cpu_gemm_engine(256, 1024, 8) == "blas"
     assert plan(256, 4, 50)[1] and not plan(256, 8, 50)[1]  # rows apart only on the packed kernel
     machine_default("packed")
     assert plan(1024, 128, 50)[0] == "packed" and _C.cpu_gemm_engine() == "packed"
@@ -490,8 +491,9 @@ def test_intel_rule_runs_small_calls_on_the_packed_kernel(machine_default):
 @pytest.mark.parametrize("batch,time", [(3, 5), (8, 5), (5, 1)])
 def test_intel_rule_mixes_engines_and_matches_float64(cell, units, batch, time, machine_default, threads):
     """Where the Intel rule runs the forward recurrent products on the packed kernel and the
-    backward's, the weight gradients and the input projection on BLAS (fewer than 8 rows, or one
-    step), float32 training and inference stay within float32 rounding of the float64 run."""
+    backward's and the weight gradients on BLAS (fewer than 8 rows, or one step; the input
+    projection and gradient on either, by their T x B rows), float32 training and inference stay
+    within float32 rounding of the float64 run."""
     machine_default("blas_from_size")
     threads(2)
     torch.manual_seed(batch * 10 + time)

@@ -89,11 +89,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       }, "the cuDNN algorithm a call would use (before any refusal by cuDNN)");
   m.def("cpu_cache_info", [] { return std::make_pair(cr::cpu::cached_bytes(), cr::cpu::cache_limit_bytes()); },
         "(bytes idle in the CPU buffer pool, its limit)");
-  m.def("cpu_gemm_engine", [](int64_t k, int64_t n) {
-        return std::string(cr::cpu::gemm_engine_name(cr::cpu::float_gemm_engine(k, n)));
-      }, pybind11::arg("k") = 4096, pybind11::arg("n") = 4096,
-      "the engine of the CPU backend's float32 GEMMs with a K x N operand B: 'packed', 'brgemm' or 'blas' "
-      "(CUDNN_RNN_CPU_GEMM forces one)");
+  m.def("cpu_gemm_engine", [](int64_t k, int64_t n, int64_t rows) {
+        return std::string(cr::cpu::gemm_engine_name(cr::cpu::float_gemm_engine(k, n, rows)));
+      }, pybind11::arg("k") = 4096, pybind11::arg("n") = 4096, pybind11::arg("rows") = -1,
+      "the engine of the CPU backend's float32 GEMMs with a K x N operand B (and `rows` rows; -1: many): "
+      "'packed', 'brgemm' or 'blas' (CUDNN_RNN_CPU_GEMM forces one)");
   m.def("cpu_packed_gemm_isa", [] {
         if (!cr::cpu::packed_gemm_available()) return std::string("none");
         return std::string(cr::cpu::packed_gemm_isa() == cr::cpu::PackedIsa::Avx512 ? "avx512" : "avx2");

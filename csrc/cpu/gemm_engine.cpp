@@ -81,13 +81,13 @@ int forced_engine() {
   return from_environment;
 }
 
-// rows < 0: a GEMM other than the forward recurrent products.
-GemmEngine rule(Default machine, int64_t k, int64_t n, int64_t rows, int64_t time) {
+// rows < 0: not known.
+GemmEngine rule(Default machine, int64_t k, int64_t n, int64_t rows) {
   switch (machine) {
     case Default::Packed: return GemmEngine::Packed;
     case Default::Blas: return GemmEngine::Blas;
     case Default::BlasFromSize:
-      if (rows >= 0 && (rows < kBlasMinRows || time == 1)) return GemmEngine::Packed;
+      if (rows >= 0 && rows < kBlasMinRows) return GemmEngine::Packed;
       return k * n >= (int64_t(1) << 18) ? GemmEngine::Blas : GemmEngine::Packed;
   }
   return GemmEngine::Blas;
@@ -95,16 +95,15 @@ GemmEngine rule(Default machine, int64_t k, int64_t n, int64_t rows, int64_t tim
 
 }  // namespace
 
-GemmEngine float_gemm_engine(int64_t k, int64_t n) {
+GemmEngine float_gemm_engine(int64_t k, int64_t n, int64_t rows) {
   const int forced = forced_engine();
   if (forced >= 0) return static_cast<GemmEngine>(forced);
-  return rule(machine(), k, n, -1, 0);
+  return rule(machine(), k, n, rows);
 }
 
 GemmEngine float_recurrent_engine(int64_t k, int64_t n, int64_t batch, int64_t time) {
-  const int forced = forced_engine();
-  if (forced >= 0) return static_cast<GemmEngine>(forced);
-  return rule(machine(), k, n, batch, time);
+  // One step: the operand is packed for one product, which MKL's packed GEMM repacks every call.
+  return float_gemm_engine(k, n, time == 1 ? 0 : batch);
 }
 
 void override_machine_default(const std::string& name) {

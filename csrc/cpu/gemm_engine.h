@@ -15,17 +15,19 @@
 // lowers it) BLAS for the GEMMs whose operand B has at least 2^18 elements (K x N), where MKL's
 // packed AVX-512 GEMM is level with the packed kernel's AVX-512 build or ahead (fastrnns: level;
 // PTB's B=20: 1.1x; it beat the AVX2 build by 1.2-1.55x), and the packed kernel below that, where
-// it wins (the masked Keras-typical B=32, H=64 workload: BLAS 1.03-1.16x slower). The forward
-// time loop's recurrent products of fewer than kBlasMinRows rows, and of one-step calls, run the
-// packed kernel there too (float_recurrent_engine): MKL packs its operand on every call, which a
-// one-step call pays whole, and at 1-4 rows its products trail the packed kernel's. Intel Xeon
-// (family 6 model 207, AMX), 2 threads, LSTM T=50, H=256-1024, torch.nn time / ours: B=1-4 forward
-// 1.35-2.75x on the packed kernel against 0.87-2.10x on MKL's; one step at H=256-512 108-318 us
-// against 247-832 us. From 8 rows MKL's was level or ahead (H=1024, B=8: 1.19x against 1.08x).
-// The packed kernel runs on the other AVX2 CPUs (it beat
-// BLAS on AVX2 and on MKL's paths for other vendors; on AVX-512 CPUs of other vendors, AMD Zen 4
-// and later, its AVX-512 build); BLAS without AVX2. brgemm is opt-in: called on the recurrent products as they are
-// (B unpacked: could_pack is false for float32) it ran between the two on the Intel host.
+// it wins (the masked Keras-typical B=32, H=64 workload: BLAS 1.03-1.16x slower). GEMMs of fewer
+// than kBlasMinRows rows (the forward recurrent products of a call with fewer batch rows, the
+// input projection and gradient of fewer T x B rows) and the recurrent products of one-step calls
+// run the packed kernel there too: MKL's packed GEMM packs the recurrent kernel again on every
+// call, which a one-step call pays whole (the packed kernel's packs are kept across calls), and
+// at 1-4 rows MKL's products trail the packed kernel's. Intel Xeon (family 6 model 207, AMX), 2
+// threads, LSTM T=50, H=256-1024, torch.nn time / ours: B=1-4 forward 1.35-2.75x on the packed
+// kernel against 0.87-2.10x on MKL's; one step at H=256-512 108-318 us against 247-832 us. From 8
+// rows MKL's was level or ahead (H=1024, B=8: 1.19x against 1.08x). The packed kernel runs on the
+// other AVX2 CPUs (it beat BLAS on AVX2 and on MKL's paths for other vendors; on AVX-512 CPUs of
+// other vendors, AMD Zen 4 and later, its AVX-512 build); BLAS without AVX2. brgemm is opt-in:
+// called on the recurrent products as they are (B unpacked: could_pack is false for float32) it
+// ran between the two on the Intel host.
 #pragma once
 
 #include <cstdint>
@@ -36,10 +38,10 @@ namespace cpu {
 
 enum class GemmEngine { Packed, Brgemm, Blas };
 
-// The engine of a float32 GEMM whose operand B is K x N.
-GemmEngine float_gemm_engine(int64_t k, int64_t n);
-// Rows a step from which the forward recurrent products may leave the packed kernel for BLAS.
+// Rows (operand A's, where known) from which a GEMM may leave the packed kernel for BLAS.
 constexpr int64_t kBlasMinRows = 8;
+// The engine of a float32 GEMM whose operand B is K x N, of `rows` rows (-1: not known).
+GemmEngine float_gemm_engine(int64_t k, int64_t n, int64_t rows = -1);
 // The engine of the forward time loop's recurrent products (operand B K x N) for a call of
 // `batch` rows a step and `time` steps.
 GemmEngine float_recurrent_engine(int64_t k, int64_t n, int64_t batch, int64_t time);

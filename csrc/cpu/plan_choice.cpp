@@ -115,7 +115,8 @@ bool row_gemm(const RnnConfig& cfg, const at::Tensor& in2, const at::Tensor& row
   if constexpr (std::is_same_v<T, float>) {
     if (int8_plan<T>(cfg)) return int8_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2);
     if (bf16_plan<T>(cfg)) return bf16_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2, in2_low);
-    if (float_gemm_engine(in2.size(1), out2.size(1)) == GemmEngine::Packed) {
+    if (float_gemm_engine(in2.size(1), out2.size(1), rows.defined() ? rows.numel() : in2.size(0)) ==
+        GemmEngine::Packed) {
       return packed_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2);
     }
   }
