@@ -75,7 +75,8 @@ def _cpu_plan(layer: _RNNBase, dtype: torch.dtype, training: bool, mask: Optiona
     gates, units = GATES[layer.cell], layer.units
     quantized = layer.quantized and not training and dtype == torch.float32
     precision = "int8" if quantized else {torch.bfloat16: "bfloat16", torch.float64: "float64"}.get(dtype, "float32")
-    plan, rows_apart = cpu_forward_plan(layer.cell, units, precision)
+    shape = {} if mask is None else {"batch": mask.shape[0], "time": mask.shape[1]}
+    plan, rows_apart = cpu_forward_plan(layer.cell, units, precision, **shape)
     if plan == "int8":
         products = "int8 products (AVX512_VNNI)"
     elif plan == "bfloat16":
@@ -85,7 +86,7 @@ def _cpu_plan(layer: _RNNBase, dtype: torch.dtype, training: bool, mask: Optiona
     else:
         products = f"float32 products on the {plan} engine" + (" (no int8 products on this CPU)" if quantized else "")
         small = cpu_forward_plan(layer.cell, units, precision, batch=1, time=1)[0]
-        if small != plan:
+        if mask is None and small != plan:
             products += f" ({small} for one-step calls and batches under 8)"
     notes = [products]
     if layer.cell == "gru" and not layer.reset_after or (training and layer.recurrent_dropout > 0):

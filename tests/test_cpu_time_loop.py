@@ -478,6 +478,10 @@ def test_intel_rule_runs_small_calls_on_the_packed_kernel(machine_default):
     assert _C.cpu_gemm_engine(256, 1024) == "blas" and _C.cpu_gemm_engine(255, 1024) == "packed"
     assert _C.cpu_gemm_engine(256, 1024, 7) == "packed" and _C.cpu_gemm_engine(256, 1024, 8) == "blas"
     assert plan(256, 4, 50)[1] and not plan(256, 8, 50)[1]  # rows apart only on the packed kernel
+    layer = cudnn_rnn.LSTM(8, 256)
+    assert cudnn_rnn.explain(layer).plan[0] == ("float32 products on the blas engine (packed for one-step calls and "
+                                                "batches under 8)")
+    assert cudnn_rnn.explain(layer, mask=torch.ones(4, 10)).plan[0] == "float32 products on the packed engine"
     machine_default("packed")
     assert plan(1024, 128, 50)[0] == "packed" and _C.cpu_gemm_engine() == "packed"
     machine_default("blas")
@@ -487,26 +491,32 @@ def test_intel_rule_runs_small_calls_on_the_packed_kernel(machine_default):
 
 
 @pytest.mark.skipif(not _C._testing.cpu_packed_gemm(), reason="needs a CPU with AVX2 and FMA (the packed kernel)")
-@pytest.mark.parametrize("cell,units", [("lstm", 256), ("gru", 300), ("simple_rnn", 512)])
+@pytest.mark.parametrize("cell,units,kwargs", [("lstm", 256, {}), ("gru", 300, {}), ("simple_rnn", 512, {}),
+                                               ("lstm", 256, {"num_layers": 2})])
 @pytest.mark.parametrize("batch,time", [(3, 5), (8, 5), (5, 1)])
-def test_intel_rule_mixes_engines_and_matches_float64(cell, units, batch, time, machine_default, threads):
+def test_intel_rule_mixes_engines_and_matches_float64(cell, units, kwargs, batch, time, machine_default, threads):
     """Where the Intel rule runs the forward recurrent products on the packed kernel and the
     backward's and the weight gradients on BLAS (fewer than 8 rows, or one step; the input
-    projection and gradient on either, by their T x B rows), float32 training and inference stay
-    within float32 rounding of the float64 run."""
+    projection and gradient, I x G*u >= 2^18 here, on either by their T x B rows, all of them or
+    the real ones of a masked call), float32 training and inference stay within float32 rounding
+    of the float64 run."""
     machine_default("blas_from_size")
     threads(2)
     torch.manual_seed(batch * 10 + time)
-    layer = LAYERS[cell](48, units, return_sequences=True, return_state=True, dtype=torch.float64)
+    layer = LAYERS[cell](units, units, return_sequences=True, return_state=True, dtype=torch.float64, **kwargs)
     with torch.no_grad():
         for p in layer.parameters():
             p.uniform_(-0.08, 0.08)
     layer32 = copy.deepcopy(layer).float()
-    forward = _C.cpu_forward_plan(cell, units, "float32", batch=batch, time=time)[0]
-    assert forward == ("packed" if batch < 8 or time == 1 else "blas")
-    x = torch.randn(batch, time, 48, dtype=torch.float64)
+    gates = GATES[cell] * units
+    assert _C.cpu_forward_plan(cell, units, "float32", batch=batch, time=time)[0] == (
+        "packed" if batch < 8 or time == 1 else "blas")
+    assert _C.cpu_gemm_engine(gates, units) == "blas"  # the backward's recurrent products
+    assert _C.cpu_gemm_engine(units, gates, batch * time) == ("packed" if batch * time < 8 else "blas")
+    x = torch.randn(batch, time, units, dtype=torch.float64)
     mask = torch.ones(batch, time, dtype=torch.bool)
     mask[0, -1] = False
+    mask[1:, :time // 2] = False  # leading padding: fewer real rows, listed
     for m in (None, mask):
         out64, grads64 = _run(layer, x, m)
         out32, grads32 = _run(layer32, x.float(), m)

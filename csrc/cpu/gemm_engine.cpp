@@ -102,7 +102,8 @@ GemmEngine float_gemm_engine(int64_t k, int64_t n, int64_t rows) {
 }
 
 GemmEngine float_recurrent_engine(int64_t k, int64_t n, int64_t batch, int64_t time) {
-  // One step: the operand is packed for one product, which MKL's packed GEMM repacks every call.
+  // One step: the operand is packed for one product (MKL's packed GEMM packs it on every call), as
+  // few rows as there can be for what packing it costs.
   return float_gemm_engine(k, n, time == 1 ? 0 : batch);
 }
 

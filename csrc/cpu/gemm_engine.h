@@ -47,7 +47,7 @@ GemmEngine float_gemm_engine(int64_t k, int64_t n, int64_t rows = -1);
 GemmEngine float_recurrent_engine(int64_t k, int64_t n, int64_t batch, int64_t time);
 // Tests only: choose from now on as on a machine whose default is `name` ('packed', 'blas' or
 // 'blas_from_size': Intel at the AVX-512 level; the packed kernel must run here), or "" for this
-// machine's again.
+// machine's again. Not while a call runs: a call reads the choice more than once.
 void override_machine_default(const std::string& name);
 // The engine of a large float32 GEMM (what benchmarks report).
 inline GemmEngine float_gemm_engine() { return float_gemm_engine(1 << 12, 1 << 12); }
