@@ -82,9 +82,11 @@ def autocast_input(t, ref: Tensor):
         if t.dtype != ref.dtype and t.is_floating_point() and torch.is_autocast_enabled(t.device.type):
             return t.to(ref.dtype)
         return t
-    if isinstance(t, (list, tuple)) and any(isinstance(e, (Tensor, list, tuple)) and
-                                            getattr(e, "dtype", None) != ref.dtype for e in t):
-        return type(t)(autocast_input(e, ref) for e in t)
+    if isinstance(t, (list, tuple)):
+        dtype = ref.dtype
+        for e in t:  # (a loop, not any() over a generator: a streaming call passes its states here)
+            if isinstance(e, (Tensor, list, tuple)) and getattr(e, "dtype", None) != dtype:
+                return type(t)(autocast_input(e, ref) for e in t)
     return t
 
 
@@ -311,20 +313,21 @@ class _RNNBase(nn.Module):
             return None, None
         if isinstance(initial_state, Tensor):
             initial_state = [initial_state]
-        expected = self.num_layers * directions * self.state_count
+        n = STATES[self.cell]
+        expected = self.num_layers * directions * n
         if not isinstance(initial_state, (list, tuple)) or len(initial_state) != expected:
             got = len(initial_state) if isinstance(initial_state, (list, tuple)) else type(initial_state).__name__
             raise ValueError(f"initial_state must be a list of {expected} tensors of shape (batch, {self.units}); got {got}")
-        want = (x.shape[0], self.units)
+        # (one pass of cheap tests per state: a streaming call runs this every step)
+        want, dtype, device = (x.shape[0], self.units), x.dtype, x.device
         for i, s in enumerate(initial_state):
-            if not isinstance(s, Tensor) or tuple(s.shape) != want:
+            if not isinstance(s, Tensor) or s.shape != want:
                 got = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
                 raise ValueError(f"initial_state[{i}] must have shape {want}; got {got}")
-            if s.dtype != x.dtype or s.device != x.device:
+            if s.dtype != dtype or s.device != device:
                 raise TypeError(f"initial_state[{i}] must be {x.dtype} on {x.device}; got {s.dtype} on {s.device}")
-        n = self.state_count
         if expected == n:  # one stack: views, no copy (the one-step streaming call)
-            return initial_state[0].unsqueeze(0), initial_state[1].unsqueeze(0) if n == 2 else None
+            return initial_state[0][None], initial_state[1][None] if n == 2 else None
         h0 = torch.stack(list(initial_state[0::n]))
         c0 = torch.stack(list(initial_state[1::n])) if n == 2 else None
         return h0, c0

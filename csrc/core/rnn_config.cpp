@@ -41,21 +41,31 @@ CellKind parse_cell(const std::string& name) {
 
 namespace {
 
-void check_like(const at::Tensor& t, const at::Tensor& x, const std::string& what) {
-  TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), what, " must have dtype ", x.scalar_type(),
+// An argument's name in messages, written out only when a check fails (every call checks every
+// weight): "h0", "dropout_masks[layer 1, direction 0]", "weights[layer 0, direction 1].kernel".
+struct ArgName {
+  const char* base;
+  int64_t layer = -1, dir = -1;
+  const char* member = nullptr;
+
+  std::string str() const {
+    std::ostringstream s;
+    s << base;
+    if (layer >= 0) s << "[layer " << layer << ", direction " << dir << "]";
+    if (member != nullptr) s << "." << member;
+    return s.str();
+  }
+};
+
+void check_like(const at::Tensor& t, const at::Tensor& x, const ArgName& what) {
+  TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), what.str(), " must have dtype ", x.scalar_type(),
                    " (the dtype of x); got ", t.scalar_type());
-  TORCH_CHECK(t.device() == x.device(), what, " must be on ", x.device(), " (the device of x); got ",
+  TORCH_CHECK(t.device() == x.device(), what.str(), " must be on ", x.device(), " (the device of x); got ",
               t.device());
 }
 
-void check_shape(const at::Tensor& t, at::IntArrayRef expected, const std::string& what) {
-  TORCH_CHECK_VALUE(t.sizes() == expected, what, " must have shape ", expected, "; got ", t.sizes());
-}
-
-std::string weight_name(int64_t layer, int64_t dir, const char* kind) {
-  std::ostringstream s;
-  s << "weights[layer " << layer << ", direction " << dir << "]." << kind;
-  return s.str();
+void check_shape(const at::Tensor& t, at::IntArrayRef expected, const ArgName& what) {
+  TORCH_CHECK_VALUE(t.sizes() == expected, what.str(), " must have shape ", expected, "; got ", t.sizes());
 }
 
 RnnConfig config_of(const RnnInputs& in, const RnnOptions& o) {
@@ -97,14 +107,14 @@ RnnConfig config_of(const RnnInputs& in, const RnnOptions& o) {
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     for (int64_t d = 0; d < cfg.num_directions; ++d) {
       const int64_t base = (l * cfg.num_directions + d) * per_dir;
-      const auto kname = weight_name(l, d, "kernel");
+      const ArgName kname{"weights", l, d, "kernel"};
       check_like(weights[base], x, kname);
       check_shape(weights[base], {cfg.layer_input_size(l), gu}, kname);
-      const auto rname = weight_name(l, d, "recurrent_kernel");
+      const ArgName rname{"weights", l, d, "recurrent_kernel"};
       check_like(weights[base + 1], x, rname);
       check_shape(weights[base + 1], {cfg.units, gu}, rname);
       if (o.use_bias) {
-        const auto bname = weight_name(l, d, "bias");
+        const ArgName bname{"weights", l, d, "bias"};
         check_like(weights[base + 2], x, bname);
         if (cfg.reset_after) {
           check_shape(weights[base + 2], {2, gu}, bname);
@@ -119,7 +129,7 @@ RnnConfig config_of(const RnnInputs& in, const RnnOptions& o) {
   if (mask.has_value()) {
     TORCH_CHECK_TYPE(mask->scalar_type() == at::kBool, "mask must be a bool tensor; got ", mask->scalar_type());
     TORCH_CHECK(mask->device() == x.device(), "mask must be on ", x.device(), "; got ", mask->device());
-    check_shape(*mask, {cfg.batch, cfg.time}, "mask");
+    check_shape(*mask, {cfg.batch, cfg.time}, {"mask"});
   }
   struct DropoutList {
     at::TensorList masks;
@@ -134,9 +144,8 @@ RnnConfig config_of(const RnnInputs& in, const RnnOptions& o) {
     for (int64_t l = 0; l < cfg.num_layers; ++l) {
       for (int64_t d = 0; d < cfg.num_directions; ++d) {
         const auto& m = list.masks[l * cfg.num_directions + d];
-        std::ostringstream what;
-        what << list.name << "[layer " << l << ", direction " << d << "]";
-        check_like(m, x, what.str());
+        const ArgName what{list.name, l, d};
+        check_like(m, x, what);
         const int64_t width = list.recurrent ? cfg.units : cfg.layer_input_size(l);
         TORCH_CHECK_VALUE(m.dim() == 3 && (m.size(0) == 1 || m.size(0) == cfg.gates()) && m.size(1) == cfg.batch &&
                               m.size(2) == width,
@@ -155,14 +164,14 @@ RnnConfig make_config(const ForwardCall& call) {
   const at::Tensor& x = call.in.x;
   const int64_t stacks = cfg.num_layers * cfg.num_directions;
   if (call.h0.has_value()) {
-    check_like(*call.h0, x, "h0");
-    check_shape(*call.h0, {stacks, cfg.batch, cfg.units}, "h0");
+    check_like(*call.h0, x, {"h0"});
+    check_shape(*call.h0, {stacks, cfg.batch, cfg.units}, {"h0"});
   }
   if (call.c0.has_value()) {
     TORCH_CHECK_VALUE(cfg.has_cell_state(), "c0 is only accepted by the LSTM cell; got cell '", call.options.cell,
                       "'");
-    check_like(*call.c0, x, "c0");
-    check_shape(*call.c0, {stacks, cfg.batch, cfg.units}, "c0");
+    check_like(*call.c0, x, {"c0"});
+    check_shape(*call.c0, {stacks, cfg.batch, cfg.units}, {"c0"});
   }
   return cfg;
 }
@@ -171,13 +180,13 @@ RnnConfig make_config(const BackwardCall& call) {
   RnnConfig cfg = config_of(call.in, call.options);
   const at::Tensor& x = call.in.x;
   const int64_t B = cfg.batch, LD = cfg.num_layers * cfg.num_directions, u = cfg.units;
-  check_like(call.grad_y, x, "grad_y");
-  check_shape(call.grad_y, {B, cfg.time, cfg.num_directions * u}, "grad_y");
-  check_like(call.grad_h_n, x, "grad_h_n");
-  check_shape(call.grad_h_n, {LD, B, u}, "grad_h_n");
+  check_like(call.grad_y, x, {"grad_y"});
+  check_shape(call.grad_y, {B, cfg.time, cfg.num_directions * u}, {"grad_y"});
+  check_like(call.grad_h_n, x, {"grad_h_n"});
+  check_shape(call.grad_h_n, {LD, B, u}, {"grad_h_n"});
   if (cfg.has_cell_state()) {
-    check_like(call.grad_c_n, x, "grad_c_n");
-    check_shape(call.grad_c_n, {LD, B, u}, "grad_c_n");
+    check_like(call.grad_c_n, x, {"grad_c_n"});
+    check_shape(call.grad_c_n, {LD, B, u}, {"grad_c_n"});
   }
   return cfg;
 }

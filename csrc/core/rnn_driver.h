@@ -27,6 +27,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -86,22 +87,35 @@ struct DirReserve {
   Tensor c;      // [T + 1, B, u] (LSTM)
 };
 
+// reserve[off : off + prod(sizes)] viewed with those sizes (reserve: 1-D): one view instead of a
+// narrow and a view where the reserve is contiguous.
+inline Tensor reserve_block(const Tensor& reserve, int64_t off, at::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= sizes[i];
+  }
+  if (reserve.dim() != 1 || reserve.stride(0) != 1) return reserve.narrow(0, off, stride).view(sizes);
+  return reserve.as_strided(sizes, strides, reserve.storage_offset() + off);
+}
+
 inline DirReserve dir_reserve(const RnnConfig& cfg, const Tensor& reserve, int64_t ld) {
   const int64_t B = cfg.batch, T = cfg.time, u = cfg.units;
   int64_t off = ld * cfg.reserve_per_direction();
   DirReserve r;
   const int64_t S = cfg.saved_width();
   if (cfg.keep_saved) {
-    r.saved = reserve.narrow(0, off, T * B * S).view({T, B, S});
+    r.saved = reserve_block(reserve, off, {T, B, S});
     off += T * B * S;
   } else {
     // One step's scratch seen at every step (time stride 0): nothing to keep for backward.
     r.saved = at::empty({1, B, S}, reserve.options()).expand({T, B, S});
   }
   const int64_t states = cfg.stored_states();
-  r.h = reserve.narrow(0, off, states * B * u).view({states, B, u});
+  r.h = reserve_block(reserve, off, {states, B, u});
   off += states * B * u;
-  if (cfg.has_cell_state()) r.c = reserve.narrow(0, off, states * B * u).view({states, B, u});
+  if (cfg.has_cell_state()) r.c = reserve_block(reserve, off, {states, B, u});
   return r;
 }
 
@@ -110,7 +124,28 @@ inline Tensor inner_layer_output(const RnnConfig& cfg, const Tensor& reserve, in
   const int64_t width = cfg.num_directions * cfg.units;
   const int64_t off = cfg.num_layers * cfg.num_directions * cfg.reserve_per_direction() +
                       layer * cfg.time * cfg.batch * width;
-  return reserve.narrow(0, off, cfg.time * cfg.batch * width).view({cfg.time, cfg.batch, width});
+  return reserve_block(reserve, off, {cfg.time, cfg.batch, width});
+}
+
+// dst[i] = src[j] (or zeros without src) for slices along dim 0 of the same size: a memcpy or
+// memset on the CPU for contiguous tensors of one dtype (a one-step call moves four [B, u] states,
+// and a select and a copy_ cost a microsecond or more each), copy_ / zero_ elsewhere.
+inline void copy_slice(const Tensor& dst, int64_t i, const Tensor& src = Tensor(), int64_t j = 0) {
+  const int64_t n = dst.numel() / dst.size(0);
+  const bool flat = dst.device().is_cpu() && dst.is_contiguous() &&
+                    (!src.defined() || (src.device().is_cpu() && src.is_contiguous() &&
+                                        src.scalar_type() == dst.scalar_type() && src.numel() / src.size(0) == n));
+  if (!flat) {
+    if (src.defined()) dst[i].copy_(src[j]); else dst[i].zero_();
+    return;
+  }
+  const int64_t bytes = n * static_cast<int64_t>(dst.element_size());
+  char* to = static_cast<char*>(dst.data_ptr()) + i * bytes;
+  if (src.defined()) {
+    std::memcpy(to, static_cast<const char*>(src.const_data_ptr()) + j * bytes, bytes);
+  } else {
+    std::memset(to, 0, bytes);
+  }
 }
 
 // Broadcasts a per-sequence dropout mask [B, W] over time in the given layout.
@@ -478,14 +513,23 @@ void direction_forward(const RnnConfig& cfg, const DirectionArgs& a, const Tenso
                       : input_projection<Policy, T>(cfg, a.x3, a.in_batch_major, projected, a.dmask,
                                                     compact ? real_rows_in_layout(cfg, a.mask, a.in_batch_major) : Tensor());
   const auto opts = a.x3.options();
-  Tensor seen = a.mask.defined() ? at::zeros({B}, opts.dtype(at::kByte)) : at::ones({B}, opts.dtype(at::kByte));
+  // Per row, whether a real step has been processed: on the host without a tensor on the CPU (an
+  // ATen op costs a microsecond, and a one-step call makes few).
+  const uint8_t seen_init = a.mask.defined() ? 0 : 1;
+  std::vector<uint8_t> seen_host;
+  Tensor seen;
+  if (opts.device().is_cpu()) {
+    seen_host.assign(static_cast<size_t>(B), seen_init);
+  } else {
+    seen = at::full({B}, seen_init, opts.dtype(at::kByte));
+  }
 
   ForwardStep<T> step{};
   fill_common(step, cfg, a);
   if (xw.defined()) step.xw = const_seq_of<T>(xw, a.in_batch_major);
   step.out = seq_of<T>(out3, out_batch_major);
   step.mask = a.mask.defined() ? a.mask.data_ptr<bool>() : nullptr;
-  step.seen = seen.data_ptr<uint8_t>();
+  step.seen = seen.defined() ? seen.data_ptr<uint8_t>() : seen_host.data();
   if (Policy::template time_loop_forward<T>(cfg, a, step)) return;
   TORCH_INTERNAL_ASSERT(!in_loop, "direction_forward: a policy that projects in its loop must take the loop");
 
@@ -763,13 +807,11 @@ ForwardResult forward(const RnnConfig& cfg, const ForwardCall& call) {
         DirectionArgs a = direction_args(cfg, call.in, mask, reserve, l, d, l == 0 ? x : inner_layer_output(cfg, reserve, l - 1));
         if (l == 0) input0.give(a, Policy::template projects_input_in_loop<scalar_t>(cfg, a));
         if (!call.weights_low.empty()) a.w_low = dir_weights(cfg, call.weights_low, ld);
-        if (call.h0.has_value()) a.rs.h[0].copy_((*call.h0)[ld]); else a.rs.h[0].zero_();
-        if (cfg.has_cell_state()) {
-          if (call.c0.has_value()) a.rs.c[0].copy_((*call.c0)[ld]); else a.rs.c[0].zero_();
-        }
+        copy_slice(a.rs.h, 0, call.h0.has_value() ? *call.h0 : Tensor(), ld);
+        if (cfg.has_cell_state()) copy_slice(a.rs.c, 0, call.c0.has_value() ? *call.c0 : Tensor(), ld);
         direction_forward<Policy, scalar_t>(cfg, a, out3, last);
-        h_n[ld].copy_(a.rs.h[cfg.state_slot(Tn)]);
-        if (cfg.has_cell_state()) c_n[ld].copy_(a.rs.c[cfg.state_slot(Tn)]);
+        copy_slice(h_n, ld, a.rs.h, cfg.state_slot(Tn));
+        if (cfg.has_cell_state()) copy_slice(c_n, ld, a.rs.c, cfg.state_slot(Tn));
       }
     }
   });
