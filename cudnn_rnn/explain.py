@@ -85,8 +85,8 @@ def _cpu_plan(layer: _RNNBase, dtype: torch.dtype, training: bool, mask: Optiona
         products = "float64 products (BLAS)"
     else:
         products = f"float32 products on the {plan} engine" + (" (no int8 products on this CPU)" if quantized else "")
-        small = cpu_forward_plan(layer.cell, units, precision, batch=1, time=1)[0]
-        if mask is None and small != plan:
+        small = None if mask is not None else cpu_forward_plan(layer.cell, units, precision, batch=1, time=1)[0]
+        if small not in (None, plan):
             products += f" ({small} for one-step calls and batches under 8)"
     notes = [products]
     if layer.cell == "gru" and not layer.reset_after or (training and layer.recurrent_dropout > 0):

@@ -313,7 +313,7 @@ class _RNNBase(nn.Module):
             return None, None
         if isinstance(initial_state, Tensor):
             initial_state = [initial_state]
-        n = STATES[self.cell]
+        n = self.state_count
         expected = self.num_layers * directions * n
         if not isinstance(initial_state, (list, tuple)) or len(initial_state) != expected:
             got = len(initial_state) if isinstance(initial_state, (list, tuple)) else type(initial_state).__name__
@@ -327,7 +327,7 @@ class _RNNBase(nn.Module):
             if s.dtype != dtype or s.device != device:
                 raise TypeError(f"initial_state[{i}] must be {x.dtype} on {x.device}; got {s.dtype} on {s.device}")
         if expected == n:  # one stack: views, no copy (the one-step streaming call)
-            return initial_state[0][None], initial_state[1][None] if n == 2 else None
+            return initial_state[0].unsqueeze(0), initial_state[1].unsqueeze(0) if n == 2 else None
         h0 = torch.stack(list(initial_state[0::n]))
         c0 = torch.stack(list(initial_state[1::n])) if n == 2 else None
         return h0, c0

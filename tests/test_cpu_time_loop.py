@@ -10,7 +10,7 @@ import torch
 import cudnn_rnn
 from cudnn_rnn import _C
 from cudnn_rnn.cells import GATES
-from test_packed_gemm import needs_avx512
+from test_packed_gemm import needs_avx512, needs_packed
 from test_torch_parity import _grads_as_module
 
 B, T, I, U = 64, 6, 24, 100  # U = 100: blocks of 32, 16, 32 and 20 units on 4 threads
@@ -466,7 +466,7 @@ def machine_default():
     _C._testing.override_machine_default("")
 
 
-@pytest.mark.skipif(not _C._testing.cpu_packed_gemm(), reason="needs a CPU with AVX2 and FMA (the packed kernel)")
+@needs_packed
 def test_intel_rule_runs_small_calls_on_the_packed_kernel(machine_default):
     """On Intel at the AVX-512 level (csrc/cpu/gemm_engine.h) GEMMs of K x N >= 2^18 run BLAS
     from 8 rows (the forward recurrent products: 8 rows a step over more than one step), the
@@ -490,7 +490,7 @@ def test_intel_rule_runs_small_calls_on_the_packed_kernel(machine_default):
         machine_default("amd")
 
 
-@pytest.mark.skipif(not _C._testing.cpu_packed_gemm(), reason="needs a CPU with AVX2 and FMA (the packed kernel)")
+@needs_packed
 @pytest.mark.parametrize("cell,units,kwargs", [("lstm", 256, {}), ("gru", 300, {}), ("simple_rnn", 512, {}),
                                                ("lstm", 256, {"num_layers": 2})])
 @pytest.mark.parametrize("batch,time", [(3, 5), (8, 5), (5, 1)])

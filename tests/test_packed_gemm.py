@@ -7,7 +7,8 @@ import torch
 
 from cudnn_rnn import _C
 
-pytestmark = pytest.mark.skipif(not _C._testing.cpu_packed_gemm(), reason="the packed GEMM needs AVX2 + FMA")
+needs_packed = pytest.mark.skipif(not _C._testing.cpu_packed_gemm(), reason="the packed GEMM needs AVX2 + FMA")
+pytestmark = needs_packed
 
 
 BUILDS = ["avx2", pytest.param("avx512", marks=pytest.mark.skipif(not _C._testing.cpu_packed_gemm_avx512(),

@@ -26,6 +26,8 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
+#include <c10/util/strides.h>
 
 #include <cstring>
 #include <tuple>
@@ -90,14 +92,10 @@ struct DirReserve {
 // reserve[off : off + prod(sizes)] viewed with those sizes (reserve: 1-D): one view instead of a
 // narrow and a view where the reserve is contiguous.
 inline Tensor reserve_block(const Tensor& reserve, int64_t off, at::IntArrayRef sizes) {
-  std::vector<int64_t> strides(sizes.size());
-  int64_t stride = 1;
-  for (size_t i = sizes.size(); i-- > 0;) {
-    strides[i] = stride;
-    stride *= sizes[i];
+  if (reserve.dim() != 1 || reserve.stride(0) != 1) {
+    return reserve.narrow(0, off, c10::multiply_integers(sizes)).view(sizes);
   }
-  if (reserve.dim() != 1 || reserve.stride(0) != 1) return reserve.narrow(0, off, stride).view(sizes);
-  return reserve.as_strided(sizes, strides, reserve.storage_offset() + off);
+  return reserve.as_strided(sizes, c10::contiguous_strides(sizes), reserve.storage_offset() + off);
 }
 
 inline DirReserve dir_reserve(const RnnConfig& cfg, const Tensor& reserve, int64_t ld) {
