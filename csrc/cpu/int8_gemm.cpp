@@ -139,41 +139,61 @@ void quantize_rows(const float* x, int64_t ld, const int64_t* rows, int64_t M, i
 #if defined(__x86_64__) && defined(__GNUC__)
 namespace {
 
+// The int32 sums of a finished tile, on their way to the float32 epilogue.
+constexpr int kMaxRows = 6, kMaxPanels = 4;
+using TileSums = int32_t[kMaxRows][kMaxPanels * kPanel];
+
 // MR rows x NP panels of 16 columns: NP * MR int32 accumulators, per group of 4 k one panel load
-// per panel and one broadcast per row.
+// per panel and one broadcast per row. The loops over rows and panels are unrolled, and the sums
+// leave the registers through `sums` (the caller's per-thread buffer) before the epilogue: with
+// the epilogue reading the 24 accumulators in place, or a local array GCC can see, GCC 12 keeps
+// every accumulator on the stack and stores it after each product, at half the kernel's speed.
 template <int MR, int NP>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void tile(const uint8_t* a, int64_t lda,
                                                                          const float* a_scale, const Int8Panels& B,
                                                                          int64_t q0, int64_t ncols, const float* bias,
                                                                          bool accumulate, float* C, Rows c,
-                                                                         int64_t i0) {
+                                                                         int64_t i0, TileSums& sums) {
+  static_assert(MR <= kMaxRows && NP <= kMaxPanels, "tile: a TileSums holds the tile");
   __m512i acc[MR][NP];
+#pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
     for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_si512();
   }
   const int64_t groups = B.Kq / 4, panel_bytes = B.Kq * kPanel;
   const int8_t* base = B.panels + q0 * panel_bytes;
   for (int64_t g = 0; g < groups; ++g) {
     __m512i b[NP];
+#pragma GCC unroll 4
     for (int p = 0; p < NP; ++p) b[p] = _mm512_loadu_si512(base + p * panel_bytes + g * 64);
+#pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
       int32_t quad;
       std::memcpy(&quad, a + r * lda + 4 * g, sizeof(quad));
       const __m512i av = _mm512_set1_epi32(quad);
+#pragma GCC unroll 4
       for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], av, b[p]);
     }
   }
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) _mm512_storeu_si512(sums[r] + p * kPanel, acc[r][p]);
+  }
+#pragma GCC unroll 4
   for (int p = 0; p < NP; ++p) {
-    const int64_t cols = std::min<int64_t>(kPanel, ncols - p * kPanel);
-    if (cols <= 0) break;
-    const __mmask16 m = static_cast<__mmask16>((1u << cols) - 1);
+    const int64_t cols = ncols - p * kPanel;
+    const __mmask16 m =
+        cols >= kPanel ? __mmask16(0xFFFF) : cols <= 0 ? __mmask16(0) : static_cast<__mmask16>((1u << cols) - 1);
     const int64_t col = (q0 + p) * kPanel;
     const __m512i zero_point = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, B.colsum + col), 7);  // 128 * colsum
     const __m512 sb = _mm512_maskz_loadu_ps(m, B.scale + col);
     const __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + p * kPanel) : _mm512_setzero_ps();
+#pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
       float* out = C + (c.rows ? c.rows[i0 + r] : i0 + r) * c.ld + p * kPanel;
-      const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][p], zero_point));
+      const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sums[r] + p * kPanel), zero_point));
       __m512 v = _mm512_fmadd_ps(sum, _mm512_mul_ps(sb, _mm512_set1_ps(a_scale[r])), bv);
       if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, out));
       _mm512_mask_storeu_ps(out, m, v);
@@ -183,12 +203,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void tile(const 
 
 template <int MR>
 void row_tile(const uint8_t* a, int64_t lda, const float* a_scale, const Int8Panels& B, int64_t q, int64_t n,
-              const float* bias, bool accumulate, float* C, Rows c, int64_t i0) {
+              const float* bias, bool accumulate, float* C, Rows c, int64_t i0, TileSums& sums) {
   switch (panel_count(n)) {
-    case 4: tile<MR, 4>(a, lda, a_scale, B, q, n, bias, accumulate, C, c, i0); break;
-    case 3: tile<MR, 3>(a, lda, a_scale, B, q, n, bias, accumulate, C, c, i0); break;
-    case 2: tile<MR, 2>(a, lda, a_scale, B, q, n, bias, accumulate, C, c, i0); break;
-    default: tile<MR, 1>(a, lda, a_scale, B, q, n, bias, accumulate, C, c, i0); break;
+    case 4: tile<MR, 4>(a, lda, a_scale, B, q, n, bias, accumulate, C, c, i0, sums); break;
+    case 3: tile<MR, 3>(a, lda, a_scale, B, q, n, bias, accumulate, C, c, i0, sums); break;
+    case 2: tile<MR, 2>(a, lda, a_scale, B, q, n, bias, accumulate, C, c, i0, sums); break;
+    default: tile<MR, 1>(a, lda, a_scale, B, q, n, bias, accumulate, C, c, i0, sums); break;
   }
 }
 
@@ -201,6 +221,7 @@ void int8_gemm(int64_t M, const uint8_t* a, const float* a_scale, const Int8Pane
   TORCH_INTERNAL_ASSERT(n0 % kPanel == 0 && int8_gemm_available(), "int8_gemm: n0 on a panel, a VNNI CPU");
   if (M <= 0) return;
   const int64_t lda = B.Kq, tiles = (M + 5) / 6;
+  static thread_local TileSums sums;
   for (int64_t j = 0; j < nw; j += 4 * kPanel) {
     const int64_t n = std::min<int64_t>(4 * kPanel, nw - j), q = (n0 + j) / kPanel;
     const float* bj = bias ? bias + j : nullptr;
@@ -208,12 +229,12 @@ void int8_gemm(int64_t M, const uint8_t* a, const float* a_scale, const Int8Pane
       const int64_t i = M * t / tiles, m = M * (t + 1) / tiles - i;
       const uint8_t* ai = a + i * lda;
       switch (m) {
-        case 6: row_tile<6>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i); break;
-        case 5: row_tile<5>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i); break;
-        case 4: row_tile<4>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i); break;
-        case 3: row_tile<3>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i); break;
-        case 2: row_tile<2>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i); break;
-        default: row_tile<1>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i); break;
+        case 6: row_tile<6>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i, sums); break;
+        case 5: row_tile<5>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i, sums); break;
+        case 4: row_tile<4>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i, sums); break;
+        case 3: row_tile<3>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i, sums); break;
+        case 2: row_tile<2>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i, sums); break;
+        default: row_tile<1>(ai, lda, a_scale + i, B, q, n, bj, accumulate, C + j, c, i, sums); break;
       }
     }
   }
