@@ -44,7 +44,7 @@ RESULTS = [
      "the same, `ATEN_CPU_CAPABILITY=avx2 DNNL_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`"),
     ("benchmarks-grid-bf16-cpu-amd-zen4.json", "2026-11-26", "AMD EPYC Zen 4",
      "LSTM bfloat16 grid, `benchmarks.grid --dtype bfloat16`"),
-    ("benchmarks-int8-cpu-amd-zen4.json", "2026-11-25", "AMD EPYC Zen 4", "int8 inference, `benchmarks.quantized`"),
+    ("benchmarks-int8-cpu-amd-zen4.json", "2026-11-26", "AMD EPYC Zen 4", "int8 inference, `benchmarks.quantized`"),
     ("benchmarks-cpu-intel-avx512-fastrnns.json", "2026-11-24", None, "fastrnns workloads, 10 repetitions"),
     ("benchmarks-cpu-intel-avx2-fastrnns.json", "2026-11-24", None,
      "fastrnns workloads, 10 repetitions, `ATEN_CPU_CAPABILITY=avx2`"),
