@@ -206,6 +206,36 @@ def test_nested_models_and_shared_layers(tmp_path):
         np.testing.assert_allclose(y, expected, atol=1e-5, rtol=1e-5, err_msg=suffix)
 
 
+@pytest.mark.keras
+@pytest.mark.parametrize("inner_kind", ["functional", "sequential"])
+def test_nested_model_output_read_by_a_layer_and_returned(inner_kind, tmp_path):
+    """Keras 3 numbers a nested Functional model's calls from 0 where a layer reads them and from
+    1 in output_layers (a nested Sequential from 0 in both): the model's outputs must be the calls
+    the config names, here the first of two calls, also read by a later layer."""
+    rng = np.random.RandomState(11)
+    if inner_kind == "sequential":
+        inner = keras.Sequential([keras.Input((T, 4)), layers.Masking(0.0), layers.LSTM(3, return_sequences=True)],
+                                 name="inner")
+    else:
+        si = keras.Input((T, 4))
+        inner = keras.Model(si, layers.LSTM(3, return_sequences=True)(layers.Masking(0.0)(si)), name="inner")
+    a, b = keras.Input((T, 4)), keras.Input((T, 4))
+    first, second = inner(a), inner(b)
+    model = keras.Model([a, b], [layers.Concatenate()([first, second]), first, layers.Dense(2)(second)])
+    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
+    xs = [rng.uniform(-1, 1, (B, T, 4)).astype("float32") for _ in range(2)]
+    xs[0][1, 5:] = 0
+    expected = [keras.ops.convert_to_numpy(t) for t in model(xs)]
+    for suffix in (".keras", ".h5"):
+        model.save(tmp_path / f"m{suffix}")
+        ours = load_keras(tmp_path / f"m{suffix}")
+        with torch.no_grad():
+            ys = ours(*[torch.as_tensor(x) for x in xs])
+        assert len(ys) == 3
+        for i, (y, e) in enumerate(zip(ys, expected)):
+            np.testing.assert_allclose(y.numpy(), e, atol=1e-5, rtol=1e-5, err_msg=f"{suffix} output {i}")
+
+
 def test_keras_2_2_4_defaults_to_hard_sigmoid_gates(tmp_path):
     """Keras <= 2.2.4 configs may omit recurrent_activation, whose default then was hard_sigmoid
     (Keras 2's 0.2x + 0.5): such a file loads as the same file with the key written out."""

@@ -275,14 +275,39 @@ def _parse_functional(body, path) -> ModelSpec:
     spec = ModelSpec(_name(body, "model"), "Functional", layers,
                      _endpoint_refs(body.get("input_layers"), path, "input_layers"), outputs,
                      single_output=single or len(outputs) == 1)
-    _renumber_nested_calls(spec)
+    if _keras3_nodes(body["layers"]):
+        _renumber_nested_outputs(spec)
+    else:
+        _renumber_nested_calls(spec)
     return spec
 
 
+def _keras3_nodes(entries: list) -> bool:
+    """Whether the layers' inbound nodes are Keras 3's ({"args": ..., "kwargs": ...} each)."""
+    return any(isinstance(node, dict) for e in entries for node in (e.get("inbound_nodes") or [])
+               if isinstance(e.get("inbound_nodes"), list))
+
+
+def _renumber_nested_outputs(spec: ModelSpec) -> None:
+    """Keras 3 numbers a nested Functional model's calls from 0 where layers read them, but from
+    1 in the model's output_layers and input_layers (Functional.get_config counts a first node of
+    its own; functional_from_config's get_tensor takes it off again): renumber those from 0."""
+    nested = {layer.name for layer in spec.layers if layer.class_name == "Functional"}
+    if not nested:
+        return
+
+    def fix(r):
+        return Ref(r.layer, r.call - 1, r.output) if r.layer in nested and r.call >= 1 else r
+
+    spec.outputs = [fix(r) for r in spec.outputs]
+    spec.inputs = [fix(r) for r in spec.inputs]
+
+
 def _renumber_nested_calls(spec: ModelSpec) -> None:
-    """A nested model built on its own Input has a first node of its own that configs leave out
-    (Keras's _should_skip_first_node), so references to its calls count from 1: renumber them
-    from 0 wherever the references say so (every index >= 1 and the largest one past the calls)."""
+    """Keras 2: a nested model built on its own Input has a first node of its own that configs
+    leave out (Keras's _should_skip_first_node), so references to its calls, the layers' and the
+    outputs' alike, count from 1: renumber them from 0 wherever the references say so (every index
+    >= 1 and the largest one past the calls)."""
     referenced: Dict[str, List[int]] = {}
 
     def refs_of(call: Call):
