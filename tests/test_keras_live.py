@@ -323,3 +323,32 @@ def test_cli_version_outputs_and_lengths(tmp_path):
         np.testing.assert_allclose(got, load_keras(example)(tokens).numpy(), atol=1e-5, rtol=1e-5)
     usage = " ".join(_cli("verify", "--help").stdout.split())
     assert "--tolerance" in usage and "above it verify exits 1" in usage and "seed of the random inputs" in usage
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("merge", ["Maximum", "Minimum", "Multiply", "Add", "Average"])
+@pytest.mark.parametrize("masked", ["first", "all", "two_of_three"])
+def test_merges_read_their_inputs_masks(merge, masked, tmp_path):
+    """Keras 3.4+'s Maximum / Minimum / Multiply use the input masks for their values (a masked
+    step takes the other inputs' value, or 1 in a product, then 0 where every input is masked);
+    Flatten then reads every step, masked ones included."""
+    rng = np.random.RandomState(21)
+    n = 3 if masked == "two_of_three" else 2
+    ins = [keras.Input((T, 4)) for _ in range(n)]
+    branches = []
+    for i, inp in enumerate(ins):
+        if masked == "all" or i == 0 or (masked == "two_of_three" and i == 1):
+            branches.append(layers.LSTM(3, return_sequences=True)(layers.Masking(0.0)(inp)))
+        else:
+            branches.append(layers.Dense(3)(inp))
+    model = keras.Model(ins, layers.Dense(2)(layers.Flatten()(getattr(layers, merge)()(branches))))
+    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
+    xs = [rng.uniform(-1, 1, (B, T, 4)).astype("float32") for _ in range(n)]
+    xs[0][1, 4:] = 0  # different padded steps per input
+    xs[1][1, 2:] = 0
+    xs[1][2, :3] = 0
+    expected = keras.ops.convert_to_numpy(model(xs))
+    model.save(tmp_path / "m.keras")
+    with torch.no_grad():
+        y = load_keras(tmp_path / "m.keras")(*[torch.as_tensor(x) for x in xs]).numpy()
+    np.testing.assert_allclose(y, expected, atol=1e-5, rtol=1e-5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .registry import builder
+from .registry import builder, keras_at_least
 from .values import Values
 
 
@@ -14,13 +14,17 @@ class Merge(nn.Module):
 
     Output masks follow the producer: Keras 3 ORs the masks (elementwise merges give None when
     any input has none; Concatenate counts a missing mask as all True); Keras 2 ANDs the masks
-    that are present."""
+    that are present. From Keras 3.4 (`masked_values`) Maximum, Minimum and Multiply also read
+    the input masks for their values: a masked step of one input takes the other inputs' value
+    (Maximum / Minimum), or counts as 1 (Multiply, then 0 where every input is masked)."""
 
-    def __init__(self, op: str, axis: int = -1, keras3: bool = True):
+    def __init__(self, op: str, axis: int = -1, keras3: bool = True, masked_values: bool = False):
         super().__init__()
-        self.op, self.axis, self.keras3 = op, axis, keras3
+        self.op, self.axis, self.keras3, self.masked_values = op, axis, keras3, masked_values
 
     def forward(self, inputs, masks):
+        if self.masked_values and self.op in ("maximum", "minimum", "multiply") and any(m is not None for m in masks):
+            return [self._masked(inputs, masks)], [self._mask(inputs, masks)]
         if self.op == "concatenate":
             y = torch.cat(inputs, dim=self.axis)
         elif self.op == "add":
@@ -40,6 +44,39 @@ class Merge(nn.Module):
         else:
             y = torch.stack(inputs).amin(0)
         return [y], [self._mask(inputs, masks)]
+
+    def _masked(self, inputs, masks):
+        """Keras 3.4+'s Maximum / Minimum (_apply_merge_op_and_or_mask) and Multiply
+        (_merge_function) values where inputs carry masks."""
+        def spread(m, x):
+            if m is None:
+                return None
+            m = m.bool()
+            while m.dim() < x.dim():
+                m = m.unsqueeze(-1)
+            return m.expand(x.shape)
+
+        if self.op == "multiply":
+            every = all(m is not None for m in masks)
+            y, seen = None, None
+            for x, m in zip(inputs, masks):
+                m = spread(m, x)
+                if m is not None:
+                    x = torch.where(m, x, torch.ones((), dtype=x.dtype, device=x.device))
+                    seen = m if seen is None else seen | m
+                y = x if y is None else y * x
+            return torch.where(seen, y, torch.zeros((), dtype=y.dtype, device=y.device)) if every else y
+        op = torch.maximum if self.op == "maximum" else torch.minimum
+        y, y_mask = inputs[0], spread(masks[0], inputs[0])
+        for x, m in zip(inputs[1:], masks[1:]):
+            m = spread(m, x)
+            if m is not None:
+                x = torch.where(m, x, y)
+            if y_mask is not None:
+                y = torch.where(y_mask, y, x)
+            y_mask = y_mask | m if (m is not None and y_mask is not None) else None
+            y = op(y, x)
+        return y
 
     def _mask(self, inputs, masks):
         present = [m for m in masks if m is not None]
@@ -83,7 +120,8 @@ _MERGES = {"Concatenate": "concatenate", "Add": "add", "Subtract": "subtract", "
 @builder(*_MERGES, weights=False)
 def build_merge(cfg, ctx):
     axis = Values(cfg, ctx).int("axis", -1, lo=-8, hi=8) if ctx.spec.class_name == "Concatenate" else -1
-    return Merge(_MERGES[ctx.spec.class_name], axis, keras3=ctx.keras_major >= 3)
+    return Merge(_MERGES[ctx.spec.class_name], axis, keras3=ctx.keras_major >= 3,
+                 masked_values=keras_at_least(ctx.keras_version, 3, 4))
 
 
 class Dot(nn.Module):

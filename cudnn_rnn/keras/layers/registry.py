@@ -80,6 +80,18 @@ def keras_major(version: Optional[str]) -> int:
         return 2
 
 
+def keras_at_least(version: Optional[str], major: int, minor: int) -> bool:
+    """Whether the producer is Keras major.minor or later; a Keras 3 file that names no minor
+    version (weights-only files) counts as the newest."""
+    if keras_major(version) != major:
+        return keras_major(version) > major
+    parts = str(version).split(".")
+    try:
+        return len(parts) < 2 or int(parts[1]) >= minor
+    except ValueError:
+        return True
+
+
 @dataclass
 class BuildContext:
     path: str
