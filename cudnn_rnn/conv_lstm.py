@@ -6,7 +6,8 @@ o); the work is one call of the ``cudnn_rnn::conv_lstm_forward`` op (csrc/core/c
 input convolution of every timestep as one batched convolution, the recurrent convolution per
 step, the cell fused, all channels last (channels_first inputs are permuted to it and back). Input is (batch, time, *spatial, channels) with data_format="channels_last"
 (Keras's default) or (batch, time, channels, *spatial) with "channels_first"; outputs follow Keras
-(``return_sequences``, ``return_state``), a mask [B, T] keeps the states over masked steps.
+(``return_sequences``, ``return_state``), a mask [B, T] keeps the states over masked steps, a
+mask [B, T, *S'] (Keras's Masking before a ConvLSTM) over masked positions.
 """
 from __future__ import annotations
 
@@ -86,7 +87,9 @@ class _ConvLSTM(nn.Module):
     Shape:
         - x: :math:`(N, L, *S, C_{in})` (channels last) or :math:`(N, L, C_{in}, *S)`, S the
           ``rank`` spatial sizes.
-        - mask: :math:`(N, L)`, optional. initial_state: optional ``[h_0, c_0]``, each
+        - mask: :math:`(N, L)`, optional, or :math:`(N, L, *S')` per output position (a masked
+          position keeps its h and c and outputs its previous output, as Keras does with the mask
+          of a ``Masking`` layer). initial_state: optional ``[h_0, c_0]``, each
           :math:`(N, *S', F)` in the layer's data format.
         - Output: :math:`(N, L, *S', F)` with ``return_sequences``, else :math:`(N, *S', F)`; with
           ``return_state`` the list ``[output, h_n, c_n]``. S' is S after the input convolution and
@@ -271,9 +274,11 @@ class _ConvLSTM(nn.Module):
         out_spatial = self.output_spatial(spatial)
         state_shape = (x.shape[0], *out_spatial, self.filters)  # the op's (channels last)
         if mask is not None:
-            if not isinstance(mask, Tensor) or tuple(mask.shape) != tuple(x.shape[:2]):
+            per_step, per_position = tuple(x.shape[:2]), (*x.shape[:2], *out_spatial)
+            if not isinstance(mask, Tensor) or tuple(mask.shape) not in (per_step, per_position):
                 got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
-                raise ValueError(f"mask must have shape {tuple(x.shape[:2])} (batch, time); got {got}")
+                raise ValueError(f"mask must have shape {per_step} (batch, time) or {per_position} (batch, time, "
+                                 f"output positions); got {got}")
             if mask.device != x.device:
                 raise ValueError(f"mask must be on {x.device} (the device of x); got {mask.device}")
             mask = mask if mask.dtype == torch.bool else mask != 0
@@ -288,7 +293,7 @@ class _ConvLSTM(nn.Module):
         if self.stateful:
             self._states = [h_n.detach(), c_n.detach()]
         if self.zero_output_for_mask and mask is not None:  # Keras: zeros at masked steps (processing order)
-            real = (mask.flip(1) if self.go_backwards else mask).reshape(*mask.shape, *(1,) * (y.dim() - 2))
+            real = (mask.flip(1) if self.go_backwards else mask).reshape(*mask.shape, *(1,) * (y.dim() - mask.dim()))
             y = torch.where(real, y, torch.zeros((), dtype=y.dtype, device=y.device))
         output = self._from_op(y, 2) if self.return_sequences else self._from_op(y[:, -1], 1)
         if not self.return_state:

@@ -447,6 +447,9 @@ def conv_lstm_forward_to_onnx(x, kernel, recurrent_kernel, bias, mask, h0, c0, d
     if dropout_mask is not None or recurrent_dropout_mask is not None:
         raise OnnxExportError("dropout masks in the exported call: export the model in eval mode (model.eval())")
     _require_float32(x, "a ConvLSTM layer")
+    if mask is not None and len(mask.shape) != 2:
+        raise OnnxExportError("a ConvLSTM mask per position (batch, time, *spatial) has no ONNX translation; "
+                              "only a (batch, time) mask exports")
     for name in (activation, recurrent_activation):
         if name not in _LOOP_ACTIVATIONS:
             raise OnnxExportError(f"activation '{name}' has no ONNX translation; this layer cannot be exported")

@@ -197,6 +197,58 @@ def test_gradcheck(kw):
     assert torch.autograd.gradcheck(g, inputs, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.keras
+@pytest.mark.parametrize("rank", [1, 2, 3])
+@pytest.mark.parametrize("variant", ["plain", "go_backwards", "initial_state", "last_output"])
+def test_mask_per_position_matches_keras(rank, variant):
+    """A mask [B, T, *S'] (what Keras's Masking gives a ConvLSTM): each masked position keeps its
+    h and c and outputs its previous output (zero before its first real step), as backend.rnn
+    does with a mask of the state's rank; float64 against Keras."""
+    rng = np.random.RandomState(40 + rank)
+    kw = dict(padding="same", data_format="channels_last", activation="tanh", recurrent_activation="sigmoid",
+              use_bias=True, return_sequences=variant != "last_output", return_state=True,
+              go_backwards=variant == "go_backwards")
+    ours, keras_layer = build_pair(rank, 2, 3, 2, kw, rng, dtype=torch.float64)
+    shape = (3, 5, *SPATIAL[rank], 2)
+    x = torch.from_numpy(rng.uniform(-1, 1, size=shape))
+    copy_to_keras(ours, keras_layer, shape)
+    mask = rng.rand(3, 5, *SPATIAL[rank]) < 0.7
+    mask[0] = False  # a row with no real position
+    mask[1, :, 0] = False  # a position never real
+    initial = None
+    if variant == "initial_state":
+        initial = [torch.from_numpy(rng.uniform(-1, 1, size=(3, *SPATIAL[rank], 3))) for _ in range(2)]
+    got = ours(x, mask=torch.from_numpy(mask), initial_state=initial)
+    assert_close(got, run_keras(keras_layer, x, mask, initial), atol=1e-12, rtol=1e-12)
+
+
+def test_mask_per_position_gradcheck():
+    torch.manual_seed(0)
+    layer = cudnn_rnn.ConvLSTM2D(2, 2, 3, padding="same", return_sequences=True, return_state=True,
+                                 dtype=torch.float64)
+    x = torch.randn(2, 4, 4, 3, 2, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(2, 4, 4, 3, generator=torch.Generator().manual_seed(1)) < 0.6
+    h0 = torch.randn(2, 4, 3, 2, dtype=torch.float64, requires_grad=True)
+    c0 = torch.randn(2, 4, 3, 2, dtype=torch.float64, requires_grad=True)
+    params = list(layer.parameters())
+
+    def g(x, h0, c0, kernel, recurrent, bias):
+        layer.kernel, layer.recurrent_kernel, layer.bias = kernel, recurrent, bias
+        return tuple(layer(x, mask=mask, initial_state=[h0, c0]))
+
+    inputs = (x, h0, c0) + tuple(p.detach().clone().requires_grad_(True) for p in params)
+    for name in ("kernel", "recurrent_kernel", "bias"):
+        delattr(layer, name)
+    assert torch.autograd.gradcheck(g, inputs, atol=1e-6, rtol=1e-5)
+
+
+def test_mask_of_another_shape_is_refused():
+    layer = cudnn_rnn.ConvLSTM2D(2, 2, 3, padding="valid")
+    x = torch.randn(2, 4, 5, 5, 2)
+    with pytest.raises(ValueError, match=r"mask must have shape \(2, 4\) \(batch, time\) or \(2, 4, 3, 3\)"):
+        layer(x, mask=torch.ones(2, 4, 5, 5, dtype=torch.bool))
+
+
 def test_gradcheck_with_dropout_masks():
     torch.manual_seed(1)
     layer = cudnn_rnn.ConvLSTM1D(2, 3, 3, padding="same", return_sequences=True, dtype=torch.float64)

@@ -380,10 +380,11 @@ def test_persistent_algorithms_match_standard(algorithm):
 @cuda
 @pytest.mark.parametrize("rank", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_conv_lstm_cuda_matches_cpu_forward_and_gradients(rank, dtype):
+@pytest.mark.parametrize("mask_kind", ["steps", "positions"])
+def test_conv_lstm_cuda_matches_cpu_forward_and_gradients(rank, dtype, mask_kind):
     """ConvLSTM on CUDA (cuDNN convolutions through ATen, the fused cell kernel) against the CPU
-    backend, which the Keras tests pin: outputs, states and every gradient, with a mask, dropout
-    masks, asymmetric 'same' padding and go_backwards."""
+    backend, which the Keras tests pin: outputs, states and every gradient, with a mask (per step
+    or per position), dropout masks, asymmetric 'same' padding and go_backwards."""
     torch.manual_seed(0)
     spatial = {1: (9,), 2: (6, 7), 3: (4, 5, 3)}[rank]
     layer = getattr(cudnn_rnn, f"ConvLSTM{rank}D")(3, 4, 2, padding="same", return_sequences=True, return_state=True,
@@ -391,6 +392,8 @@ def test_conv_lstm_cuda_matches_cpu_forward_and_gradients(rank, dtype):
                                                    dtype=dtype)
     x = torch.randn(3, 5, *spatial, 3, dtype=dtype)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [0, 0, 1, 0, 1]], dtype=torch.bool)
+    if mask_kind == "positions":
+        mask = torch.rand(3, 5, *spatial) < 0.7
     state = (3, *spatial, 4)  # the op's layout: channels last
     dmask = (torch.rand(4, 3, *spatial, 3, dtype=dtype) > 0.3).to(dtype) / 0.7
     rmask = (torch.rand(4, *state, dtype=dtype) > 0.2).to(dtype) / 0.8

@@ -352,3 +352,30 @@ def test_merges_read_their_inputs_masks(merge, masked, tmp_path):
     with torch.no_grad():
         y = load_keras(tmp_path / "m.keras")(*[torch.as_tensor(x) for x in xs]).numpy()
     np.testing.assert_allclose(y, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("kind", ["ConvLSTM1D", "ConvLSTM2D", "Bidirectional"])
+def test_masking_before_a_conv_lstm(kind, tmp_path):
+    """Keras's Masking gives a ConvLSTM a mask per position (batch, time, *spatial): padded frames
+    and single all-zero pixels keep their states."""
+    rng = np.random.RandomState(31)
+    spatial = (6,) if kind == "ConvLSTM1D" else (5, 4)
+    inp = keras.Input((5, *spatial, 2))
+    conv = getattr(layers, "ConvLSTM1D" if kind == "ConvLSTM1D" else "ConvLSTM2D")
+    h = layers.Masking(0.0)(inp)
+    if kind == "Bidirectional":
+        h = layers.Bidirectional(conv(3, 3, padding="same", return_sequences=True))(h)
+    else:
+        h = conv(3, 3, padding="same", return_sequences=True)(h)
+    model = keras.Model(inp, layers.Dense(2)(layers.Flatten()(h)))
+    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
+    x = rng.uniform(-1, 1, size=(3, 5, *spatial, 2)).astype("float32")
+    x[1, 3:] = 0  # padded frames
+    x[0, 1, 2] = 0  # zero pixels (rows) inside real frames
+    x[2, 0, 0] = 0
+    expected = keras.ops.convert_to_numpy(model(x))
+    model.save(tmp_path / "m.keras")
+    with torch.no_grad():
+        y = load_keras(tmp_path / "m.keras")(torch.as_tensor(x)).numpy()
+    np.testing.assert_allclose(y, expected, atol=1e-5, rtol=1e-5)

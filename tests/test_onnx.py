@@ -341,6 +341,13 @@ def test_float64_layers_are_refused_by_name(tmp_path):
         export(_Call(layer), (torch.randn(2, 5, 3, dtype=torch.float64),), tmp_path / "m.onnx")
 
 
+def test_conv_lstm_mask_per_position_is_refused_by_name(tmp_path):
+    layer = cudnn_rnn.ConvLSTM2D(2, 3, 3, padding="same", return_sequences=True).eval()
+    x, mask = torch.randn(2, 4, 5, 5, 2), torch.rand(2, 4, 5, 5) < 0.7
+    with pytest.raises(OnnxExportError, match="mask per position"):
+        export(_Call(layer), (x, mask), tmp_path / "m.onnx")
+
+
 def test_softplus_keeps_large_values(tmp_path):
     """softplus(x) = x for large x, as Keras computes it; onnxruntime's recurrent operators return
     inf above ~88, so softplus layers run in the Loop."""

@@ -180,8 +180,14 @@ Dims check(const ConvLstmTensors& in, const OptTensor& h0, const OptTensor& c0, 
     d.Sp.push_back((padded - span) / o.stride[i] + 1);
   }
   if (in.mask.defined()) {
-    TORCH_CHECK_VALUE(in.mask.dim() == 2 && in.mask.size(0) == d.B && in.mask.size(1) == d.T,
-                      "mask must have shape (", d.B, ", ", d.T, "); got ", in.mask.sizes());
+    // [B, T] (per sequence step), or [B, T, *S'] (per output position: Keras's Masking before a
+    // ConvLSTM masks pixels)
+    std::vector<int64_t> per_position{d.B, d.T};
+    per_position.insert(per_position.end(), d.Sp.begin(), d.Sp.end());
+    const bool per_step = in.mask.dim() == 2 && in.mask.size(0) == d.B && in.mask.size(1) == d.T;
+    TORCH_CHECK_VALUE(per_step || in.mask.sizes() == at::IntArrayRef(per_position), "mask must have shape (", d.B,
+                      ", ", d.T, ") or ", at::IntArrayRef(per_position),
+                      " (batch, time, the output's positions); got ", in.mask.sizes());
     TORCH_CHECK_TYPE(in.mask.scalar_type() == at::kBool, "mask must be bool; got ", in.mask.scalar_type());
     TORCH_CHECK_VALUE(in.mask.device() == x.device(), "mask must be on ", x.device(), "; got ", in.mask.device());
   }
@@ -218,16 +224,16 @@ Tensor input_of_group(const Tensor& x, const Tensor& dropout_mask, int64_t k, co
   return xk.reshape(d.shape({d.B * d.T}, d.S, d.C));
 }
 
-// Step s's state and mask tensors: the real rows of time step t, and whether each row had a real
-// step before s (processing order).
+// Step s's state and mask tensors: the real rows (or positions) of time step t, and whether each
+// had a real step before s (processing order).
 struct StepMasks {
-  Tensor real_by_step;  // [T, B] bool, processing order
-  Tensor seen_before;   // [T, B] bool
+  Tensor real_by_step;  // [T, B] or [T, B, *S'] bool, processing order
+  Tensor seen_before;   // the same shape
 };
 
 StepMasks step_masks(const Tensor& mask, bool go_backwards) {
   if (!mask.defined()) return {};
-  Tensor by_step = (go_backwards ? mask.flip(1) : mask).t().contiguous();  // [T, B]
+  Tensor by_step = (go_backwards ? mask.flip(1) : mask).transpose(0, 1).contiguous();  // [T, B (, *S')]
   Tensor seen = by_step.to(at::kInt).cumsum(0).sub_(by_step.to(at::kInt)).gt(0).contiguous();
   return {by_step, seen};
 }

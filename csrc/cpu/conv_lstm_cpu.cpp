@@ -70,6 +70,7 @@ void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, cons
   const int64_t B = h_prev.size(0), F = h_prev.size(-1), P = h_prev.numel() / (B * F);
   const bool* rl = real.defined() ? real.data_ptr<bool>() : nullptr;
   const bool* sn = seen.defined() ? seen.data_ptr<bool>() : nullptr;
+  const bool per_position = real.defined() && real.numel() == B * P && P > 1;  // else one flag a batch row
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "conv_lstm_forward_step", [&] {
     const scalar_t* zi = zin.data_ptr<scalar_t>();
     // r undefined: zin holds both convolutions; the cell adds a row of zeros.
@@ -88,9 +89,10 @@ void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, cons
         const scalar_t* zr = zi + b * zin_stride + p * 4 * F;
         const scalar_t* rr = rp != nullptr ? rp + 4 * s : zeros.data();
         scalar_t* o = op + b * out_stride + p * F;
-        if (rl != nullptr && !rl[b]) {
+        const int64_t m = per_position ? q : b;
+        if (rl != nullptr && !rl[m]) {
           std::fill(zp + 4 * s, zp + 4 * s + 4 * F, scalar_t(0));  // as conv_lstm_cell.h
-          masked_row(F, hp + s, cp + s, sn != nullptr && sn[b], hn + s, cn + s, o);
+          masked_row(F, hp + s, cp + s, sn != nullptr && sn[m], hn + s, cn + s, o);
           continue;
         }
         if (fused_forward_row(act, ract, F, zr, rr, cp + s, zp + 4 * s, hn + s, cn + s)) {
@@ -112,6 +114,7 @@ void backward_step(const Tensor& z, const Tensor& c_prev, const Tensor& c_new, c
   const int64_t B = c_prev.size(0), F = c_prev.size(-1), P = c_prev.numel() / (B * F);
   const bool* rl = real.defined() ? real.data_ptr<bool>() : nullptr;
   const bool* sn = seen.defined() ? seen.data_ptr<bool>() : nullptr;
+  const bool per_position = real.defined() && real.numel() == B * P && P > 1;
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "conv_lstm_backward_step", [&] {
     const scalar_t* zp = z.data_ptr<scalar_t>();
     const scalar_t* cp = c_prev.data_ptr<scalar_t>();
@@ -128,9 +131,10 @@ void backward_step(const Tensor& z, const Tensor& c_prev, const Tensor& c_new, c
       for (int64_t q = q0; q < q1; ++q) {
         const int64_t b = q / P, p = q - b * P, s = q * F;
         const scalar_t* dyr = dyp + b * dy_stride + p * F;
-        if (rl != nullptr && !rl[b]) {  // states carried: dh and dc pass through, dy too when it was h_prev
+        const int64_t m = per_position ? q : b;
+        if (rl != nullptr && !rl[m]) {  // states carried: dh and dc pass through, dy too when it was h_prev
           std::fill(dzp + 4 * s, dzp + 4 * s + 4 * F, scalar_t(0));
-          const bool was_seen = sn != nullptr && sn[b];
+          const bool was_seen = sn != nullptr && sn[m];
           for (int64_t f = 0; f < F; ++f) dhq[s + f] = dhp[s + f] + (was_seen ? dyr[f] : scalar_t(0));
           std::copy(dcp + s, dcp + s + F, dcq + s);
           continue;

@@ -15,6 +15,9 @@ using at::Tensor;
 
 const bool* bools(const Tensor& t) { return t.defined() ? t.data_ptr<bool>() : nullptr; }
 
+// 1 where the mask flags batch rows ([B]), the pixel count where it flags positions ([B, *S']).
+int64_t mask_pixels(const Tensor& real, int64_t B) { return real.defined() ? real.numel() / B : 1; }
+
 void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, const Tensor& c_prev, const Tensor& real,
                   const Tensor& seen, const Tensor& z, const Tensor& h_new, const Tensor& c_new, const Tensor& out,
                   Activation act, Activation ract) {
@@ -29,7 +32,7 @@ void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, cons
                                       zin.stride(0),               out.stride(0),
                                       B,                           P,
                                       F,                           act,
-                                      ract};
+                                      ract,                        mask_pixels(real, B)};
     cuda::launch_conv_cell_forward(p, c10::cuda::getCurrentCUDAStream());
   });
 }
@@ -44,7 +47,7 @@ void backward_step(const Tensor& z, const Tensor& c_prev, const Tensor& c_new, c
                                        bools(real),            bools(seen),                 dy.data_ptr<scalar_t>(),
                                        dh.data_ptr<scalar_t>(), dc.data_ptr<scalar_t>(),    dz.data_ptr<scalar_t>(),
                                        dh_prev.data_ptr<scalar_t>(), dc_prev.data_ptr<scalar_t>(), dy.stride(0),
-                                       B, P, F, act, ract};
+                                       B, P, F, act, ract, mask_pixels(real, B)};
     cuda::launch_conv_cell_backward(p, c10::cuda::getCurrentCUDAStream());
   });
 }

@@ -23,8 +23,9 @@ __global__ void conv_cell_forward_kernel(ConvCellForward<T> p) {
   const int64_t F = p.filters;
   if (idx >= p.batch * p.pixels * F) return;
   const int64_t q = idx / F, f = idx - q * F, b = q / p.pixels, px = q - b * p.pixels;
-  const bool real = p.real == nullptr || p.real[b];
-  const bool seen = p.seen != nullptr && p.seen[b];
+  const int64_t m = p.mask_pixels == 1 ? b : q;
+  const bool real = p.real == nullptr || p.real[m];
+  const bool seen = p.seen != nullptr && p.seen[m];
   conv::cell_forward<T>(p.act, p.ract, p.zin + b * p.zin_stride + px * 4 * F + f, p.r + q * 4 * F + f,
                         p.z + q * 4 * F + f, F, p.h_prev[idx], p.c_prev[idx], real, seen, p.h_new + idx,
                         p.c_new + idx, p.out + b * p.out_stride + px * F + f);
@@ -36,8 +37,9 @@ __global__ void conv_cell_backward_kernel(ConvCellBackward<T> p) {
   const int64_t F = p.filters;
   if (idx >= p.batch * p.pixels * F) return;
   const int64_t q = idx / F, f = idx - q * F, b = q / p.pixels, px = q - b * p.pixels;
-  const bool real = p.real == nullptr || p.real[b];
-  const bool seen = p.seen != nullptr && p.seen[b];
+  const int64_t m = p.mask_pixels == 1 ? b : q;
+  const bool real = p.real == nullptr || p.real[m];
+  const bool seen = p.seen != nullptr && p.seen[m];
   conv::cell_backward<T>(p.act, p.ract, p.z + q * 4 * F + f, F, p.c_prev[idx], p.c_new[idx], real, seen,
                          p.dy[b * p.dy_stride + px * F + f], p.dh[idx], p.dc[idx], p.dz + q * 4 * F + f,
                          p.dh_prev + idx, p.dc_prev + idx);

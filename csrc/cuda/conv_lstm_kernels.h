@@ -13,7 +13,8 @@ namespace cuda {
 
 // Per step, channels last: batch rows of P pixels of F state values; a pixel's gates are 4F
 // values in gate blocks of F (z / dz contiguous, zin rows zin_stride apart); out / dy rows are
-// out_stride / dy_stride apart; real / seen: bool [batch] or null (every row real).
+// out_stride / dy_stride apart; real / seen: bool [batch] (mask_pixels 1) or [batch, pixels]
+// (mask_pixels = pixels: per position), or null (every row real).
 template <typename T>
 struct ConvCellForward {
   const T* zin;  // rows zin_stride apart
@@ -28,6 +29,7 @@ struct ConvCellForward {
   T* out;
   int64_t zin_stride, out_stride, batch, pixels, filters;
   Activation act, ract;
+  int64_t mask_pixels;
 };
 
 template <typename T>
@@ -45,6 +47,7 @@ struct ConvCellBackward {
   T* dc_prev;
   int64_t dy_stride, batch, pixels, filters;
   Activation act, ract;
+  int64_t mask_pixels;
 };
 
 template <typename T>
