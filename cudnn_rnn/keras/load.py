@@ -25,7 +25,7 @@ from .files.containers import load_json, open_keras_file
 from .layers.custom import custom_builders, find_builder, short_name
 from .errors import ConversionError
 from .graph.spec import ModelSpec, parse_model
-from .graph.model import KerasModel, NestedModel
+from .graph.model import KerasModel, LayerFailure, NestedModel
 from .layers.ops import OP_CLASSES, build_op
 from .layers.registry import REFUSED, BuildContext, holds_weights, keras_major
 from .files.weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
@@ -169,15 +169,24 @@ def _trial(model: KerasModel, inputs, path) -> None:
     for real under the fake mode; the parameters stay real, and an op reading nothing else is as
     large as they are). A model the fake run cannot take (an op's shape depends on the data) is
     refused."""
+    def run(xs):  # a layer's failure comes out naming the layer, except the budget's own
+        try:
+            model.forward_with_masks(*xs, name_failures=True)
+        except LayerFailure as failure:
+            if isinstance(failure.error, (_TooLarge, DataDependentOutputException, DynamicOutputShapeException,
+                                          UnsupportedOperatorException)):
+                raise failure.error from None
+            raise
+
     with torch.no_grad():
         try:
             with _TrialBudget():
-                model(*inputs)
+                run(inputs)
         except _TooLarge as large:
             mode = FakeTensorMode(allow_non_fake_inputs=True)
             try:
                 with mode:
-                    model(*[mode.from_tensor(t) for t in inputs])
+                    run([mode.from_tensor(t) for t in inputs])
             except (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException):
                 shapes = [tuple(shape) for _, shape in model.input_specs]
                 raise ConversionError(path, f"cannot be checked on inputs of its declared shape {shapes}: "
@@ -215,6 +224,10 @@ def check_runs(model: KerasModel, path) -> KerasModel:
         if not any(d is None for _, shape in model.input_specs for d in shape[1:]):
             break  # no free dimension: a longer trial would fail the same way
     shapes = [tuple(shape) for _, shape in model.input_specs]
+    if isinstance(error, LayerFailure):
+        raise ConversionError(path, f"the converted model does not run on inputs of its declared shape {shapes}: "
+                                    f"the layer raised {str(error)[:300]} (its config and weights disagree, or it is "
+                                    "called in a way this converter does not run)", error.layer)
     raise ConversionError(path, f"the converted model does not run on inputs of its declared shape {shapes} "
                                 f"({type(error).__name__}: {str(error)[:300]}); the config and the weights disagree")
 

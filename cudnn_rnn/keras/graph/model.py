@@ -108,7 +108,10 @@ class KerasModel(nn.Module):
         return [tuple(j for j, r in enumerate(refs) if r in deleted_at and order.get((name, call), -1) > deleted_at[r])
                 for name, _, call, refs, _ in schedule]
 
-    def forward_with_masks(self, *inputs: Tensor, masks: Optional[List[Optional[Tensor]]] = None):
+    def forward_with_masks(self, *inputs: Tensor, masks: Optional[List[Optional[Tensor]]] = None,
+                           name_failures: bool = False):
+        """name_failures (load_keras's trial run): an exception in a layer comes out as a
+        LayerFailure naming the layer (and the nested models it sits in)."""
         if len(inputs) != len(self.input_refs):
             raise ValueError(f"{self.name} takes {len(self.input_refs)} input(s); got {len(inputs)}")
         env: Dict[Tuple[str, int], Tuple[List[Tensor], List[Optional[Tensor]]]] = {}
@@ -128,7 +131,10 @@ class KerasModel(nn.Module):
             if mask_refs is not None:  # an explicit mask=, or a list of them (Attention: [query, value])
                 for j, r in enumerate(mask_refs[: len(ms)]):
                     ms[j] = fetch(r)[0] if r is not None else None
-            outs, out_masks = self.layers[key](xs, ms)
+            if not name_failures:
+                outs, out_masks = self.layers[key](xs, ms)
+            else:
+                outs, out_masks = _named_call(self.layers[key], name, xs, ms)
             env[(name, call)] = (outs, out_masks)
         results = [fetch(r) for r in self.output_refs]
         return [t for t, _ in results], [m for _, m in results]
@@ -156,6 +162,25 @@ class KerasModel(nn.Module):
         version = getattr(self, "keras_version", None)
         return (f"'{self.name}': {len(self.layers)} layers, {params:,} parameters, inputs {inputs}"
                 + (f", from Keras {version}" if version else ""))
+
+
+class LayerFailure(Exception):
+    """An exception raised by a layer of a rebuilt model (forward_with_masks(name_failures=True))."""
+
+    def __init__(self, layer: str, error: BaseException):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.layer, self.error = layer, error
+
+
+def _named_call(module: nn.Module, name: str, xs, ms):
+    try:
+        if isinstance(module, NestedModel):
+            return module.model.forward_with_masks(*xs, masks=ms, name_failures=True)
+        return module(xs, ms)
+    except LayerFailure as inner:  # from inside a nested model: its path
+        raise LayerFailure(f"{name}/{inner.layer}", inner.error) from None
+    except Exception as e:  # noqa: BLE001 - named, then re-raised
+        raise LayerFailure(name, e) from None
 
 
 class NestedModel(nn.Module):
