@@ -308,6 +308,17 @@ _LOOP_ACTIVATIONS = {
     "hard_silu": lambda b, x, k: b.Mul(x, b.HardSigmoid(x, alpha=1.0 / 6.0, beta=0.5)),
     "log_sigmoid": lambda b, x, k: b.Neg(b.Softplus(b.Neg(x))),
     "tanh_shrink": lambda b, x, k: b.Sub(x, b.Tanh(x)),
+    "celu": lambda b, x, k: b.Celu(x, alpha=1.0),
+    "hard_shrink": lambda b, x, k: b.Shrink(x, bias=0.0, lambd=0.5),
+    "hard_tanh": lambda b, x, k: b.Max(b.Min(x, k["one"]), b.Neg(k["one"])),
+    "leaky_relu": lambda b, x, k: b.LeakyRelu(x, alpha=0.2),
+    "soft_shrink": lambda b, x, k: b.Shrink(x, bias=0.5, lambd=0.5),
+    # relu(x + 1)^2 / 4 below 1 (zero from -1 down), x from 1 up
+    "sparse_plus": lambda b, x, k: b.Where(b.GreaterOrEqual(x, k["one"]), x,
+                                           b.Mul(b.Mul(k["half"], k["half"]),
+                                                 b.Mul(b.Relu(b.Add(x, k["one"])), b.Relu(b.Add(x, k["one"]))))),
+    "sparse_sigmoid": lambda b, x, k: b.Min(b.Relu(b.Mul(b.Add(x, k["one"]), k["half"])), k["one"]),
+    "squareplus": lambda b, x, k: b.Mul(b.Add(x, b.Sqrt(b.Add(b.Mul(x, x), k["four"]))), k["half"]),
 }
 
 
@@ -319,7 +330,8 @@ def _activate(b: _Body, name: str, x, k):
 def _constants(op, like) -> dict:
     """The constants _activate and the Loop bodies read, in like's dtype, from the outer scope."""
     return {name: op.CastLike(op.Constant(value_float=v), like)
-            for name, v in (("zero", 0.0), ("one", 1.0), ("half", 0.5), ("six", 6.0), ("inv_sqrt2", 0.7071067811865476))}
+            for name, v in (("zero", 0.0), ("one", 1.0), ("half", 0.5), ("four", 4.0), ("six", 6.0),
+                            ("inv_sqrt2", 0.7071067811865476))}
 
 
 def _loop_layer(op, cell, names, xin, ws, m, init_h, init_c, u, reset_after, zero_out):

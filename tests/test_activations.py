@@ -33,6 +33,6 @@ def test_activation_matches_keras(name, dtype):
     tol = dict(atol=2e-6, rtol=2e-6) if dtype == torch.float32 else dict(atol=1e-8, rtol=1e-7)
     torch.testing.assert_close(y, yk.detach(), **tol)
     # derivatives: away from the kinks of the piecewise activations, where both sides pick one side
-    kinks = torch.tensor([0.0, -3.0, 3.0, -2.5, 2.5, 6.0])
+    kinks = torch.tensor([0.0, -3.0, 3.0, -2.5, 2.5, 6.0, -1.0, 1.0, -0.5, 0.5])
     smooth = (x[:, None] - kinks[None, :].to(dtype)).abs().min(1).values > 1e-3
     torch.testing.assert_close(g[smooth], xk.grad[smooth], **tol)

@@ -33,6 +33,14 @@ enum class Activation : int32_t {
   HardSilu,
   LogSigmoid,
   TanhShrink,
+  Celu,           // Keras's default alpha = 1: elu
+  HardShrink,     // threshold 0.5
+  HardTanh,       // clip(x, -1, 1)
+  LeakyRelu,      // Keras 3's default negative_slope = 0.2
+  SoftShrink,     // threshold 0.5
+  SparsePlus,     // 0, (x + 1)^2 / 4, x on (-inf, -1], (-1, 1), [1, inf)
+  SparseSigmoid,  // clip((x + 1) / 2, 0, 1)
+  Squareplus,     // (x + sqrt(x^2 + 4)) / 2, Keras's default b = 4
   NumActivations
 };
 
@@ -81,6 +89,14 @@ C10_HOST_DEVICE inline T activate(Activation a, T x) {
     }
     case Activation::LogSigmoid: return -softplus_of(-x);
     case Activation::TanhShrink: return x - std::tanh(x);
+    case Activation::Celu: return x > T(0) ? x : std::expm1(x);
+    case Activation::HardShrink: return (x > T(0.5) || x < T(-0.5)) ? x : T(0);
+    case Activation::HardTanh: return x < T(-1) ? T(-1) : (x > T(1) ? T(1) : x);
+    case Activation::LeakyRelu: return x > T(0) ? x : T(0.2) * x;
+    case Activation::SoftShrink: return x > T(0.5) ? x - T(0.5) : (x < T(-0.5) ? x + T(0.5) : T(0));
+    case Activation::SparsePlus: return x <= T(-1) ? T(0) : (x < T(1) ? T(0.25) * (x + T(1)) * (x + T(1)) : x);
+    case Activation::SparseSigmoid: return x <= T(-1) ? T(0) : (x >= T(1) ? T(1) : T(0.5) * (x + T(1)));
+    case Activation::Squareplus: return (x + std::sqrt(x * x + T(4))) / T(2);
     default: return x;
   }
 }
@@ -129,6 +145,15 @@ C10_HOST_DEVICE inline T activate_grad(Activation a, T x, T y) {
       T t = std::tanh(x);
       return t * t;
     }
+    // The piecewise ones as torch's kernels (Keras's torch backend) take them at their kinks.
+    case Activation::Celu: return x > T(0) ? T(1) : std::exp(x);
+    case Activation::HardShrink: return (x > T(0.5) || x < T(-0.5)) ? T(1) : T(0);
+    case Activation::HardTanh: return (x > T(-1) && x < T(1)) ? T(1) : T(0);
+    case Activation::LeakyRelu: return x > T(0) ? T(1) : T(0.2);
+    case Activation::SoftShrink: return (x > T(0.5) || x < T(-0.5)) ? T(1) : T(0);
+    case Activation::SparsePlus: return x <= T(-1) ? T(0) : (x < T(1) ? T(0.5) * (x + T(1)) : T(1));
+    case Activation::SparseSigmoid: return (x > T(-1) && x < T(1)) ? T(0.5) : T(0);
+    case Activation::Squareplus: return (T(1) + x / std::sqrt(x * x + T(4))) / T(2);
     default: return T(1);
   }
 }

@@ -11,7 +11,9 @@ const std::vector<std::string>& activation_names() {
   static const std::vector<std::string> names = {
       "tanh",     "sigmoid",     "relu",  "linear", "hard_sigmoid", "hard_sigmoid_keras2",
       "elu",      "selu",        "softsign", "softplus", "exponential", "relu6",
-      "silu",     "gelu",        "mish",  "hard_silu", "log_sigmoid", "tanh_shrink"};
+      "silu",     "gelu",        "mish",  "hard_silu", "log_sigmoid", "tanh_shrink",
+      "celu",     "hard_shrink", "hard_tanh", "leaky_relu", "soft_shrink", "sparse_plus",
+      "sparse_sigmoid", "squareplus"};
   TORCH_INTERNAL_ASSERT(names.size() == static_cast<size_t>(Activation::NumActivations));
   return names;
 }
