@@ -322,6 +322,27 @@ def test_packed_weight_grads_match_float64(cell, kwargs, masked, width, threads,
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("engine", ["packed-avx2", pytest.param("packed-avx512", marks=needs_avx512)], indirect=True)
+@pytest.mark.parametrize("kwargs,masked", [({}, False), ({"go_backwards": True}, True), ({"num_layers": 2}, False)])
+def test_few_rows_weight_grads_match_float64(kwargs, masked, threads, engine):
+    """Batches of 1-2 (T x B rows few beside the product): the weight gradients come out of the
+    packed kernel as [width, N] directly (D packed, [x | h_prev] gathered as the transposed
+    operand); units not a multiple of 16, held to the float64 run."""
+    batch, steps, units, width = 2, 20, 100, 60
+    layer = LAYERS["lstm"](width, units, return_sequences=True, return_state=True, dtype=torch.float64, **kwargs)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.uniform_(-0.1, 0.1)
+    layer32 = copy.deepcopy(layer).float()
+    x = torch.randn(batch, steps, width, dtype=torch.float64)
+    mask = torch.tensor([[True] * steps, [True] * 13 + [False] * 7]) if masked else None
+    threads(2)
+    out64, grads64 = _run(layer, x, mask)
+    out32, grads32 = _run(layer32, x.float(), mask)
+    for a, b in zip(out32 + list(grads32), out64 + list(grads64)):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
 _GEMM_PATH_RUN = """
 import sys, torch, cudnn_rnn
 torch.set_num_threads(2)

@@ -75,13 +75,14 @@ FLOOR = 2 ** 20  # csrc/cpu/time_loop.h: kPackedWeightGradFloor
 
 
 @pytest.mark.parametrize("R,k,N", [(0, 3, 5), (1, 1, 1), (7, 5, 3), (513, 37, 130), (1100, 17, 199),
-                                   (20000, 33, 450), (16384, 130, 257)])
+                                   (20000, 33, 450), (16384, 130, 257), (50, 256, 512), (30, 300, 770)])
 def test_weight_grad_matches_float64(packed_engine, R, k, N):
     """The backward's weight-gradient GEMM A^T D on each build (csrc/cpu/plan_packed.cpp
     packed_weight_grad: A packed, D's blocks copied into row tiles of 6 with the rows past N zero,
-    K blocks of 512, the threads splitting D's columns, the product transposed) against float64;
-    error at most 3x torch.mm's in float32, both against float64. Below its size floor it
-    declines (None)."""
+    K blocks of 512, the threads splitting D's columns, the product transposed; with few rows R,
+    D packed and A read as the transposed operand, the threads splitting the product's rows)
+    against float64; error at most 3x torch.mm's in float32, both against float64. Below its
+    size floor it declines (None)."""
     g = torch.Generator().manual_seed(R + k + N)
     A = torch.randn(R, k, generator=g)
     D = torch.randn(R, N + 7, generator=g)[:, :N]  # rows N + 7 apart, as a gate block's are
@@ -97,7 +98,7 @@ def test_weight_grad_matches_float64(packed_engine, R, k, N):
 
 
 @pytest.mark.parametrize("R,widths,N", [(6400, (64, 64), 256), (1100, (17, 33), 199), (3000, (513, 1), 20),
-                                        (400, (16, 5, 40), 96)])
+                                        (400, (16, 5, 40), 96), (50, (100, 61), 333), (8, (512, 512), 2048)])
 @pytest.mark.parametrize("ones", [False, True])
 def test_stacked_weight_grads_match_float64(packed_engine, R, widths, N, ones):
     """Several parts in one product, [x | h_prev (| 1)]^T D as the backward stacks the kernel's and
