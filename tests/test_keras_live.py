@@ -15,7 +15,7 @@ from keras_oracle import keras  # noqa: F401  (sets KERAS_BACKEND=torch before i
 from keras import layers
 
 import cudnn_rnn
-from cudnn_rnn.keras import load_converted, load_keras, save_converted
+from cudnn_rnn.keras import ConversionError, load_converted, load_keras, save_converted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, T = 3, 7
@@ -379,3 +379,16 @@ def test_masking_before_a_conv_lstm(kind, tmp_path):
     with torch.no_grad():
         y = load_keras(tmp_path / "m.keras")(torch.as_tensor(x)).numpy()
     np.testing.assert_allclose(y, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.keras
+def test_masking_before_a_channels_first_conv_lstm_is_refused_by_name(tmp_path):
+    """With channels_first input Keras's Masking reduces the last spatial axis and its ConvLSTM
+    masks (filter, row) pairs of the state: not converted, and said so (a shape where every size
+    is 3 would otherwise pass for a mask per position)."""
+    inp = keras.Input((4, 3, 3, 3))
+    model = keras.Model(inp, layers.ConvLSTM2D(3, 3, padding="same", data_format="channels_first")(
+        layers.Masking(0.0)(inp)))
+    model.save(tmp_path / "m.keras")
+    with pytest.raises(ConversionError, match=r"layer 'conv_lstm2d.*a Masking mask reaches a channels_first ConvLSTM"):
+        load_keras(tmp_path / "m.keras")

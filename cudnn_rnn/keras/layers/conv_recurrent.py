@@ -30,9 +30,21 @@ class ConvRecurrent(nn.Module):
 
     def forward(self, inputs, masks):
         initial = list(inputs[1:]) or None
-        out = self.layer(inputs[0], mask=mask_run(inputs, masks, self.keras3_call), initial_state=initial)
+        out = self.layer(inputs[0], mask=_conv_mask(self.layer, mask_run(inputs, masks, self.keras3_call)),
+                         initial_state=initial)
         outs = out if isinstance(out, list) else [out]
         return graph_outputs(outs[:1], outs[1:], masks[0] if self.layer.return_sequences else None)
+
+
+def _conv_mask(layer: conv_lstm._ConvLSTM, mask):
+    """The mask a ConvLSTM runs with. A mask beyond (batch, time) is Keras's Masking's, reduced over
+    the input's last axis: positions for channels_last input; for channels_first input it spans
+    (channels, rows), which Keras's backend.rnn lines up with the state's (filters, rows) and masks
+    filter-row pairs across every column. That one is refused."""
+    if mask is not None and mask.dim() > 2 and layer.data_format == "channels_first":
+        raise ValueError("a Masking mask reaches a channels_first ConvLSTM: Keras reduces it over the input's last "
+                         "(spatial) axis and applies it to (filter, row) pairs of the state, which is not converted")
+    return mask
 
 
 def _weight_count(cfg: dict, ctx) -> int:
@@ -100,7 +112,7 @@ class ConvBidirectional(nn.Module):
 
     def forward(self, inputs, masks):
         initial = list(inputs[1:])
-        mask = mask_run(inputs, masks, self.keras3_call)
+        mask = _conv_mask(self.forward_layer, mask_run(inputs, masks, self.keras3_call))
         outs_f = self.forward_layer(inputs[0], mask=mask, initial_state=initial[:2] or None)
         outs_b = self.backward_layer(inputs[0], mask=mask, initial_state=initial[2:] or None)
         outs_f = outs_f if isinstance(outs_f, list) else [outs_f]
