@@ -184,6 +184,11 @@ def test_gradcheck(kw):
     state = layer.output_spatial((5, 5))
     h0 = torch.randn(3, *state, 2, dtype=torch.float64, requires_grad=True)
     c0 = torch.randn(3, *state, 2, dtype=torch.float64, requires_grad=True)
+    assert _gradcheck_layer(layer, x, mask, h0, c0)
+
+
+def _gradcheck_layer(layer, x, mask, h0, c0):
+    """gradcheck of a float64 layer's outputs in x, the initial states and its parameters."""
     params = list(layer.parameters())
 
     # the parameters as gradcheck's inputs: the layer reads these tensors in their place
@@ -194,7 +199,7 @@ def test_gradcheck(kw):
     inputs = (x, h0, c0) + tuple(p.detach().clone().requires_grad_(True) for p in params)
     for name in ("kernel", "recurrent_kernel", "bias"):
         delattr(layer, name)
-    assert torch.autograd.gradcheck(g, inputs, atol=1e-6, rtol=1e-5)
+    return torch.autograd.gradcheck(g, inputs, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.keras
@@ -230,16 +235,7 @@ def test_mask_per_position_gradcheck():
     mask = torch.rand(2, 4, 4, 3, generator=torch.Generator().manual_seed(1)) < 0.6
     h0 = torch.randn(2, 4, 3, 2, dtype=torch.float64, requires_grad=True)
     c0 = torch.randn(2, 4, 3, 2, dtype=torch.float64, requires_grad=True)
-    params = list(layer.parameters())
-
-    def g(x, h0, c0, kernel, recurrent, bias):
-        layer.kernel, layer.recurrent_kernel, layer.bias = kernel, recurrent, bias
-        return tuple(layer(x, mask=mask, initial_state=[h0, c0]))
-
-    inputs = (x, h0, c0) + tuple(p.detach().clone().requires_grad_(True) for p in params)
-    for name in ("kernel", "recurrent_kernel", "bias"):
-        delattr(layer, name)
-    assert torch.autograd.gradcheck(g, inputs, atol=1e-6, rtol=1e-5)
+    assert _gradcheck_layer(layer, x, mask, h0, c0)
 
 
 def test_mask_of_another_shape_is_refused():
