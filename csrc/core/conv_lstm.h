@@ -45,9 +45,11 @@ struct ConvLstmTensors {
 // The pointwise step of one backend, channels last: every state tensor is [B, *S', F] contiguous,
 // except `out` and `dy` (a step of y, each batch row contiguous, rows out.stride(0) apart); zin
 // is the step's slice of the input convolution [B, *S', 4F] (rows zin.stride(0) apart), r its
-// recurrent convolution (undefined where zin holds both, CellSteps::concatenated_inputs) and z / dz [B, *S', 4F] contiguous (per pixel the four gates' F values); real (bool [B] per
-// row or [B, *S'] per position, or undefined: every row real) and seen (the same shape: the row or
-// position had a real step before this one) decide the masked rows or positions (conv_lstm_cell.h). forward keeps in z (the reserve) whatever its backward reads there: the
+// recurrent convolution (undefined where zin holds both, CellSteps::concatenated_inputs) and z /
+// dz [B, *S', 4F] contiguous (per pixel the four gates' F values); real (bool [B] per row or
+// [B, *S'] per position, or undefined: every row real) and seen (the same shape: the row or
+// position had a real step before this one) decide the masked rows or positions
+// (conv_lstm_cell.h). forward keeps in z (the reserve) whatever its backward reads there: the
 // pre-activations zin + r, or, where the backend fuses tanh / sigmoid cells, the activated gates.
 struct CellSteps {
   void (*forward)(const Tensor& zin, const Tensor& r, const Tensor& h_prev, const Tensor& c_prev, const Tensor& real,

@@ -62,6 +62,11 @@ void masked_row(int64_t n, const T* h_prev, const T* c_prev, bool seen, T* h_new
   if (seen) std::copy(h_prev, h_prev + n, out); else std::fill(out, out + n, T(0));
 }
 
+// Whether the mask flags of a step are per pixel ([B, *S']: row q's flag) or per batch row ([B]).
+bool flags_per_pixel(const Tensor& real, int64_t B, int64_t P) {
+  return real.defined() && real.numel() == B * P && P > 1;
+}
+
 // Rows are pixels: row q = (batch row b, pixel p) holds F state values; its gates are the 4F
 // values z[q * 4F ...] in gate blocks of F (the input convolution's row is zin's pixel p of b).
 void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, const Tensor& c_prev, const Tensor& real,
@@ -70,7 +75,7 @@ void forward_step(const Tensor& zin, const Tensor& r, const Tensor& h_prev, cons
   const int64_t B = h_prev.size(0), F = h_prev.size(-1), P = h_prev.numel() / (B * F);
   const bool* rl = real.defined() ? real.data_ptr<bool>() : nullptr;
   const bool* sn = seen.defined() ? seen.data_ptr<bool>() : nullptr;
-  const bool per_position = real.defined() && real.numel() == B * P && P > 1;  // else one flag a batch row
+  const bool per_position = flags_per_pixel(real, B, P);
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "conv_lstm_forward_step", [&] {
     const scalar_t* zi = zin.data_ptr<scalar_t>();
     // r undefined: zin holds both convolutions; the cell adds a row of zeros.
@@ -114,7 +119,7 @@ void backward_step(const Tensor& z, const Tensor& c_prev, const Tensor& c_new, c
   const int64_t B = c_prev.size(0), F = c_prev.size(-1), P = c_prev.numel() / (B * F);
   const bool* rl = real.defined() ? real.data_ptr<bool>() : nullptr;
   const bool* sn = seen.defined() ? seen.data_ptr<bool>() : nullptr;
-  const bool per_position = real.defined() && real.numel() == B * P && P > 1;
+  const bool per_position = flags_per_pixel(real, B, P);
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "conv_lstm_backward_step", [&] {
     const scalar_t* zp = z.data_ptr<scalar_t>();
     const scalar_t* cp = c_prev.data_ptr<scalar_t>();

@@ -48,28 +48,20 @@ class Merge(nn.Module):
     def _masked(self, inputs, masks):
         """Keras 3.4+'s Maximum / Minimum (_apply_merge_op_and_or_mask) and Multiply
         (_merge_function) values where inputs carry masks."""
-        def spread(m, x):
-            if m is None:
-                return None
-            m = m.bool()
-            while m.dim() < x.dim():
-                m = m.unsqueeze(-1)
-            return m.expand(x.shape)
-
         if self.op == "multiply":
             every = all(m is not None for m in masks)
             y, seen = None, None
             for x, m in zip(inputs, masks):
-                m = spread(m, x)
+                m = _spread(m, x)
                 if m is not None:
                     x = torch.where(m, x, torch.ones((), dtype=x.dtype, device=x.device))
                     seen = m if seen is None else seen | m
                 y = x if y is None else y * x
             return torch.where(seen, y, torch.zeros((), dtype=y.dtype, device=y.device)) if every else y
         op = torch.maximum if self.op == "maximum" else torch.minimum
-        y, y_mask = inputs[0], spread(masks[0], inputs[0])
+        y, y_mask = inputs[0], _spread(masks[0], inputs[0])
         for x, m in zip(inputs[1:], masks[1:]):
-            m = spread(m, x)
+            m = _spread(m, x)
             if m is not None:
                 x = torch.where(m, x, y)
             if y_mask is not None:
@@ -100,17 +92,20 @@ class Merge(nn.Module):
         """Keras's Concatenate.compute_mask: each input's mask (all True where it has none) spread
         over the input's shape, concatenated along the axis, then reduced over the last axis: any
         (Keras 3) or all (Keras 2). Concatenating along time concatenates the masks."""
-        full = []
-        for x, m in zip(inputs, masks):
-            if m is None:
-                full.append(torch.ones(x.shape, dtype=torch.bool, device=x.device))
-                continue
-            m = m.bool()
-            while m.dim() < x.dim():
-                m = m.unsqueeze(-1)
-            full.append(m.expand(x.shape))
+        full = [torch.ones(x.shape, dtype=torch.bool, device=x.device) if m is None else _spread(m, x)
+                for x, m in zip(inputs, masks)]
         joined = torch.cat(full, dim=self.axis)
         return joined.any(dim=-1) if self.keras3 else joined.all(dim=-1)
+
+
+def _spread(m, x):
+    """A Keras mask (bool, or None) spread over x's shape: trailing dimensions added, then expanded."""
+    if m is None:
+        return None
+    m = m.bool()
+    while m.dim() < x.dim():
+        m = m.unsqueeze(-1)
+    return m.expand(x.shape)
 
 
 _MERGES = {"Concatenate": "concatenate", "Add": "add", "Subtract": "subtract", "Multiply": "multiply",
