@@ -54,14 +54,17 @@ Bf16Kernel bf16_kernel() {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 // C[0:MR, 0:n] (+)= A[0:MR, 0:Kp] · panel, n <= 64: MR rows x 4 zmm of 16 columns, each k pair a
-// vdpbf16ps of the row's broadcast pair against the panel's 64 column pairs. Every loop over rows
+// vdpbf16ps of the row's broadcast pair against the panel's 64 column pairs. Tiles of more than
+// one row also bring the same k pair of `next` (the panel the next tiles read, as deep) towards
+// L2, as packed_gemm.cpp's tiles do. Every loop over rows
 // and column groups is unrolled and the last columns are masked, not branched over, so that the
 // accumulators stay in registers (a runtime index into acc puts the array on the stack, and every
 // product then stores its accumulator: half the kernel's speed).
 template <int MR>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void own_tile(const at::BFloat16* A, int64_t lda,
                                                                     const at::BFloat16* panel, int64_t Kp, float* C,
-                                                                    int64_t ldc, int64_t n, bool add_C) {
+                                                                    int64_t ldc, int64_t n, bool add_C,
+                                                                    const at::BFloat16* next) {
   __m512 acc[MR][4];
 #pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) {
@@ -73,6 +76,10 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void own_tile(const at::B
     const at::BFloat16* b = panel + kk * 2 * kBf16Panel;
     const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 32);
     const __m512bh b2 = (__m512bh)_mm512_loadu_si512(b + 64), b3 = (__m512bh)_mm512_loadu_si512(b + 96);
+    if constexpr (MR > 1) {
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) _mm_prefetch(reinterpret_cast<const char*>(next + kk * 2 * kBf16Panel + 32 * q), _MM_HINT_T1);
+    }
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
       int32_t pair;
@@ -105,24 +112,25 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void own_tile(const at::B
 // The M rows in tiles as even as 6-row tiles allow (8 rows: 4 + 4, not 6 + 2: a 2-row tile
 // issues 4 loads for 8 dot products).
 void own_gemm(int64_t M, const at::BFloat16* A, int64_t lda, const at::BFloat16* panel, int64_t Kp, float* C,
-              int64_t ldc, int64_t n, bool add_C) {
+              int64_t ldc, int64_t n, bool add_C, const at::BFloat16* next) {
   const int64_t tiles = (M + 5) / 6;
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t m0 = M * t / tiles, m = M * (t + 1) / tiles - m0;
     const at::BFloat16* a = A + m0 * lda;
     float* c = C + m0 * ldc;
     switch (m) {
-      case 6: own_tile<6>(a, lda, panel, Kp, c, ldc, n, add_C); break;
-      case 5: own_tile<5>(a, lda, panel, Kp, c, ldc, n, add_C); break;
-      case 4: own_tile<4>(a, lda, panel, Kp, c, ldc, n, add_C); break;
-      case 3: own_tile<3>(a, lda, panel, Kp, c, ldc, n, add_C); break;
-      case 2: own_tile<2>(a, lda, panel, Kp, c, ldc, n, add_C); break;
-      default: own_tile<1>(a, lda, panel, Kp, c, ldc, n, add_C); break;
+      case 6: own_tile<6>(a, lda, panel, Kp, c, ldc, n, add_C, next); break;
+      case 5: own_tile<5>(a, lda, panel, Kp, c, ldc, n, add_C, next); break;
+      case 4: own_tile<4>(a, lda, panel, Kp, c, ldc, n, add_C, next); break;
+      case 3: own_tile<3>(a, lda, panel, Kp, c, ldc, n, add_C, next); break;
+      case 2: own_tile<2>(a, lda, panel, Kp, c, ldc, n, add_C, next); break;
+      default: own_tile<1>(a, lda, panel, Kp, c, ldc, n, add_C, next); break;
     }
   }
 }
 #else
-void own_gemm(int64_t, const at::BFloat16*, int64_t, const at::BFloat16*, int64_t, float*, int64_t, int64_t, bool) {
+void own_gemm(int64_t, const at::BFloat16*, int64_t, const at::BFloat16*, int64_t, float*, int64_t, int64_t, bool,
+              const at::BFloat16*) {
   TORCH_INTERNAL_ASSERT(false, "bf16_gemm: an x86-64 build only");
 }
 #endif
@@ -188,7 +196,9 @@ void bf16_gemm(int64_t M, const at::BFloat16* A, int64_t lda, const Bf16Panels& 
   if (bf16_kernel() == Bf16Kernel::Own) {
     TORCH_INTERNAL_ASSERT(n0 % kBf16Panel == 0 && lda >= B.Kp, "bf16_gemm: n0 on a panel, A as deep as B's panels");
     for (int64_t c0 = 0; c0 < nw; c0 += kBf16Panel) {
-      own_gemm(M, A, lda, B.panel((n0 + c0) / kBf16Panel), B.Kp, C + c0, ldc, std::min(kBf16Panel, nw - c0), add_C);
+      const at::BFloat16* panel = B.panel((n0 + c0) / kBf16Panel);
+      const at::BFloat16* next = c0 + kBf16Panel < nw ? B.panel((n0 + c0) / kBf16Panel + 1) : panel;
+      own_gemm(M, A, lda, panel, B.Kp, C + c0, ldc, std::min(kBf16Panel, nw - c0), add_C, next);
     }
     return;
   }
