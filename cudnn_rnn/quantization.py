@@ -120,6 +120,6 @@ def int8_available() -> bool:
 
 
 def _int8() -> bool:
-    from . import _C
+    from ._C import cpu_int8_gemms
 
-    return _C.cpu_int8_gemms()
+    return cpu_int8_gemms()
