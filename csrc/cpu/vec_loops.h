@@ -1,7 +1,7 @@
 // float32 loops that GCC vectorises (no libm calls, no branches): the activations (tanh,
 // sigmoid, clipped ramps) and the rounding to bfloat16 over arrays, and the fused cell rows of LSTM and GRU reset_after=True
 // whose activations are tanh or sigmoid (every gate activated, combined and saved in one call
-// per row: GRU in one loop over the units, LSTM gate by gate over chunks of them). vec_loops_impl.h is compiled once per instruction set: namespace vec_base
+// per row, gate by gate over chunks of the units). vec_loops_impl.h is compiled once per instruction set: namespace vec_base
 // (baseline x86-64, or the target's baseline elsewhere), vec_avx2 (AVX2 + FMA) and vec_avx512
 // (AVX-512 F/BW/DQ/VL, 512-bit vectors); float_loops() picks one at load time.
 #pragma once

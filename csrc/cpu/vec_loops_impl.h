@@ -136,21 +136,31 @@ void lstm_backward(int64_t n, const float* __restrict__ saved, int64_t ss, const
   }
 }
 
+// The GRU row (reset_after) the same way: z and r by loops of their own, then the candidate, then
+// the state (one-thread GRU inference at H=64, B=128 on the Zen 4: 10 % faster at the AVX2 level;
+// within 4 % either way with AVX-512).
 template <bool A, bool R, bool Save>
 void gru_forward(int64_t n, const float* __restrict__ xw, int64_t xs, const float* __restrict__ rec, int64_t rs,
                  const float* __restrict__ h_prev, float* __restrict__ saved, int64_t ss, float* __restrict__ h_new) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float z = gate_f32<R>(xw[j] + rec[j]);
-    const float r = gate_f32<R>(xw[xs + j] + rec[rs + j]);
-    const float hh = rec[2 * rs + j];
-    const float c = gate_f32<A>(xw[2 * xs + j] + r * hh);
-    if constexpr (Save) {
-      saved[j] = z;
-      saved[ss + j] = r;
-      saved[2 * ss + j] = c;
-      saved[3 * ss + j] = hh;
-    }
-    h_new[j] = z * h_prev[j] + (1.0f - z) * c;
+  constexpr int64_t kChunk = 256;
+  alignas(64) float local[Save ? 1 : 3][Save ? 1 : kChunk];
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int64_t m = n - j0 < kChunk ? n - j0 : kChunk;
+    float* g[3];
+    for (int q = 0; q < 3; ++q) g[q] = Save ? saved + q * ss + j0 : &local[Save ? 0 : q][0];
+    gate_loop<R>(m, xw + j0, rec + j0, g[0]);
+    gate_loop<R>(m, xw + xs + j0, rec + rs + j0, g[1]);
+    const float* __restrict__ r = g[1];
+    const float* __restrict__ hh = rec + 2 * rs + j0;
+    const float* __restrict__ xc = xw + 2 * xs + j0;
+    float* __restrict__ c = g[2];
+    for (int64_t j = 0; j < m; ++j) c[j] = gate_f32<A>(xc[j] + r[j] * hh[j]);
+    if constexpr (Save) std::memcpy(saved + 3 * ss + j0, hh, m * sizeof(float));
+    const float* __restrict__ z = g[0];
+    const float* __restrict__ cc = g[2];
+    const float* __restrict__ hp = h_prev + j0;
+    float* __restrict__ hn = h_new + j0;
+    for (int64_t j = 0; j < m; ++j) hn[j] = z[j] * hp[j] + (1.0f - z[j]) * cc[j];
   }
 }
 
