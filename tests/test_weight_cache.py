@@ -178,3 +178,36 @@ def test_bfloat16_panels_are_kept_and_follow_the_weights(cell):
         again = layer(x)
         assert _packs() > before, "weights changed in place but the old panels were used"
         torch.testing.assert_close(again.float(), reference(x.float()), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("cell", list(LAYERS))
+def test_float16_weights_float32_copies_follow_the_weights(cell):
+    """A float16 call computes in float32 from float32 copies of the weights, kept across calls
+    while the weights are unchanged. Training with SGD (lr=0.5, the outputs move far beyond the
+    tolerance each step): every step's outputs and weight gradients equal a float32 layer's with
+    the updated float16 weights, so a stale copy would fail; an unchanged layer converts nothing
+    again."""
+    torch.manual_seed(3)
+    layer = LAYERS[cell]().to(torch.float16)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+    x = torch.randn(3, 5, 24).to(torch.float16)
+    previous = None
+    for _ in range(3):
+        reference = copy.deepcopy(layer).float()
+        out = layer(x)
+        expected = reference(x.float())
+        torch.testing.assert_close(out.float(), expected, atol=2e-3, rtol=2e-3)
+        if previous is not None:  # the step moved the outputs: the old weights' would fail above
+            assert (expected - previous).abs().max() > 0.1
+        previous = expected.detach()
+        out.float().sum().backward()
+        expected.sum().backward()
+        for p, q in zip(layer.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad.float(), q.grad, atol=2e-2, rtol=2e-3)
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():
+        first = layer(x)
+        before = _packs()
+        assert torch.equal(layer(x), first)
+        assert _packs() == before, "unchanged float16 weights were converted or packed again"

@@ -12,6 +12,8 @@
 //                                                 configurations it takes (returns false for the
 //                                                 rest); PolicyDefaults declines every one
 //   workspace(sizes, options)                     large per-call buffers (PolicyDefaults: at::empty)
+//   float_weight(w)                               a float16 / bfloat16 weight in float32 (PolicyDefaults:
+//                                                 converted on every call)
 //   row_gemm<T>(...)                              a backend's own row GEMM (PolicyDefaults: none)
 //   low_precision_weight_grads<T>(cfg)            weight-gradient GEMMs in cfg.gemm_dtype (PolicyDefaults: no)
 //   projects_input_in_loop<T>(cfg, a)             the time loop projects each step's input (PolicyDefaults: no)
@@ -440,6 +442,10 @@ struct PolicyDefaults {
   // Large per-call buffers (the CPU backend keeps a pool of them; at::empty reuses through the
   // CUDA caching allocator).
   static Tensor workspace(at::IntArrayRef sizes, const at::TensorOptions& opts) { return at::empty(sizes, opts); }
+
+  // A float16 / bfloat16 weight in float32, for a low-precision call computed in float32 (the CPU
+  // backend keeps the copy across calls while the weight is unchanged).
+  static Tensor float_weight(const Tensor& w) { return w.to(at::kFloat); }
 
   // out2[r] = (accumulate ? out2[r] : bias, or 0) + in2[r] · op(W) for the rows r listed in
   // `rows` (int64; every row when undefined), op(W) = W [K, N] or, with trans_w, the transpose
@@ -878,25 +884,25 @@ inline std::vector<Tensor> to_float(const std::vector<Tensor>& ts) {
   for (const auto& t : ts) out.push_back(to_float(t));
   return out;
 }
-inline RnnInputs to_float(const RnnInputs& in) {
-  return {to_float(in.x), to_float(in.weights), in.mask, to_float(in.dropout_masks),
-          to_float(in.recurrent_dropout_masks)};
-}
 
 // A float32 stand-in of x's shape without data (stride 0): in.x of a low-precision call computed
-// in float32, whose x travels as x_low and is converted where a direction reads it.
-inline RnnInputs float_inputs_but_x(const RnnInputs& call_in) {
-  RnnInputs in = call_in;
-  in.x = Tensor();
-  in = to_float(in);
-  in.x = at::zeros({1, 1, 1}, call_in.x.options().dtype(at::kFloat)).expand(call_in.x.sizes());
+// in float32, whose x travels as x_low and is converted where a direction reads it; the weights
+// in float32 through Policy::float_weight.
+template <typename Policy>
+RnnInputs float_inputs_but_x(const RnnInputs& call_in) {
+  RnnInputs in{at::zeros({1, 1, 1}, call_in.x.options().dtype(at::kFloat)).expand(call_in.x.sizes()),
+               {},
+               call_in.mask,
+               to_float(call_in.dropout_masks),
+               to_float(call_in.recurrent_dropout_masks)};
+  for (const Tensor& w : call_in.weights) in.weights.push_back(low_precision(w) ? Policy::float_weight(w) : w);
   return in;
 }
 
 template <typename Policy>
 ForwardResult forward_any_precision(const RnnConfig& cfg, const ForwardCall& call) {
   if (!low_precision(call.in.x)) return forward<Policy>(cfg, call);
-  ForwardCall f{float_inputs_but_x(call.in), to_float(call.h0), to_float(call.c0), call.options, call.need_grad};
+  ForwardCall f{float_inputs_but_x<Policy>(call.in), to_float(call.h0), to_float(call.c0), call.options, call.need_grad};
   f.x_low = call.in.x;
   f.weights_low = call.in.weights;
   RnnConfig c = cfg;
@@ -910,7 +916,7 @@ template <typename Policy>
 BackwardResult backward_any_precision(const RnnConfig& cfg, const BackwardCall& call) {
   if (!low_precision(call.in.x)) return backward<Policy>(cfg, call);
   BackwardCall f{to_float(call.grad_y), to_float(call.grad_h_n), to_float(call.grad_c_n),
-                 float_inputs_but_x(call.in),   call.reserve,           call.options};
+                 float_inputs_but_x<Policy>(call.in), call.reserve, call.options};
   f.x_low = call.in.x;
   RnnConfig c = cfg;
   c.gemm_dtype = call.in.x.scalar_type();

@@ -1,5 +1,7 @@
-// Packed forms of weight tensors, kept across calls while the tensors are unchanged: inference,
-// evaluation loops and streaming (one step a call) stop repacking the kernels on every call.
+// Packed forms of weight tensors (and the float32 copies of float16 / bfloat16 weights), kept
+// across calls while the tensors are unchanged: inference, evaluation loops and streaming (one
+// step a call) stop repacking the kernels on every call, and a training step's backward reuses
+// its forward's float32 copies.
 //
 // An entry is keyed on the weight tensor and its storage (both held weakly, so a freed one is
 // never mistaken for a new one at the same address), its offset, sizes, strides and dtype, the
