@@ -389,12 +389,14 @@ struct WeightProducts {
   Tensor (*transposed_to)(const Tensor&, at::ScalarType) = nullptr;
   using Parts = std::vector<std::pair<Tensor, Tensor>>;
   Tensor (*own)(const Parts&, const Tensor&, bool) = nullptr;  // Policy::weight_grad
+  Tensor (*workspace)(at::IntArrayRef, const at::TensorOptions&) = nullptr;  // Policy::workspace
   Tensor operator()(const Tensor& A, const Tensor& D, const Tensor& D_low = Tensor()) const {
     if (!low) {
       Tensor product = own ? own({{A, Tensor()}}, D, false) : Tensor();
       return product.defined() ? product : at::mm(A.t(), D);
     }
-    return at::mm(transposed_to(A, dtype), D_low.defined() ? D_low : D.to(dtype)).to(at::kFloat);
+    const Tensor product = at::mm(transposed_to(A, dtype), D_low.defined() ? D_low : D.to(dtype));
+    return workspace(product.sizes(), product.options().dtype(at::kFloat)).copy_(product);
   }
   // The backend's own float32 [A_1 | A_2 ... (| 1)]^T · D (stacked_weight_grad), or undefined.
   Tensor own_stacked(const Parts& parts, const Tensor& D, bool ones) const {
@@ -640,7 +642,8 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   // (own stays null for a policy without a weight-gradient GEMM of its own: no row lists are built for it)
   const WeightProducts product{Policy::template low_precision_weight_grads<T>(cfg), cfg.gemm_dtype,
                                &Policy::transposed_to,
-                               &Policy::weight_grad == &PolicyDefaults::weight_grad ? nullptr : &Policy::weight_grad};
+                               &Policy::weight_grad == &PolicyDefaults::weight_grad ? nullptr : &Policy::weight_grad,
+                               &Policy::workspace};
   if (extras.dbias.defined()) g.dbias = extras.dbias;
   // The input gradient is written by a GEMM without accumulating where it is the first and that
   // GEMM covers every row (a zero fill and a read of [T, B, In] the less); else added to zeros.
@@ -736,8 +739,8 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       const Tensor h2 = gru_after ? hin.reshape({Tn * B, u}) : in_input_layout(hin);
       const Tensor d2 = (gru_after ? drec.view({Tn * B, G * u}) : dxw2).narrow(1, g0 * u, (g1 - g0) * u);
       const Tensor d2_low = gru_after || !dxw2_low.defined() ? Tensor() : dxw2_low.narrow(1, g0 * u, (g1 - g0) * u);
-      if (g0 == 0 && g1 == G && !product.low) {
-        g.drecurrent = product(h2, d2);  // every gate: the product is the gradient (no copy)
+      if (g0 == 0 && g1 == G) {
+        g.drecurrent = product(h2, d2, d2_low);  // every gate: the product is the gradient (no copy)
       } else {
         if (!g.drecurrent.defined()) g.drecurrent = at::empty({u, G * u}, opts);
         g.drecurrent.narrow(1, g0 * u, (g1 - g0) * u).copy_(product(h2, d2, d2_low));
@@ -922,7 +925,12 @@ BackwardResult backward_any_precision(const RnnConfig& cfg, const BackwardCall& 
   c.gemm_dtype = call.in.x.scalar_type();
   auto [dx, dw, dh0, dc0] = backward<Policy>(c, f);
   const auto dtype = call.in.x.scalar_type();
-  for (size_t i = 0; i < dw.size(); ++i) dw[i] = dw[i].to(call.in.weights[i].scalar_type());
+  // The weight gradients (as large as the weights) through Policy::workspace: the CPU's pool, so
+  // no page faults on every call.
+  for (size_t i = 0; i < dw.size(); ++i) {
+    const auto wt = call.in.weights[i].scalar_type();
+    if (dw[i].scalar_type() != wt) dw[i] = Policy::workspace(dw[i].sizes(), dw[i].options().dtype(wt)).copy_(dw[i]);
+  }
   return {dx.to(dtype), dw, dh0.to(dtype), dc0.to(dtype)};
 }
 
