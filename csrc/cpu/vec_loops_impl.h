@@ -86,6 +86,22 @@ void gate_loop(int64_t n, const float* __restrict__ a, const float* __restrict__
   for (int64_t j = 0; j < n; ++j) out[j] = gate_f32<Tanh>(a[j] + b[j]);
 }
 
+// The chunks a row's gates are computed in, kChunk units at a time: at(n, j0) returns the size of
+// the chunk at unit j0 and points g[q] at gate q's values of it, in saved (gate stride ss) where
+// the row saves its gates, else in a local buffer.
+template <int Q, bool Save>
+struct GateChunks {
+  static constexpr int64_t kChunk = 256;
+  float* saved;
+  int64_t ss;
+  float* g[Q];
+  alignas(64) float local[Save ? 1 : Q][Save ? 1 : kChunk];
+  int64_t at(int64_t n, int64_t j0) {
+    for (int q = 0; q < Q; ++q) g[q] = Save ? saved + q * ss + j0 : &local[Save ? 0 : q][0];
+    return n - j0 < kChunk ? n - j0 : kChunk;
+  }
+};
+
 // The LSTM row in chunks of units, each gate activated by a loop of its own (into saved, or a
 // local chunk where nothing is saved) and the state updated by another: one loop computing all
 // five activations holds more constants and temporaries than AVX2's 16 registers and spilled
@@ -95,20 +111,17 @@ template <bool A, bool R, bool Save>
 void lstm_forward(int64_t n, const float* __restrict__ xw, int64_t xs, const float* __restrict__ rec, int64_t rs,
                   const float* __restrict__ c_prev, float* __restrict__ saved, int64_t ss, float* __restrict__ h_new,
                   float* __restrict__ c_new) {
-  constexpr int64_t kChunk = 256;
-  alignas(64) float local[Save ? 1 : 4][Save ? 1 : kChunk];
-  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
-    const int64_t m = n - j0 < kChunk ? n - j0 : kChunk;
-    float* g[4];
-    for (int q = 0; q < 4; ++q) g[q] = Save ? saved + q * ss + j0 : &local[Save ? 0 : q][0];
-    gate_loop<R>(m, xw + j0, rec + j0, g[0]);
-    gate_loop<R>(m, xw + xs + j0, rec + rs + j0, g[1]);
-    gate_loop<A>(m, xw + 2 * xs + j0, rec + 2 * rs + j0, g[2]);
-    gate_loop<R>(m, xw + 3 * xs + j0, rec + 3 * rs + j0, g[3]);
-    const float* __restrict__ i = g[0];
-    const float* __restrict__ f = g[1];
-    const float* __restrict__ gg = g[2];
-    const float* __restrict__ o = g[3];
+  GateChunks<4, Save> chunks{saved, ss, {}, {}};
+  for (int64_t j0 = 0; j0 < n; j0 += chunks.kChunk) {
+    const int64_t m = chunks.at(n, j0);
+    gate_loop<R>(m, xw + j0, rec + j0, chunks.g[0]);
+    gate_loop<R>(m, xw + xs + j0, rec + rs + j0, chunks.g[1]);
+    gate_loop<A>(m, xw + 2 * xs + j0, rec + 2 * rs + j0, chunks.g[2]);
+    gate_loop<R>(m, xw + 3 * xs + j0, rec + 3 * rs + j0, chunks.g[3]);
+    const float* __restrict__ i = chunks.g[0];
+    const float* __restrict__ f = chunks.g[1];
+    const float* __restrict__ gg = chunks.g[2];
+    const float* __restrict__ o = chunks.g[3];
     const float* __restrict__ cp = c_prev + j0;
     float* __restrict__ cn = c_new + j0;
     float* __restrict__ hn = h_new + j0;
@@ -142,22 +155,19 @@ void lstm_backward(int64_t n, const float* __restrict__ saved, int64_t ss, const
 template <bool A, bool R, bool Save>
 void gru_forward(int64_t n, const float* __restrict__ xw, int64_t xs, const float* __restrict__ rec, int64_t rs,
                  const float* __restrict__ h_prev, float* __restrict__ saved, int64_t ss, float* __restrict__ h_new) {
-  constexpr int64_t kChunk = 256;
-  alignas(64) float local[Save ? 1 : 3][Save ? 1 : kChunk];
-  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
-    const int64_t m = n - j0 < kChunk ? n - j0 : kChunk;
-    float* g[3];
-    for (int q = 0; q < 3; ++q) g[q] = Save ? saved + q * ss + j0 : &local[Save ? 0 : q][0];
-    gate_loop<R>(m, xw + j0, rec + j0, g[0]);
-    gate_loop<R>(m, xw + xs + j0, rec + rs + j0, g[1]);
-    const float* __restrict__ r = g[1];
+  GateChunks<3, Save> chunks{saved, ss, {}, {}};
+  for (int64_t j0 = 0; j0 < n; j0 += chunks.kChunk) {
+    const int64_t m = chunks.at(n, j0);
+    gate_loop<R>(m, xw + j0, rec + j0, chunks.g[0]);
+    gate_loop<R>(m, xw + xs + j0, rec + rs + j0, chunks.g[1]);
+    const float* __restrict__ r = chunks.g[1];
     const float* __restrict__ hh = rec + 2 * rs + j0;
     const float* __restrict__ xc = xw + 2 * xs + j0;
-    float* __restrict__ c = g[2];
+    float* __restrict__ c = chunks.g[2];
     for (int64_t j = 0; j < m; ++j) c[j] = gate_f32<A>(xc[j] + r[j] * hh[j]);
     if constexpr (Save) std::memcpy(saved + 3 * ss + j0, hh, m * sizeof(float));
-    const float* __restrict__ z = g[0];
-    const float* __restrict__ cc = g[2];
+    const float* __restrict__ z = chunks.g[0];
+    const float* __restrict__ cc = chunks.g[2];
     const float* __restrict__ hp = h_prev + j0;
     float* __restrict__ hn = h_new + j0;
     for (int64_t j = 0; j < m; ++j) hn[j] = z[j] * hp[j] + (1.0f - z[j]) * cc[j];
