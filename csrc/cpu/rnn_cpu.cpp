@@ -510,9 +510,9 @@ struct CpuPolicy : TimeLoops {
   }
 
   // The float32 copy of a float16 / bfloat16 weight, kept in the weight cache while the weight is
-  // unchanged (a training step's backward reuses its forward's; inference converts once): the
-  // conversions into fresh memory took about a fifth of a one-thread bfloat16 LSTM training step
-  // at H=512, B=8.
+  // unchanged (a training step's backward reuses its forward's; inference converts once):
+  // converting into fresh memory on every call costs about a fifth of a one-thread bfloat16 LSTM
+  // training step at H=512, B=8.
   static Tensor float_weight(const Tensor& w) {
     return cpu::cached_pack(w, "float32 copy", [&] { return w.to(at::kFloat); });
   }

@@ -5,8 +5,8 @@
 #include <type_traits>
 
 // The scalar functions the loops below call are always inlined: a loop calling one out of line
-// is not vectorised (GCC's inlining limits are per function, and once a function had grown
-// past them a 64-unit LSTM row ran scalar tanh calls, 3x slower).
+// is not vectorised, and GCC's inlining limits are per function (past them a 64-unit LSTM row
+// runs scalar tanh calls, 3x slower).
 #ifndef CUDNN_RNN_INLINE
 #if defined(__GNUC__)
 #define CUDNN_RNN_INLINE inline __attribute__((always_inline))
@@ -104,7 +104,7 @@ struct GateChunks {
 
 // The LSTM row in chunks of units, each gate activated by a loop of its own (into saved, or a
 // local chunk where nothing is saved) and the state updated by another: one loop computing all
-// five activations holds more constants and temporaries than AVX2's 16 registers and spilled
+// five activations holds more constants and temporaries than AVX2's 16 registers and spills
 // them to the stack on every iteration (one-thread LSTM forward at H=64, B=128 on an AMD Zen 4:
 // 3-12 % faster at the AVX2 level, 2-6 % with AVX-512).
 template <bool A, bool R, bool Save>
