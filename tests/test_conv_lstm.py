@@ -187,6 +187,38 @@ def test_gradcheck(kw):
     assert _gradcheck_layer(layer, x, mask, h0, c0)
 
 
+@pytest.mark.parametrize("steps", [1, 3])
+def test_gradcheck_without_initial_state(steps):
+    """Without h0 the first step convolves x alone and the recurrent kernel's gradient skips that
+    step (its zero state adds nothing): gradcheck in float64, and the same values and gradients
+    as explicit zero states, which run every product (at one step, the recurrent kernel's
+    gradient is zero)."""
+    torch.manual_seed(3)
+    layer = cudnn_rnn.ConvLSTM2D(2, 3, 3, padding="same", return_sequences=True, return_state=True,
+                                 dtype=torch.float64)
+    x = torch.randn(2, steps, 5, 4, 2, dtype=torch.float64, requires_grad=True)
+    params = list(layer.parameters())
+
+    def g(x, kernel, recurrent, bias, zeros=None):
+        layer.kernel, layer.recurrent_kernel, layer.bias = kernel, recurrent, bias
+        return tuple(layer(x, initial_state=zeros))
+
+    inputs = (x,) + tuple(p.detach().clone().requires_grad_(True) for p in params)
+    for name in ("kernel", "recurrent_kernel", "bias"):
+        delattr(layer, name)
+    assert torch.autograd.gradcheck(g, inputs, atol=1e-6, rtol=1e-5)
+    zeros = [torch.zeros(2, 5, 4, 3, dtype=torch.float64)] * 2
+    results = []
+    for state in (None, zeros):
+        out = g(*inputs, zeros=state)
+        loss = sum((o * o).sum() for o in out)
+        results.append(out + torch.autograd.grad(loss, inputs))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    if steps == 1:
+        assert results[0][-2].abs().max() == 0  # the recurrent kernel's gradient
+
+
 def _gradcheck_layer(layer, x, mask, h0, c0):
     """gradcheck of a float64 layer's outputs in x, the initial states and its parameters."""
     params = list(layer.parameters())

@@ -206,6 +206,10 @@ Dims check(const ConvLstmTensors& in, const OptTensor& h0, const OptTensor& c0, 
   return d;
 }
 
+// Whether a CPU tensor is zero everywhere (read only on the CPU: elsewhere it would wait for the
+// device).
+bool zero_on_cpu(const Tensor& t) { return t.is_cpu() && !t.any().item<bool>(); }
+
 Conv input_conv(const ConvLstmOptions& o) { return Conv{o.stride, o.pad_before, o.pad_after, o.dilation}; }
 
 // A kernel as the convolutions read it: channels_last for 2-D / 3-D (the inputs are; otherwise
@@ -277,6 +281,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward_concatenated(
   const auto opts = x.options();
   const int64_t B = d.B, T = d.T, C = d.C, F = d.F;
   const Tensor weight = conv_weight(at::cat({in.kernel, in.recurrent_kernel}, 1));
+  // Without an initial state, h is zero at the first step: the kernel alone convolves x there.
+  const Tensor first_weight = h0.has_value() ? Tensor() : conv_weight(in.kernel);
   const Tensor xin = in.dropout_mask.defined() ? x * in.dropout_mask[0].unsqueeze(1) : x;
   Tensor xh = steps.make(d.shape({B}, d.S, C + F), opts);
   auto [z, hs, cs, y] = forward_arrays(d, h0, c0, opts, steps);
@@ -284,14 +290,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward_concatenated(
   for (int64_t s = 0; s < T; ++s) {
     const int64_t t = o.go_backwards ? T - 1 - s : s;
     const Tensor h_prev = hs[s];
-    xh.narrow(-1, 0, C).copy_(xin.select(1, t));
-    if (in.recurrent_dropout_mask.defined()) {
-      Tensor h_part = xh.narrow(-1, C, F);
-      at::mul_out(h_part, h_prev, in.recurrent_dropout_mask[0]);
+    Tensor pre;
+    if (s == 0 && first_weight.defined()) {
+      pre = rec(xin.select(1, t).contiguous(), first_weight, in.bias);
     } else {
-      xh.narrow(-1, C, F).copy_(h_prev);
+      xh.narrow(-1, 0, C).copy_(xin.select(1, t));
+      if (in.recurrent_dropout_mask.defined()) {
+        Tensor h_part = xh.narrow(-1, C, F);
+        at::mul_out(h_part, h_prev, in.recurrent_dropout_mask[0]);
+      } else {
+        xh.narrow(-1, C, F).copy_(h_prev);
+      }
+      pre = rec(xh, weight, in.bias);
     }
-    const Tensor pre = rec(xh, weight, in.bias);
     const Tensor real = in.mask.defined() ? masks.real_by_step[s] : Tensor();
     const Tensor seen = in.mask.defined() ? masks.seen_before[s] : Tensor();
     steps.forward(pre, Tensor(), h_prev, cs[s], real, seen, z[s], hs[s + 1], cs[s + 1], y.select(1, s),
@@ -409,13 +420,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
     std::swap(dc, dc_prev);
   }
 
-  // The recurrent kernel's gradient, every step at once.
+  // The recurrent kernel's gradient, every step at once; from the second step where the initial
+  // state is zero (no h0, the usual call), whose step adds nothing to it.
   Tensor grad_recurrent = at::empty(recurrent.sizes(), opts);  // contiguous, as the fake kernel says
-  const Tensor h_all = hsc.narrow(0, 0, T);
-  for (int64_t k = 0; k < Gr; ++k) {
+  const int64_t s0 = zero_on_cpu(hsc[0]) ? 1 : 0, Tr = T - s0;
+  if (Tr == 0) grad_recurrent.zero_();
+  const Tensor h_all = hsc.narrow(0, s0, Tr), dz_all = dz.narrow(0, s0, Tr);
+  for (int64_t k = 0; k < Gr && Tr > 0; ++k) {
     const Tensor hk = (in.recurrent_dropout_mask.defined() ? h_all * in.recurrent_dropout_mask[k].unsqueeze(0) : h_all)
-                          .reshape(d.shape({T * B}, d.Sp, F));
-    const Tensor gk = (Gr == 1 ? dz : dz.narrow(-1, k * wr, wr)).reshape(d.shape({T * B}, d.Sp, wr));
+                          .reshape(d.shape({Tr * B}, d.Sp, F));
+    const Tensor gk = (Gr == 1 ? dz_all : dz_all.narrow(-1, k * wr, wr)).reshape(d.shape({Tr * B}, d.Sp, wr));
     const Tensor wk = Gr == 1 ? recurrent : recurrent.narrow(0, k * wr, wr);
     const Tensor gw = std::get<1>(conv_rec.backward(gk, hk, wk, false, true, false));
     (Gr == 1 ? grad_recurrent : grad_recurrent.narrow(0, k * wr, wr)).copy_(gw);

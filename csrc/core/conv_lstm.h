@@ -8,9 +8,11 @@
 // (with the bias); then per step the recurrent convolution of h (padding "same", stride 1) added
 // to that step's slice, and the fused cell. Where the input convolution has the recurrent one's
 // geometry and the backend opts in (CellSteps::concatenated_inputs: the CPU), one convolution
-// per step over x_t and h concatenated instead (oneDNN ran it 1.2x faster than the two apart). Backward: per step (reversed) the fused cell backward
-// and the recurrent convolution's input gradient; then the recurrent kernel's gradient as one
-// convolution backward over all steps, and the input side (x, kernel, bias) as one more.
+// per step over x_t and h concatenated instead (oneDNN ran it 1.2x faster than the two apart;
+// without an initial state the first step convolves x_t alone). Backward: per step (reversed) the
+// fused cell backward and the recurrent convolution's input gradient; then the recurrent kernel's
+// gradient as one convolution backward over all steps (from the second where the initial state is
+// zero), and the input side (x, kernel, bias) as one more.
 // Dropout masks with 4 gates run each gate's convolutions on its own masked input.
 #pragma once
 
