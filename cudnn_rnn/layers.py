@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from .cells import GATES, STATES, canonical_activation, standard_departures
 from ._random import MaskSource
+from ._C import layer_call as _layer_call
 from .ops import RnnSpec, rnn_forward
 from .torch_conversion import copy_from_torch, keras_options, to_torch as _to_torch, torch_incompatibilities
 
@@ -71,6 +72,12 @@ def _check_positive_int(value, argument: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{argument} must be a positive integer; got {value!r}")
     return value
+
+
+def _traced_or_overridden() -> bool:
+    """Whether something above the dispatcher watches the call (torch.compile / export, torch.jit
+    tracing, a torch function mode): the layer then runs its Python path, which they see."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch._C._is_torch_function_mode_enabled()
 
 
 def autocast_input(t, ref: Tensor):
@@ -370,6 +377,14 @@ class _RNNBase(nn.Module):
             return torch.ops.cudnn_rnn.rnn_forward_int8(x, weights, mask, h0, c0, *spec.args())
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, initial_state=None, training: Optional[bool] = None):
+        if mask is None and not self.stateful and not self.quantized and not _traced_or_overridden() and (
+                not (self.dropout or self.recurrent_dropout) or not (self.training if training is None else training)):
+            # The everyday call (streaming included) in C++; None: what it does not take runs below.
+            out = _layer_call(x, self._parameters, _weight_names(self.use_bias, 0), initial_state,
+                              self.op_spec().args(), self.input_size, self.units, STATES[self.cell],
+                              self.return_sequences, self.return_state)
+            if out is not None:
+                return out
         ref = self._weight("kernel")
         x, initial_state = autocast_input(x, ref), autocast_input(initial_state, ref)
         y, h_n, c_n = self.run(x, mask, initial_state, training)

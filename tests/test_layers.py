@@ -89,3 +89,90 @@ def test_parametrized_weights_reach_the_op(make):
     y.sum().backward()
     assert layer.parametrizations.recurrent_kernel.original.grad is not None
     assert layer.parametrizations.recurrent_kernel.original.grad.abs().sum() > 0
+
+
+class _Watch(torch.overrides.TorchFunctionMode):
+    """A torch function mode that passes every call on: with one active, the layers run their
+    Python path (a mode above the dispatcher sees that path's calls)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _states(cell, B, H, kind):
+    states = [torch.randn(B, H) for _ in range(2 if cell == "lstm" else 1)]
+    if kind == "none":
+        return None
+    if kind == "tensor":
+        return states[0] if cell != "lstm" else states
+    return tuple(states) if kind == "tuple" else states
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "simple_rnn"])
+@pytest.mark.parametrize("return_sequences,return_state", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("states", ["none", "list", "tuple", "tensor"])
+def test_layer_call_in_cpp_matches_the_python_path(cell, return_sequences, return_state, states):
+    """The everyday call runs in C++ (cudnn_rnn._C.layer_call): the same outputs, bit for bit, and
+    the same gradients as the Python path, which a torch function mode forces."""
+    torch.manual_seed(0)
+    make = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU, "simple_rnn": cudnn_rnn.SimpleRNN}[cell]
+    layer = make(5, 7, return_sequences=return_sequences, return_state=return_state)
+    x = torch.randn(3, 4, 5, requires_grad=True)
+    init = _states(cell, 3, 7, states)
+    spec = layer.op_spec().args()
+    taken = cudnn_rnn._C.layer_call(x, layer._parameters, ("kernel", "recurrent_kernel", "bias"), init, spec, 5, 7,
+                                    2 if cell == "lstm" else 1, return_sequences, return_state)
+    assert taken is not None  # the C++ path takes this call
+
+    def outputs(out):
+        return list(out) if isinstance(out, list) else [out]
+
+    fast = outputs(layer(x, initial_state=init))
+    with _Watch():
+        slow = outputs(layer(x, initial_state=init))
+    assert len(fast) == len(slow) == (1 + (2 if cell == "lstm" else 1) * return_state)
+    for a, b in zip(fast, slow):
+        assert a.shape == b.shape and torch.equal(a, b)
+    params = [x] + list(layer.parameters())
+    g_fast = torch.autograd.grad(sum((o * o).sum() for o in fast), params)
+    g_slow = torch.autograd.grad(sum((o * o).sum() for o in slow), params)
+    for a, b in zip(g_fast, g_slow):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    with torch.no_grad():  # inference (no saved activations) the same way
+        fast = outputs(layer(x, initial_state=init))
+        with _Watch():
+            slow = outputs(layer(x, initial_state=init))
+    for a, b in zip(fast, slow):
+        assert not a.requires_grad and torch.equal(a, b)
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+def test_layer_call_in_cpp_declines_what_the_python_path_runs():
+    """What the C++ call does not take it returns None for, and the layer's Python path runs the
+    call: its errors name the argument as before."""
+    layer = cudnn_rnn.LSTM(5, 7, return_state=True)
+    spec = layer.op_spec().args()
+
+    def call(x, states=None):
+        return cudnn_rnn._C.layer_call(x, layer._parameters, ("kernel", "recurrent_kernel", "bias"), states, spec, 5, 7,
+                                       2, False, True)
+
+    x = torch.randn(3, 4, 5)
+    h = torch.randn(3, 7)
+    assert call(x) is not None
+    assert call(x.as_subclass(_Sub)) is None  # a subclass (its __torch_function__ sees the Python path)
+    assert call(x.double()) is None  # another dtype than the parameters (autocast, or an error)
+    assert call(torch.randn(3, 4, 6)) is None
+    assert call(torch.randn(3, 0, 5)) is None
+    assert call(x, [h]) is None  # LSTM takes two states
+    assert call(x, [h, torch.randn(3, 8)]) is None
+    assert call(x, [h, "c"]) is None
+    with pytest.raises(ValueError, match=r"x must have shape \(batch, time, 5\)"):
+        layer(torch.randn(3, 4, 6))
+    with pytest.raises(ValueError, match=r"initial_state\[1\] must have shape \(3, 7\)"):
+        layer(x, initial_state=[h, torch.randn(3, 8)])
+    with pytest.raises(TypeError, match="must have dtype torch.float32"):
+        layer(x.double())

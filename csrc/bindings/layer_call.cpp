@@ -1,0 +1,104 @@
+// The recurrent layers' everyday call from Python in one step: the arguments checked, the op
+// called through the dispatcher and the outputs shaped as the layer returns them, all in C++.
+// Streaming (one step at a time, states passed in) spends most of its time outside the GEMMs:
+// each tensor method called from Python costs about a microsecond, and the op's Python entry
+// converts sixteen arguments per call. The layer takes this path for calls without a mask,
+// dropout, stacked layers or kept states, on exact torch.Tensor inputs, when nothing traces or
+// overrides tensor functions (cudnn_rnn/layers.py); anything it does not take returns None, and
+// the layer's Python path then runs the call, errors included.
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "core/rnn_call.h"
+
+namespace cudnn_rnn {
+namespace bindings {
+
+namespace py = pybind11;
+
+namespace {
+
+// The tensor an object holds, where it is exactly a torch.Tensor or nn.Parameter (not a subclass
+// with a __torch_function__ of its own).
+const at::Tensor* exact_tensor(PyObject* o) { return THPVariable_CheckExact(o) ? &THPVariable_Unpack(o) : nullptr; }
+
+bool same_kind(const at::Tensor& t, const at::Tensor& ref) {
+  return t.scalar_type() == ref.scalar_type() && t.device() == ref.device();
+}
+
+}  // namespace
+
+// x; the layer's parameter dict and its weights' names in op order; initial_state as the layer
+// takes it (None, a tensor for one state, a list or tuple); spec: RnnSpec.args(); then the
+// layer's sizes and what it returns. Returns the layer's output (a tensor, or the list with the
+// final states), or None.
+py::object layer_call(py::handle x_obj, py::dict params, py::tuple names, py::handle states_obj, py::tuple spec,
+                      int64_t input_size, int64_t units, int64_t state_count, bool return_sequences,
+                      bool return_state) {
+  const at::Tensor* xp = exact_tensor(x_obj.ptr());
+  if (xp == nullptr || spec.size() != 9) return py::none();
+  const at::Tensor& x = *xp;
+  std::vector<at::Tensor> weights;
+  weights.reserve(names.size());
+  for (py::handle name : names) {
+    PyObject* p = PyDict_GetItem(params.ptr(), name.ptr());  // borrowed; a parametrized weight is not there
+    if (p == nullptr || !THPVariable_Check(p)) return py::none();
+    weights.push_back(THPVariable_Unpack(p));
+  }
+  if (weights.empty() || x.dim() != 3 || x.size(2) != input_size || x.size(1) < 1 || !same_kind(x, weights[0])) {
+    return py::none();
+  }
+  const int64_t num_layers = spec[5].cast<int64_t>();
+  const bool bidirectional = spec[6].cast<bool>();
+  if (num_layers != 1 || bidirectional) return py::none();
+
+  // One state tensor per state of the cell, each [B, units] like x: the op's [1, B, units] views.
+  c10::optional<at::Tensor> states[2];
+  if (!states_obj.is_none()) {
+    std::vector<PyObject*> given;
+    if (exact_tensor(states_obj.ptr()) != nullptr) {
+      given.push_back(states_obj.ptr());
+    } else if (PyList_Check(states_obj.ptr()) || PyTuple_Check(states_obj.ptr())) {
+      for (py::handle s : py::reinterpret_borrow<py::sequence>(states_obj)) given.push_back(s.ptr());
+    }
+    if (static_cast<int64_t>(given.size()) != state_count || state_count > 2) return py::none();
+    for (size_t i = 0; i < given.size(); ++i) {
+      const at::Tensor* s = exact_tensor(given[i]);
+      if (s == nullptr || s->dim() != 2 || s->size(0) != x.size(0) || s->size(1) != units || !same_kind(*s, x)) {
+        return py::none();
+      }
+      states[i] = s->unsqueeze(0);
+    }
+  }
+
+  bool need_grad = false;
+  if (at::GradMode::is_enabled()) {
+    need_grad = x.requires_grad();
+    for (const at::Tensor& w : weights) need_grad = need_grad || w.requires_grad();
+    for (const auto& s : states) need_grad = need_grad || (s.has_value() && s->requires_grad());
+  }
+  const std::string cell = spec[0].cast<std::string>(), activation = spec[1].cast<std::string>(),
+                    recurrent_activation = spec[2].cast<std::string>();
+  const RnnOptions options{cell, activation, recurrent_activation, spec[3].cast<bool>(), spec[4].cast<bool>(),
+                           num_layers, bidirectional, spec[7].cast<bool>(), spec[8].cast<bool>()};
+  ForwardResult result;
+  {
+    py::gil_scoped_release no_gil;  // as torch's own Python entries release it while an op runs
+    result = redispatch_forward(ForwardCall{{x, std::move(weights), c10::nullopt, {}, {}}, states[0], states[1],
+                                            options, need_grad});
+  }
+  const at::Tensor& y = std::get<0>(result);
+  at::Tensor output = return_sequences ? y : y.select(1, -1);
+  if (!return_state) return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(output)));
+  py::list out;
+  out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(output))));
+  out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(std::get<1>(result).select(0, -1))));
+  if (state_count == 2) out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(std::get<2>(result).select(0, -1))));
+  return out;
+}
+
+}  // namespace bindings
+}  // namespace cudnn_rnn
