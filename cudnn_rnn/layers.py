@@ -13,6 +13,7 @@ from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.utils._device import DeviceContext
 
 from .cells import GATES, STATES, canonical_activation, standard_departures
 from ._random import MaskSource
@@ -76,8 +77,15 @@ def _check_positive_int(value, argument: str) -> int:
 
 def _traced_or_overridden() -> bool:
     """Whether something above the dispatcher watches the call (torch.compile / export, torch.jit
-    tracing, a torch function mode): the layer then runs its Python path, which they see."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch._C._is_torch_function_mode_enabled()
+    tracing, a torch function mode other than torch's default device): the layer then runs its
+    Python path, which they see."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return True
+    if not torch._C._is_torch_function_mode_enabled():
+        return False
+    # torch.set_default_device / `with torch.device(...)`: a mode that only places new tensors, and
+    # the op makes its outputs on x's device.
+    return not all(type(m) is DeviceContext for m in torch.overrides._get_current_function_mode_stack())
 
 
 def autocast_input(t, ref: Tensor):
@@ -103,6 +111,15 @@ class _RNNBase(nn.Module):
     cell: str = ""
     # Set by cudnn_rnn.quantize_dynamic: inference through the int8 op (cudnn_rnn/quantization.py).
     quantized: bool = False
+    # Whether forward may run the everyday call in C++ (_C.layer_call): false for a subclass that
+    # overrides a step of the Python path, which must then run.
+    _plain_call: bool = True
+    _PATH_STEPS = ("run", "layer_weights", "_weight", "_check_input", "_check_mask", "_initial_states",
+                   "dropout_masks", "op_spec")
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._plain_call = all(getattr(cls, name) is getattr(_RNNBase, name) for name in _RNNBase._PATH_STEPS)
 
     def __init__(self, input_size, units, *, activation, recurrent_activation, use_bias, kernel_initializer,
                  recurrent_initializer, bias_initializer, dropout, recurrent_dropout, seed, return_sequences,
@@ -377,8 +394,9 @@ class _RNNBase(nn.Module):
             return torch.ops.cudnn_rnn.rnn_forward_int8(x, weights, mask, h0, c0, *spec.args())
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, initial_state=None, training: Optional[bool] = None):
-        if mask is None and not self.stateful and not self.quantized and not _traced_or_overridden() and (
-                not (self.dropout or self.recurrent_dropout) or not (self.training if training is None else training)):
+        training_now = self.training if training is None else training
+        if (mask is None and self._plain_call and not self.stateful and not self.quantized
+                and not (training_now and (self.dropout or self.recurrent_dropout)) and not _traced_or_overridden()):
             # The everyday call (streaming included) in C++; None: what it does not take runs below.
             out = _layer_call(x, self._parameters, _weight_names(self.use_bias, 0), initial_state,
                               self.op_spec().args(), self.input_size, self.units, STATES[self.cell],

@@ -170,6 +170,26 @@ def test_layer_call_in_cpp_declines_what_the_python_path_runs():
     assert call(x, [h]) is None  # LSTM takes two states
     assert call(x, [h, torch.randn(3, 8)]) is None
     assert call(x, [h, "c"]) is None
+
+    class States(list):  # items it makes as they are read: only an exact list or tuple is taken
+        def __getitem__(self, i):
+            return torch.zeros(3, 7)
+
+    assert call(x, States([h, h])) is None
+    weights = dict(layer._parameters)
+    weights["kernel"] = weights["kernel"].as_subclass(_Sub)
+    assert cudnn_rnn._C.layer_call(x, weights, ("kernel", "recurrent_kernel", "bias"), None, spec, 5, 7, 2, False,
+                                   True) is None
+
+    class Clamped(cudnn_rnn.LSTM):  # overrides a step of the Python path, which then runs
+        def run(self, *args, **kwargs):
+            y, h_n, c_n = super().run(*args, **kwargs)
+            return y.clamp(-0.01, 0.01), h_n, c_n
+
+    clamped = Clamped(5, 7, return_sequences=True)
+    assert clamped(x).abs().max() <= 0.01
+    with torch.device("cpu"):  # torch's default-device mode only places new tensors: still taken
+        assert torch._C._is_torch_function_mode_enabled() and not cudnn_rnn.layers._traced_or_overridden()
     with pytest.raises(ValueError, match=r"x must have shape \(batch, time, 5\)"):
         layer(torch.randn(3, 4, 6))
     with pytest.raises(ValueError, match=r"initial_state\[1\] must have shape \(3, 7\)"):

@@ -22,11 +22,25 @@ namespace py = pybind11;
 namespace {
 
 // The tensor an object holds, where it is exactly a torch.Tensor or nn.Parameter (not a subclass
-// with a __torch_function__ of its own).
-const at::Tensor* exact_tensor(PyObject* o) { return THPVariable_CheckExact(o) ? &THPVariable_Unpack(o) : nullptr; }
+// with a __torch_function__ of its own); null for anything else, null included.
+const at::Tensor* exact_tensor(PyObject* o) {
+  return o != nullptr && THPVariable_CheckExact(o) ? &THPVariable_Unpack(o) : nullptr;
+}
 
 bool same_kind(const at::Tensor& t, const at::Tensor& ref) {
   return t.scalar_type() == ref.scalar_type() && t.device() == ref.device();
+}
+
+// A spec entry of the expected Python type (a layer attribute changed to anything else leaves the
+// call to the Python path, whose checks name it).
+bool is_str(py::handle o) { return PyUnicode_Check(o.ptr()); }
+bool is_bool(py::handle o) { return PyBool_Check(o.ptr()); }
+bool is_int(py::handle o) { return PyLong_CheckExact(o.ptr()); }
+
+py::object wrap(at::Tensor t) {
+  PyObject* o = THPVariable_Wrap(std::move(t));
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(o);
 }
 
 }  // namespace
@@ -39,33 +53,43 @@ py::object layer_call(py::handle x_obj, py::dict params, py::tuple names, py::ha
                       int64_t input_size, int64_t units, int64_t state_count, bool return_sequences,
                       bool return_state) {
   const at::Tensor* xp = exact_tensor(x_obj.ptr());
-  if (xp == nullptr || spec.size() != 9) return py::none();
-  const at::Tensor& x = *xp;
+  if (xp == nullptr || spec.size() != 9 || !is_str(spec[0]) || !is_str(spec[1]) || !is_str(spec[2]) ||
+      !is_bool(spec[3]) || !is_bool(spec[4]) || !is_int(spec[5]) || !is_bool(spec[6]) || !is_bool(spec[7]) ||
+      !is_bool(spec[8])) {
+    return py::none();
+  }
+  const at::Tensor x = *xp;
   std::vector<at::Tensor> weights;
   weights.reserve(names.size());
   for (py::handle name : names) {
-    PyObject* p = PyDict_GetItem(params.ptr(), name.ptr());  // borrowed; a parametrized weight is not there
-    if (p == nullptr || !THPVariable_Check(p)) return py::none();
-    weights.push_back(THPVariable_Unpack(p));
+    // (borrowed, under the GIL; a parametrized weight is not in the dict)
+    const at::Tensor* w = exact_tensor(PyDict_GetItem(params.ptr(), name.ptr()));
+    if (w == nullptr) return py::none();
+    weights.push_back(*w);
   }
   if (weights.empty() || x.dim() != 3 || x.size(2) != input_size || x.size(1) < 1 || !same_kind(x, weights[0])) {
     return py::none();
   }
   const int64_t num_layers = spec[5].cast<int64_t>();
   const bool bidirectional = spec[6].cast<bool>();
-  if (num_layers != 1 || bidirectional) return py::none();
+  if (num_layers != 1 || bidirectional || state_count < 1 || state_count > 2) return py::none();
 
   // One state tensor per state of the cell, each [B, units] like x: the op's [1, B, units] views.
+  // The items of an exact list or tuple, which it owns while the call holds it.
   c10::optional<at::Tensor> states[2];
   if (!states_obj.is_none()) {
-    std::vector<PyObject*> given;
-    if (exact_tensor(states_obj.ptr()) != nullptr) {
-      given.push_back(states_obj.ptr());
-    } else if (PyList_Check(states_obj.ptr()) || PyTuple_Check(states_obj.ptr())) {
-      for (py::handle s : py::reinterpret_borrow<py::sequence>(states_obj)) given.push_back(s.ptr());
+    PyObject* given[2] = {nullptr, nullptr};
+    PyObject* o = states_obj.ptr();
+    int64_t n = 0;
+    if (exact_tensor(o) != nullptr) {
+      given[n++] = o;
+    } else if (PyList_CheckExact(o) && PyList_GET_SIZE(o) == state_count) {
+      for (; n < state_count; ++n) given[n] = PyList_GET_ITEM(o, n);
+    } else if (PyTuple_CheckExact(o) && PyTuple_GET_SIZE(o) == state_count) {
+      for (; n < state_count; ++n) given[n] = PyTuple_GET_ITEM(o, n);
     }
-    if (static_cast<int64_t>(given.size()) != state_count || state_count > 2) return py::none();
-    for (size_t i = 0; i < given.size(); ++i) {
+    if (n != state_count) return py::none();
+    for (int64_t i = 0; i < n; ++i) {
       const at::Tensor* s = exact_tensor(given[i]);
       if (s == nullptr || s->dim() != 2 || s->size(0) != x.size(0) || s->size(1) != units || !same_kind(*s, x)) {
         return py::none();
@@ -84,19 +108,19 @@ py::object layer_call(py::handle x_obj, py::dict params, py::tuple names, py::ha
                     recurrent_activation = spec[2].cast<std::string>();
   const RnnOptions options{cell, activation, recurrent_activation, spec[3].cast<bool>(), spec[4].cast<bool>(),
                            num_layers, bidirectional, spec[7].cast<bool>(), spec[8].cast<bool>()};
+  const ForwardCall call{{x, std::move(weights), c10::nullopt, {}, {}}, states[0], states[1], options, need_grad};
   ForwardResult result;
   {
     py::gil_scoped_release no_gil;  // as torch's own Python entries release it while an op runs
-    result = redispatch_forward(ForwardCall{{x, std::move(weights), c10::nullopt, {}, {}}, states[0], states[1],
-                                            options, need_grad});
+    result = redispatch_forward(call);
   }
   const at::Tensor& y = std::get<0>(result);
   at::Tensor output = return_sequences ? y : y.select(1, -1);
-  if (!return_state) return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(output)));
+  if (!return_state) return wrap(std::move(output));
   py::list out;
-  out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(output))));
-  out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(std::get<1>(result).select(0, -1))));
-  if (state_count == 2) out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(std::get<2>(result).select(0, -1))));
+  out.append(wrap(std::move(output)));
+  out.append(wrap(std::get<1>(result).select(0, -1)));
+  if (state_count == 2) out.append(wrap(std::get<2>(result).select(0, -1)));
   return out;
 }
 
