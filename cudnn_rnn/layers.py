@@ -395,13 +395,15 @@ class _RNNBase(nn.Module):
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, initial_state=None, training: Optional[bool] = None):
         training_now = self.training if training is None else training
-        if (mask is None and self._plain_call and not self.stateful and not self.quantized
+        if (mask is None and self._plain_call and not self.quantized
                 and not (training_now and (self.dropout or self.recurrent_dropout)) and not _traced_or_overridden()):
             # The everyday call (streaming included) in C++; None: what it does not take runs below.
             out = _layer_call(x, self._parameters, _weight_names(self.use_bias, 0), initial_state,
                               self.op_spec().args(), self.input_size, self.units, STATES[self.cell],
-                              self.return_sequences, self.return_state)
+                              self.return_sequences, self.return_state, self.stateful, self._states)
             if out is not None:
+                if self.stateful:
+                    out, self._states = out
                 return out
         ref = self._weight("kernel")
         x, initial_state = autocast_input(x, ref), autocast_input(initial_state, ref)

@@ -121,7 +121,7 @@ def test_layer_call_in_cpp_matches_the_python_path(cell, return_sequences, retur
     init = _states(cell, 3, 7, states)
     spec = layer.op_spec().args()
     taken = cudnn_rnn._C.layer_call(x, layer._parameters, ("kernel", "recurrent_kernel", "bias"), init, spec, 5, 7,
-                                    2 if cell == "lstm" else 1, return_sequences, return_state)
+                                    2 if cell == "lstm" else 1, return_sequences, return_state, False, None)
     assert taken is not None  # the C++ path takes this call
 
     def outputs(out):
@@ -158,7 +158,7 @@ def test_layer_call_in_cpp_declines_what_the_python_path_runs():
 
     def call(x, states=None):
         return cudnn_rnn._C.layer_call(x, layer._parameters, ("kernel", "recurrent_kernel", "bias"), states, spec, 5, 7,
-                                       2, False, True)
+                                       2, False, True, False, None)
 
     x = torch.randn(3, 4, 5)
     h = torch.randn(3, 7)
@@ -179,7 +179,7 @@ def test_layer_call_in_cpp_declines_what_the_python_path_runs():
     weights = dict(layer._parameters)
     weights["kernel"] = weights["kernel"].as_subclass(_Sub)
     assert cudnn_rnn._C.layer_call(x, weights, ("kernel", "recurrent_kernel", "bias"), None, spec, 5, 7, 2, False,
-                                   True) is None
+                                   True, False, None) is None
 
     class Clamped(cudnn_rnn.LSTM):  # overrides a step of the Python path, which then runs
         def run(self, *args, **kwargs):
@@ -196,3 +196,35 @@ def test_layer_call_in_cpp_declines_what_the_python_path_runs():
         layer(x, initial_state=[h, torch.randn(3, 8)])
     with pytest.raises(TypeError, match="must have dtype torch.float32"):
         layer(x.double())
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_stateful_layer_call_in_cpp_keeps_the_states_as_the_python_path(cell):
+    """A stateful layer's calls in C++ carry the same states as its Python path: chunk after chunk,
+    then after reset_states() (zeros) and reset_states(states)."""
+    torch.manual_seed(1)
+    make = {"lstm": cudnn_rnn.LSTM, "gru": cudnn_rnn.GRU}[cell]
+    layer = make(5, 7, stateful=True, return_sequences=True, return_state=True)
+    chunks = torch.randn(3, 2, 4, 5).unbind(0)
+    given = [torch.randn(2, 7) for _ in range(2 if cell == "lstm" else 1)]
+
+    def stream():
+        outs = []
+        for x in chunks:
+            outs += layer(x)
+        layer.reset_states()
+        outs += layer(chunks[0])
+        layer.reset_states(given)
+        outs += layer(chunks[1])
+        assert all(not s.requires_grad for s in layer._states)
+        outs += [s.clone() for s in layer._states]
+        layer.reset_states()
+        return outs
+
+    fast = stream()
+    with _Watch():
+        slow = stream()
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        assert torch.equal(a, b)
+    assert layer._states is None

@@ -3,9 +3,9 @@
 // Streaming (one step at a time, states passed in) spends most of its time outside the GEMMs:
 // each tensor method called from Python costs about a microsecond, and the op's Python entry
 // converts sixteen arguments per call. The layer takes this path for calls without a mask,
-// dropout, stacked layers or kept states, on exact torch.Tensor inputs, when nothing traces or
-// overrides tensor functions (cudnn_rnn/layers.py); anything it does not take returns None, and
-// the layer's Python path then runs the call, errors included.
+// dropout or stacked layers (stateful layers included), on exact torch.Tensor inputs, when
+// nothing traces or overrides tensor functions (cudnn_rnn/layers.py); anything it does not take
+// returns None, and the layer's Python path then runs the call, errors included.
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/extension.h>
 
@@ -47,11 +47,13 @@ py::object wrap(at::Tensor t) {
 
 // x; the layer's parameter dict and its weights' names in op order; initial_state as the layer
 // takes it (None, a tensor for one state, a list or tuple); spec: RnnSpec.args(); then the
-// layer's sizes and what it returns. Returns the layer's output (a tensor, or the list with the
-// final states), or None.
+// layer's sizes and what it returns; whether it is stateful, and the states it keeps (None or its
+// list of [1, B, units] tensors, read where initial_state is None). Returns the layer's output (a
+// tensor, or the list with the final states; for a stateful layer the pair (output, the states
+// to keep)), or None.
 py::object layer_call(py::handle x_obj, py::dict params, py::tuple names, py::handle states_obj, py::tuple spec,
                       int64_t input_size, int64_t units, int64_t state_count, bool return_sequences,
-                      bool return_state) {
+                      bool return_state, bool stateful, py::handle kept_obj) {
   const at::Tensor* xp = exact_tensor(x_obj.ptr());
   if (xp == nullptr || spec.size() != 9 || !is_str(spec[0]) || !is_str(spec[1]) || !is_str(spec[2]) ||
       !is_bool(spec[3]) || !is_bool(spec[4]) || !is_int(spec[5]) || !is_bool(spec[6]) || !is_bool(spec[7]) ||
@@ -77,7 +79,19 @@ py::object layer_call(py::handle x_obj, py::dict params, py::tuple names, py::ha
   // One state tensor per state of the cell, each [B, units] like x: the op's [1, B, units] views.
   // The items of an exact list or tuple, which it owns while the call holds it.
   c10::optional<at::Tensor> states[2];
-  if (!states_obj.is_none()) {
+  if (states_obj.is_none() && stateful && !kept_obj.is_none()) {
+    // A stateful layer's kept states (a list of [1, B, units] tensors, _RNNBase._states).
+    PyObject* o = kept_obj.ptr();
+    if (!PyList_CheckExact(o) || PyList_GET_SIZE(o) != state_count) return py::none();
+    for (int64_t i = 0; i < state_count; ++i) {
+      const at::Tensor* s = exact_tensor(PyList_GET_ITEM(o, i));
+      if (s == nullptr || s->dim() != 3 || s->size(0) != 1 || s->size(1) != x.size(0) || s->size(2) != units ||
+          !same_kind(*s, x)) {
+        return py::none();
+      }
+      states[i] = *s;
+    }
+  } else if (!states_obj.is_none()) {
     PyObject* given[2] = {nullptr, nullptr};
     PyObject* o = states_obj.ptr();
     int64_t n = 0;
@@ -116,12 +130,22 @@ py::object layer_call(py::handle x_obj, py::dict params, py::tuple names, py::ha
   }
   const at::Tensor& y = std::get<0>(result);
   at::Tensor output = return_sequences ? y : y.select(1, -1);
-  if (!return_state) return wrap(std::move(output));
-  py::list out;
-  out.append(wrap(std::move(output)));
-  out.append(wrap(std::get<1>(result).select(0, -1)));
-  if (state_count == 2) out.append(wrap(std::get<2>(result).select(0, -1)));
-  return out;
+  py::object out;
+  if (!return_state) {
+    out = wrap(std::move(output));
+  } else {
+    py::list all;
+    all.append(wrap(std::move(output)));
+    all.append(wrap(std::get<1>(result).select(0, -1)));
+    if (state_count == 2) all.append(wrap(std::get<2>(result).select(0, -1)));
+    out = std::move(all);
+  }
+  if (!stateful) return out;
+  // (the output, the states to keep: the final ones, detached)
+  py::list keep;
+  keep.append(wrap(std::get<1>(result).detach()));
+  if (state_count == 2) keep.append(wrap(std::get<2>(result).detach()));
+  return py::make_tuple(out, keep);
 }
 
 }  // namespace bindings

@@ -29,7 +29,8 @@ namespace bindings {
 void register_testing(pybind11::module_& m);  // testing.cpp
 pybind11::object layer_call(pybind11::handle x, pybind11::dict params, pybind11::tuple names, pybind11::handle states,
                             pybind11::tuple spec, int64_t input_size, int64_t units, int64_t state_count,
-                            bool return_sequences, bool return_state);  // layer_call.cpp
+                            bool return_sequences, bool return_state, bool stateful,
+                            pybind11::handle kept);  // layer_call.cpp
 
 namespace {
 
@@ -56,7 +57,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace cr = cudnn_rnn;
   m.doc() = "cudnn_rnn native extension";
   m.def("layer_call", &cr::bindings::layer_call,
-        "a recurrent layer's call without mask, dropout, stacked layers or kept states, in C++ (layer_call.cpp); "
+        "a recurrent layer's call without mask, dropout or stacked layers, in C++ (layer_call.cpp); "
         "None where the layer's Python path must run it");
   m.def("build_info", &cr::accelerator_build_info,
         "What the extension was compiled with: {'cuda': version or 'no', 'cudnn': version or 'no', ...}");
