@@ -217,6 +217,16 @@ def test_gradcheck_without_initial_state(steps):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
     if steps == 1:
         assert results[0][-2].abs().max() == 0  # the recurrent kernel's gradient
+    # A recurrent kernel with an infinity: 0 * inf is nan in the products, so nothing is skipped
+    # and both calls give the same nans.
+    with torch.no_grad():
+        recurrent = inputs[2].detach().clone()
+        recurrent[0, 0, 0, 0] = float("inf")
+        out_none = g(x, inputs[1], recurrent, inputs[3])
+        out_zeros = g(x, inputs[1], recurrent, inputs[3], zeros=zeros)
+    assert out_none[0].isnan().any()
+    for a, b in zip(out_none, out_zeros):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12, equal_nan=True)
 
 
 def _gradcheck_layer(layer, x, mask, h0, c0):

@@ -206,9 +206,11 @@ Dims check(const ConvLstmTensors& in, const OptTensor& h0, const OptTensor& c0, 
   return d;
 }
 
-// Whether a CPU tensor is zero everywhere (read only on the CPU: elsewhere it would wait for the
-// device).
+// Whether a CPU tensor is zero everywhere, or finite everywhere (read only on the CPU: elsewhere
+// it would wait for the device). A zero state's products are skipped only where every value they
+// meet is finite: 0 * inf and 0 * nan are nan, which the products would have passed on.
 bool zero_on_cpu(const Tensor& t) { return t.is_cpu() && !t.any().item<bool>(); }
+bool finite_on_cpu(const Tensor& t) { return t.is_cpu() && at::isfinite(t).all().item<bool>(); }
 
 Conv input_conv(const ConvLstmOptions& o) { return Conv{o.stride, o.pad_before, o.pad_after, o.dilation}; }
 
@@ -282,7 +284,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> forward_concatenated(
   const int64_t B = d.B, T = d.T, C = d.C, F = d.F;
   const Tensor weight = conv_weight(at::cat({in.kernel, in.recurrent_kernel}, 1));
   // Without an initial state, h is zero at the first step: the kernel alone convolves x there.
-  const Tensor first_weight = h0.has_value() ? Tensor() : conv_weight(in.kernel);
+  const Tensor first_weight =
+      h0.has_value() || !finite_on_cpu(in.recurrent_kernel) ? Tensor() : conv_weight(in.kernel);
   const Tensor xin = in.dropout_mask.defined() ? x * in.dropout_mask[0].unsqueeze(1) : x;
   Tensor xh = steps.make(d.shape({B}, d.S, C + F), opts);
   auto [z, hs, cs, y] = forward_arrays(d, h0, c0, opts, steps);
@@ -423,7 +426,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
   // The recurrent kernel's gradient, every step at once; from the second step where the initial
   // state is zero (no h0, the usual call), whose step adds nothing to it.
   Tensor grad_recurrent = at::empty(recurrent.sizes(), opts);  // contiguous, as the fake kernel says
-  const int64_t s0 = zero_on_cpu(hsc[0]) ? 1 : 0, Tr = T - s0;
+  const int64_t s0 = zero_on_cpu(hsc[0]) && finite_on_cpu(dz[0]) ? 1 : 0, Tr = T - s0;
   if (Tr == 0) grad_recurrent.zero_();
   const Tensor h_all = hsc.narrow(0, s0, Tr), dz_all = dz.narrow(0, s0, Tr);
   for (int64_t k = 0; k < Gr && Tr > 0; ++k) {
