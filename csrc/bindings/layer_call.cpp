@@ -37,6 +37,18 @@ bool is_str(py::handle o) { return PyUnicode_Check(o.ptr()); }
 bool is_bool(py::handle o) { return PyBool_Check(o.ptr()); }
 bool is_int(py::handle o) { return PyLong_CheckExact(o.ptr()); }
 
+// A state the call may take: exactly a tensor like x, [B, units], or with `op_shaped` (a stateful
+// layer's kept state) the op's [1, B, units]; returned in the op's shape, or nullopt.
+c10::optional<at::Tensor> state_of(PyObject* o, const at::Tensor& x, int64_t units, bool op_shaped) {
+  const at::Tensor* s = exact_tensor(o);
+  const int64_t lead = op_shaped ? 1 : 0;
+  if (s == nullptr || s->dim() != 2 + lead || (op_shaped && s->size(0) != 1) || s->size(lead) != x.size(0) ||
+      s->size(lead + 1) != units || !same_kind(*s, x)) {
+    return c10::nullopt;
+  }
+  return op_shaped ? *s : s->unsqueeze(0);
+}
+
 py::object wrap(at::Tensor t) {
   PyObject* o = THPVariable_Wrap(std::move(t));
   if (o == nullptr) throw py::error_already_set();
@@ -76,39 +88,26 @@ py::object layer_call(py::handle x_obj, py::dict params, py::tuple names, py::ha
   const bool bidirectional = spec[6].cast<bool>();
   if (num_layers != 1 || bidirectional || state_count < 1 || state_count > 2) return py::none();
 
-  // One state tensor per state of the cell, each [B, units] like x: the op's [1, B, units] views.
-  // The items of an exact list or tuple, which it owns while the call holds it.
+  // One state tensor per state of the cell, each [B, units] like x (the op's [1, B, units] views
+  // are passed), or a stateful layer's kept states where none are given (_RNNBase._states, a list
+  // of [1, B, units]): the items of an exact list or tuple, which it owns while the call holds it.
+  const bool kept = states_obj.is_none() && stateful && !kept_obj.is_none();
   c10::optional<at::Tensor> states[2];
-  if (states_obj.is_none() && stateful && !kept_obj.is_none()) {
-    // A stateful layer's kept states (a list of [1, B, units] tensors, _RNNBase._states).
-    PyObject* o = kept_obj.ptr();
-    if (!PyList_CheckExact(o) || PyList_GET_SIZE(o) != state_count) return py::none();
-    for (int64_t i = 0; i < state_count; ++i) {
-      const at::Tensor* s = exact_tensor(PyList_GET_ITEM(o, i));
-      if (s == nullptr || s->dim() != 3 || s->size(0) != 1 || s->size(1) != x.size(0) || s->size(2) != units ||
-          !same_kind(*s, x)) {
-        return py::none();
-      }
-      states[i] = *s;
-    }
-  } else if (!states_obj.is_none()) {
+  if (kept || !states_obj.is_none()) {
     PyObject* given[2] = {nullptr, nullptr};
-    PyObject* o = states_obj.ptr();
+    PyObject* o = kept ? kept_obj.ptr() : states_obj.ptr();
     int64_t n = 0;
-    if (exact_tensor(o) != nullptr) {
+    if (!kept && exact_tensor(o) != nullptr) {
       given[n++] = o;
     } else if (PyList_CheckExact(o) && PyList_GET_SIZE(o) == state_count) {
       for (; n < state_count; ++n) given[n] = PyList_GET_ITEM(o, n);
-    } else if (PyTuple_CheckExact(o) && PyTuple_GET_SIZE(o) == state_count) {
+    } else if (!kept && PyTuple_CheckExact(o) && PyTuple_GET_SIZE(o) == state_count) {
       for (; n < state_count; ++n) given[n] = PyTuple_GET_ITEM(o, n);
     }
     if (n != state_count) return py::none();
     for (int64_t i = 0; i < n; ++i) {
-      const at::Tensor* s = exact_tensor(given[i]);
-      if (s == nullptr || s->dim() != 2 || s->size(0) != x.size(0) || s->size(1) != units || !same_kind(*s, x)) {
-        return py::none();
-      }
-      states[i] = s->unsqueeze(0);
+      states[i] = state_of(given[i], x, units, kept);
+      if (!states[i].has_value()) return py::none();
     }
   }
 
