@@ -4,6 +4,9 @@ sizes that split, and hold the split result to torch.nn (the oracle) and to the 
 (itself held to Keras by test_keras_parity) where torch.nn cannot express the call (masks)."""
 import copy
 
+import os
+import subprocess
+
 import pytest
 import torch
 
@@ -291,6 +294,24 @@ def test_split_choice_follows_the_kernel_size(threads):
     assert split(64, 64, 4, 2) == "rows" and split(2, 64, 4, 2) == "rows"
     assert split(1, 64, 4, 2) == "units" and split(64, 64, 4, 1) == "units"
     assert split(8, 4096, 4, 2) == "units"  # a 256 MiB kernel on every thread
+
+
+def test_split_needs_more_rows_on_faster_cores():
+    """Where the recurrent kernel outgrows L2 the row split needs at least 4 rows a thread, and
+    as many more as the core's measured multiply-add rate asks for: at H = 512 (a 4 MiB LSTM
+    kernel) units below that count, rows from it on (csrc/cpu/rnn_cpu.cpp: rows_to_cover_kernel)."""
+    try:  # the size glibc's sysconf gives the C++ rule (Python's os.sysconf does not know the name)
+        l2 = int(subprocess.run(["getconf", "LEVEL2_CACHE_SIZE"], capture_output=True, text=True).stdout or 0)
+    except (OSError, ValueError):
+        l2 = 0
+    l2 = l2 if l2 > 0 else 1 << 20  # the rule's own default
+    if not (512 << 10 <= l2 <= 4 << 20):
+        pytest.skip(f"L2 of {l2} bytes: a 4 MiB kernel is not between a quarter of L2 and 8 L2 here")
+    need = _C._testing.cpu_split_min_rows()
+    assert need >= 4
+    for rows in range(1, 40):
+        expected = "rows" if rows >= need else "units"
+        assert _C._testing.cpu_split(2 * rows, 512, 4, 2) == expected, (rows, need)
 
 
 @pytest.mark.parametrize("engine", ["packed-avx2", pytest.param("packed-avx512", marks=needs_avx512)], indirect=True)

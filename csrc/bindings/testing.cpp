@@ -185,6 +185,8 @@ void register_testing(pybind11::module_& m) {
   m.def("cpu_split", [](int64_t batch, int64_t units, int64_t gates, int64_t threads) {
         return std::string(cpu::split_name(cpu::choose_split(batch, units, gates, threads, true)));
       }, "the split the CPU time loop would choose for a shape (where its plan can run rows apart)");
+  m.def("cpu_split_min_rows", &cpu::rows_to_cover_kernel,
+        "the rows a thread needs for the row split where the recurrent kernel outgrows L2");
   m.def("cpu_unit_blocks", [](int64_t batch, int64_t units, int64_t gates) {
     return cpu::UnitBlocks(batch, units, gates).start;
   }, "bounds of the unit blocks the CPU time loop gives its threads");

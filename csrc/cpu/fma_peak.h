@@ -13,5 +13,10 @@ namespace cpu {
 // AVX512_BF16). Best of `repeats` runs of about `seconds` each.
 double fma_peak_gflops(const std::string& dtype, double seconds, int repeats);
 
+// GFLOP/s of float32 multiply-adds on the calling thread alone, in AVX-512 (`avx512`) or AVX2
+// registers: the rate the packed GEMM's tiles reach for. Measured once per build (best of three
+// runs of about a millisecond) and kept; 0 where the CPU lacks that build.
+double core_fma_gflops(bool avx512);
+
 }  // namespace cpu
 }  // namespace cudnn_rnn
