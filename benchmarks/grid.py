@@ -19,8 +19,9 @@ float32 time / bfloat16 time).
 "step": one streaming step (T=1, B=1, no_grad, states passed in and returned) of our LSTM
 against ``torch.nn.LSTMCell`` with the same weights.
 
-The table also gives the machine's float32 FMA peak (benchmarks/peak.py) and each forward's
-achieved rate as a fraction of it.
+The table also gives the machine's measured FMA peak in the run's dtype (benchmarks/peak.py:
+vfmadd231ps for float32, vdpbf16ps for bfloat16, where the CPU has it) and each forward's achieved
+rate as a fraction of it.
 """
 from __future__ import annotations
 
@@ -195,7 +196,9 @@ def main(argv=None) -> Dict:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    peak = fma_peak(dtype=torch.float32)
+    peak32 = fma_peak(dtype=torch.float32)
+    peak = fma_peak(dtype=dtype) if dtype != torch.float32 else peak32
+    peak = peak or peak32  # no bfloat16 dot product: the float32 peak
     rows = []
     for cell in args.cells.split(","):
         for H in [int(h) for h in args.H.split(",")]:
@@ -208,7 +211,7 @@ def main(argv=None) -> Dict:
                           f"{r['forward_over_float32']:.2f}x, forward+backward {r['train_over_float32']:.2f}x",
                           file=sys.stderr, flush=True)
                 print(f"{cell} H={H} B={B}: forward {r['forward_ratio']:.2f}x "
-                      f"({r['forward_ours_s'] * 1e3:.3f} ms, {r['forward_of_peak']:.0%} of FMA peak), "
+                      f"({r['forward_ours_s'] * 1e3:.3f} ms, {r['forward_of_peak']:.0%} of the {args.dtype} FMA peak), "
                       f"forward+backward {r['train_ratio']:.2f}x ({r['train_ours_s'] * 1e3:.3f} ms)",
                       file=sys.stderr, flush=True)
     if not args.no_step:
@@ -218,9 +221,13 @@ def main(argv=None) -> Dict:
             print(f"step H={H}: ours {r['forward_ours_s'] * 1e6:.1f} us, LSTMCell {r['forward_torch_s'] * 1e6:.1f} us "
                   f"({r['forward_ratio']:.2f}x)", file=sys.stderr, flush=True)
     machine = machine_record(args.threads)
-    machine["fma_peak_gflops_float32"] = peak
+    machine["fma_peak_gflops_float32"] = peak32
+    if dtype != torch.float32:
+        machine[f"fma_peak_gflops_{args.dtype}"] = peak
     print(f"{machine['cpu']}, {args.threads} threads, ISA {' '.join(machine['isa_flags'])}; "
-          f"float32 FMA peak {peak:.0f} GFLOP/s; torch {torch.__version__}")
+          f"float32 FMA peak {peak32:.0f} GFLOP/s"
+          + (f", {args.dtype} {peak:.0f} GFLOP/s" if dtype != torch.float32 else "")
+          + f"; torch {torch.__version__}")
     for cell in args.cells.split(","):
         print(format_grid(rows, cell))
         ours32 = [r for r in rows if r["cell"] == cell and "forward_over_float32" in r]
