@@ -29,6 +29,11 @@ namespace cpu {
 namespace {
 constexpr int64_t kKc = 512;
 constexpr int64_t kMc = 192;  // rows of A per pass over B: kMc x kKc floats (384 KiB) stay in L2
+constexpr int64_t kAhead = 8;  // packed_gemm_at: rows of A^T fetched ahead of the copy
+// packed_gemm_at: floats between one packed A^T tile's end and the next's start. Tiles kKc x kMR
+// floats long (12 KiB) would all start in the same L1 set, and the copy writing a k's six values
+// to each of 32 tiles would evict its own half-written lines (a 12-way L1).
+constexpr int64_t kSkew = 16;
 
 inline const float* row_of(const float* base, Rows r, int64_t i) { return base + (r.rows ? r.rows[i] : i) * r.ld; }
 inline float* row_of(float* base, Rows r, int64_t i) { return base + (r.rows ? r.rows[i] : i) * r.ld; }
@@ -385,26 +390,36 @@ void packed_gemm_at(int64_t M, int64_t N, int64_t K, const float* At, int64_t ld
                     bool accumulate, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   const bool avx512 = packed_gemm_isa() == PackedIsa::Avx512;
-  std::vector<float> block(size_t(kMc * kKc));
+  std::vector<float> block(size_t((kMc / kMR) * (kKc * kMR + kSkew)));
   const int64_t k_blocks = K == 0 ? 1 : (K + kKc - 1) / kKc;
   for (int64_t mb = 0; mb < M; mb += kMc) {
     const int64_t m_end = std::min(M, mb + kMc), tiles = (m_end - mb + kMR - 1) / kMR;
     for (int64_t kb = 0; kb < k_blocks; ++kb) {
       const int64_t k0 = kb * kKc, kc = std::min(kKc, K - k0);
       const int64_t full = (m_end - mb) / kMR;  // tiles of kMR rows; the last may be partial
+      const int64_t stride = kc * kMR + kSkew;    // floats from one tile to the next
       for (int64_t k = 0; k < kc; ++k) {
         const float* src = At + (k0 + k) * lda + mb;
+        // Each k reads another row of A^T (lda floats on: a new page for the hardware prefetcher,
+        // which stays within one), so the row kAhead on is fetched now. With the tiles skewed
+        // (kSkew) the copy then stops waiting: the weight gradient of an LSTM at H=256, B=32,
+        // T=50 on an AMD EPYC Zen 5 (2 threads) took 5.0 ms with neither, 4.8 with the skew
+        // alone, 4.25 with both.
+        if (k + kAhead < kc) {
+          const float* ahead = src + kAhead * lda;
+          for (int64_t j = 0; j < m_end - mb; j += 16) _mm_prefetch(reinterpret_cast<const char*>(ahead + j), _MM_HINT_T0);
+        }
         float* dst = block.data() + k * kMR;
-        for (int64_t t = 0; t < full; ++t) std::memcpy(dst + t * kc * kMR, src + t * kMR, kMR * sizeof(float));
+        for (int64_t t = 0; t < full; ++t) std::memcpy(dst + t * stride, src + t * kMR, kMR * sizeof(float));
         for (int64_t t = full; t < tiles; ++t) {
           for (int64_t i = 0; i < kMR; ++i) {
             const int64_t m = t * kMR + i;
-            dst[t * kc * kMR + i] = mb + m < m_end ? src[m] : 0.0f;
+            dst[t * stride + i] = mb + m < m_end ? src[m] : 0.0f;
           }
         }
       }
       auto set_rows = [&](int64_t m0, int64_t mr, int64_t q, const float** ap, float** cp) {
-        ap[0] = block.data() + (m0 - mb) * kc;  // tile (m0 - mb) / kMR: kc x kMR floats
+        ap[0] = block.data() + (m0 - mb) / kMR * stride;  // tile (m0 - mb) / kMR: kc x kMR floats
         for (int64_t i = 0; i < mr; ++i) cp[i] = C + (m0 + i) * ldc + q * kPanel;
       };
       if (avx512) {
