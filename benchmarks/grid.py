@@ -198,7 +198,8 @@ def main(argv=None) -> Dict:
     dtype = getattr(torch, args.dtype)
     peak32 = fma_peak(dtype=torch.float32)
     peak = fma_peak(dtype=dtype) if dtype != torch.float32 else peak32
-    peak = peak or peak32  # no bfloat16 dot product: the float32 peak
+    peak_dtype = args.dtype if peak else "float32"  # no bfloat16 dot product: the float32 peak
+    peak = peak or peak32
     rows = []
     for cell in args.cells.split(","):
         for H in [int(h) for h in args.H.split(",")]:
@@ -211,7 +212,7 @@ def main(argv=None) -> Dict:
                           f"{r['forward_over_float32']:.2f}x, forward+backward {r['train_over_float32']:.2f}x",
                           file=sys.stderr, flush=True)
                 print(f"{cell} H={H} B={B}: forward {r['forward_ratio']:.2f}x "
-                      f"({r['forward_ours_s'] * 1e3:.3f} ms, {r['forward_of_peak']:.0%} of the {args.dtype} FMA peak), "
+                      f"({r['forward_ours_s'] * 1e3:.3f} ms, {r['forward_of_peak']:.0%} of the {peak_dtype} FMA peak), "
                       f"forward+backward {r['train_ratio']:.2f}x ({r['train_ours_s'] * 1e3:.3f} ms)",
                       file=sys.stderr, flush=True)
     if not args.no_step:
@@ -222,11 +223,12 @@ def main(argv=None) -> Dict:
                   f"({r['forward_ratio']:.2f}x)", file=sys.stderr, flush=True)
     machine = machine_record(args.threads)
     machine["fma_peak_gflops_float32"] = peak32
-    if dtype != torch.float32:
-        machine[f"fma_peak_gflops_{args.dtype}"] = peak
+    machine["forward_of_peak_dtype"] = peak_dtype
+    if peak_dtype != "float32":
+        machine[f"fma_peak_gflops_{peak_dtype}"] = peak
     print(f"{machine['cpu']}, {args.threads} threads, ISA {' '.join(machine['isa_flags'])}; "
           f"float32 FMA peak {peak32:.0f} GFLOP/s"
-          + (f", {args.dtype} {peak:.0f} GFLOP/s" if dtype != torch.float32 else "")
+          + (f", {peak_dtype} {peak:.0f} GFLOP/s" if peak_dtype != "float32" else "")
           + f"; torch {torch.__version__}")
     for cell in args.cells.split(","):
         print(format_grid(rows, cell))

@@ -6,6 +6,7 @@ import copy
 
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -288,7 +289,8 @@ def test_inference_matches_float64_on_both_splits(cell, kwargs, batch, masked, b
 
 
 def test_split_choice_follows_the_kernel_size(threads):
-    """Rows apart where the recurrent kernel fits a quarter of L2 or, from 4 rows a thread, 8 L2;
+    """Rows apart where the recurrent kernel fits a quarter of L2 or, from 4 rows a thread (12 on
+    full-width AVX-512 cores), 8 L2;
     else unit blocks; one thread or one row: unit blocks (csrc/cpu/rnn_cpu.cpp: choose_split)."""
     split = _C._testing.cpu_split
     assert split(64, 64, 4, 2) == "rows" and split(2, 64, 4, 2) == "rows"
@@ -297,9 +299,11 @@ def test_split_choice_follows_the_kernel_size(threads):
 
 
 def test_split_needs_more_rows_on_faster_cores():
-    """Where the recurrent kernel outgrows L2 the row split needs at least 4 rows a thread, and
-    as many more as the core's measured multiply-add rate asks for: at H = 512 (a 4 MiB LSTM
-    kernel) units below that count, rows from it on (csrc/cpu/rnn_cpu.cpp: rows_to_cover_kernel)."""
+    """Where the recurrent kernel outgrows L2 the row split needs 4 rows a thread, or 12 where the
+    packed kernel runs AVX-512 on a core with full-width 512-bit FMAs: at H = 512 (a 4 MiB LSTM
+    kernel) units below that count, rows from it on (csrc/cpu/rnn_cpu.cpp: rows_to_cover_kernel).
+    The count is the same in every process: it rests on a ratio of two rates (1.0 or 2.0), not on
+    a rate."""
     try:  # the size glibc's sysconf gives the C++ rule (Python's os.sysconf does not know the name)
         l2 = int(subprocess.run(["getconf", "LEVEL2_CACHE_SIZE"], capture_output=True, text=True).stdout or 0)
     except (OSError, ValueError):
@@ -308,7 +312,12 @@ def test_split_needs_more_rows_on_faster_cores():
     if not (512 << 10 <= l2 <= 4 << 20):
         pytest.skip(f"L2 of {l2} bytes: a 4 MiB kernel is not between a quarter of L2 and 8 L2 here")
     need = _C._testing.cpu_split_min_rows()
-    assert need >= 4
+    assert need in (4, 12)
+    if _C.cpu_packed_gemm_isa() != "avx512":
+        assert need == 4
+    again = subprocess.run([sys.executable, "-c", "from cudnn_rnn import _C; print(_C._testing.cpu_split_min_rows())"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert int(again) == need  # another process, another measurement: the same count
     for rows in range(1, 40):
         expected = "rows" if rows >= need else "units"
         assert _C._testing.cpu_split(2 * rows, 512, 4, 2) == expected, (rows, need)

@@ -115,16 +115,14 @@ double core_fma_gflops(bool avx512) {
     float (*loop)(int64_t) = wide ? fma_avx512 : fma_avx2;
     const double flops_per_iteration = wide ? 12 * 32 : 12 * 16;
     using Clock = std::chrono::steady_clock;
-    const int64_t n = 1 << 14;  // 200k-400k instructions: 0.1-0.2 ms at two a cycle
-    volatile float sink = loop(n / 4);  // wakes the vector units
+    const int64_t n = 1 << 15;  // 393k instructions: about 50 us at two a cycle
+    volatile float sink = loop(n);  // wakes the vector units
     double best = 0;
-    for (int r = 0; r < 3; ++r) {
-      for (int i = 0; i < 8; ++i) {  // about a millisecond a run
-        const auto t0 = Clock::now();
-        sink = loop(n);
-        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-        if (s > 0) best = std::max(best, double(n) * flops_per_iteration / s / 1e9);
-      }
+    for (int r = 0; r < 12; ++r) {
+      const auto t0 = Clock::now();
+      sink = loop(n);
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (s > 0) best = std::max(best, double(n) * flops_per_iteration / s / 1e9);
     }
     (void)sink;
     return best;
@@ -139,6 +137,14 @@ double core_fma_gflops(bool avx512) {
   }
   static const double narrow = measure(false);
   return narrow;
+}
+
+bool full_width_avx512() {
+  static const bool full = [] {
+    const double wide = core_fma_gflops(true), narrow = core_fma_gflops(false);
+    return wide > 0 && narrow > 0 && wide >= 1.5 * narrow;
+  }();
+  return full;
 }
 
 }  // namespace cpu

@@ -30,10 +30,14 @@ namespace {
 constexpr int64_t kKc = 512;
 constexpr int64_t kMc = 192;  // rows of A per pass over B: kMc x kKc floats (384 KiB) stay in L2
 constexpr int64_t kAhead = 8;  // packed_gemm_at: rows of A^T fetched ahead of the copy
-// packed_gemm_at: floats between one packed A^T tile's end and the next's start. Tiles kKc x kMR
-// floats long (12 KiB) would all start in the same L1 set, and the copy writing a k's six values
-// to each of 32 tiles would evict its own half-written lines (a 12-way L1).
-constexpr int64_t kSkew = 16;
+// packed_gemm_at: the floats from one packed A^T tile (kc x kMR) to the next, an odd number of
+// cache lines. Tiles a multiple of 4 KiB apart (kc = 512: 12 KiB) all start in the same L1 set,
+// and the copy writing a k's six values to each of 32 tiles evicted its own half-written lines
+// (a 12-way L1); an odd line count spreads 32 tiles over 32 sets. At most kKc x kMR + 16.
+inline int64_t tile_stride(int64_t kc, int64_t mr) {
+  const int64_t lines = (kc * mr + 15) / 16;
+  return (lines % 2 ? lines : lines + 1) * 16;
+}
 
 inline const float* row_of(const float* base, Rows r, int64_t i) { return base + (r.rows ? r.rows[i] : i) * r.ld; }
 inline float* row_of(float* base, Rows r, int64_t i) { return base + (r.rows ? r.rows[i] : i) * r.ld; }
@@ -215,6 +219,7 @@ CUDNN_RNN_AVX2 void tile(int64_t kc, const float* const* a_rows, int64_t lda, co
 using TileFn = void (*)(int64_t, const float* const*, int64_t, const float*, int64_t, const float*, float* const*,
                         const float*, bool, int64_t);
 constexpr int kMR = 6;
+static_assert(kMc % kMR == 0, "packed_gemm_at's block holds kMc / kMR whole row tiles");
 constexpr TileFn kTiles[kMR + 1][2] = {{nullptr, nullptr}, {nullptr, tile<1>}, {nullptr, tile<2>}, {nullptr, tile<3>},
                                        {nullptr, tile<4>},  {nullptr, tile<5>}, {nullptr, tile<6>}};
 constexpr TileFn kTilesT[kMR + 1][2] = {{nullptr, nullptr},       {nullptr, tile<1, true>}, {nullptr, tile<2, true>},
@@ -390,19 +395,19 @@ void packed_gemm_at(int64_t M, int64_t N, int64_t K, const float* At, int64_t ld
                     bool accumulate, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   const bool avx512 = packed_gemm_isa() == PackedIsa::Avx512;
-  std::vector<float> block(size_t((kMc / kMR) * (kKc * kMR + kSkew)));
+  std::vector<float> block(size_t((kMc / kMR) * tile_stride(kKc, kMR)));
   const int64_t k_blocks = K == 0 ? 1 : (K + kKc - 1) / kKc;
   for (int64_t mb = 0; mb < M; mb += kMc) {
     const int64_t m_end = std::min(M, mb + kMc), tiles = (m_end - mb + kMR - 1) / kMR;
     for (int64_t kb = 0; kb < k_blocks; ++kb) {
       const int64_t k0 = kb * kKc, kc = std::min(kKc, K - k0);
       const int64_t full = (m_end - mb) / kMR;  // tiles of kMR rows; the last may be partial
-      const int64_t stride = kc * kMR + kSkew;    // floats from one tile to the next
+      const int64_t stride = tile_stride(kc, kMR);
       for (int64_t k = 0; k < kc; ++k) {
         const float* src = At + (k0 + k) * lda + mb;
         // Each k reads another row of A^T (lda floats on: a new page for the hardware prefetcher,
         // which stays within one), so the row kAhead on is fetched now. With the tiles skewed
-        // (kSkew) the copy then stops waiting: the weight gradient of an LSTM at H=256, B=32,
+        // (tile_stride) the copy then stops waiting: the weight gradient of an LSTM at H=256, B=32,
         // T=50 on an AMD EPYC Zen 5 (2 threads) took 5.0 ms with neither, 4.8 with the skew
         // alone, 4.25 with both.
         if (k + kAhead < kc) {

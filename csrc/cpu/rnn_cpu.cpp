@@ -663,11 +663,11 @@ int parse_split(const std::string& v, const char* what) {
 }
 }  // namespace
 
-// One row per 29 GFLOP/s of the core's measured multiply-add rate in the packed GEMM's build:
-// then a thread's products outlast streaming the kernel from L3 (Zen 4's AVX-512 and Zen 5's
-// AVX2 level: 4 rows; Zen 5's AVX-512: 9).
-double rows_to_cover_kernel() {
-  return std::max(4.0, core_fma_gflops(packed_gemm_isa() == PackedIsa::Avx512) / 29.0);
+// 12 rows where the packed GEMM runs AVX-512 on a core with full-width 512-bit FMAs (twice the
+// multiply-adds a cycle of the others: a thread's products then finish before the kernel has
+// streamed in from L3), else 4.
+int64_t rows_to_cover_kernel() {
+  return packed_gemm_isa() == PackedIsa::Avx512 && full_width_avx512() ? 12 : 4;
 }
 
 Split choose_split(int64_t batch, int64_t units, int64_t gates, int64_t threads, bool plan_rows) {
@@ -686,10 +686,11 @@ Split choose_split(int64_t batch, int64_t units, int64_t gates, int64_t threads,
   // W = 8 L2 (H = 512: 1.03-1.1x); with 1-2 rows a thread at H >= 256 it lost (0.72-0.9x), and
   // at H = 1024 (16 MiB) the two were level.
   // Beyond L2 a thread's rows must also take long enough to cover streaming W from L3: a faster
-  // core needs more of them (rows_to_cover_kernel). On an AMD EPYC Zen 5 (AVX-512 at 256 GFLOP/s
-  // a core, twice Zen 4's) the forward at H = 256-512 with 4 and 8 rows a thread ran 1.1-1.45x
-  // faster split by units, the two were level at 12 rows and rows won from 16; at its AVX2
-  // level (128 GFLOP/s a core) units won at 4 rows a thread by 2-7 %.
+  // core needs more of them (rows_to_cover_kernel). On an AMD EPYC Zen 5 (AVX-512 at 256-264
+  // GFLOP/s a core, twice Zen 4's and twice its own AVX2 rate) the forward at H = 256-512 with 4
+  // and 8 rows a thread ran 1.1-1.45x faster split by units, the two were level at 12 rows and
+  // rows won from 16. At its AVX2 level (128 GFLOP/s a core, about Zen 4's) the two were within
+  // 2-7 % either way at 4 and 8 rows, and it keeps Zen 4's 4.
   static const int64_t l2 = [] {
     const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
     return v > 0 ? static_cast<int64_t>(v) : int64_t(1) << 20;
@@ -697,7 +698,7 @@ Split choose_split(int64_t batch, int64_t units, int64_t gates, int64_t threads,
   const int64_t kernel_bytes = gates * units * units * static_cast<int64_t>(sizeof(float));
   const int64_t rows_per_thread = batch / threads;
   if (rows_per_thread >= 1 && 4 * kernel_bytes <= l2) return Split::Rows;
-  if (rows_per_thread >= 4 && kernel_bytes <= 8 * l2 && rows_per_thread >= rows_to_cover_kernel()) return Split::Rows;
+  if (rows_per_thread >= rows_to_cover_kernel() && kernel_bytes <= 8 * l2) return Split::Rows;
   return Split::Units;
 }
 

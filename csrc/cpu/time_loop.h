@@ -68,9 +68,9 @@ enum class Split { Units, Rows };
 // The split of a direction with `batch` rows and `units` units of `gates` gates on `threads`
 // threads, where the plan can run rows apart (plan_rows); Units where it cannot.
 Split choose_split(int64_t batch, int64_t units, int64_t gates, int64_t threads, bool plan_rows);
-// The rows a thread needs for the row split once the recurrent kernel outgrows L2 (at least 4;
-// more on cores whose measured multiply-add rate outruns streaming the kernel from L3).
-double rows_to_cover_kernel();
+// The rows a thread needs for the row split once the recurrent kernel outgrows L2: 4, or 12 on
+// cores whose AVX-512 multiply-adds outrun streaming the kernel from L3 (full_width_avx512).
+int64_t rows_to_cover_kernel();
 const char* split_name(Split s);
 // Tests only: "units", "rows", or "" for the choice again.
 void override_split(const std::string& name);
