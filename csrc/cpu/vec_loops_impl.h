@@ -89,9 +89,13 @@ void gate_loop(int64_t n, const float* __restrict__ a, const float* __restrict__
 // The chunks a row's gates are computed in, kChunk units at a time: at(n, j0) returns the size of
 // the chunk at unit j0 and points g[q] at gate q's values of it, in saved (gate stride ss) where
 // the row saves its gates, else in a local buffer.
+// The local buffer is left uninitialised (each gate's loop writes a chunk before the update
+// reads it): zeroing its 4 KiB on every row had taken a twentieth of an LSTM forward at H=128,
+// B=128.
 template <int Q, bool Save>
 struct GateChunks {
   static constexpr int64_t kChunk = 256;
+  GateChunks(float* s, int64_t stride) : saved(s), ss(stride) {}
   float* saved;
   int64_t ss;
   float* g[Q];
@@ -111,7 +115,7 @@ template <bool A, bool R, bool Save>
 void lstm_forward(int64_t n, const float* __restrict__ xw, int64_t xs, const float* __restrict__ rec, int64_t rs,
                   const float* __restrict__ c_prev, float* __restrict__ saved, int64_t ss, float* __restrict__ h_new,
                   float* __restrict__ c_new) {
-  GateChunks<4, Save> chunks{saved, ss, {}, {}};
+  GateChunks<4, Save> chunks(saved, ss);
   for (int64_t j0 = 0; j0 < n; j0 += chunks.kChunk) {
     const int64_t m = chunks.at(n, j0);
     gate_loop<R>(m, xw + j0, rec + j0, chunks.g[0]);
@@ -155,7 +159,7 @@ void lstm_backward(int64_t n, const float* __restrict__ saved, int64_t ss, const
 template <bool A, bool R, bool Save>
 void gru_forward(int64_t n, const float* __restrict__ xw, int64_t xs, const float* __restrict__ rec, int64_t rs,
                  const float* __restrict__ h_prev, float* __restrict__ saved, int64_t ss, float* __restrict__ h_new) {
-  GateChunks<3, Save> chunks{saved, ss, {}, {}};
+  GateChunks<3, Save> chunks(saved, ss);
   for (int64_t j0 = 0; j0 < n; j0 += chunks.kChunk) {
     const int64_t m = chunks.at(n, j0);
     gate_loop<R>(m, xw + j0, rec + j0, chunks.g[0]);
