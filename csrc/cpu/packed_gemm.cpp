@@ -32,7 +32,7 @@ constexpr int64_t kMc = 192;  // rows of A per pass over B: kMc x kKc floats (38
 constexpr int64_t kAhead = 8;  // packed_gemm_at: rows of A^T fetched ahead of the copy
 // packed_gemm_at: the floats from one packed A^T tile (kc x kMR) to the next, an odd number of
 // cache lines. Tiles a multiple of 4 KiB apart (kc = 512: 12 KiB) all start in the same L1 set,
-// and the copy writing a k's six values to each of 32 tiles evicted its own half-written lines
+// and the copy writing a k's six values to each of 32 tiles evicts its own half-written lines
 // (a 12-way L1); an odd line count spreads 32 tiles over 32 sets. At most kKc x kMR + 16.
 inline int64_t tile_stride(int64_t kc, int64_t mr) {
   const int64_t lines = (kc * mr + 15) / 16;

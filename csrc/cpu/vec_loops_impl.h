@@ -90,7 +90,7 @@ void gate_loop(int64_t n, const float* __restrict__ a, const float* __restrict__
 // the chunk at unit j0 and points g[q] at gate q's values of it, in saved (gate stride ss) where
 // the row saves its gates, else in a local buffer.
 // The local buffer is left uninitialised (each gate's loop writes a chunk before the update
-// reads it): zeroing its 4 KiB on every row had taken a twentieth of an LSTM forward at H=128,
+// reads it): zeroing its 4 KiB on every row takes a twentieth of an LSTM forward at H=128,
 // B=128.
 template <int Q, bool Save>
 struct GateChunks {
