@@ -301,16 +301,14 @@ def test_split_choice_follows_the_kernel_size(threads):
 def test_split_needs_more_rows_on_faster_cores():
     """Where the recurrent kernel outgrows L2 the row split needs 4 rows a thread, or 12 where the
     packed kernel runs AVX-512 on a core with full-width 512-bit FMAs: at H = 512 (a 4 MiB LSTM
-    kernel) units below that count, rows from it on (csrc/cpu/rnn_cpu.cpp: rows_to_cover_kernel).
-    The count is the same in every process: it rests on a ratio of two rates (1.0 or 2.0), not on
-    a rate."""
+    kernel; 2 MiB at H = 362) units below that count, rows from it on, on this machine's L2
+    (csrc/cpu/rnn_cpu.cpp: choose_split, rows_to_cover_kernel). The count is the same in every
+    process: it rests on a ratio of two rates (1.0 or 2.0), not on a rate."""
     try:  # the size glibc's sysconf gives the C++ rule (Python's os.sysconf does not know the name)
         l2 = int(subprocess.run(["getconf", "LEVEL2_CACHE_SIZE"], capture_output=True, text=True).stdout or 0)
     except (OSError, ValueError):
         l2 = 0
     l2 = l2 if l2 > 0 else 1 << 20  # the rule's own default
-    if not (512 << 10 <= l2 <= 4 << 20):
-        pytest.skip(f"L2 of {l2} bytes: a 4 MiB kernel is not between a quarter of L2 and 8 L2 here")
     need = _C._testing.cpu_split_min_rows()
     assert need in (4, 12)
     if _C.cpu_packed_gemm_isa() != "avx512":
@@ -318,9 +316,11 @@ def test_split_needs_more_rows_on_faster_cores():
     again = subprocess.run([sys.executable, "-c", "from cudnn_rnn import _C; print(_C._testing.cpu_split_min_rows())"],
                            capture_output=True, text=True, check=True).stdout.strip()
     assert int(again) == need  # another process, another measurement: the same count
-    for rows in range(1, 40):
-        expected = "rows" if rows >= need else "units"
-        assert _C._testing.cpu_split(2 * rows, 512, 4, 2) == expected, (rows, need)
+    for units in (362, 512):
+        kernel = 4 * units * units * 4
+        for rows in range(1, 40):
+            by_rows = 4 * kernel <= l2 or (rows >= need and kernel <= 8 * l2)
+            assert _C._testing.cpu_split(2 * rows, units, 4, 2) == ("rows" if by_rows else "units"), (units, rows, need)
 
 
 @pytest.mark.parametrize("engine", ["packed-avx2", pytest.param("packed-avx512", marks=needs_avx512)], indirect=True)

@@ -57,6 +57,33 @@ __attribute__((target("avx512f,avx512bf16"))) float dpbf16_avx512(int64_t n) {
   return _mm512_reduce_add_ps(s);
 }
 
+// GFLOP/s of float32 multiply-adds on the calling thread alone, in AVX-512 (`wide`) or AVX2
+// registers: the best of 12 runs of about 50 us; 0 where the CPU lacks that build.
+double core_fma_gflops(bool wide) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  if (wide ? !__builtin_cpu_supports("avx512f") : !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
+    return 0.0;
+  float (*loop)(int64_t) = wide ? fma_avx512 : fma_avx2;
+  const double flops_per_iteration = wide ? 12 * 32 : 12 * 16;
+  using Clock = std::chrono::steady_clock;
+  const int64_t n = 1 << 15;  // 393k instructions: about 50 us at two a cycle
+  volatile float sink = loop(n);  // wakes the vector units
+  double best = 0;
+  for (int r = 0; r < 12; ++r) {
+    const auto t0 = Clock::now();
+    sink = loop(n);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (s > 0) best = std::max(best, double(n) * flops_per_iteration / s / 1e9);
+  }
+  (void)sink;
+  return best;
+#else
+  (void)wide;
+  return 0.0;
+#endif
+}
+
 }  // namespace
 
 double fma_peak_gflops(const std::string& dtype, double seconds, int repeats) {
@@ -104,39 +131,6 @@ double fma_peak_gflops(const std::string& dtype, double seconds, int repeats) {
     best = std::max(best, double(threads) * double(n) * flops_per_iteration / s / 1e9);
   }
   return best;
-}
-
-double core_fma_gflops(bool avx512) {
-  static const auto measure = [](bool wide) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    if (wide ? !__builtin_cpu_supports("avx512f") : !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
-      return 0.0;
-    float (*loop)(int64_t) = wide ? fma_avx512 : fma_avx2;
-    const double flops_per_iteration = wide ? 12 * 32 : 12 * 16;
-    using Clock = std::chrono::steady_clock;
-    const int64_t n = 1 << 15;  // 393k instructions: about 50 us at two a cycle
-    volatile float sink = loop(n);  // wakes the vector units
-    double best = 0;
-    for (int r = 0; r < 12; ++r) {
-      const auto t0 = Clock::now();
-      sink = loop(n);
-      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (s > 0) best = std::max(best, double(n) * flops_per_iteration / s / 1e9);
-    }
-    (void)sink;
-    return best;
-#else
-    (void)wide;
-    return 0.0;
-#endif
-  };
-  if (avx512) {  // each measured on its first use
-    static const double wide = measure(true);
-    return wide;
-  }
-  static const double narrow = measure(false);
-  return narrow;
 }
 
 bool full_width_avx512() {

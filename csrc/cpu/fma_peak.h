@@ -13,16 +13,12 @@ namespace cpu {
 // AVX512_BF16). Best of `repeats` runs of about `seconds` each.
 double fma_peak_gflops(const std::string& dtype, double seconds, int repeats);
 
-// GFLOP/s of float32 multiply-adds on the calling thread alone, in AVX-512 (`avx512`) or AVX2
-// registers. Measured once per build (the best of 12 runs of about 50 us) and kept; 0 where the
-// CPU lacks that build.
-double core_fma_gflops(bool avx512);
-
 // Whether this core multiplies-adds 512-bit registers at twice the rate of 256-bit ones (AMD Zen 5,
 // Intel Xeons with two 512-bit FMA units), rather than at the same rate (AMD Zen 4, which splits a
-// 512-bit operation in two): core_fma_gflops(true) at least 1.5x core_fma_gflops(false). A ratio
-// of two measurements taken together is 1.0 or 2.0, far from the line, where a rate alone moves
-// with the clock. False without AVX-512.
+// 512-bit operation in two): the calling thread's FMA rate in AVX-512 registers at least 1.5x its
+// rate in AVX2 registers (each the best of 12 runs of about 50 us), measured once and kept. A
+// ratio of two measurements taken together is 1.0 or 2.0, far from the line, where a rate alone
+// moves with the clock. False without AVX-512.
 bool full_width_avx512();
 
 }  // namespace cpu
