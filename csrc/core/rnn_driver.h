@@ -378,8 +378,9 @@ inline RealRows real_rows(const RnnConfig& cfg, const Tensor& mask, bool batch_m
 
 // The weight-gradient products A^T · D (A: [rows, k], D: [rows, N]) in the precision the
 // backend asks for: float32, or the caller's float16 / bfloat16 (Policy::low_precision_weight_grads)
-// with ATen's GEMM (float32 accumulation; oneDNN's AMX kernels on the CPU), the float32 result
-// rounded to it as the caller's weight gradients will be. D_low: D already converted, or undefined.
+// with ATen's GEMM (float32 accumulation; oneDNN's AMX kernels on the CPU), whose result comes in
+// that precision, as the caller's weight gradients do (backward_any_precision converts nothing
+// then). D_low: D already converted, or undefined.
 // A^T goes to the GEMM as a row-major copy in the low precision (Policy::transposed_to): oneDNN's
 // bfloat16 GEMM ran a transposed view's product at half the speed (fastrnns LSTM: 11.4 against
 // 6.5 ms).
@@ -389,14 +390,12 @@ struct WeightProducts {
   Tensor (*transposed_to)(const Tensor&, at::ScalarType) = nullptr;
   using Parts = std::vector<std::pair<Tensor, Tensor>>;
   Tensor (*own)(const Parts&, const Tensor&, bool) = nullptr;  // Policy::weight_grad
-  Tensor (*workspace)(at::IntArrayRef, const at::TensorOptions&) = nullptr;  // Policy::workspace
   Tensor operator()(const Tensor& A, const Tensor& D, const Tensor& D_low = Tensor()) const {
     if (!low) {
       Tensor product = own ? own({{A, Tensor()}}, D, false) : Tensor();
       return product.defined() ? product : at::mm(A.t(), D);
     }
-    const Tensor product = at::mm(transposed_to(A, dtype), D_low.defined() ? D_low : D.to(dtype));
-    return workspace(product.sizes(), product.options().dtype(at::kFloat)).copy_(product);
+    return at::mm(transposed_to(A, dtype), D_low.defined() ? D_low : D.to(dtype));
   }
   // The backend's own float32 [A_1 | A_2 ... (| 1)]^T · D (stacked_weight_grad), or undefined.
   Tensor own_stacked(const Parts& parts, const Tensor& D, bool ones) const {
@@ -453,10 +452,11 @@ struct PolicyDefaults {
   // `rows` (int64; every row when undefined), op(W) = W [K, N] or, with trans_w, the transpose
   // of W [N, K]: the hoisted input projection and the input-gradient GEMM. false leaves it to
   // the driver's ATen GEMMs. in2_low: in2 already in cfg.gemm_dtype, as time_loop_backward
-  // leaves BackwardExtras::dxw_low, or undefined.
+  // leaves BackwardExtras::dxw_low, or undefined; W_low: W in the caller's precision
+  // (DirectionArgs::w_low), or undefined.
   template <typename T>
   static bool row_gemm(const RnnConfig&, const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&, bool,
-                       const Tensor&, const Tensor& = Tensor()) {
+                       const Tensor&, const Tensor& = Tensor(), const Tensor& = Tensor()) {
     return false;
   }
   template <typename T>
@@ -642,8 +642,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
   // (own stays null for a policy without a weight-gradient GEMM of its own: no row lists are built for it)
   const WeightProducts product{Policy::template low_precision_weight_grads<T>(cfg), cfg.gemm_dtype,
                                &Policy::transposed_to,
-                               &Policy::weight_grad == &PolicyDefaults::weight_grad ? nullptr : &Policy::weight_grad,
-                               &Policy::workspace};
+                               &Policy::weight_grad == &PolicyDefaults::weight_grad ? nullptr : &Policy::weight_grad};
   if (extras.dbias.defined()) g.dbias = extras.dbias;
   // The input gradient is written by a GEMM without accumulating where it is the first and that
   // GEMM covers every row (a zero fill and a read of [T, B, In] the less); else added to zeros.
@@ -704,7 +703,7 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
       if (a.dmask.defined()) {
         g.dx3.add_(at::mm(dxw2, a.w.kernel.t()).view(a.x3.sizes()) * over_time(a.dmask[0], a.in_batch_major));
       } else if (!Policy::template row_gemm<T>(cfg, dxw2, Tensor(), a.w.kernel, true, Tensor(), !dx3_write,
-                                                 g.dx3.view({rows, in}), dxw2_padded)) {
+                                                 g.dx3.view({rows, in}), dxw2_padded, a.w_low.kernel)) {
         TORCH_INTERNAL_ASSERT(extras.keep_dxw, "direction_backward: dxw was kept one step at a time");
         Tensor dx2 = g.dx3.view({rows, in});
         if (dx3_write) {

@@ -148,6 +148,67 @@ const char* bf16_gemm_kernel() {
   return "none";
 }
 
+namespace {
+
+// b's values in bfloat16, contiguous in the order b's memory runs: [K, N] row-major
+// (*k_inner false) or, for the transposed view of a row-major matrix, [N, K] (*k_inner true).
+at::Tensor bf16_rows_of(const at::Tensor& b, bool* k_inner) {
+  *k_inner = b.stride(0) == 1 && b.size(1) > 1 && b.size(0) > 1;
+  const at::Tensor m = *k_inner ? b.t() : b;
+  if (m.scalar_type() == at::kBFloat16) return m.contiguous();
+  const at::Tensor f = m.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty(f.sizes(), f.options().dtype(at::kBFloat16));
+  const float* src = f.data_ptr<float>();
+  at::BFloat16* dst = out.data_ptr<at::BFloat16>();
+  at::parallel_for(0, f.numel(), 1 << 14, [&](int64_t i0, int64_t i1) { to_bf16(src + i0, dst + i0, i1 - i0); });
+  return out;
+}
+
+// The own kernel's panels from bfloat16 rows: per k pair, the panel's 64 columns as 32-bit
+// (k, k + 1) words, the pad (odd K, the columns past N) zero.
+void pack_own(const at::BFloat16* src, bool k_inner, int64_t K, int64_t N, int64_t Kp, uint32_t* dst) {
+  static_assert(sizeof(at::BFloat16) == sizeof(uint16_t), "at::BFloat16 is its bits");
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  const int64_t pairs = Kp / 2, panels = (N + kBf16Panel - 1) / kBf16Panel;
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      uint32_t* d = dst + p * pairs * kBf16Panel;
+      const int64_t n0 = p * kBf16Panel, nc = std::min(kBf16Panel, N - n0);
+      if (!k_inner) {  // rows 2kk and 2kk + 1 of [K, N], interleaved
+        for (int64_t kk = 0; kk < pairs; ++kk) {
+          const uint16_t* lo = s + 2 * kk * N + n0;
+          const uint16_t* hi = 2 * kk + 1 < K ? lo + N : nullptr;
+          uint32_t* dk = d + kk * kBf16Panel;
+          for (int64_t c = 0; c < nc; ++c) dk[c] = uint32_t(lo[c]) | (hi ? uint32_t(hi[c]) << 16 : 0u);
+          std::fill(dk + nc, dk + kBf16Panel, 0u);
+        }
+        continue;
+      }
+      // [N, K] rows: a pair is one 32-bit word of row n; 64 pairs at a time (16 KiB of the panel).
+      const int64_t whole = K / 2;
+      for (int64_t k0 = 0; k0 < pairs; k0 += 64) {
+        const int64_t k1 = std::min(pairs, k0 + 64);
+        for (int64_t c = 0; c < kBf16Panel; ++c) {
+          if (c >= nc) {
+            for (int64_t kk = k0; kk < k1; ++kk) d[kk * kBf16Panel + c] = 0u;
+            continue;
+          }
+          const uint16_t* row = s + (n0 + c) * K;
+          const int64_t kw = std::min(k1, whole);
+          for (int64_t kk = k0; kk < kw; ++kk) {
+            uint32_t word;
+            std::memcpy(&word, row + 2 * kk, sizeof(word));
+            d[kk * kBf16Panel + c] = word;
+          }
+          if (kw < k1) d[kw * kBf16Panel + c] = row[K - 1];  // odd K: the last k, its pair zero
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
 Bf16Panels pack_bf16(const at::Tensor& b) {
   TORCH_INTERNAL_ASSERT(b.dim() == 2, "pack_bf16: a matrix");
   Bf16Panels out;
@@ -155,32 +216,24 @@ Bf16Panels pack_bf16(const at::Tensor& b) {
   out.Kp = bf16_depth(out.K);
   out.N = b.size(1);
   const int64_t panels = (out.N + kBf16Panel - 1) / kBf16Panel;
-  at::Tensor padded = at::zeros({out.Kp, panels * kBf16Panel}, b.options().dtype(at::kBFloat16));
+  const auto low = b.options().dtype(at::kBFloat16);
+  out.data = at::empty({panels * out.Kp * kBf16Panel + kBf16Panel}, low);
+  at::BFloat16* dst = out.data.data_ptr<at::BFloat16>();
+  if (bf16_kernel() == Bf16Kernel::Own) {
+    bool k_inner = false;
+    const at::Tensor rows = bf16_rows_of(b, &k_inner);
+    pack_own(rows.data_ptr<at::BFloat16>(), k_inner, out.K, out.N, out.Kp, reinterpret_cast<uint32_t*>(dst));
+    return out;
+  }
+#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
+  at::Tensor padded = at::zeros({out.Kp, panels * kBf16Panel}, low);
   if (b.scalar_type() == at::kFloat && b.stride(0) == 1 && out.N > 1) {  // the transpose of a row-major matrix
     transpose_to_bf16(b.data_ptr<float>(), out.N, out.K, b.stride(1), padded.data_ptr<at::BFloat16>(), padded.size(1));
   } else {
     padded.narrow(0, 0, out.K).narrow(1, 0, out.N).copy_(b);
   }
-  out.data = at::empty({panels * out.Kp * kBf16Panel + kBf16Panel}, padded.options());
   const at::BFloat16* src = padded.data_ptr<at::BFloat16>();
-  at::BFloat16* dst = out.data.data_ptr<at::BFloat16>();
   const int64_t ld = panels * kBf16Panel;
-  if (bf16_kernel() == Bf16Kernel::Own) {  // per k pair, the panel's 64 columns as (k, k + 1) pairs
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) {
-        at::BFloat16* d = dst + p * out.Kp * kBf16Panel;
-        for (int64_t kk = 0; kk < out.Kp / 2; ++kk) {
-          const at::BFloat16* even = src + 2 * kk * ld + p * kBf16Panel;
-          for (int64_t c = 0; c < kBf16Panel; ++c) {
-            d[kk * 2 * kBf16Panel + 2 * c] = even[c];
-            d[kk * 2 * kBf16Panel + 2 * c + 1] = even[ld + c];
-          }
-        }
-      }
-    });
-    return out;
-  }
-#if defined(CPUBLAS_BRGEMM_BF16BF16F32)
   for (int64_t p = 0; p < panels; ++p) {
     at::native::cpublas::pack(out.Kp, kBf16Panel, ld, kBf16Panel, at::kBFloat16, at::kBFloat16, src + p * kBf16Panel,
                               dst + p * out.Kp * kBf16Panel);

@@ -25,6 +25,12 @@ namespace {
 using at::BFloat16;
 using at::Tensor;
 
+// The caller's weight where it is bfloat16 (its values exactly; nothing to round), else the
+// float32 copy.
+const Tensor& bf16_or(const Tensor& low, const Tensor& full) {
+  return low.defined() && low.scalar_type() == at::kBFloat16 ? low : full;
+}
+
 // The panels of gate columns [j0, j0 + w) of a weight (all of it when whole). From the caller's
 // bfloat16 weight where the call has one (driver::DirectionArgs::w_low), kept across calls in the
 // weight cache keyed on that tensor: inference stops converting and repacking the same weights on
@@ -157,7 +163,8 @@ class Bf16Backward final : public BackwardPlan<float> {
     const int64_t n = blocks_.n;
     bf_.resize(n), tmp_.resize(n);
     for (int64_t k = 0; k < n; ++k) {
-      bf_[k] = pack_bf16(p.a.w.recurrent.narrow(0, blocks_.start[k], blocks_.width(k)).t());
+      const Tensor& r = bf16_or(p.a.w_low.recurrent, p.a.w.recurrent);
+      bf_[k] = pack_bf16(r.narrow(0, blocks_.start[k], blocks_.width(k)).t());
       tmp_[k] = at::empty({B_, blocks_.width(k)}, b.dxw.options());
     }
     // The gate gradients in bfloat16: dxw's layout, rows of gup values, the pad zero. GRU's
@@ -234,16 +241,18 @@ class Bf16Backward final : public BackwardPlan<float> {
 }  // namespace
 
 // out2[r] = (accumulate ? out2[r] : bias, or 0) + in2[r] · op(W) (CpuPolicy::row_gemm) with
-// bfloat16 operands: tiles of 64 rows across threads, each converted to bfloat16 (or read from
+// bfloat16 operands: tiles of up to 64 rows across threads, each converted to bfloat16 (or read from
 // in2_low, in2 in bfloat16 with rows of bf16_depth(K) values, where given and every row is
-// wanted), multiplied into a float32 tile and written to its rows.
+// wanted), multiplied into a float32 tile and written to its rows. W packed from W_low where that
+// is bfloat16.
 bool bf16_row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W, bool trans_w, const Tensor& bias,
-                          bool accumulate, const Tensor& out2, const Tensor& in2_low) {
+                   bool accumulate, const Tensor& out2, const Tensor& in2_low, const Tensor& W_low) {
   if (!in2.is_contiguous() || !out2.is_contiguous() || (bias.defined() && !bias.is_contiguous())) return false;
   const int64_t K = in2.size(1), N = out2.size(1);
   const int64_t M = rows.defined() ? rows.numel() : in2.size(0);
   if (M == 0) return true;
-  const Bf16Panels panels = pack_bf16(trans_w ? W.t() : W);
+  const Tensor& w = bf16_or(W_low, W);
+  const Bf16Panels panels = pack_bf16(trans_w ? w.t() : w);
   const int64_t Kp = panels.Kp;
   const bool low = in2_low.defined() && !rows.defined();
   TORCH_INTERNAL_ASSERT(!low || (in2_low.is_contiguous() && in2_low.size(0) == M && in2_low.size(1) == Kp &&
@@ -254,12 +263,17 @@ bool bf16_row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W, bool 
   const float* a = in2.data_ptr<float>();
   const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* c = out2.data_ptr<float>();
+  // At most 64 rows a tile, as many tiles as makes every thread's share equal (400 rows on two
+  // threads: 8 tiles of 50, not 7 of 64 shared 4 to 3).
   constexpr int64_t tile = 64;
-  at::parallel_for(0, (M + tile - 1) / tile, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t threads = at::get_num_threads();
+  const int64_t tiles = ((M + tile - 1) / tile + threads - 1) / threads * threads;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     std::vector<at::BFloat16> at_(low ? 0 : tile * Kp);  // zeros: the pad column of an odd K stays zero
     std::vector<float> ct(r ? tile * N : 0);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t m0 = t * tile, m = std::min(tile, M - m0);
+      const int64_t m0 = M * t / tiles, m = M * (t + 1) / tiles - m0;
+      if (m == 0) continue;
       for (int64_t i = 0; i < m && !low; ++i) to_bf16(a + (r ? r[m0 + i] : m0 + i) * K, at_.data() + i * Kp, K);
       if (!r) {  // consecutive rows: straight into out2, over the bias or what it holds
         float* d = c + m0 * N;

@@ -111,10 +111,11 @@ std::unique_ptr<BackwardPlan<T>> backward_plan(const PlanArgs& p, const Backward
 
 template <typename T>
 bool row_gemm(const RnnConfig& cfg, const at::Tensor& in2, const at::Tensor& rows, const at::Tensor& W, bool trans_w,
-              const at::Tensor& bias, bool accumulate, const at::Tensor& out2, const at::Tensor& in2_low) {
+              const at::Tensor& bias, bool accumulate, const at::Tensor& out2, const at::Tensor& in2_low,
+              const at::Tensor& W_low) {
   if constexpr (std::is_same_v<T, float>) {
     if (int8_plan<T>(cfg)) return int8_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2);
-    if (bf16_plan<T>(cfg)) return bf16_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2, in2_low);
+    if (bf16_plan<T>(cfg)) return bf16_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2, in2_low, W_low);
     if (float_gemm_engine(in2.size(1), out2.size(1), rows.defined() ? rows.numel() : in2.size(0)) ==
         GemmEngine::Packed) {
       return packed_row_gemm(in2, rows, W, trans_w, bias, accumulate, out2);
@@ -132,7 +133,7 @@ bool row_gemm(const RnnConfig& cfg, const at::Tensor& in2, const at::Tensor& row
   template std::unique_ptr<ForwardPlan<T>> forward_plan<T>(const PlanArgs&);                                    \
   template std::unique_ptr<BackwardPlan<T>> backward_plan<T>(const PlanArgs&, const BackwardPlanArgs<T>&);      \
   template bool row_gemm<T>(const RnnConfig&, const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,    \
-                            const at::Tensor&, bool, const at::Tensor&, const at::Tensor&);
+                            const at::Tensor&, bool, const at::Tensor&, const at::Tensor&, const at::Tensor&);
 CUDNN_RNN_PLANS(float)
 CUDNN_RNN_PLANS(double)
 #undef CUDNN_RNN_PLANS

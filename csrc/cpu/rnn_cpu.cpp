@@ -546,8 +546,9 @@ struct CpuPolicy : TimeLoops {
   // The input projection and the input gradient on the call's engine (cpu/plan_choice.cpp).
   template <typename T>
   static bool row_gemm(const RnnConfig& cfg, const Tensor& in2, const Tensor& rows, const Tensor& W, bool trans_w,
-                       const Tensor& bias, bool accumulate, const Tensor& out2, const Tensor& in2_low = Tensor()) {
-    return cpu::row_gemm<T>(cfg, in2, rows, W, trans_w, bias, accumulate, out2, in2_low);
+                       const Tensor& bias, bool accumulate, const Tensor& out2, const Tensor& in2_low = Tensor(),
+                       const Tensor& W_low = Tensor()) {
+    return cpu::row_gemm<T>(cfg, in2, rows, W, trans_w, bias, accumulate, out2, in2_low, W_low);
   }
 
   template <typename T>

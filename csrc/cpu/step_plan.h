@@ -172,17 +172,20 @@ bool plan_rows_apart(const RnnConfig& cfg, bool backward);
 
 // out2[r] = (accumulate ? out2[r] : bias, or 0) + in2[r] · op(W) for the rows listed in `rows`
 // (every row without), on the engine the call's plans use: the input projection and the input
-// gradient. in2_low: in2 in bfloat16 with rows of bf16_depth(K) values, where the caller has it.
-// False where that engine leaves the product to ATen.
+// gradient. in2_low: in2 in bfloat16 with rows of bf16_depth(K) values, where the caller has it;
+// W_low: W in the caller's precision, or undefined. False where that engine leaves the product to
+// ATen.
 template <typename T>
 bool row_gemm(const RnnConfig& cfg, const at::Tensor& in2, const at::Tensor& rows, const at::Tensor& W, bool trans_w,
-              const at::Tensor& bias, bool accumulate, const at::Tensor& out2, const at::Tensor& in2_low);
+              const at::Tensor& bias, bool accumulate, const at::Tensor& out2, const at::Tensor& in2_low,
+              const at::Tensor& W_low);
 bool packed_row_gemm(const at::Tensor& in2, const at::Tensor& rows, const at::Tensor& W, bool trans_w,
                      const at::Tensor& bias, bool accumulate, const at::Tensor& out2);
 bool int8_row_gemm(const at::Tensor& in2, const at::Tensor& rows, const at::Tensor& W, bool trans_w,
                    const at::Tensor& bias, bool accumulate, const at::Tensor& out2);
 bool bf16_row_gemm(const at::Tensor& in2, const at::Tensor& rows, const at::Tensor& W, bool trans_w,
-                   const at::Tensor& bias, bool accumulate, const at::Tensor& out2, const at::Tensor& in2_low);
+                   const at::Tensor& bias, bool accumulate, const at::Tensor& out2, const at::Tensor& in2_low,
+                   const at::Tensor& W_low);
 
 // Unit block [j0, j0 + w)'s columns of every gate of m ([K, G*u], or a bias [G*u]) as one
 // contiguous [K, G*w] (or [G*w]) matrix: what one time-loop task multiplies by.
