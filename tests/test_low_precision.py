@@ -128,3 +128,19 @@ def test_bfloat16_gemms_switch():
     bad = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "CUDNN_RNN_CPU_BF16": "fp8"},
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "CUDNN_RNN_CPU_BF16" in bad.stderr
+
+
+@pytest.mark.parametrize("cls", [cudnn_rnn.LSTM, cudnn_rnn.GRU])
+def test_bfloat16_weight_gradients_hold_only_their_own_memory(cls):
+    """A bfloat16 layer's weight gradients (masked batch: the GEMMs over the real rows only, the
+    kernel's and recurrent kernel's gradients one stacked product) are tensors of their own, not
+    views keeping the whole product alive."""
+    torch.manual_seed(0)
+    layer = cls(23, 211, return_sequences=True).bfloat16()
+    x = torch.randn(8, 10, 23).bfloat16().requires_grad_(True)
+    mask = torch.zeros(8, 10, dtype=torch.bool)
+    mask[:, :2] = True
+    layer(x, mask=mask).float().sum().backward()
+    for name, p in layer.named_parameters():
+        assert p.grad.dtype == torch.bfloat16, name
+        assert p.grad.untyped_storage().nbytes() == p.grad.numel() * p.grad.element_size(), name

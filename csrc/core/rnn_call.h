@@ -62,6 +62,7 @@ struct BackwardCall {
   at::Tensor reserve;  // what rnn_forward returned: the bytes of the backend that ran it
   RnnOptions options;
   at::Tensor x_low = {};  // as ForwardCall::x_low
+  std::vector<at::Tensor> weights_low = {};  // as ForwardCall::weights_low
 };
 
 using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;               // y, h_n, c_n, reserve

@@ -261,8 +261,8 @@ struct DirectionArgs {
   DirReserve rs;
   // Layer 0 of a low-precision call: the caller's x (ForwardCall::x_low), contiguous; else undefined.
   Tensor x3_low = {};
-  // A low-precision forward: the caller's weights of this direction (ForwardCall::weights_low);
-  // else undefined.
+  // A low-precision call: the caller's weights of this direction (ForwardCall::weights_low,
+  // BackwardCall::weights_low); else undefined.
   DirWeights w_low = {};
 };
 
@@ -379,8 +379,8 @@ inline RealRows real_rows(const RnnConfig& cfg, const Tensor& mask, bool batch_m
 // The weight-gradient products A^T · D (A: [rows, k], D: [rows, N]) in the precision the
 // backend asks for: float32, or the caller's float16 / bfloat16 (Policy::low_precision_weight_grads)
 // with ATen's GEMM (float32 accumulation; oneDNN's AMX kernels on the CPU), whose result comes in
-// that precision, as the caller's weight gradients do (backward_any_precision converts nothing
-// then). D_low: D already converted, or undefined.
+// that precision, as the caller's weight gradients do (backward_any_precision need not convert a
+// gradient that is such a product whole). D_low: D already converted, or undefined.
 // A^T goes to the GEMM as a row-major copy in the low precision (Policy::transposed_to): oneDNN's
 // bfloat16 GEMM ran a transposed view's product at half the speed (fastrnns LSTM: 11.4 against
 // 6.5 ms).
@@ -653,7 +653,8 @@ void direction_backward(const RnnConfig& cfg, const DirectionArgs& a, const Tens
     const Tensor d = select_rows<Policy>(dxw2, real.in_layout);
     // dx3's real rows += d · K^T: in place, or gathered, one GEMM, scattered back
     Tensor dx2 = g.dx3.view({rows, in});
-    if (!Policy::template row_gemm<T>(cfg, dxw2, real.in_layout, a.w.kernel, true, Tensor(), true, dx2)) {
+    if (!Policy::template row_gemm<T>(cfg, dxw2, real.in_layout, a.w.kernel, true, Tensor(), true, dx2, Tensor(),
+                                      a.w_low.kernel)) {
       dx2.index_copy_(0, real.in_layout, select_rows<Policy>(dx2, real.in_layout).addmm_(d, a.w.kernel.t()));
     }
     const Tensor x2 = a.x3.reshape({rows, in});
@@ -853,6 +854,7 @@ BackwardResult backward(const RnnConfig& cfg, const BackwardCall& call) {
       for (int64_t d = 0; d < D; ++d) {
         const int64_t ld = l * D + d;
         DirectionArgs a = direction_args(cfg, call.in, mask, reserve, l, d, x3);
+        if (!call.weights_low.empty()) a.w_low = dir_weights(cfg, call.weights_low, ld);
         // its backward reads x only for the low-precision weight-gradient GEMM: the caller's x
         if (l == 0) input0.give(a, !backward_reads_input<Policy, scalar_t>(cfg, a));
         DirectionGrads g;
@@ -920,15 +922,21 @@ BackwardResult backward_any_precision(const RnnConfig& cfg, const BackwardCall& 
   BackwardCall f{to_float(call.grad_y), to_float(call.grad_h_n), to_float(call.grad_c_n),
                  float_inputs_but_x<Policy>(call.in), call.reserve, call.options};
   f.x_low = call.in.x;
+  f.weights_low = call.in.weights;
   RnnConfig c = cfg;
   c.gemm_dtype = call.in.x.scalar_type();
   auto [dx, dw, dh0, dc0] = backward<Policy>(c, f);
   const auto dtype = call.in.x.scalar_type();
-  // The weight gradients (as large as the weights) through Policy::workspace: the CPU's pool, so
-  // no page faults on every call.
+  // The weight gradients in the weights' dtype: as they come where they are (a low-precision
+  // product, WeightProducts) and own no more memory than they hold; else converted or copied out
+  // (of a stacked product they are a part of) through Policy::workspace: the CPU's pool, so no
+  // page faults on every call.
   for (size_t i = 0; i < dw.size(); ++i) {
     const auto wt = call.in.weights[i].scalar_type();
-    if (dw[i].scalar_type() != wt) dw[i] = Policy::workspace(dw[i].sizes(), dw[i].options().dtype(wt)).copy_(dw[i]);
+    const bool part = dw[i].storage().nbytes() > static_cast<size_t>(dw[i].numel() * dw[i].element_size());
+    if (dw[i].scalar_type() != wt || part) {
+      dw[i] = Policy::workspace(dw[i].sizes(), dw[i].options().dtype(wt)).copy_(dw[i]);
+    }
   }
   return {dx.to(dtype), dw, dh0.to(dtype), dc0.to(dtype)};
 }

@@ -39,7 +39,8 @@ struct Bf16Panels {
   const at::BFloat16* panel(int64_t p) const { return data.data_ptr<at::BFloat16>() + p * Kp * kBf16Panel; }
 };
 
-// Packs b ([K, N] float32, any strides: pass a transposed view for op(B) = B^T). ATen calls:
+// Packs b ([K, N] float32 or bfloat16, any strides: pass a transposed view for op(B) = B^T;
+// bfloat16 values are packed as they are, float32 rounded to nearest). ATen calls:
 // the calling thread must be the caller's, not a worker's.
 Bf16Panels pack_bf16(const at::Tensor& b);
 

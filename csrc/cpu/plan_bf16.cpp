@@ -264,10 +264,12 @@ bool bf16_row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W, bool 
   const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* c = out2.data_ptr<float>();
   // At most 64 rows a tile, as many tiles as makes every thread's share equal (400 rows on two
-  // threads: 8 tiles of 50, not 7 of 64 shared 4 to 3).
+  // threads: 8 tiles of 50, not 7 of 64 shared 4 to 3) while a tile keeps 24 rows or more (each
+  // tile streams all of W's panels; many threads over few rows keep fewer, fuller tiles).
   constexpr int64_t tile = 64;
-  const int64_t threads = at::get_num_threads();
-  const int64_t tiles = ((M + tile - 1) / tile + threads - 1) / threads * threads;
+  const int64_t threads = at::get_num_threads(), fewest = (M + tile - 1) / tile;
+  const int64_t even = (fewest + threads - 1) / threads * threads;
+  const int64_t tiles = M / even >= 24 ? even : fewest;
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     std::vector<at::BFloat16> at_(low ? 0 : tile * Kp);  // zeros: the pad column of an odd K stays zero
     std::vector<float> ct(r ? tile * N : 0);
