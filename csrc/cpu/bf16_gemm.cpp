@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #endif
 
+#include "cpu/buffer_pool.h"
 #include "cpu/vec_loops.h"
 
 namespace cudnn_rnn {
@@ -216,8 +217,7 @@ Bf16Panels pack_bf16(const at::Tensor& b) {
   out.Kp = bf16_depth(out.K);
   out.N = b.size(1);
   const int64_t panels = (out.N + kBf16Panel - 1) / kBf16Panel;
-  const auto low = b.options().dtype(at::kBFloat16);
-  out.data = at::empty({panels * out.Kp * kBf16Panel + kBf16Panel}, low);
+  out.data = pooled_empty({panels * out.Kp * kBf16Panel + kBf16Panel}, at::kBFloat16);
   at::BFloat16* dst = out.data.data_ptr<at::BFloat16>();
   if (bf16_kernel() == Bf16Kernel::Own) {
     bool k_inner = false;
@@ -226,7 +226,7 @@ Bf16Panels pack_bf16(const at::Tensor& b) {
     return out;
   }
 #if defined(CPUBLAS_BRGEMM_BF16BF16F32)
-  at::Tensor padded = at::zeros({out.Kp, panels * kBf16Panel}, low);
+  at::Tensor padded = at::zeros({out.Kp, panels * kBf16Panel}, b.options().dtype(at::kBFloat16));
   if (b.scalar_type() == at::kFloat && b.stride(0) == 1 && out.N > 1) {  // the transpose of a row-major matrix
     transpose_to_bf16(b.data_ptr<float>(), out.N, out.K, b.stride(1), padded.data_ptr<at::BFloat16>(), padded.size(1));
   } else {
