@@ -151,18 +151,12 @@ const char* bf16_gemm_kernel() {
 
 namespace {
 
-// b's values in bfloat16, contiguous in the order b's memory runs: [K, N] row-major
-// (*k_inner false) or, for the transposed view of a row-major matrix, [N, K] (*k_inner true).
+// b's values in bfloat16 (rounded to nearest, ties to even), contiguous in the order b's memory
+// runs: [K, N] row-major (*k_inner false) or, for the transposed view of a row-major matrix,
+// [N, K] (*k_inner true).
 at::Tensor bf16_rows_of(const at::Tensor& b, bool* k_inner) {
   *k_inner = b.stride(0) == 1 && b.size(1) > 1 && b.size(0) > 1;
-  const at::Tensor m = *k_inner ? b.t() : b;
-  if (m.scalar_type() == at::kBFloat16) return m.contiguous();
-  const at::Tensor f = m.to(at::kFloat).contiguous();
-  at::Tensor out = at::empty(f.sizes(), f.options().dtype(at::kBFloat16));
-  const float* src = f.data_ptr<float>();
-  at::BFloat16* dst = out.data_ptr<at::BFloat16>();
-  at::parallel_for(0, f.numel(), 1 << 14, [&](int64_t i0, int64_t i1) { to_bf16(src + i0, dst + i0, i1 - i0); });
-  return out;
+  return (*k_inner ? b.t() : b).to(at::kBFloat16).contiguous();
 }
 
 // The own kernel's panels from bfloat16 rows: per k pair, the panel's 64 columns as 32-bit

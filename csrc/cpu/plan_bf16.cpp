@@ -25,11 +25,11 @@ namespace {
 using at::BFloat16;
 using at::Tensor;
 
+bool is_bf16(const Tensor& t) { return t.defined() && t.scalar_type() == at::kBFloat16; }
+
 // The caller's weight where it is bfloat16 (its values exactly; nothing to round), else the
 // float32 copy.
-const Tensor& bf16_or(const Tensor& low, const Tensor& full) {
-  return low.defined() && low.scalar_type() == at::kBFloat16 ? low : full;
-}
+const Tensor& bf16_or(const Tensor& low, const Tensor& full) { return is_bf16(low) ? low : full; }
 
 // The panels of gate columns [j0, j0 + w) of a weight (all of it when whole). From the caller's
 // bfloat16 weight where the call has one (driver::DirectionArgs::w_low), kept across calls in the
@@ -38,7 +38,7 @@ const Tensor& bf16_or(const Tensor& low, const Tensor& full) {
 Bf16Panels panels_of(const Tensor& full, const Tensor& low, const char* form, bool whole, int64_t G, int64_t u,
                      int64_t j0, int64_t w) {
   auto block = [&](const Tensor& m) { return whole ? m : block_columns(m, G, u, j0, w); };
-  if (!low.defined() || low.scalar_type() != at::kBFloat16) return pack_bf16(block(full));
+  if (!is_bf16(low)) return pack_bf16(block(full));
   Bf16Panels p;
   p.K = full.size(0);
   p.Kp = bf16_depth(p.K);
@@ -73,8 +73,7 @@ class Bf16Forward final : public ForwardPlan<float> {
     // has the rows the GEMMs read (an even width).
     const int64_t I = a.x3.size(2);
     ip_ = bf16_depth(I);
-    const bool as_is = a.x3_low.defined() && a.x3_low.scalar_type() == at::kBFloat16 && ip_ == I &&
-                       a.x3_low.is_contiguous();
+    const bool as_is = is_bf16(a.x3_low) && ip_ == I && a.x3_low.is_contiguous();
     xb_ = as_is ? a.x3_low : at::zeros({a.x3.size(0), a.x3.size(1), ip_}, low);
     if (!as_is) xb_.narrow(2, 0, I).copy_(a.x3_low.defined() ? a.x3_low : a.x3);
     x_rows_ = Seq<const BFloat16>{xb_.data_ptr<BFloat16>(), a.in_batch_major ? ip_ : B_ * ip_,
@@ -162,8 +161,8 @@ class Bf16Backward final : public BackwardPlan<float> {
         gru_(p.cfg.cell == CellKind::GRU), reversed_(p.cfg.reversed(p.a.dir)), gup_(bf16_depth(G_ * u_)) {
     const int64_t n = blocks_.n;
     bf_.resize(n), tmp_.resize(n);
+    const Tensor& r = bf16_or(p.a.w_low.recurrent, p.a.w.recurrent);
     for (int64_t k = 0; k < n; ++k) {
-      const Tensor& r = bf16_or(p.a.w_low.recurrent, p.a.w.recurrent);
       bf_[k] = pack_bf16(r.narrow(0, blocks_.start[k], blocks_.width(k)).t());
       tmp_[k] = at::empty({B_, blocks_.width(k)}, b.dxw.options());
     }
