@@ -10,7 +10,9 @@ failure into one ImportError that says what happened and what to run.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import os
+import sys
 import warnings
 from typing import Optional
 
@@ -34,6 +36,24 @@ def rebuild_command(source: Optional[str]) -> str:
     return f"pip install --no-build-isolation --force-reinstall --no-deps {where}"
 
 
+def _shadowed_install() -> Optional[str]:
+    """Where sys.path holds another cudnn_rnn with a built extension while this one is a source
+    checkout without one (a pip-installed copy hidden by the checkout, e.g. when Python runs in the
+    clone's root): that copy's directory, else None."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    checkout = os.path.dirname(here)
+    if not os.path.isfile(os.path.join(checkout, "setup.py")):
+        return None
+    for entry in sys.path:
+        root = os.path.abspath(entry or os.getcwd())
+        if root == checkout or not os.path.isdir(os.path.join(root, "cudnn_rnn")):
+            continue
+        found = importlib.machinery.PathFinder.find_spec("_C", [os.path.join(root, "cudnn_rnn")])
+        if found is not None and found.origin:
+            return os.path.join(root, "cudnn_rnn")
+    return None
+
+
 def load_extension():
     """cudnn_rnn._C, checked against the running torch."""
     built = _built_against()
@@ -41,6 +61,14 @@ def load_extension():
     try:
         ext = importlib.import_module("cudnn_rnn._C")
     except ImportError as e:
+        installed = _shadowed_install() if built is None else None
+        if installed is not None:
+            here = os.path.dirname(os.path.abspath(__file__))
+            raise ImportError(f"cudnn_rnn was imported from the source checkout {here}, which has no built "
+                              f"extension; it comes first on sys.path (as the current directory, or through "
+                              f"PYTHONPATH) and hides the installed cudnn_rnn in {installed}. Run Python from "
+                              f"another directory, or build the checkout in place: python setup.py build_ext "
+                              f"--inplace (scripts/env.sh does this)") from e
         if built is None:
             raise ImportError(f"cudnn_rnn's native extension cannot be loaded ({e}). Build it against the torch "
                               f"you run ({running}): {rebuild_command(None)}") from e

@@ -86,6 +86,22 @@ def test_extension_built_for_another_torch_says_what_to_run(second_torch):
     assert f"but torch {SECOND_TORCH}" in last and "pip install --no-build-isolation --force-reinstall" in last
 
 
+def test_a_source_checkout_hiding_the_installed_copy_says_so(tmp_path):
+    """Python started in a clone's root after `pip install .`: the checkout (no built extension)
+    comes first on sys.path and hides the installed package. One ImportError names both places
+    and what to do, not "rebuild" (which would not help). This checkout, built in place, stands in
+    for the installed copy."""
+    src = _source_copy(tmp_path)
+    env = dict(_pip_env(), PYTHONPATH=os.pathsep.join([str(src), ROOT]))
+    out = subprocess.run([sys.executable, "-c", "import cudnn_rnn"], env=env, capture_output=True, text=True,
+                         cwd=str(tmp_path), timeout=300)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ImportError: cudnn_rnn was imported from the source checkout {src / 'cudnn_rnn'}"), last
+    assert f"hides the installed cudnn_rnn in {os.path.join(ROOT, 'cudnn_rnn')}" in last, last
+    assert "python setup.py build_ext --inplace" in last
+
+
 def test_build_record_matches_the_running_torch():
     from cudnn_rnn import _build
 
