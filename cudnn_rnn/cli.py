@@ -129,6 +129,14 @@ def cmd_convert(args) -> int:
     if not os.path.isdir(folder):
         print(f"cudnn-rnn: {args.out}: the folder {folder} does not exist", file=sys.stderr)
         return 2
+    if args.out.endswith(".onnx"):
+        from .onnx import _require_exporter
+
+        try:  # before the conversion, which a large model takes a while over
+            _require_exporter()
+        except ImportError as e:
+            print(f"cudnn-rnn: {args.out}: {e}", file=sys.stderr)
+            return 2
     model = _load(args)
     if args.out.endswith((".pt2", ".onnx")):
         inputs = tuple(model.example_inputs())

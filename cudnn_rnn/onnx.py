@@ -551,6 +551,18 @@ def _quiet_optimizer(verbose):
             logger.setLevel(level)
 
 
+def _require_exporter() -> None:
+    """torch's ONNX exporter runs on the onnx and onnxscript packages, which torch does not
+    install: one ImportError naming the missing ones and the command, not onnxscript's traceback."""
+    import importlib.util
+
+    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(f"ONNX export needs the package{'s' if len(missing) > 1 else ''} {' and '.join(missing)}, "
+                          f"which {'are' if len(missing) > 1 else 'is'} not installed: pip install onnx onnxscript "
+                          "onnxruntime (cudnn_rnn's [onnx] extra)")
+
+
 def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], dynamic_batch_and_time: bool = True,
            dynamic_shapes=None, **kwargs) -> torch.onnx.ONNXProgram:
     """``torch.onnx.export`` (dynamo) of a model with cudnn_rnn's layers translated to ONNX.
@@ -576,12 +588,14 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
 
     Raises:
         OnnxExportError: naming what has no ONNX translation.
+        ImportError: the onnx or onnxscript package is not installed.
 
     Example:
         >>> import cudnn_rnn.onnx
         >>> model = cudnn_rnn.load_keras("examples/sentiment.h5")
         >>> program = cudnn_rnn.onnx.export(model, (torch.randint(1, 50, (2, 20)),), "sentiment.onnx")
     """
+    _require_exporter()
     model = model.eval()
     dynamic = dynamic_shapes
     if dynamic is None and dynamic_batch_and_time:  # time: dimension 1 of sequences (3-D and up) and token ids, each its own

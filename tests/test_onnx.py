@@ -437,3 +437,22 @@ def test_exported_step_function_streams_the_whole_sequence(tmp_path):
             yo, ho, co = session.run(None, dict(zip(names, [xs[:, t].numpy(), ho, co])))
     torch.testing.assert_close(y, full, atol=1e-6, rtol=1e-6)
     np.testing.assert_allclose(yo, full.numpy(), atol=1e-5, rtol=1e-5)
+
+
+def test_missing_exporter_packages_are_named_before_any_work(tmp_path, monkeypatch, capsys):
+    """Without onnxscript (torch does not install it) the export and the CLI say which packages
+    to install, in one line; the CLI says so before converting the model."""
+    import importlib.util
+
+    from cudnn_rnn import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else real(name, *a))
+    with pytest.raises(ImportError, match=r"needs the package onnxscript, which is not installed: pip install onnx "):
+        export(_Call(cudnn_rnn.GRU(3, 4)), (torch.randn(2, 5, 3),), tmp_path / "m.onnx")
+    monkeypatch.setattr(cli, "_load", lambda args: pytest.fail("the model was converted before the check"))
+    assert cli.main(["convert", os.path.join(ROOT, "examples", "sentiment.h5"), str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"cudnn-rnn: {tmp_path / 'm.onnx'}: ONNX export needs the package onnxscript, which is " \
+                          "not installed: pip install onnx onnxscript onnxruntime (cudnn_rnn's [onnx] extra)", err
+    assert not (tmp_path / "m.onnx").exists()
