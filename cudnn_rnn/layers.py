@@ -203,7 +203,7 @@ class _RNNBase(nn.Module):
 
     def layer_weights(self, layer: int = 0) -> List[Tensor]:
         """[kernel, recurrent_kernel(, bias)] of one layer of the stack, in op order."""
-        return [self._weight(name) for name in _weight_names(self.use_bias, layer)]
+        return [self._weight(name) for name in _cached(_weight_names)(self.use_bias, layer)]
 
     def _weight(self, name: str) -> Tensor:
         # Straight from the parameter dict (nn.Module.__getattr__ costs a few microseconds a call,
@@ -215,7 +215,7 @@ class _RNNBase(nn.Module):
     def op_spec(self, **overrides) -> RnnSpec:
         """The op's options for this layer's stack (one direction, as configured); keyword
         overrides replace fields (a Bidirectional sets bidirectional=True)."""
-        spec = _spec(self.cell, self.activation, self.recurrent_activation, self.use_bias, self.reset_after,
+        spec = _cached(_spec)(self.cell, self.activation, self.recurrent_activation, self.use_bias, self.reset_after,
                      self.num_layers, self.go_backwards, self.zero_output_for_mask)
         return dataclasses.replace(spec, **overrides) if overrides else spec
 
@@ -429,6 +429,12 @@ class _RNNBase(nn.Module):
             raise TypeError(f"{cls.__name__}.from_torch needs a matching torch module; got {type(module).__name__}, "
                             f"which converts to {type(converted).__name__}")
         return layer
+
+
+def _cached(fn):
+    """An lru_cache-wrapped function, or while torch.compile / export traces, the function it
+    wraps (the same values; Dynamo warns at every cache wrapper it traces through)."""
+    return fn.__wrapped__ if torch.compiler.is_compiling() else fn
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,6 +2,9 @@
 both directions; torch.library.opcheck of the op; torch.compile(fullgraph=True) of a model."""
 import copy
 import itertools
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ import cudnn_rnn
 from cudnn_rnn import ops
 from cudnn_rnn.cells import GATES as CELLS
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _weights(cell, reset_after, use_bias, num_layers, dirs, in_size, units, gen):
@@ -149,6 +153,28 @@ def test_torch_compile_fullgraph(dynamic):
     model(x, mask).sum().backward()
     for a, b in zip(g_compiled, [p.grad for p in model.parameters()]):
         torch.testing.assert_close(a, b)
+
+
+def test_torch_compile_traces_the_layers_without_warnings():
+    """A fresh process (Dynamo warns once a process): compiling and exporting the layers prints no
+    warning of Dynamo's about the layers' Python (it warns at every functools.lru_cache wrapper it
+    traces through, "silent incorrectness is a potential risk")."""
+    code = """if True:
+        import warnings
+        warnings.simplefilter("default")
+        import torch, cudnn_rnn
+        x = torch.randn(2, 5, 4)
+        for layer in (cudnn_rnn.LSTM(4, 3, return_sequences=True), cudnn_rnn.GRU(4, 3, return_state=True),
+                      cudnn_rnn.Bidirectional(cudnn_rnn.SimpleRNN(4, 3, return_sequences=True))):
+            layer.eval()
+            torch.compile(layer, fullgraph=True, backend="aot_eager")(x)
+            torch.export.export(layer, (x,))
+        print("compiled")
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.returncode == 0 and "compiled" in out.stdout, out.stderr[-3000:]
+    assert "Warning" not in out.stderr, out.stderr[-3000:]
 
 
 def test_layers_gradcheck_through_module():
