@@ -227,16 +227,23 @@ def cmd_verify(args) -> int:
         print(f"cudnn-rnn: Keras {keras.__version__} itself cannot load {args.model} ({writer}; {type(e).__name__}: "
               f"{first}); the conversion loaded, but Keras gives nothing to compare it with.", file=sys.stderr)
         return 3
+    from .keras.layers.registry import keras_major
+
+    redefined = _keras2_hard_sigmoid(reference, keras) if keras_major(model.keras_version) < 3 else 0
+    if redefined:
+        print(f"(the reference computes hard_sigmoid as Keras {model.keras_version}, which wrote the file, defined "
+              f"it: clip(0.2 x + 0.5, 0, 1); Keras 3 redefined it as clip(x / 6 + 0.5, 0, 1); {redefined} "
+              f"activation(s))")
     rng = np.random.RandomState(args.seed)
-    vocab = _min_vocab(model.keras_config)
+    fallback = _min_vocab(model.keras_config)
     inputs = []
-    for dtype, shape in model.input_specs:
+    for (dtype, shape), vocab in zip(model.input_specs, model.input_vocabularies()):
         dims = [args.batch] + [args.time if d is None else int(d) for d in shape[1:]]
-        if "int" in dtype:
-            x = rng.randint(0, vocab, size=dims)
+        if "int" in dtype or vocab is not None:  # ids (an Embedding reads float ids as whole numbers too)
+            x = rng.randint(0, vocab or fallback, size=dims)
             if len(dims) > 1 and dims[1] > 2:
                 x[0, -2:] = 0  # some padding, for masks
-            inputs.append(x.astype(np.int64))
+            inputs.append(x.astype(np.int64 if "int" in dtype else np.float32))
         else:
             inputs.append(rng.standard_normal(dims).astype(np.float32))
     _say(args, f"running Keras and ours on random inputs (batch {args.batch}, time {args.time})")
@@ -247,12 +254,36 @@ def cmd_verify(args) -> int:
         print(f"cudnn-rnn: Keras could not run the model it loaded ({type(e).__name__}: {first})", file=sys.stderr)
         return 3
     expected = expected if isinstance(expected, (list, tuple)) else [expected]
-    with torch.no_grad():
-        ours = model(*[torch.as_tensor(x) for x in inputs])
+    try:
+        with torch.no_grad():
+            ours = model(*[torch.as_tensor(x) for x in inputs])
+    except Exception as e:  # noqa: BLE001 - reported as a disagreement with Keras
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"cudnn-rnn: the converted model failed on the inputs Keras ran ({type(e).__name__}: {first})",
+              file=sys.stderr)
+        return 1
     ours = ours if isinstance(ours, list) else [ours]
     worst = max(float(np.max(np.abs(o.numpy() - keras.ops.convert_to_numpy(e)))) for o, e in zip(ours, expected))
     print(f"max abs error against Keras {keras.__version__}: {worst:.3e} over {len(ours)} output(s)")
     return 0 if worst <= args.tolerance else 1
+
+
+def _keras2_hard_sigmoid(reference, keras) -> int:
+    """Gives every layer (and cell) of a Keras 3 model whose activation is Keras 3's hard_sigmoid
+    Keras 2's instead, the function a file from Keras 2 was trained with (and load_keras keeps):
+    how many it replaced."""
+    def keras2(x):
+        return keras.ops.clip(0.2 * x + 0.5, 0.0, 1.0)
+
+    count = 0
+    for layer in reference._flatten_layers(include_self=False, recursive=True):
+        for attr in ("activation", "recurrent_activation"):
+            if isinstance(getattr(type(layer), attr, None), property):
+                continue  # a recurrent layer's view of its cell's, which the loop reaches too
+            if getattr(layer, attr, None) is keras.activations.hard_sigmoid:
+                setattr(layer, attr, keras2)
+                count += 1
+    return count
 
 
 def _min_vocab(config) -> int:

@@ -392,3 +392,55 @@ def test_masking_before_a_channels_first_conv_lstm_is_refused_by_name(tmp_path):
     model.save(tmp_path / "m.keras")
     with pytest.raises(ConversionError, match=r"layer 'conv_lstm2d.*a Masking mask reaches a channels_first ConvLSTM"):
         load_keras(tmp_path / "m.keras")
+
+
+@pytest.mark.keras
+def test_embedding_masks_float_ids_as_given(tmp_path):
+    """An Embedding fed float ids (a float32 Input, the Keras default): Keras looks up the ids
+    truncated but masks on the values as given, so 0.5 is row 0 and a real step. (A Sequential:
+    a functional model's file records the mask as a not_equal op of its own.)"""
+    model = keras.Sequential([keras.Input((6,)), layers.Embedding(9, 3, mask_zero=True), layers.LSTM(4)])
+    rng = np.random.RandomState(5)
+    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
+    x = np.array([[0.5, 2.7, 0.0, 0.0, 4.0, 0.25], [3.0, 0.0, 0.5, 8.9, 0.0, 0.0]], dtype="float32")
+    expected = keras.ops.convert_to_numpy(model(x, training=False))
+    for name in ("m.keras", "m.h5"):
+        model.save(tmp_path / name)
+        with torch.no_grad():
+            got = load_keras(tmp_path / name)(torch.as_tensor(x)).numpy()
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.keras
+def test_cli_verify_feeds_ids_to_float_embedding_inputs(tmp_path):
+    """verify draws ids in the vocabulary for an input an Embedding reads, whatever its dtype
+    (standard-normal floats there are negative ids, which the lookup refuses)."""
+    inp = keras.Input((12,))
+    model = keras.Model(inp, layers.Dense(2)(layers.GRU(3)(layers.Embedding(30, 4)(inp))))
+    model.save(tmp_path / "m.keras")
+    out = _cli("verify", str(tmp_path / "m.keras"), "--no-progress")
+    assert out.returncode == 0 and "max abs error against Keras" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+@pytest.mark.keras
+def test_cli_verify_gives_keras_2_files_keras_2_hard_sigmoid(tmp_path):
+    """A file written by Keras 2 with hard_sigmoid gates was trained with Keras 2's hard_sigmoid
+    (clip(0.2x + 0.5)), which load_keras keeps; Keras 3, verify's reference, redefined it
+    (clip(x / 6 + 0.5)). verify gives the reference Keras 2's function and says so; the
+    conversion agrees with it. (A Keras 3 legacy .h5 whose writer version reads 2.2.4 stands in
+    for the Keras 2 file.)"""
+    import h5py
+
+    inp = keras.Input((5, 3))
+    h = layers.LSTM(4, recurrent_activation="hard_sigmoid", return_sequences=True)(inp)
+    model = keras.Model(inp, layers.Dense(2, activation="hard_sigmoid")(h))
+    rng = np.random.RandomState(6)
+    model.set_weights([rng.uniform(-1.5, 1.5, w.shape).astype("float32") for w in model.get_weights()])
+    path = tmp_path / "m.h5"
+    model.save(path)
+    with h5py.File(path, "r+") as f:
+        f.attrs["keras_version"] = "2.2.4"
+    out = _cli("verify", str(path), "--no-progress")
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert "hard_sigmoid as Keras 2.2.4, which wrote the file, defined it" in out.stdout, out.stdout
+    assert "; 2 activation(s))" in out.stdout, out.stdout

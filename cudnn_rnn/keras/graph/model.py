@@ -152,6 +152,12 @@ class KerasModel(nn.Module):
                 out.append(torch.ones(dims, dtype=torch.int64) if "int" in dtype else torch.zeros(dims, dtype=float_dtype))
         return out
 
+    def input_vocabularies(self) -> List[Optional[int]]:
+        """Per input, the smallest vocabulary (input_dim) of the Embedding layers that read it
+        (nested models followed), or None: the inputs that must be ids in [0, vocabulary), whatever
+        their declared dtype."""
+        return [_vocabulary_of(self.spec, r) for r in self.spec.inputs]
+
     def forward(self, *inputs: Tensor):
         outputs, _ = self.forward_with_masks(*inputs)
         return outputs[0] if self.single_output else outputs
@@ -162,6 +168,25 @@ class KerasModel(nn.Module):
         version = getattr(self, "keras_version", None)
         return (f"'{self.name}': {len(self.layers)} layers, {params:,} parameters, inputs {inputs}"
                 + (f", from Keras {version}" if version else ""))
+
+
+def _vocabulary_of(spec: ModelSpec, source: Ref) -> Optional[int]:
+    key = (source.layer, source.call, source.output)
+    found = []
+    for layer in spec.layers:
+        for call in layer.calls:
+            for j, r in enumerate(call.inputs):
+                if not isinstance(r, Ref) or (r.layer, r.call, r.output) != key:
+                    continue
+                if layer.class_name == "Embedding":
+                    dim = layer.config.get("input_dim")
+                    if isinstance(dim, int) and dim > 0:
+                        found.append(dim)
+                elif layer.model is not None and j < len(layer.model.inputs):
+                    inner = _vocabulary_of(layer.model, layer.model.inputs[j])
+                    if inner is not None:
+                        found.append(inner)
+    return min(found) if found else None
 
 
 class LayerFailure(Exception):

@@ -51,8 +51,10 @@ class Embedding(nn.Module):
         return [("", [self.embeddings])]
 
     def forward(self, inputs, masks):
+        # Keras looks up float ids truncated (a cast to int) but masks on the values as given: 0.5
+        # is row 0 and a real step
         ids = inputs[0].long()
-        return [F.embedding(ids, self.embeddings)], [ids != 0 if self.mask_zero else None]
+        return [F.embedding(ids, self.embeddings)], [inputs[0] != 0 if self.mask_zero else None]
 
 
 class ReversibleEmbedding(Embedding):
