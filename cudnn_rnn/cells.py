@@ -27,7 +27,9 @@ def canonical_activation(name, argument: str = "activation") -> str:
     """The kernel name of a Keras activation name (aliases resolved); ValueError if unknown."""
     name = ACTIVATION_ALIASES.get(name, name)
     if not isinstance(name, str) or name not in ACTIVATIONS:
-        raise ValueError(f"{argument} must be one of {sorted(ACTIVATIONS)} or None; got {name!r}")
+        # the value first: a loader's message quoting the start of this one names it
+        raise ValueError(f"{argument} {name!r} is not one the recurrent cells compute; it must be one of "
+                         f"{sorted(ACTIVATIONS)} or None")
     return name
 
 

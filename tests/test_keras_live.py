@@ -444,3 +444,91 @@ def test_cli_verify_gives_keras_2_files_keras_2_hard_sigmoid(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     assert "hard_sigmoid as Keras 2.2.4, which wrote the file, defined it" in out.stdout, out.stdout
     assert "; 2 activation(s))" in out.stdout, out.stdout
+
+
+@pytest.mark.keras
+def test_recurrent_activation_without_a_kernel_is_refused_by_name(tmp_path):
+    """An activation the recurrent cells do not compute (softmax across the units) is refused
+    with its name in the message, not cut off behind the list of the ones they do."""
+    model = keras.Sequential([keras.Input((3, 2)), layers.LSTM(4, activation="softmax")])
+    model.save(tmp_path / "m.keras")
+    with pytest.raises(ConversionError, match="activation 'softmax' is not one the recurrent cells compute"):
+        load_keras(tmp_path / "m.keras")
+
+
+@pytest.mark.keras
+def test_float64_models_convert_to_float64_and_take_either_float(tmp_path):
+    """A float64 Keras model (keras.config.set_floatx) converts to float64 parameters by default
+    and computes what Keras computes in float64; its floating inputs are cast on the way in, as
+    Keras casts them to each layer's compute dtype, so float32 ones work too."""
+    previous = keras.config.floatx(), keras.config.dtype_policy()
+    keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")  # (set_floatx alone is ignored once a layer has been built)
+    try:
+        inp = keras.Input((6, 3))
+        h = layers.Conv1D(3, 2, padding="same")(inp)
+        model = keras.Model(inp, layers.Dense(2)(layers.LSTM(4)(h)))
+        rng = np.random.RandomState(8)
+        model.set_weights([rng.uniform(-0.6, 0.6, w.shape) for w in model.get_weights()])
+        x = rng.uniform(-1, 1, (2, 6, 3))
+        expected = keras.ops.convert_to_numpy(model(x, training=False))
+        model.save(tmp_path / "m.keras")
+    finally:
+        keras.config.set_floatx(previous[0])
+        keras.config.set_dtype_policy(previous[1])
+    ours = load_keras(tmp_path / "m.keras")
+    assert {p.dtype for p in ours.parameters()} == {torch.float64}
+    with torch.no_grad():
+        # (1e-7: Keras's own float64 Dense on the torch backend is 1.5e-8 from float64 arithmetic here)
+        np.testing.assert_allclose(ours(torch.as_tensor(x)).numpy(), expected, atol=1e-7, rtol=1e-7)
+        np.testing.assert_allclose(ours(torch.as_tensor(x, dtype=torch.float32)).numpy(), expected, atol=1e-6)
+        f32 = load_keras(tmp_path / "m.keras", dtype=torch.float32)
+        assert f32(torch.as_tensor(x)).dtype == torch.float32  # a float64 input, cast to the parameters' dtype
+
+
+@pytest.mark.keras
+def test_bfloat16_layer_weights_load_as_their_exact_values(tmp_path):
+    """Keras 3 stores a bfloat16 layer's variables as 2-byte opaque HDF5 data tagged
+    dtype="bfloat16": they load widened to float32 (exact), the model computing in float32 what
+    Keras computes in float32 with those values."""
+    inp = keras.Input((6, 3))
+    h = layers.LSTM(4, return_sequences=True, dtype="bfloat16", recurrent_initializer="glorot_uniform")(inp)
+    model = keras.Model(inp, layers.Dense(2)(layers.GRU(3)(h)))
+    model.save(tmp_path / "m.keras")
+    model.save_weights(tmp_path / "m.weights.h5")
+    widened = [np.asarray(w).astype("float32") for w in model.get_weights()]
+    inp = keras.Input((6, 3))
+    h = layers.LSTM(4, return_sequences=True)(inp)
+    twin = keras.Model(inp, layers.Dense(2)(layers.GRU(3)(h)))
+    twin.set_weights(widened)
+    x = np.random.RandomState(9).uniform(-1, 1, (2, 6, 3)).astype("float32")
+    expected = keras.ops.convert_to_numpy(twin(x, training=False))
+    for path, arch in ((tmp_path / "m.keras", None), (tmp_path / "m.weights.h5", str(tmp_path / "m.keras"))):
+        ours = load_keras(path, architecture=arch)
+        lstm_kernel = next(p for n, p in ours.named_parameters() if "lstm" in n)
+        assert lstm_kernel.dtype == torch.float32 and (lstm_kernel.detach().to(torch.bfloat16).float() == lstm_kernel).all()
+        with torch.no_grad():
+            np.testing.assert_allclose(ours(torch.as_tensor(x)).numpy(), expected, atol=1e-5, rtol=1e-5,
+                                       err_msg=path.name)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("activation", ["relu", "hard_shrink", "soft_shrink"])
+@pytest.mark.parametrize("kind", ["SimpleRNN", "LSTM"])
+def test_nan_inputs_stay_nan_through_piecewise_activations(kind, activation, tmp_path):
+    """A NaN reaching a recurrent layer whose activation is piecewise comes out NaN wherever
+    Keras's does (comparisons with NaN are false: a test that sends the false branch to 0 made
+    it finite)."""
+    model = keras.Sequential([keras.Input((4, 3)), getattr(layers, kind)(5, activation=activation,
+                                                                       return_sequences=True)])
+    rng = np.random.RandomState(10)
+    model.set_weights([rng.uniform(-0.8, 0.8, w.shape).astype("float32") for w in model.get_weights()])
+    x = rng.uniform(-1, 1, (2, 4, 3)).astype("float32")
+    x[0, 1, 2] = np.nan
+    expected = keras.ops.convert_to_numpy(model(x, training=False))
+    assert np.isnan(expected).any() and not np.isnan(expected).all()
+    model.save(tmp_path / "m.keras")
+    with torch.no_grad():
+        got = load_keras(tmp_path / "m.keras")(torch.as_tensor(x)).numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5, equal_nan=True)

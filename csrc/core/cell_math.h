@@ -55,7 +55,8 @@ C10_HOST_DEVICE inline T softplus_of(T x) {
   return x > T(20) ? x : std::log1p(std::exp(x));
 }
 
-// f(x) for the activation `a`.
+// f(x) for the activation `a`. A NaN comes out NaN from every one, as from Keras's (the
+// piecewise ones test the finite side first, so that a NaN falls through to x).
 template <typename T>
 C10_HOST_DEVICE inline T activate(Activation a, T x) {
   constexpr T kSeluAlpha = T(1.6732632423543772848170429916717);
@@ -64,7 +65,7 @@ C10_HOST_DEVICE inline T activate(Activation a, T x) {
   switch (a) {
     case Activation::Tanh: return std::tanh(x);
     case Activation::Sigmoid: return sigmoid_of(x);
-    case Activation::Relu: return x > T(0) ? x : T(0);
+    case Activation::Relu: return x < T(0) ? T(0) : x;
     case Activation::Linear: return x;
     case Activation::HardSigmoid: {  // as torch.nn.functional.hardsigmoid, which Keras 3 calls
       T y = x + T(3);
@@ -90,10 +91,10 @@ C10_HOST_DEVICE inline T activate(Activation a, T x) {
     case Activation::LogSigmoid: return -softplus_of(-x);
     case Activation::TanhShrink: return x - std::tanh(x);
     case Activation::Celu: return x > T(0) ? x : std::expm1(x);
-    case Activation::HardShrink: return (x > T(0.5) || x < T(-0.5)) ? x : T(0);
+    case Activation::HardShrink: return (x >= T(-0.5) && x <= T(0.5)) ? T(0) : x;
     case Activation::HardTanh: return x < T(-1) ? T(-1) : (x > T(1) ? T(1) : x);
     case Activation::LeakyRelu: return x > T(0) ? x : T(0.2) * x;
-    case Activation::SoftShrink: return x > T(0.5) ? x - T(0.5) : (x < T(-0.5) ? x + T(0.5) : T(0));
+    case Activation::SoftShrink: return (x >= T(-0.5) && x <= T(0.5)) ? T(0) : (x > T(0) ? x - T(0.5) : x + T(0.5));
     case Activation::SparsePlus: return x <= T(-1) ? T(0) : (x < T(1) ? T(0.25) * (x + T(1)) * (x + T(1)) : x);
     case Activation::SparseSigmoid: return x <= T(-1) ? T(0) : (x >= T(1) ? T(1) : T(0.5) * (x + T(1)));
     case Activation::Squareplus: return (x + std::sqrt(x * x + T(4))) / T(2);

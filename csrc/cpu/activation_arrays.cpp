@@ -66,7 +66,7 @@ void activate_array(Activation a, const float* x, float* y, int64_t n) {
       if (x != y) std::memcpy(y, x, sizeof(float) * n);
       return;
     case Activation::Relu:
-      for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i] < 0.0f ? 0.0f : x[i];  // NaN stays NaN
       return;
     default: return scalar_activate(a, x, y, n);
   }

@@ -30,7 +30,8 @@ from .layers.ops import OP_CLASSES, build_op
 from .layers.registry import REFUSED, BuildContext, holds_weights, keras_major
 from .files.weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
 
-def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, dict]] = None, dtype: torch.dtype = torch.float32,
+def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, dict]] = None,
+               dtype: Optional[torch.dtype] = None,
                progress: Optional[Callable] = None,
                custom_layers: Optional[Mapping[str, Callable]] = None) -> KerasModel:
     """A torch module computing what the Keras model in ``path`` computes.
@@ -45,7 +46,11 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
         architecture (str or dict, optional): for a weights-only file: a ``.keras`` / full ``.h5``
             file, a model config dict (``model.get_config()`` wrapped as
             ``{"class_name", "config"}``) or a JSON string of it. Default: ``None``.
-        dtype (torch.dtype): of the converted parameters. Default: ``torch.float32``.
+        dtype (torch.dtype, optional): of the converted parameters. Default: ``None``, the
+            model's own: ``torch.float64`` where every layer that declares a dtype declares
+            float64 (``keras.config.set_floatx("float64")``), else ``torch.float32`` (mixed
+            precision policies included). Floating inputs are cast to it on the way in, as
+            Keras casts them to each layer's compute dtype.
         progress (callable, optional): ``progress(i, n, layer_name)`` called as layers are
             converted. Default: ``None``.
         custom_layers (dict, optional): the model's own layer classes by class name, each a
@@ -83,6 +88,7 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
             config = {"class_name": "Functional" if "input_layers" in config else "Sequential", "config": config}
         spec = parse_model(config, kf.path)
         _check_classes(spec, custom, kf.path)
+        dtype = dtype or _declared_dtype(spec)
         source = weight_source(kf, spec)
         if isinstance(source, LegacySource) and kf.config is None:
             # (Keras's own order: the layers that hold weights; recorded operations are not layers)
@@ -264,6 +270,26 @@ def _check_classes(spec: ModelSpec, custom: Mapping[str, Callable], path) -> Non
         raise ConversionError(path, f"layer class{'es' if len(missing) > 1 else ''} not supported: {listed}. A model's "
                                     f"own classes can be given builders: load_keras(..., custom_layers="
                                     f"{{{example!r}: builder}}) (docs/guides/keras.md: Custom layers)", only)
+
+
+def _declared_dtype(spec: ModelSpec) -> torch.dtype:
+    """float64 where every layer (nested models included; not the inputs, whose dtype is the
+    data's) that declares a dtype declares float64, else float32."""
+    names = []
+
+    def walk(s: ModelSpec):
+        for layer in s.layers:
+            if layer.model is not None:
+                walk(layer.model)
+            elif layer.class_name != "InputLayer" and isinstance(layer.config, dict):
+                d = layer.config.get("dtype")
+                if isinstance(d, dict):  # a DTypePolicy
+                    d = d.get("config", {}).get("name") if isinstance(d.get("config"), dict) else None
+                if isinstance(d, str):
+                    names.append(d)
+
+    walk(spec)
+    return torch.float64 if names and all(n == "float64" for n in names) else torch.float32
 
 
 def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, where: str, progress,

@@ -146,13 +146,15 @@ def _keras_file(path: str, header: dict, blob: bytearray) -> KerasFile:
 
 def _array(path, blob: bytearray, entry) -> np.ndarray:
     key, dtype, shape, offset = entry
-    dt = _DTYPES.get(dtype)
+    dt = np.dtype("u2") if dtype == "bfloat16" else _DTYPES.get(dtype)  # bfloat16: its 16-bit patterns
     if dt is None or any(not isinstance(d, int) or d < 0 for d in shape):
         raise ConversionError(path, f"the parser returned a malformed entry for {key}")
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if offset < 0 or offset + count * dt.itemsize > len(blob):
         raise ConversionError(path, f"the parser returned a malformed entry for {key}")
-    return np.frombuffer(blob, dtype=dt, count=count, offset=offset).reshape(shape)
+    array = np.frombuffer(blob, dtype=dt, count=count, offset=offset).reshape(shape)
+    # a bfloat16 value is the top half of the float32 with the same bits: exact
+    return (array.astype(np.uint32) << 16).view(np.float32) if dtype == "bfloat16" else array
 
 
 __all__ = ["KerasFile", "open_keras_file", "open_regular", "load_json", "check_array"]

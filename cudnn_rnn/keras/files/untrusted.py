@@ -238,7 +238,7 @@ class _H5:
         self.seen: set = set()
         self.resolved: Dict[str, object] = {}   # intermediate groups of weight paths, by path
         self.objects = 0
-        self.entries: List[list] = []      # [key, dsid, dtype, shape, nbytes]
+        self.entries: List[list] = []      # [key, dsid, dtype, shape, nbytes, bfloat16]
         self.declared = 0
 
     # -- failures name the object they were reading ---------------------------------------------
@@ -487,7 +487,14 @@ class _H5:
         if layout not in (h5d.COMPACT, h5d.CONTIGUOUS, h5d.CHUNKED):
             raise ParseError(f"weight {key} has an unknown storage layout {layout}")
         dtype = dsid.dtype
-        if dtype.kind not in "fiu" or dtype.itemsize not in ((2, 4, 8) if dtype.kind == "f" else (1, 2, 4, 8)) \
+        # Keras 3 stores a bfloat16 variable as 2-byte opaque data tagged dtype="bfloat16" (HDF5 has
+        # no bfloat16): read as its 16-bit patterns, widened to float32 by the reader (containers.py).
+        bfloat16 = dtype.kind == "V" and dtype.itemsize == 2 and dtype.names is None and dtype.subdtype is None \
+            and self._attr_text(dsid, key, "dtype") == "bfloat16"
+        self.where = key
+        if bfloat16:
+            dtype = np.dtype("u2")
+        elif dtype.kind not in "fiu" or dtype.itemsize not in ((2, 4, 8) if dtype.kind == "f" else (1, 2, 4, 8)) \
                 or dtype.names is not None or dtype.subdtype is not None:
             raise ParseError(f"weight {key} has non-numeric dtype {dtype}")
         space = dsid.get_space()
@@ -513,7 +520,7 @@ class _H5:
         if self.declared > self.size:
             raise ParseError(f"the weights declare {self.declared} bytes, more than the file's {self.size}: "
                              "datasets overlap or the file is corrupted")
-        self.entries.append([key, dsid, dtype.newbyteorder("="), shape, nbytes])
+        self.entries.append([key, dsid, dtype.newbyteorder("="), shape, nbytes, bfloat16])
         return len(self.entries) - 1
 
     def _read_all(self, header: dict) -> bytearray:
@@ -523,16 +530,16 @@ class _H5:
             total += -(-entry[4] // ALIGN) * ALIGN
         blob = bytearray(total)
         listing = []
-        for (key, dsid, dtype, shape, nbytes), offset in zip(self.entries, offsets):
+        for (key, dsid, dtype, shape, nbytes, bfloat16), offset in zip(self.entries, offsets):
             self.where = key
             count = nbytes // dtype.itemsize
             out = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).reshape(shape)
             if count:
-                try:
-                    dsid.read(self.h5py.h5s.ALL, self.h5py.h5s.ALL, out)
+                try:  # (bfloat16: the opaque values as stored, into 16-bit integers)
+                    dsid.read(self.h5py.h5s.ALL, self.h5py.h5s.ALL, out, mtype=dsid.get_type() if bfloat16 else None)
                 except Exception as e:  # noqa: BLE001
                     raise ParseError(f"weight {key} cannot be read ({type(e).__name__}: {_short(e)}); "
                                      "is the file truncated?") from None
-            listing.append([key, dtype.str, list(shape), offset])
+            listing.append([key, "bfloat16" if bfloat16 else dtype.str, list(shape), offset])
         header["arrays"] = listing
         return blob

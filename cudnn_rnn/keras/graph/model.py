@@ -115,6 +115,10 @@ class KerasModel(nn.Module):
         if len(inputs) != len(self.input_refs):
             raise ValueError(f"{self.name} takes {len(self.input_refs)} input(s); got {len(inputs)}")
         env: Dict[Tuple[str, int], Tuple[List[Tensor], List[Optional[Tensor]]]] = {}
+        # Floating inputs in the parameters' dtype, as Keras casts them to each layer's compute dtype.
+        floating = self._input_dtype()
+        inputs = tuple(x.to(floating) if floating is not None and isinstance(x, Tensor) and x.is_floating_point()
+                       and x.dtype != floating else x for x in inputs)
         for k, (ref, x) in enumerate(zip(self.input_refs, inputs)):
             env[(ref[0], ref[1])] = ([x], [masks[k] if masks else None])
 
@@ -151,6 +155,17 @@ class KerasModel(nn.Module):
             else:
                 out.append(torch.ones(dims, dtype=torch.int64) if "int" in dtype else torch.zeros(dims, dtype=float_dtype))
         return out
+
+    def _input_dtype(self) -> Optional[torch.dtype]:
+        """The floating dtype of the parameters (None without any), kept until _apply (.to(),
+        .double(), ...) changes them."""
+        if not hasattr(self, "_floating"):
+            self._floating = next((p.dtype for p in self.parameters() if p.is_floating_point()), None)
+        return self._floating
+
+    def _apply(self, fn, *args, **kwargs):
+        self.__dict__.pop("_floating", None)
+        return super()._apply(fn, *args, **kwargs)
 
     def input_vocabularies(self) -> List[Optional[int]]:
         """Per input, the smallest vocabulary (input_dim) of the Embedding layers that read it
