@@ -484,6 +484,10 @@ def test_float64_models_convert_to_float64_and_take_either_float(tmp_path):
         np.testing.assert_allclose(ours(torch.as_tensor(x, dtype=torch.float32)).numpy(), expected, atol=1e-6)
         f32 = load_keras(tmp_path / "m.keras", dtype=torch.float32)
         assert f32(torch.as_tensor(x)).dtype == torch.float32  # a float64 input, cast to the parameters' dtype
+        save_converted(ours, tmp_path / "m.pt")  # and the converted file keeps float64
+        again = load_converted(tmp_path / "m.pt")
+        assert {p.dtype for p in again.parameters()} == {torch.float64}
+        torch.testing.assert_close(again(torch.as_tensor(x)), ours(torch.as_tensor(x)), rtol=0, atol=0)
 
 
 @pytest.mark.keras

@@ -87,7 +87,7 @@ def _nested(path, value, depth: int, what: str):
     return [_nested(path, v, depth - 1, what) for v in value]
 
 
-def load_converted(path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32,
+def load_converted(path: Union[str, os.PathLike], dtype: Optional[torch.dtype] = None,
                    custom_layers: Optional[Mapping[str, Callable]] = None) -> KerasModel:
     """Loads a model ``cudnn-rnn convert`` (``save_converted``) wrote as ``.pt``: rebuilt from its
     stored Keras config and checked against its saved ``state_dict`` (read with
@@ -95,7 +95,8 @@ def load_converted(path: Union[str, os.PathLike], dtype: torch.dtype = torch.flo
 
     Args:
         path (str or os.PathLike): the ``.pt`` file.
-        dtype (torch.dtype): of the parameters. Default: ``torch.float32``.
+        dtype (torch.dtype, optional): of the parameters. Default: ``None``, the saved model's
+            (float64 where its parameters are float64, else float32).
         custom_layers (dict, optional): the builders :func:`load_keras` was given for the model's
             own layer classes. Default: ``None``.
 
@@ -127,6 +128,9 @@ def load_converted(path: Union[str, os.PathLike], dtype: torch.dtype = torch.flo
             raise ConversionError(path, "the state_dict has a key that is not a string")
         state[key] = _tensor(path, value, f"state_dict[{key[:80]!r}]")
     config = load_json(path, data["keras_config"], "keras_config")
+    if dtype is None:
+        saved = {t.dtype for t in state.values() if t.is_floating_point()}
+        dtype = torch.float64 if saved == {torch.float64} else torch.float32
     model = rebuild(config, data["keras_version"] or None, weights, dtype, path, custom_layers)
     own = model.state_dict()
     if set(own) != set(state):
