@@ -274,7 +274,7 @@ def _check_classes(spec: ModelSpec, custom: Mapping[str, Callable], path) -> Non
 
 def _declared_dtype(spec: ModelSpec) -> torch.dtype:
     """float64 where every layer (nested models included; not the inputs, whose dtype is the
-    data's) that declares a dtype declares float64, else float32."""
+    data's) that declares a floating dtype declares float64, else float32."""
     names = []
 
     def walk(s: ModelSpec):
@@ -285,7 +285,7 @@ def _declared_dtype(spec: ModelSpec) -> torch.dtype:
                 d = layer.config.get("dtype")
                 if isinstance(d, dict):  # a DTypePolicy
                     d = d.get("config", {}).get("name") if isinstance(d.get("config"), dict) else None
-                if isinstance(d, str):
+                if isinstance(d, str) and ("float" in d or d.startswith("mixed")):  # not a lookup's int64
                     names.append(d)
 
     walk(spec)
