@@ -47,8 +47,8 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
             file, a model config dict (``model.get_config()`` wrapped as
             ``{"class_name", "config"}``) or a JSON string of it. Default: ``None``.
         dtype (torch.dtype, optional): of the converted parameters. Default: ``None``, the
-            model's own: ``torch.float64`` where every layer that declares a dtype declares
-            float64 (``keras.config.set_floatx("float64")``), else ``torch.float32`` (mixed
+            model's own: ``torch.float64`` where every layer that declares a floating dtype
+            declares float64 (``keras.config.set_floatx("float64")``), else ``torch.float32`` (mixed
             precision policies included). Floating inputs are cast to it on the way in, as
             Keras casts them to each layer's compute dtype.
         progress (callable, optional): ``progress(i, n, layer_name)`` called as layers are
