@@ -35,6 +35,7 @@ class KerasModel(nn.Module):
         self.schedule = self._schedule(spec, path)
         # per scheduled call, the inputs whose Keras mask is gone when Keras 3 runs it
         self.masks_dropped = self._masks_dropped(spec, self.schedule) if keras3 else [()] * len(self.schedule)
+        self._floating = self._parameter_dtype()
 
     @staticmethod
     def _schedule(spec: ModelSpec, path) -> List[Tuple[str, str, int, list, Optional[list]]]:
@@ -116,7 +117,7 @@ class KerasModel(nn.Module):
             raise ValueError(f"{self.name} takes {len(self.input_refs)} input(s); got {len(inputs)}")
         env: Dict[Tuple[str, int], Tuple[List[Tensor], List[Optional[Tensor]]]] = {}
         # Floating inputs in the parameters' dtype, as Keras casts them to each layer's compute dtype.
-        floating = self._input_dtype()
+        floating = self._floating
         inputs = tuple(x.to(floating) if floating is not None and isinstance(x, Tensor) and x.is_floating_point()
                        and x.dtype != floating else x for x in inputs)
         for k, (ref, x) in enumerate(zip(self.input_refs, inputs)):
@@ -156,16 +157,15 @@ class KerasModel(nn.Module):
                 out.append(torch.ones(dims, dtype=torch.int64) if "int" in dtype else torch.zeros(dims, dtype=float_dtype))
         return out
 
-    def _input_dtype(self) -> Optional[torch.dtype]:
-        """The floating dtype of the parameters (None without any), kept until _apply (.to(),
-        .double(), ...) changes them."""
-        if not hasattr(self, "_floating"):
-            self._floating = next((p.dtype for p in self.parameters() if p.is_floating_point()), None)
-        return self._floating
+    def _parameter_dtype(self) -> Optional[torch.dtype]:
+        """The floating dtype of the parameters, None without any; kept in _floating (set at
+        construction and by _apply: .to(), .double(), ...), so that forward only reads it."""
+        return next((p.dtype for p in self.parameters() if p.is_floating_point()), None)
 
     def _apply(self, fn, *args, **kwargs):
-        self.__dict__.pop("_floating", None)
-        return super()._apply(fn, *args, **kwargs)
+        out = super()._apply(fn, *args, **kwargs)
+        self._floating = self._parameter_dtype()
+        return out
 
     def input_vocabularies(self) -> List[Optional[int]]:
         """Per input, the smallest vocabulary (input_dim) of the Embedding layers that read it
