@@ -583,3 +583,40 @@ def test_keras_1_file_is_named_as_such(tmp_path):
         f.attrs["keras_version"] = b"1.2.2"
     with pytest.raises(ConversionError, match=r"old.h5: was saved by Keras 1.2.2; Keras 1 files are not supported"):
         load_keras(p)
+
+
+def _opaque_weight(f, size, tag, attr):
+    """Replaces the LSTM's bias (24 float32 values) with 24 HDF5 opaque elements of `size` bytes,
+    tagged `tag`, with a dtype attribute `attr` (None: none)."""
+    del f["layers/lstm/cell/vars/2"]
+    tid = h5py.h5t.create(h5py.h5t.OPAQUE, size)
+    tid.set_tag(tag)
+    dsid = h5py.h5d.create(f["layers/lstm/cell/vars"].id, b"2", tid, h5py.h5s.create_simple((24,)))
+    dsid.write(h5py.h5s.ALL, h5py.h5s.ALL, np.full(24 * size, 0x41, np.uint8).view(f"V{size}"), mtype=tid)
+    if attr is not None:
+        h5py.AttributeManager(h5py.Dataset(dsid))["dtype"] = attr
+
+
+@pytest.mark.parametrize("size,tag,attr,message", [
+    (8, b"NUMPY:V2", "bfloat16", "non-numeric dtype"),     # a tag claiming 2-byte elements over 8-byte ones
+    (2, b"NUMPY:V2", None, "non-numeric dtype"),           # 2-byte opaque without Keras's bfloat16 tag
+    (2, b"NUMPY:V2", "float16", "non-numeric dtype"),
+    (4, b"NUMPY:V4", "bfloat16", "non-numeric dtype"),
+])
+def test_opaque_weights_other_than_keras_bfloat16_are_refused(tmp_path, size, tag, attr, message):
+    """Keras 3's bfloat16 variables (2-byte opaque data tagged dtype="bfloat16") load; any other
+    opaque dataset is refused before a byte of it is read into a buffer sized for something else
+    (h5py takes an opaque type's numpy dtype from its tag, which the file writes)."""
+    with pytest.raises(ConversionError, match=message):
+        load_keras(_keras_with_weights(tmp_path, lambda f: _opaque_weight(f, size, tag, attr)))
+
+
+def test_keras_bfloat16_weight_loads_as_its_values(tmp_path):
+    """The tagged 2-byte opaque form itself: each 16-bit pattern is the top half of a float32."""
+    def edit(f):
+        _opaque_weight(f, 2, b"NUMPY:V2", "bfloat16")
+
+    model = load_keras(_keras_with_weights(tmp_path, edit))
+    bias = next(p for n, p in model.named_parameters() if n.endswith("bias") and "lstm" in n)
+    expected = np.full(24, 0x4141 << 16, np.uint32).view(np.float32)   # 12.0625 each
+    np.testing.assert_array_equal(bias.detach().numpy(), expected)

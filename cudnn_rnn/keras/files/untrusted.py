@@ -14,7 +14,8 @@ inside the file). What is refused, before anything large is allocated:
   header claims: members are read in bounded chunks and the reading stops at the limit;
 - HDF5: any link that is not a hard link (soft, external, user-defined), an object reached
   twice (hard-link cycles and aliases), datasets stored outside the file (external raw storage,
-  virtual datasets), filtered (compressed) datasets, non-numeric dtypes, datasets whose declared
+  virtual datasets), filtered (compressed) datasets, non-numeric dtypes (bfloat16 aside: a 2-byte
+  HDF5 opaque type tagged dtype="bfloat16", as Keras 3 writes it), datasets whose declared
   size is not backed by bytes inside the file, and declared sizes that add up to more than the
   file holds;
 - sizes and counts beyond the limits below (config text, names, objects, depth, vocabulary
@@ -489,7 +490,10 @@ class _H5:
         dtype = dsid.dtype
         # Keras 3 stores a bfloat16 variable as 2-byte opaque data tagged dtype="bfloat16" (HDF5 has
         # no bfloat16): read as its 16-bit patterns, widened to float32 by the reader (containers.py).
-        bfloat16 = dtype.kind == "V" and dtype.itemsize == 2 and dtype.names is None and dtype.subdtype is None \
+        # (decided on the HDF5 type itself: h5py takes an opaque type's numpy dtype from its tag,
+        # which a file can set to anything)
+        ftype = dsid.get_type()
+        bfloat16 = ftype.get_class() == self.h5py.h5t.OPAQUE and ftype.get_size() == 2 \
             and self._attr_text(dsid, key, "dtype") == "bfloat16"
         self.where = key
         if bfloat16:
@@ -535,8 +539,11 @@ class _H5:
             count = nbytes // dtype.itemsize
             out = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).reshape(shape)
             if count:
-                try:  # (bfloat16: the opaque values as stored, into 16-bit integers)
-                    dsid.read(self.h5py.h5s.ALL, self.h5py.h5s.ALL, out, mtype=dsid.get_type() if bfloat16 else None)
+                mtype = dsid.get_type() if bfloat16 else None  # bfloat16: the stored 16-bit patterns as they are
+                if mtype is not None and mtype.get_size() != out.dtype.itemsize:  # (h5py does not check it)
+                    raise ParseError(f"weight {key} changed its element size between the checks and the read")
+                try:
+                    dsid.read(self.h5py.h5s.ALL, self.h5py.h5s.ALL, out, mtype=mtype)
                 except Exception as e:  # noqa: BLE001
                     raise ParseError(f"weight {key} cannot be read ({type(e).__name__}: {_short(e)}); "
                                      "is the file truncated?") from None
