@@ -36,16 +36,23 @@ def rebuild_command(source: Optional[str]) -> str:
     return f"pip install --no-build-isolation --force-reinstall --no-deps {where}"
 
 
+def _package_dir() -> str:
+    return os.path.dirname(os.path.realpath(__file__))
+
+
 def _shadowed_install() -> Optional[str]:
     """Where sys.path holds another cudnn_rnn with a built extension while this one is a source
     checkout without one (a pip-installed copy hidden by the checkout, e.g. when Python runs in the
     clone's root): that copy's directory, else None."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = _package_dir()
     checkout = os.path.dirname(here)
-    if not os.path.isfile(os.path.join(checkout, "setup.py")):
-        return None
+    if not os.path.isfile(os.path.join(checkout, "setup.py")) or \
+            importlib.machinery.PathFinder.find_spec("_C", [here]) is not None:
+        return None  # not a checkout, or one with an extension of its own (that then failed to load)
     for entry in sys.path:
-        root = os.path.abspath(entry or os.getcwd())
+        if not isinstance(entry, str):
+            continue
+        root = os.path.realpath(entry or os.getcwd())
         if root == checkout or not os.path.isdir(os.path.join(root, "cudnn_rnn")):
             continue
         found = importlib.machinery.PathFinder.find_spec("_C", [os.path.join(root, "cudnn_rnn")])
@@ -63,8 +70,7 @@ def load_extension():
     except ImportError as e:
         installed = _shadowed_install() if built is None else None
         if installed is not None:
-            here = os.path.dirname(os.path.abspath(__file__))
-            raise ImportError(f"cudnn_rnn was imported from the source checkout {here}, which has no built "
+            raise ImportError(f"cudnn_rnn was imported from the source checkout {_package_dir()}, which has no built "
                               f"extension; it comes first on sys.path (as the current directory, or through "
                               f"PYTHONPATH) and hides the installed cudnn_rnn in {installed}. Run Python from "
                               f"another directory, or build the checkout in place: python setup.py build_ext "

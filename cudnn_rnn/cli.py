@@ -222,7 +222,7 @@ def cmd_verify(args) -> int:
         else:
             reference = keras.saving.load_model(args.model, compile=False)
     except Exception as e:  # noqa: BLE001 - the oracle's own failure, reported as such
-        first = (str(e).strip().splitlines() or [""])[0][:300]
+        first = _first_line(e)
         writer = f"written by Keras {model.keras_version}" if model.keras_version else "its writer unknown"
         print(f"cudnn-rnn: Keras {keras.__version__} itself cannot load {args.model} ({writer}; {type(e).__name__}: "
               f"{first}); the conversion loaded, but Keras gives nothing to compare it with.", file=sys.stderr)
@@ -231,7 +231,7 @@ def cmd_verify(args) -> int:
 
     redefined = _keras2_hard_sigmoid(reference, keras) if keras_major(model.keras_version) < 3 else 0
     if redefined:
-        print(f"(the reference computes hard_sigmoid as Keras {model.keras_version}, which wrote the file, defined "
+        print(f"(the reference computes hard_sigmoid as Keras {model.keras_version or '2'}, which wrote the file, defined "
               f"it: clip(0.2 x + 0.5, 0, 1); Keras 3 redefined it as clip(x / 6 + 0.5, 0, 1); {redefined} "
               f"activation(s))")
     rng = np.random.RandomState(args.seed)
@@ -250,7 +250,7 @@ def cmd_verify(args) -> int:
     try:
         expected = reference(inputs if len(inputs) > 1 else inputs[0], training=False)
     except Exception as e:  # noqa: BLE001
-        first = (str(e).strip().splitlines() or [""])[0][:300]
+        first = _first_line(e)
         print(f"cudnn-rnn: Keras could not run the model it loaded ({type(e).__name__}: {first})", file=sys.stderr)
         return 3
     expected = expected if isinstance(expected, (list, tuple)) else [expected]
@@ -258,7 +258,7 @@ def cmd_verify(args) -> int:
         with torch.no_grad():
             ours = model(*[torch.as_tensor(x) for x in inputs])
     except Exception as e:  # noqa: BLE001 - reported as a disagreement with Keras
-        first = (str(e).strip().splitlines() or [""])[0][:300]
+        first = _first_line(e)
         print(f"cudnn-rnn: the converted model failed on the inputs Keras ran ({type(e).__name__}: {first})",
               file=sys.stderr)
         return 1
@@ -266,6 +266,10 @@ def cmd_verify(args) -> int:
     worst = max(float(np.max(np.abs(o.numpy() - keras.ops.convert_to_numpy(e)))) for o, e in zip(ours, expected))
     print(f"max abs error against Keras {keras.__version__}: {worst:.3e} over {len(ours)} output(s)")
     return 0 if worst <= args.tolerance else 1
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:300]
 
 
 def _keras2_hard_sigmoid(reference, keras) -> int:

@@ -100,6 +100,11 @@ def test_a_source_checkout_hiding_the_installed_copy_says_so(tmp_path):
     assert last.startswith(f"ImportError: cudnn_rnn was imported from the source checkout {src / 'cudnn_rnn'}"), last
     assert f"hides the installed cudnn_rnn in {os.path.join(ROOT, 'cudnn_rnn')}" in last, last
     assert "python setup.py build_ext --inplace" in last
+    # with nothing installed elsewhere, the checkout is told to build
+    out = subprocess.run([sys.executable, "-c", "import cudnn_rnn"], env=dict(_pip_env(), PYTHONPATH=str(src)),
+                         capture_output=True, text=True, cwd=str(tmp_path), timeout=300)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode != 0 and last.startswith("ImportError: cudnn_rnn's native extension cannot be loaded"), last
 
 
 def test_build_record_matches_the_running_torch():

@@ -466,8 +466,9 @@ def test_float64_models_convert_to_float64_and_take_either_float(tmp_path):
     keras.config.set_dtype_policy("float64")  # (set_floatx alone is ignored once a layer has been built)
     try:
         inp = keras.Input((6, 3))
-        h = layers.Conv1D(3, 2, padding="same")(inp)
-        model = keras.Model(inp, layers.Dense(2)(layers.LSTM(4)(h)))
+        h = layers.LSTM(4)(layers.Conv1D(3, 2, padding="same")(inp))
+        gate = keras.ops.cast(keras.ops.greater(h, 0.0), "float32")  # an op's dtype is not a layer's
+        model = keras.Model(inp, layers.Dense(2)(h * gate))
         rng = np.random.RandomState(8)
         model.set_weights([rng.uniform(-0.6, 0.6, w.shape) for w in model.get_weights()])
         x = rng.uniform(-1, 1, (2, 6, 3))
@@ -520,11 +521,12 @@ def test_bfloat16_layer_weights_load_as_their_exact_values(tmp_path):
 @pytest.mark.parametrize("activation", ["relu", "hard_shrink", "soft_shrink"])
 @pytest.mark.parametrize("kind", ["SimpleRNN", "LSTM"])
 def test_nan_inputs_stay_nan_through_piecewise_activations(kind, activation, tmp_path):
-    """A NaN reaching a recurrent layer whose activation is piecewise comes out NaN wherever
-    Keras's does (comparisons with NaN are false: a test that sends the false branch to 0 made
-    it finite)."""
+    """A NaN reaching a recurrent layer whose activations are piecewise comes out NaN wherever
+    Keras's does (every comparison with NaN is false, so the branch it takes must be x). The LSTM
+    uses the activation for its gates too: a sigmoid gate would carry the NaN on its own."""
+    extra = {"recurrent_activation": activation} if kind == "LSTM" else {}
     model = keras.Sequential([keras.Input((4, 3)), getattr(layers, kind)(5, activation=activation,
-                                                                       return_sequences=True)])
+                                                                       return_sequences=True, **extra)])
     rng = np.random.RandomState(10)
     model.set_weights([rng.uniform(-0.8, 0.8, w.shape).astype("float32") for w in model.get_weights()])
     x = rng.uniform(-1, 1, (2, 4, 3)).astype("float32")
@@ -536,3 +538,19 @@ def test_nan_inputs_stay_nan_through_piecewise_activations(kind, activation, tmp
         got = load_keras(tmp_path / "m.keras")(torch.as_tensor(x)).numpy()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+@pytest.mark.keras
+def test_float_ids_reach_the_embedding_uncast(tmp_path):
+    """Float ids are not cast to the parameters' dtype (Keras's Embedding casts nothing): a model
+    moved to bfloat16 looks up rows 257, 511 and 998 (bfloat16 would round them to 256, 512 and
+    1000), the rows Keras's float32 model returns, rounded to bfloat16."""
+    model = keras.Sequential([keras.Input((3,)), layers.Embedding(1000, 2), layers.Flatten()])
+    x = np.array([[257.0, 511.0, 998.0]], dtype="float32")
+    expected = keras.ops.convert_to_numpy(model(x))
+    model.save(tmp_path / "m.keras")
+    ours = load_keras(tmp_path / "m.keras").to(torch.bfloat16)
+    with torch.no_grad():
+        got = ours(torch.as_tensor(x))
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), torch.as_tensor(expected).bfloat16().float(), rtol=0, atol=0)

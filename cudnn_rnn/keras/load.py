@@ -27,7 +27,7 @@ from .errors import ConversionError
 from .graph.spec import ModelSpec, parse_model
 from .graph.model import KerasModel, LayerFailure, NestedModel
 from .layers.ops import OP_CLASSES, build_op
-from .layers.registry import REFUSED, BuildContext, holds_weights, keras_major
+from .layers.registry import REFUSED, BuildContext, dtype_name, holds_weights, keras_major
 from .files.weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
 
 def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, dict]] = None,
@@ -281,11 +281,9 @@ def _declared_dtype(spec: ModelSpec) -> torch.dtype:
         for layer in s.layers:
             if layer.model is not None:
                 walk(layer.model)
-            elif layer.class_name != "InputLayer" and isinstance(layer.config, dict):
-                d = layer.config.get("dtype")
-                if isinstance(d, dict):  # a DTypePolicy
-                    d = d.get("config", {}).get("name") if isinstance(d.get("config"), dict) else None
-                if isinstance(d, str) and ("float" in d or d.startswith("mixed")):  # not a lookup's int64
+            elif layer.class_name != "InputLayer" and not layer.is_op and isinstance(layer.config, dict):
+                d = dtype_name(layer.config.get("dtype"))  # (an op's dtype, Cast's, is its output's)
+                if d is not None and ("float" in d or d.startswith("mixed")):  # not a lookup's int64
                     names.append(d)
 
     walk(spec)
@@ -357,9 +355,8 @@ def _input_spec(spec: ModelSpec, ref, path) -> tuple:
     layer = next((l for l in spec.layers if l.name == ref.layer), None)
     cfg = layer.config if layer is not None else {}
     dtype_cfg = cfg.get("dtype") or "float32"
-    if isinstance(dtype_cfg, dict):  # a DTypePolicy
-        inner = dtype_cfg.get("config")
-        dtype_cfg = inner.get("name", "float32") if isinstance(inner, dict) else "float32"
+    if isinstance(dtype_cfg, dict):
+        dtype_cfg = dtype_name(dtype_cfg) or "float32"
     shape = cfg.get("batch_shape") or cfg.get("batch_input_shape") or [None]
     if not isinstance(shape, list) or len(shape) > 8 or not all(
             d is None or (isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1 << 16) for d in shape):

@@ -36,6 +36,7 @@ class KerasModel(nn.Module):
         # per scheduled call, the inputs whose Keras mask is gone when Keras 3 runs it
         self.masks_dropped = self._masks_dropped(spec, self.schedule) if keras3 else [()] * len(self.schedule)
         self._floating = self._parameter_dtype()
+        self._cast_inputs = [v is None for v in self.input_vocabularies()]
 
     @staticmethod
     def _schedule(spec: ModelSpec, path) -> List[Tuple[str, str, int, list, Optional[list]]]:
@@ -116,10 +117,12 @@ class KerasModel(nn.Module):
         if len(inputs) != len(self.input_refs):
             raise ValueError(f"{self.name} takes {len(self.input_refs)} input(s); got {len(inputs)}")
         env: Dict[Tuple[str, int], Tuple[List[Tensor], List[Optional[Tensor]]]] = {}
-        # Floating inputs in the parameters' dtype, as Keras casts them to each layer's compute dtype.
+        # Floating inputs in the parameters' dtype, as Keras casts them to each layer's compute
+        # dtype; not the ids an Embedding reads (it casts nothing: 257.0 stays 257 in bfloat16).
         floating = self._floating
-        inputs = tuple(x.to(floating) if floating is not None and isinstance(x, Tensor) and x.is_floating_point()
-                       and x.dtype != floating else x for x in inputs)
+        inputs = tuple(x.to(floating) if cast and floating is not None and isinstance(x, Tensor)
+                       and x.is_floating_point() and x.dtype != floating else x
+                       for x, cast in zip(inputs, self._cast_inputs))
         for k, (ref, x) in enumerate(zip(self.input_refs, inputs)):
             env[(ref[0], ref[1])] = ([x], [masks[k] if masks else None])
 
@@ -147,7 +150,7 @@ class KerasModel(nn.Module):
     def example_inputs(self, batch: int = 2, time: int = 5) -> List[Tensor]:
         """Inputs of the declared dtypes and shapes (free dimensions: batch, then time) for
         tracing, exporting and checking."""
-        float_dtype = next((p.dtype for p in self.parameters()), torch.float32)
+        float_dtype = self._floating or torch.float32
         out = []
         for dtype, shape in self.input_specs:
             dims = [batch] + [time if d is None else int(d) for d in shape[1:]]
@@ -159,7 +162,9 @@ class KerasModel(nn.Module):
 
     def _parameter_dtype(self) -> Optional[torch.dtype]:
         """The floating dtype of the parameters, None without any; kept in _floating (set at
-        construction and by _apply: .to(), .double(), ...), so that forward only reads it."""
+        construction and by _apply: .to(), .double(), ...), so that forward only reads it.
+        Parameters replaced around _apply (load_state_dict(assign=True) of another dtype,
+        p.data = ...) leave it as it was."""
         return next((p.dtype for p in self.parameters() if p.is_floating_point()), None)
 
     def _apply(self, fn, *args, **kwargs):

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..graph.spec import LayerSpec, TensorArg
 from .activations import keras_relu
-from .registry import BuildContext, builder
+from .registry import BuildContext, builder, dtype_name
 from .values import MAX_SIZE, Values
 
 
@@ -60,9 +60,8 @@ _DTYPES = {"bool": torch.bool, "float16": torch.float16, "bfloat16": torch.bfloa
 
 def _dtype(cfg, ctx, key="dtype") -> Optional[torch.dtype]:
     name = cfg.get(key)
-    if isinstance(name, dict):  # a DTypePolicy
-        inner = name.get("config")
-        name = inner.get("name") if isinstance(inner, dict) else None
+    if isinstance(name, dict):
+        name = dtype_name(name)
     if name is None:
         return None
     if name not in _DTYPES:

@@ -70,6 +70,14 @@ def holds_weights(class_name: str, config: dict) -> bool:
     return bool(rule(config)) if callable(rule) else rule
 
 
+def dtype_name(value) -> Optional[str]:
+    """A config's dtype as a name: a string as it is, a DTypePolicy dict's config name, else None."""
+    if isinstance(value, dict):  # a DTypePolicy
+        inner = value.get("config")
+        value = inner.get("name") if isinstance(inner, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def keras_major(version: Optional[str]) -> int:
     """The producer's major version; files without one come from Keras 2 or older."""
     if not version:
