@@ -3,7 +3,8 @@
 It mutates real Keras-written files (the committed fixtures, and a converted .pt made from one)
 at every level: bytes (flips, truncation, zeroed / duplicated / deleted ranges), zip (header
 size and CRC lies, compression methods, encryption flags, bombs, duplicated and traversal
-members), HDF5 (shapes, dtypes, huge declared datasets, soft / external / cyclic links, external
+members), HDF5 (shapes, dtypes, opaque data as Keras writes bfloat16 and lies about its size or
+tag, huge declared datasets, soft / external / cyclic links, external
 raw storage and virtual datasets pointing at a canary file, duplicated layer_names, filters) and
 the config JSON (type confusion, depth, huge and non-finite numbers, lone surrogates, unknown
 names). hypothesis draws every choice, so a run is reproducible from its seed.
@@ -368,7 +369,8 @@ def m_h5(data: bytes, draw, ctx):
     canary = ctx["canary"]
     kind = draw(_st().sampled_from(["shape", "dtype", "huge", "scalar", "soft", "soft-cycle", "external-link",
                                     "external-storage", "virtual", "virtual-missing", "hard-cycle", "alias",
-                                    "layer-names", "weight-names", "filter", "delete", "string-data", "attr-type"]),
+                                    "layer-names", "weight-names", "filter", "delete", "string-data", "attr-type",
+                                    "opaque"]),
                 label="kind")
 
     def edit(f, draw):
@@ -380,7 +382,7 @@ def m_h5(data: bytes, draw, ctx):
         old = f[target]
         parent = f[target].parent
         leaf = target.rsplit("/", 1)[-1]
-        if kind in ("shape", "dtype", "huge", "scalar", "filter", "string-data"):
+        if kind in ("shape", "dtype", "huge", "scalar", "filter", "string-data", "opaque"):
             arr = old[()]
             del f[target]
             if kind == "shape":
@@ -391,6 +393,22 @@ def m_h5(data: bytes, draw, ctx):
                 dt = draw(_st().sampled_from(["f2", "f8", "i1", "u8", "c8", "S4", "?"]), label="dtype")
                 parent.create_dataset(leaf, data=np.zeros(np.shape(arr), dt))
                 return f"{target} as {dt}", False
+            if kind == "opaque":  # Keras 3's bfloat16 form (2-byte opaque, tagged), or a lie about it
+                size = draw(_st().sampled_from([1, 2, 4, 8]), label="opaque size")
+                tag = draw(_st().sampled_from([b"NUMPY:V2", b"NUMPY:V8", b"bfloat16", b""]), label="opaque tag")
+                tid = h5py.h5t.create(h5py.h5t.OPAQUE, size)
+                if tag:
+                    tid.set_tag(tag)
+                shape = np.shape(arr) or (1,)
+                dsid = h5py.h5d.create(parent.id, leaf.encode(), tid, h5py.h5s.create_simple(shape))
+                count = int(np.prod(shape))
+                dsid.write(h5py.h5s.ALL, h5py.h5s.ALL,
+                           np.frombuffer(bytes(ctx["rng"].randrange(256) for _ in range(count * size)), f"V{size}")
+                           .reshape(shape), mtype=tid)
+                attr = draw(_st().sampled_from(["bfloat16", "float16", None]), label="dtype attribute")
+                if attr is not None:
+                    h5py.AttributeManager(h5py.Dataset(dsid))["dtype"] = attr
+                return f"{target} as {size}-byte opaque data tagged {tag!r}, dtype attribute {attr!r}", False
             if kind == "huge":
                 shape = draw(_st().sampled_from([(65536, 32768), (1 << 31,), (1 << 20, 1 << 20), (3, 1 << 40)]), label="shape")
                 parent.create_dataset(leaf, shape=shape, dtype="f4")
