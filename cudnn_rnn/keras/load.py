@@ -354,9 +354,7 @@ def _input_spec(spec: ModelSpec, ref, path) -> tuple:
     """(Keras dtype name, batch shape with None for free dims) of one model input."""
     layer = next((l for l in spec.layers if l.name == ref.layer), None)
     cfg = layer.config if layer is not None else {}
-    dtype_cfg = cfg.get("dtype") or "float32"
-    if isinstance(dtype_cfg, dict):
-        dtype_cfg = dtype_name(dtype_cfg) or "float32"
+    dtype_cfg = dtype_name(cfg.get("dtype")) or "float32"
     shape = cfg.get("batch_shape") or cfg.get("batch_input_shape") or [None]
     if not isinstance(shape, list) or len(shape) > 8 or not all(
             d is None or (isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1 << 16) for d in shape):

@@ -239,7 +239,7 @@ class _H5:
         self.seen: set = set()
         self.resolved: Dict[str, object] = {}   # intermediate groups of weight paths, by path
         self.objects = 0
-        self.entries: List[list] = []      # [key, dsid, dtype, shape, nbytes, bfloat16]
+        self.entries: List[list] = []      # [key, dsid, dtype, shape, nbytes, memory type or None]
         self.declared = 0
 
     # -- failures name the object they were reading ---------------------------------------------
@@ -489,14 +489,15 @@ class _H5:
             raise ParseError(f"weight {key} has an unknown storage layout {layout}")
         dtype = dsid.dtype
         # Keras 3 stores a bfloat16 variable as 2-byte opaque data tagged dtype="bfloat16" (HDF5 has
-        # no bfloat16): read as its 16-bit patterns, widened to float32 by the reader (containers.py).
-        # (decided on the HDF5 type itself: h5py takes an opaque type's numpy dtype from its tag,
-        # which a file can set to anything)
+        # no bfloat16): read with the file's own type as its 16-bit patterns, widened to float32 by
+        # the reader (containers.py). Told by the HDF5 type: h5py takes an opaque type's numpy
+        # dtype from its tag, which a file can set to anything.
         ftype = dsid.get_type()
-        bfloat16 = ftype.get_class() == self.h5py.h5t.OPAQUE and ftype.get_size() == 2 \
+        opaque16 = ftype.get_class() == self.h5py.h5t.OPAQUE and ftype.get_size() == 2 \
             and self._attr_text(dsid, key, "dtype") == "bfloat16"
         self.where = key
-        if bfloat16:
+        mtype = ftype if opaque16 else None
+        if opaque16:
             dtype = np.dtype("u2")
         elif dtype.kind not in "fiu" or dtype.itemsize not in ((2, 4, 8) if dtype.kind == "f" else (1, 2, 4, 8)) \
                 or dtype.names is not None or dtype.subdtype is not None:
@@ -524,7 +525,7 @@ class _H5:
         if self.declared > self.size:
             raise ParseError(f"the weights declare {self.declared} bytes, more than the file's {self.size}: "
                              "datasets overlap or the file is corrupted")
-        self.entries.append([key, dsid, dtype.newbyteorder("="), shape, nbytes, bfloat16])
+        self.entries.append([key, dsid, dtype.newbyteorder("="), shape, nbytes, mtype])
         return len(self.entries) - 1
 
     def _read_all(self, header: dict) -> bytearray:
@@ -534,12 +535,11 @@ class _H5:
             total += -(-entry[4] // ALIGN) * ALIGN
         blob = bytearray(total)
         listing = []
-        for (key, dsid, dtype, shape, nbytes, bfloat16), offset in zip(self.entries, offsets):
+        for (key, dsid, dtype, shape, nbytes, mtype), offset in zip(self.entries, offsets):
             self.where = key
             count = nbytes // dtype.itemsize
             out = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).reshape(shape)
             if count:
-                mtype = dsid.get_type() if bfloat16 else None  # bfloat16: the stored 16-bit patterns as they are
                 if mtype is not None and mtype.get_size() != out.dtype.itemsize:  # (h5py does not check it)
                     raise ParseError(f"weight {key} changed its element size between the checks and the read")
                 try:
@@ -547,6 +547,6 @@ class _H5:
                 except Exception as e:  # noqa: BLE001
                     raise ParseError(f"weight {key} cannot be read ({type(e).__name__}: {_short(e)}); "
                                      "is the file truncated?") from None
-            listing.append([key, "bfloat16" if bfloat16 else dtype.str, list(shape), offset])
+            listing.append([key, "bfloat16" if mtype is not None else dtype.str, list(shape), offset])
         header["arrays"] = listing
         return blob
