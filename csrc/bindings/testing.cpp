@@ -17,6 +17,7 @@
 #include "core/rnn_config.h"
 #include "cpu/activation_arrays.h"
 #include "cpu/gemm_engine.h"
+#include "cpu/conv_weight_grad.h"
 #include "cpu/packed_gemm.h"
 #include "cpu/time_loop.h"
 #include "cpu/vec_loops.h"
@@ -204,6 +205,18 @@ void register_testing(pybind11::module_& m) {
         "[A_1 | A_2 ... (| 1)]^T D (float32; parts: (A, rows or None) pairs, A's rows `rows` or all of them) as the "
         "CPU backward's weight gradients run it on the packed kernel; None where BLAS or another engine serves the "
         "shape or the kernel does not run");
+  m.def("conv_weight_grad", [](const at::Tensor& input, const at::Tensor& grad, std::vector<int64_t> kernel_size,
+                                std::vector<int64_t> stride, std::vector<int64_t> pad_before,
+                                std::vector<int64_t> pad_after, std::vector<int64_t> dilation,
+                                bool want_bias) -> py::object {
+    auto [gw, gb] = cpu::conv_weight_grad(input, grad, kernel_size, stride, pad_before, pad_after, dilation, want_bias);
+    if (!gw.defined()) return py::none();
+    return py::make_tuple(gw, gb.defined() ? py::cast(gb) : py::object(py::none()));
+  }, py::arg("input"), py::arg("grad"), py::arg("kernel_size"), py::arg("stride"), py::arg("pad_before"),
+        py::arg("pad_after"), py::arg("dilation"), py::arg("want_bias") = false,
+        "a channels-last convolution's weight (and bias) gradient as ConvLSTM's CPU backward runs it "
+        "(input [N, *S, C], grad [N, *S', O]): (grad_weight [O, C, *K], grad_bias or None), or None where "
+        "ATen's serves the tensors");
   m.def("weight_cache_packs", &cpu::weight_cache_packs,
         "how many packed weight forms the CPU plans have made since the process started (a cache hit makes none)");
   m.def("weight_cache_entries", &cpu::weight_cache_entries, "packed weight forms held by the CPU weight cache");

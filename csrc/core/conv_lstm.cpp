@@ -102,6 +102,15 @@ struct Conv {
     }
     return {gi, gw, gb};
   }
+
+  // The weight (and bias) gradient from the backend's own kernel (CellSteps::weight_gradient), or
+  // undefined tensors where it has none for these tensors.
+  std::tuple<Tensor, Tensor> own_weight_gradient(const Tensor& grad, const Tensor& input, const Tensor& weight,
+                                                 bool want_bias, const CellSteps& steps) const {
+    if (steps.weight_gradient == nullptr) return {};
+    return steps.weight_gradient(input, grad, weight.sizes().slice(2), stride, pad_before, pad_after, dilation,
+                                 want_bias);
+  }
 };
 
 struct Dims {
@@ -434,7 +443,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
                           .reshape(d.shape({Tr * B}, d.Sp, F));
     const Tensor gk = (Gr == 1 ? dz_all : dz_all.narrow(-1, k * wr, wr)).reshape(d.shape({Tr * B}, d.Sp, wr));
     const Tensor wk = Gr == 1 ? recurrent : recurrent.narrow(0, k * wr, wr);
-    const Tensor gw = std::get<1>(conv_rec.backward(gk, hk, wk, false, true, false));
+    Tensor gw = std::get<0>(conv_rec.own_weight_gradient(gk, hk, wk, false, steps));
+    if (!gw.defined()) gw = std::get<1>(conv_rec.backward(gk, hk, wk, false, true, false));
     (Gr == 1 ? grad_recurrent : grad_recurrent.narrow(0, k * wr, wr)).copy_(gw);
   }
 
@@ -449,8 +459,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward(const Tensor
     const Tensor wk = Gi == 1 ? kernel : kernel.narrow(0, k * wi, wi);
     const Tensor xk = in.dropout_mask.defined() ? x * in.dropout_mask[k].unsqueeze(1) : x;  // [B, T, *S, C]
     const Tensor xk_steps = steps.contiguous((o.go_backwards ? xk.flip(1) : xk).transpose(0, 1));  // [T, B, *S, C]
-    auto [gx, gw, gb] = conv_in.backward(gk, xk_steps.view(d.shape({T * B}, d.S, d.C)), wk, true, true,
-                                         in.bias.defined());
+    const Tensor xk_images = xk_steps.view(d.shape({T * B}, d.S, d.C));
+    auto [gw, gb] = conv_in.own_weight_gradient(gk, xk_images, wk, in.bias.defined(), steps);
+    const bool aten_weight = !gw.defined();
+    auto [gx, aten_gw, aten_gb] =
+        conv_in.backward(gk, xk_images, wk, true, aten_weight, aten_weight && in.bias.defined());
+    if (aten_weight) {
+      gw = aten_gw;
+      gb = aten_gb;
+    }
     gx = gx.view(d.shape({T, B}, d.S, d.C)).transpose(0, 1);
     if (o.go_backwards) gx = gx.flip(1);
     if (in.dropout_mask.defined()) gx = gx * in.dropout_mask[k].unsqueeze(1);

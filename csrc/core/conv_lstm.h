@@ -12,7 +12,8 @@
 // without an initial state the first step convolves x_t alone). Backward: per step (reversed) the
 // fused cell backward and the recurrent convolution's input gradient; then the recurrent kernel's
 // gradient as one convolution backward over all steps (from the second where the initial state is
-// zero), and the input side (x, kernel, bias) as one more.
+// zero), and the input side (x, kernel, bias) as one more; the two kernels' gradients through the
+// backend's CellSteps::weight_gradient where it has one (the CPU's own tiles).
 // Dropout masks with 4 gates run each gate's convolutions on its own masked input.
 #pragma once
 
@@ -68,6 +69,14 @@ struct CellSteps {
   // Whether forward may hand the cell a step's pre-activations whole (zin, r undefined), from one
   // convolution over x_t and h concatenated, where the two convolutions' geometry allows it.
   bool concatenated_inputs = false;
+  // The backend's own weight (and bias) gradient of a convolution, or null: input [N, *S, C] and
+  // grad [N, *S', O] channels last; the kernel's spatial size, stride, padding before and after,
+  // dilation. Returns {grad_weight [O, C, *K], grad_bias [O] (when asked)}, or undefined tensors
+  // where it does not take these tensors (ATen's convolution backward computes them then).
+  std::tuple<Tensor, Tensor> (*weight_gradient)(const Tensor& input, const Tensor& grad, at::IntArrayRef kernel_size,
+                                                at::IntArrayRef stride, at::IntArrayRef pad_before,
+                                                at::IntArrayRef pad_after, at::IntArrayRef dilation,
+                                                bool want_bias) = nullptr;
 
   Tensor make(at::IntArrayRef sizes, const at::TensorOptions& options) const {
     return empty != nullptr ? empty(sizes, options) : at::empty(sizes, options);

@@ -1,7 +1,7 @@
 // ConvLSTM on the CPU: the pointwise step over pixels in parallel (each pixel of a batch row is
 // one LSTM row of F units, its gates in blocks of F), float32 tanh / sigmoid cells through the
 // per-ISA fused LSTM rows of vec_loops, the rest through core/conv_lstm_cell.h; the convolutions
-// are ATen's (core/conv_lstm.cpp).
+// are ATen's (core/conv_lstm.cpp), except the kernels' float32 gradients (conv_weight_grad.h).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -13,6 +13,7 @@
 #include "core/conv_lstm.h"
 #include "core/conv_lstm_cell.h"
 #include "cpu/buffer_pool.h"
+#include "cpu/conv_weight_grad.h"
 #include "cpu/vec_loops.h"
 
 namespace cudnn_rnn {
@@ -166,7 +167,8 @@ Tensor pooled(at::IntArrayRef sizes, const at::TensorOptions& options) {
 
 struct CpuConvLstm {
   static const conv::CellSteps& steps() {
-    static const conv::CellSteps s{&forward_step, &backward_step, &pooled, /*concatenated_inputs=*/true};
+    static const conv::CellSteps s{&forward_step, &backward_step, &pooled, /*concatenated_inputs=*/true,
+                                   &cpu::conv_weight_grad};
     return s;
   }
 };
