@@ -17,6 +17,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "cpu/packed_gemm.h"
@@ -181,6 +183,16 @@ constexpr TileFn kTiles256[kMO + 1][7] = {
     {nullptr, tile256<1, 1>, tile256<1, 2>, tile256<1, 3>, tile256<1, 4>, tile256<1, 5>, tile256<1, 6>},
     {nullptr, tile256<2, 1>, tile256<2, 2>, tile256<2, 3>, tile256<2, 4>, tile256<2, 5>, tile256<2, 6>}};
 
+// CUDNN_RNN_CPU_CONV_GRAD=aten leaves these gradients to ATen's convolution backward (oneDNN), for
+// measurement.
+bool own_kernel_chosen() {
+  static const bool own = [] {
+    const char* v = std::getenv("CUDNN_RNN_CPU_CONV_GRAD");
+    return !(v != nullptr && std::string(v) == "aten");
+  }();
+  return own;
+}
+
 // The input slabs of one outer kernel position: {offset in a pixel's slab, first column, width}.
 struct Slab {
   int64_t xoff, col, width;
@@ -204,7 +216,7 @@ std::tuple<at::Tensor, at::Tensor> conv_weight_grad(const at::Tensor& input, con
                                                     at::IntArrayRef pad_before, at::IntArrayRef pad_after,
                                                     at::IntArrayRef dilation, bool want_bias) {
   const int64_t nd = static_cast<int64_t>(kernel_size.size());
-  if (!packed_gemm_available() || input.scalar_type() != at::kFloat || grad.scalar_type() != at::kFloat ||
+  if (!own_kernel_chosen() || !packed_gemm_available() || input.scalar_type() != at::kFloat || grad.scalar_type() != at::kFloat ||
       !input.is_cpu() || !grad.is_cpu() || nd < 1 || nd > 3) {
     return {};
   }

@@ -19,7 +19,8 @@ namespace cpu {
 // may lie further apart than O, as a narrowed tensor's do), with the convolution's kernel size,
 // stride, padding before and after (zeros) and dilation per spatial dimension: {grad_weight
 // [O, C, *K] (a view of memory laid out [O][*K][C]), grad_bias [O] (undefined unless want_bias)}.
-// Both undefined where the tensors are not float32 or the CPU has no AVX2 / FMA: ATen's then.
+// Both undefined where the tensors are not float32, the CPU has no AVX2 / FMA, or
+// CUDNN_RNN_CPU_CONV_GRAD=aten is set (for measurement): ATen's then.
 // The sum over pixels runs in chunks fixed by the shapes alone, so the result is the same bits on
 // any number of threads.
 std::tuple<at::Tensor, at::Tensor> conv_weight_grad(const at::Tensor& input, const at::Tensor& grad,
