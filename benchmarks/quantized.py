@@ -69,7 +69,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     machine = machine_record(args.threads)
-    machine["int8_kernel"] = "avx512_vnni" if cudnn_rnn.int8_available() else "none (float32)"
+    machine["int8_kernel"] = cudnn_rnn._C.cpu_int8_gemm_isa() if cudnn_rnn.int8_available() else "none (float32)"
     rows = []
     for H in [int(h) for h in args.H.split(",")]:
         for B in [int(b) for b in args.B.split(",")]:

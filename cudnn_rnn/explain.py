@@ -69,7 +69,7 @@ def _side_choice(layer: _RNNBase, dtype: torch.dtype, training: bool, bidirectio
 
 def _cpu_plan(layer: _RNNBase, dtype: torch.dtype, training: bool, mask: Optional[torch.Tensor]) -> List[str]:
     """What the CPU backend's time loop runs for this layer (csrc/cpu/plan_choice.cpp), in words."""
-    from ._C import cpu_bf16_gemm_kernel, cpu_forward_plan, cpu_split
+    from ._C import cpu_bf16_gemm_kernel, cpu_forward_plan, cpu_int8_gemm_isa, cpu_split
     from .cells import GATES
 
     gates, units = GATES[layer.cell], layer.units
@@ -78,7 +78,7 @@ def _cpu_plan(layer: _RNNBase, dtype: torch.dtype, training: bool, mask: Optiona
     shape = {} if mask is None else {"batch": mask.shape[0], "time": mask.shape[1]}
     plan, rows_apart = cpu_forward_plan(layer.cell, units, precision, **shape)
     if plan == "int8":
-        products = "int8 products (AVX512_VNNI)"
+        products = f"int8 products ({cpu_int8_gemm_isa()})"
     elif plan == "bfloat16":
         products = f"bfloat16 products ({cpu_bf16_gemm_kernel()} kernel)"
     elif precision == "float64":

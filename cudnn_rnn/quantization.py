@@ -2,11 +2,12 @@
 
 Weights are quantized to int8 with one scale per output column (symmetric, the largest magnitude
 to 127); each GEMM's input is quantized per row as it is computed (the recurrent state at every
-step, the layer input once per call); products accumulate in int32 on AVX512_VNNI and everything
-else (the cell's gates and states, biases, activations) stays float32. The float32 weights stay
+step, the layer input once per call); products accumulate in int32 on AVX512_VNNI (elsewhere on
+AVX2, with the same sums) and everything else (the cell's gates and states, biases, activations)
+stays float32. The float32 weights stay
 the module's parameters (``state_dict`` is unchanged); their int8 forms are made on the first
-call and kept while the weights are unchanged (their version counters). On a CPU without
-AVX512_VNNI the marked layers compute in float32.
+call and kept while the weights are unchanged (their version counters). On a CPU without AVX2
+the marked layers compute in float32.
 
 What is quantized: LSTM, GRU and SimpleRNN layers (their input and recurrent products; GRU with
 ``reset_after=False`` its input products only), converted Keras ``Dense`` layers and
@@ -89,7 +90,7 @@ def quantize_dynamic(model: nn.Module, inplace: bool = False) -> nn.Module:
 
     Example:
         >>> model = cudnn_rnn.load_keras("examples/sentiment.h5")
-        >>> q = cudnn_rnn.quantize_dynamic(model)  # int8 products where the CPU has AVX512_VNNI
+        >>> q = cudnn_rnn.quantize_dynamic(model)  # int8 products where the CPU has AVX2 or AVX512_VNNI
         >>> q(torch.randint(1, 50, (2, 20))).shape
         torch.Size([2, 3])
     """
@@ -111,7 +112,7 @@ def quantize_dynamic(model: nn.Module, inplace: bool = False) -> nn.Module:
 
 
 def int8_available() -> bool:
-    """Whether this CPU runs the int8 products (AVX512_VNNI).
+    """Whether this CPU runs the int8 products (AVX512_VNNI, or AVX2).
 
     Returns:
         bool: where False, quantized layers compute in float32.

@@ -41,6 +41,8 @@ RESULTS = [
     ("benchmarks-grid-bf16-cpu-amd-zen5.json", "2026-11-27", "AMD EPYC Zen 5, family 26 model 2",
      "LSTM bfloat16 grid (the AVX512_BF16 kernel), `benchmarks.grid --dtype bfloat16`"),
     ("benchmarks-int8-cpu-amd-zen5.json", "2026-11-26", "AMD EPYC Zen 5, family 26 model 2", "int8 inference, `benchmarks.quantized`"),
+    ("benchmarks-int8-cpu-amd-zen5-avx2.json", "2026-11-27", "AMD EPYC Zen 5, family 26 model 2",
+     "int8 inference on the AVX2 build, `benchmarks.quantized`, `ATEN_CPU_CAPABILITY=avx2 DNNL_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`"),
     ("benchmarks-cpu-amd-zen5-fastrnns.json", "2026-11-27", "AMD EPYC Zen 5, family 26 model 2",
      "fastrnns workloads, `benchmarks.run --only fastrnns --peers torch`"),
     ("benchmarks-convlstm2d-cpu-amd-zen5-avx512.json", "2026-11-27", "AMD EPYC Zen 5, family 26 model 2", "ConvLSTM2D, `benchmarks.conv_lstm`"),

@@ -13,7 +13,18 @@ import cudnn_rnn
 from cudnn_rnn import _C
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-needs_vnni = pytest.mark.skipif(not cudnn_rnn.int8_available(), reason="the int8 kernel needs AVX512_VNNI")
+needs_int8 = pytest.mark.skipif(not cudnn_rnn.int8_available(), reason="the int8 kernels need AVX2")
+needs_both = pytest.mark.skipif(not (cudnn_rnn.int8_available() and _C._testing.cpu_int8_gemm_avx512()),
+                                reason="comparing the builds needs AVX512_VNNI")
+BUILDS = ["avx2", pytest.param("avx512_vnni", marks=pytest.mark.skipif(
+    not _C._testing.cpu_int8_gemm_avx512(), reason="no AVX512_VNNI on this CPU"))]
+
+
+@pytest.fixture(params=BUILDS)
+def build(request):
+    _C._testing.override_int8_gemm_isa(request.param)
+    yield request.param
+    _C._testing.override_int8_gemm_isa("")
 
 
 def _quantize(t: torch.Tensor, dim: int):
@@ -34,13 +45,15 @@ def _reference_linear(x, kernel, bias):
     return out.reshape(*x.shape[:-1], kernel.shape[1])
 
 
-@needs_vnni
+@needs_int8
 @pytest.mark.parametrize("rows,K,N", [(1, 1, 1), (5, 3, 17), (6, 64, 64), (7, 100, 130), (13, 257, 200),
                                       (64, 512, 1024)])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_int8_gemm_is_the_scheme(rows, K, N, with_bias):
-    """Every row tile (1-6 rows), 1-4 panel groups with a partial last panel, depths not a
-    multiple of 4: the kernel computes exactly the documented integer arithmetic."""
+def test_int8_gemm_is_the_scheme(build, rows, K, N, with_bias):
+    """Every row tile (1-6 rows; the AVX2 build's 1-2), 1-4 panel groups with a partial last
+    panel, depths not a multiple of 4: each build computes exactly the documented integer
+    arithmetic."""
+    assert _C.cpu_int8_gemm_isa() == build
     g = torch.Generator().manual_seed(rows * 1000 + K + N)
     x = torch.randn(rows, K, generator=g)
     x[0, 0] = 0.0
@@ -64,7 +77,7 @@ class _Out0(torch.nn.Module):
         return self.m(x)[0]
 
 
-@needs_vnni
+@needs_int8
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_layer_error_within_torch_ao(cell, seed):
@@ -87,7 +100,7 @@ def test_layer_error_within_torch_ao(cell, seed):
     assert ours <= 1.5 * theirs, f"ours {ours:.3e} against torch.ao's {theirs:.3e}"
 
 
-@needs_vnni
+@needs_int8
 @pytest.mark.parametrize("make", [
     lambda: cudnn_rnn.LSTM(16, 40, return_sequences=True),
     lambda: cudnn_rnn.GRU(16, 40, return_sequences=True, go_backwards=True),
@@ -115,7 +128,7 @@ def test_masked_rows_are_their_own_sequences(make):
                 torch.testing.assert_close(batch[b, n - 1], alone[0, n - 1], rtol=1e-6, atol=1e-6)
 
 
-@needs_vnni
+@needs_int8
 def test_weights_changed_after_quantizing_are_seen():
     torch.manual_seed(4)
     q = cudnn_rnn.quantize_dynamic(cudnn_rnn.LSTM(8, 24, return_sequences=True))
@@ -152,7 +165,7 @@ def test_quantized_model_keeps_its_parameters_and_refuses_training():
         cudnn_rnn.quantize_dynamic("model")
 
 
-@needs_vnni
+@needs_int8
 def test_keras_example_error():
     """The shipped Keras model (Embedding, LSTM, Dense), quantized: the largest difference of its
     sigmoid outputs from float32 over 64 random token sequences, as docs/guides/serving.md states it."""
@@ -176,3 +189,28 @@ def test_bad_input():
     q = cudnn_rnn.quantize_dynamic(cudnn_rnn.GRU(4, 6, dtype=torch.float64))
     with pytest.raises(ValueError, match="a quantized layer takes float32 CPU tensors"):
         q(torch.randn(1, 2, 4, dtype=torch.float64))
+
+
+@needs_both
+def test_builds_give_the_same_bits():
+    """AVX2's vpmaddwd on int16 copies makes vpdpbusd's int32 sums, and the same float32
+    epilogue follows: a quantized LSTM and a linear_int8 give the same bits on either build,
+    with weights packed for one build and run on the other too (a cached pack)."""
+    g = torch.Generator().manual_seed(11)
+    lstm = cudnn_rnn.LSTM(40, 96, return_sequences=True)
+    q = cudnn_rnn.quantize_dynamic(lstm)
+    x = torch.randn(5, 9, 40, generator=g)
+    kernel, bias, xs = torch.randn(40, 70, generator=g), torch.randn(70, generator=g), torch.randn(7, 40, generator=g)
+    out = {}
+    try:
+        for order in (("avx512_vnni", "avx2"), ("avx2", "avx512_vnni")):
+            for name in order:
+                _C._testing.override_int8_gemm_isa(name)
+                with torch.no_grad():
+                    out[order, name] = (q(x), torch.ops.cudnn_rnn.linear_int8(xs, kernel, bias))
+            cudnn_rnn.empty_cpu_cache()  # the next order packs for its first build
+    finally:
+        _C._testing.override_int8_gemm_isa("")
+    first = next(iter(out.values()))
+    for got in out.values():
+        assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])

@@ -152,8 +152,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
          "'bfloat16', 'packed', 'brgemm' or 'blas'; whether it runs rows apart), as csrc/cpu/plan_choice.cpp "
          "decides it");
   m.def("cpu_int8_gemms", &cr::cpu::int8_gemm_available,
-        "whether layers quantized by cudnn_rnn.quantize_dynamic multiply in int8 on this CPU (AVX512_VNNI); "
-        "otherwise they compute in float32");
+        "whether layers quantized by cudnn_rnn.quantize_dynamic multiply in int8 on this CPU (AVX2 or "
+        "AVX512_VNNI); otherwise they compute in float32");
+  m.def("cpu_int8_gemm_isa", [] {
+        if (!cr::cpu::int8_gemm_available()) return std::string("none");
+        return std::string(cr::cpu::int8_gemm_isa() == cr::cpu::Int8Isa::Avx512Vnni ? "avx512_vnni" : "avx2");
+      }, "which build multiplies the int8 products: 'avx512_vnni', 'avx2' or 'none'");
   m.def("cpu_bf16_gemm_kernel", &cr::cpu::bf16_gemm_kernel,
         "what multiplies bfloat16 calls' GEMMs on the CPU: 'onednn' (oneDNN's micro-kernel, AMX), 'avx512_bf16' "
         "(the extension's AVX512_BF16 kernel) or 'none' (float32)");

@@ -18,6 +18,7 @@
 #include "cpu/activation_arrays.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/conv_weight_grad.h"
+#include "cpu/int8_gemm.h"
 #include "cpu/packed_gemm.h"
 #include "cpu/time_loop.h"
 #include "cpu/vec_loops.h"
@@ -228,6 +229,10 @@ void register_testing(pybind11::module_& m) {
         "run the CPU GEMMs on 'packed', 'brgemm' or 'blas' from now on ('' for the chosen engine)");
   m.def("cpu_packed_gemm_avx512", &cpu::packed_gemm_avx512_available,
         "whether this CPU can run the packed GEMM's AVX-512 build (AVX-512 F/BW/DQ/VL)");
+  m.def("override_int8_gemm_isa", &cpu::override_int8_gemm_isa,
+        "run the int8 GEMM's 'avx2' or 'avx512_vnni' build from now on ('' for the machine's choice)");
+  m.def("cpu_int8_gemm_avx512", &cpu::int8_gemm_avx512_available,
+        "whether this CPU can run the int8 GEMM's AVX512_VNNI build");
   m.def("override_packed_gemm_isa", &cpu::override_packed_gemm_isa,
         "run the packed GEMM's 'avx2' or 'avx512' build from now on ('' for the machine's choice)");
   m.def("force_serial_steps", &cpu::StepScheduler::force_serial,

@@ -4,9 +4,11 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cpu/vec_loops.h"
 
@@ -21,34 +23,65 @@
 namespace cudnn_rnn {
 namespace cpu {
 
-bool int8_gemm_available() {
+namespace {
+std::atomic<int>& int8_isa_override() {
+  static std::atomic<int> v{-1};
+  return v;
+}
+}  // namespace
+
+bool int8_gemm_avx512_available() {
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const bool ok = cpu_has_avx512() && __builtin_cpu_supports("avx512vnni") &&
-                         std::string(float_loops().isa) == "avx512";
+  static const bool ok = cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
   return ok;
 #else
   return false;
 #endif
 }
 
+bool int8_gemm_available() { return packed_gemm_available(); }
+
+Int8Isa int8_gemm_isa() {
+  const int forced = int8_isa_override().load();
+  if (forced >= 0) return static_cast<Int8Isa>(forced);
+  // AVX512_VNNI where the cell loops run AVX-512 (ATEN_CPU_CAPABILITY=avx2 lowers both).
+  static const Int8Isa machine = int8_gemm_avx512_available() && std::string(float_loops().isa) == "avx512"
+                                     ? Int8Isa::Avx512Vnni
+                                     : Int8Isa::Avx2;
+  return machine;
+}
+
+void override_int8_gemm_isa(const std::string& name) {
+  TORCH_CHECK_VALUE(name.empty() || name == "avx2" || name == "avx512_vnni",
+                    "int8 GEMM instruction set must be 'avx2' or 'avx512_vnni'; got '", name, "'");
+  TORCH_CHECK_VALUE(name != "avx512_vnni" || int8_gemm_avx512_available(), "this CPU has no AVX512_VNNI");
+  TORCH_CHECK_VALUE(name != "avx2" || int8_gemm_available(), "this CPU has no AVX2 / FMA");
+  int8_isa_override().store(name.empty() ? -1 : name == "avx2" ? int(Int8Isa::Avx2) : int(Int8Isa::Avx512Vnni));
+}
+
 namespace {
 
+// The int8 panels, the column scales and sums, and with `wide` (made for the AVX2 build) the
+// same panels as int16 after them: the AVX2 kernel then loads them as they are, where widening
+// int8 on every use cost it half its speed (a shuffle per 4 columns and k group).
 struct Layout {
-  int64_t np, Kq, panel_bytes, scale_at, colsum_at, total;
-  Layout(int64_t K, int64_t N) {
+  int64_t np, Kq, panel_bytes, scale_at, colsum_at, wide_at, total;
+  Layout(int64_t K, int64_t N, bool wide) {
     np = panel_count(N);
     Kq = int8_depth(K);
     panel_bytes = Kq * kPanel;
     scale_at = (np * panel_bytes + 63) / 64 * 64;
     colsum_at = scale_at + np * kPanel * 4;
-    total = colsum_at + np * kPanel * 4;
+    wide_at = (colsum_at + np * kPanel * 4 + 63) / 64 * 64;
+    total = wide ? wide_at + 2 * np * panel_bytes : colsum_at + np * kPanel * 4;
   }
 };
 
 }  // namespace
 
 at::Tensor pack_int8(const float* src, int64_t sk, int64_t sn, int64_t K, int64_t N) {
-  const Layout l(K, N);
+  const bool wide = int8_gemm_isa() == Int8Isa::Avx2;
+  const Layout l(K, N, wide);
   at::Tensor out = at::zeros({l.total}, at::kByte);
   uint8_t* base = out.data_ptr<uint8_t>();
   int8_t* panels = reinterpret_cast<int8_t*>(base);
@@ -71,15 +104,23 @@ at::Tensor pack_int8(const float* src, int64_t sk, int64_t sn, int64_t K, int64_
       colsum[n] = sum;
     }
   });
+  if (wide) {
+    int16_t* w = reinterpret_cast<int16_t*>(base + l.wide_at);
+    at::parallel_for(0, l.np * l.panel_bytes, 4096, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) w[i] = panels[i];
+    });
+  }
   return out;
 }
 
 Int8Panels int8_view(const at::Tensor& packed, int64_t K, int64_t N) {
-  const Layout l(K, N);
+  const bool wide = packed.numel() == Layout(K, N, true).total;
+  const Layout l(K, N, wide);
   TORCH_INTERNAL_ASSERT(packed.numel() == l.total, "int8_view: a pack_int8 tensor of this shape");
   const uint8_t* base = packed.data_ptr<uint8_t>();
   return {reinterpret_cast<const int8_t*>(base), reinterpret_cast<const float*>(base + l.scale_at),
-          reinterpret_cast<const int32_t*>(base + l.colsum_at), K, l.Kq, N};
+          reinterpret_cast<const int32_t*>(base + l.colsum_at), K, l.Kq, N,
+          wide ? reinterpret_cast<const int16_t*>(base + l.wide_at) : nullptr};
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -119,7 +160,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_rows_avx512(
 void quantize_rows(const float* x, int64_t ld, const int64_t* rows, int64_t M, int64_t K, int64_t Kq, uint8_t* a,
                    float* scale) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (int8_gemm_available()) return quantize_rows_avx512(x, ld, rows, M, K, Kq, a, scale);
+  if (int8_gemm_isa() == Int8Isa::Avx512Vnni) return quantize_rows_avx512(x, ld, rows, M, K, Kq, a, scale);
 #endif
   for (int64_t i = 0; i < M; ++i) {
     const float* r = x + (rows ? rows[i] : i) * ld;
@@ -212,14 +253,115 @@ void row_tile(const uint8_t* a, int64_t lda, const float* a_scale, const Int8Pan
   }
 }
 
+// The AVX2 build (CPUs without AVX512_VNNI, and ATen's AVX2 level): MR rows (1 or 2) x one panel
+// of 16 columns, the same int32 sums as vpdpbusd's. Per group of 4 k, the panel's 64 bytes are
+// widened to int16 (4 columns x 4 k a register) and each row's 4 unsigned bytes to int16 (repeated
+// 4 times); vpmaddwd adds each column's k pairs (exact: |a * b| <= 255 * 127 per product), so a
+// column has two partial sums per register until the tile's end (vphaddd, then the 64-bit
+// quarters back in column order). 8 accumulators, 4 weight registers, 1 row: 13 of 16.
+// WIDE: the panels' int16 copy (Int8Panels::wide) and the rows widened to int16 beforehand (a16,
+// lda apart): per k group and row one 64-bit broadcast load, four vpmaddwd and four adds.
+template <int MR, bool WIDE>
+__attribute__((target("avx2,fma"))) void tile_avx2(const uint8_t* a, const uint16_t* a16, int64_t lda,
+                                                   const float* a_scale, const Int8Panels& B, int64_t q,
+                                                   int64_t ncols, const float* bias, bool accumulate, float* C,
+                                                   Rows c, int64_t i0) {
+  __m256i acc[MR][4];
+#pragma GCC unroll 2
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; ++h) acc[r][h] = _mm256_setzero_si256();
+  }
+  const int64_t groups = B.Kq / 4;
+  const int8_t* base = B.panels + q * B.Kq * kPanel;
+  const int16_t* wide = WIDE ? B.wide + q * B.Kq * kPanel : nullptr;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i b[4];
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; ++h) {
+      b[h] = WIDE ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wide + g * 64 + 16 * h))
+                  : _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + g * 64 + 16 * h)));
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < MR; ++r) {
+      __m256i av;
+      if constexpr (WIDE) {
+        int64_t quad;
+        std::memcpy(&quad, a16 + r * lda + 4 * g, sizeof(quad));
+        av = _mm256_set1_epi64x(quad);
+      } else {
+        int32_t quad;
+        std::memcpy(&quad, a + r * lda + 4 * g, sizeof(quad));
+        av = _mm256_cvtepu8_epi16(_mm_set1_epi32(quad));
+      }
+#pragma GCC unroll 4
+      for (int h = 0; h < 4; ++h) acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(av, b[h]));
+    }
+  }
+  const int64_t col = q * kPanel;
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+#pragma GCC unroll 2
+  for (int r = 0; r < MR; ++r) {
+    float* out = C + (c.rows ? c.rows[i0 + r] : i0 + r) * c.ld;
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; ++half) {
+      const int64_t cols = ncols - 8 * half;
+      if (cols <= 0) break;
+      const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(cols, 8))), lanes);
+      const __m256i sum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r][2 * half], acc[r][2 * half + 1]), 0xD8);
+      const int64_t j = col + 8 * half;
+      const __m256i zero_point = _mm256_slli_epi32(_mm256_maskload_epi32(B.colsum + j, keep), 7);  // 128 * colsum
+      const __m256 sb = _mm256_maskload_ps(B.scale + j, keep);
+      const __m256 bv = bias ? _mm256_maskload_ps(bias + 8 * half, keep) : _mm256_setzero_ps();
+      __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum, zero_point)),
+                                 _mm256_mul_ps(sb, _mm256_set1_ps(a_scale[r])), bv);
+      if (accumulate) v = _mm256_add_ps(v, _mm256_maskload_ps(out + 8 * half, keep));
+      _mm256_maskstore_ps(out + 8 * half, keep, v);
+    }
+  }
+}
+
+// int8_gemm on the AVX2 build: the same order (groups of 4 panels outer), rows in tiles of 2.
+void int8_gemm_avx2(int64_t M, const uint8_t* a, const float* a_scale, const Int8Panels& B, int64_t n0, int64_t nw,
+                    const float* bias, bool accumulate, float* C, Rows c) {
+  const int64_t lda = B.Kq;
+  const bool wide = B.wide != nullptr;
+  static thread_local std::vector<uint16_t> widened;
+  if (wide) {  // the rows as int16 once, for every panel
+    widened.resize(static_cast<size_t>(M * lda));
+    for (int64_t e = 0; e < M * lda; ++e) widened[e] = a[e];
+  }
+  const uint16_t* a16 = widened.data();
+  for (int64_t j = 0; j < nw; j += 4 * kPanel) {
+    const int64_t n = std::min<int64_t>(4 * kPanel, nw - j);
+    for (int64_t i = 0; i < M; i += 2) {
+      for (int64_t p = 0; p * kPanel < n; ++p) {
+        const int64_t q = (n0 + j) / kPanel + p, cols = std::min<int64_t>(kPanel, n - p * kPanel);
+        const float* bp = bias ? bias + j + p * kPanel : nullptr;
+        float* cp = C + j + p * kPanel;
+        const uint8_t* ai = a + i * lda;
+        const uint16_t* wi = wide ? a16 + i * lda : nullptr;
+        if (i + 1 < M) {
+          (wide ? tile_avx2<2, true> : tile_avx2<2, false>)(ai, wi, lda, a_scale + i, B, q, cols, bp, accumulate, cp,
+                                                             c, i);
+        } else {
+          (wide ? tile_avx2<1, true> : tile_avx2<1, false>)(ai, wi, lda, a_scale + i, B, q, cols, bp, accumulate, cp,
+                                                             c, i);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // Columns outer (groups of 4 panels: Kq x 64 bytes, kept in L2 while every row tile passes), row
 // tiles inner, the M rows in tiles as even as 6-row tiles allow (8 rows: 4 + 4, not 6 + 2).
 void int8_gemm(int64_t M, const uint8_t* a, const float* a_scale, const Int8Panels& B, int64_t n0, int64_t nw,
                const float* bias, bool accumulate, float* C, Rows c) {
-  TORCH_INTERNAL_ASSERT(n0 % kPanel == 0 && int8_gemm_available(), "int8_gemm: n0 on a panel, a VNNI CPU");
+  TORCH_INTERNAL_ASSERT(n0 % kPanel == 0 && int8_gemm_available(), "int8_gemm: n0 on a panel, an AVX2 CPU");
   if (M <= 0) return;
+  if (int8_gemm_isa() == Int8Isa::Avx2) return int8_gemm_avx2(M, a, a_scale, B, n0, nw, bias, accumulate, C, c);
   const int64_t lda = B.Kq, tiles = (M + 5) / 6;
   static thread_local TileSums sums;
   for (int64_t j = 0; j < nw; j += 4 * kPanel) {

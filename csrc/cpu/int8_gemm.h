@@ -1,21 +1,30 @@
 // int8 GEMMs of dynamically quantized inference (cudnn_rnn.quantize_dynamic): weights int8 with a
 // scale per output column, activations quantized per row on the fly (symmetric, stored as
-// unsigned bytes with zero point 128), int32 accumulation by AVX512_VNNI's vpdpbusd, float32
-// results: C[i, j] = s_a[i] * s_b[j] * (sum_k a_u8[i, k] * b[k, j] - 128 * colsum[j]) + bias[j].
+// unsigned bytes with zero point 128), int32 accumulation by AVX512_VNNI's vpdpbusd (or, in the
+// AVX2 build, vpmaddwd on the values widened to int16: the same int32 sums, the same results),
+// float32 results: C[i, j] = s_a[i] * s_b[j] * (sum_k a_u8[i, k] * b[k, j] - 128 * colsum[j]) + bias[j].
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cpu/packed_gemm.h"
 
 namespace cudnn_rnn {
 namespace cpu {
 
-// Whether this CPU runs the int8 kernel (AVX-512 F/BW/VL with VNNI, where the cell loops run
-// AVX-512); elsewhere quantized layers compute in float32.
+// Whether this CPU runs an int8 kernel (AVX2 + FMA); elsewhere quantized layers compute in float32.
 bool int8_gemm_available();
+// Which build runs: AVX512_VNNI (AVX-512 F/BW/VL with VNNI, where the cell loops run AVX-512),
+// else AVX2.
+enum class Int8Isa { Avx2, Avx512Vnni };
+Int8Isa int8_gemm_isa();
+// Whether this CPU can run the AVX512_VNNI build.
+bool int8_gemm_avx512_available();
+// Tests only: run 'avx2' or 'avx512_vnni' from now on, or "" for the machine's choice again.
+void override_int8_gemm_isa(const std::string& name);
 
 // The deepest product whose int32 sums cannot wrap: |sum (a - 128) b| <= 127 * 127 * K < 2^31.
 constexpr int64_t kInt8MaxDepth = 131072;
@@ -31,9 +40,11 @@ struct Int8Panels {
   const float* scale;
   const int32_t* colsum;
   int64_t K, Kq, N;
+  const int16_t* wide = nullptr;  // the panels as int16, where packed for the AVX2 build
 };
 
-// Packs B [K, N] (B[k, n] = src[k * sk + n * sn]) into one uint8 tensor; int8_view reads it back.
+// Packs B [K, N] (B[k, n] = src[k * sk + n * sn]) into one uint8 tensor (with an int16 copy of
+// the panels where the AVX2 build runs); int8_view reads it back.
 at::Tensor pack_int8(const float* src, int64_t sk, int64_t sn, int64_t K, int64_t N);
 Int8Panels int8_view(const at::Tensor& packed, int64_t K, int64_t N);
 

@@ -1,7 +1,7 @@
 // The int8 plan, for dynamically quantized inference (the rnn_forward_int8 op): the recurrent
 // kernel quantized per output column and packed gate by gate once (taken from the weight cache
 // while the float32 kernel is unchanged), each step's state rows quantized on the fly by the
-// task that multiplies them, products on AVX512_VNNI (int8_gemm.h), the cell in float32. Rows
+// task that multiplies them, products on AVX512_VNNI or AVX2 (int8_gemm.h), the cell in float32. Rows
 // apart like the packed plan. Also the int8 row GEMM of the input projection and of
 // cudnn_rnn::linear_int8 (quantized Dense layers).
 #include <ATen/Parallel.h>
@@ -96,7 +96,7 @@ namespace {
 
 // cudnn_rnn::linear_int8: x [..., K] · kernel [K, N] (+ bias [N]), the kernel (any strides: a
 // torch.nn.Linear's weight.t() as it is) quantized per column and cached, x per row; float32 on
-// the CPU. Where the CPU has no VNNI: float32 matmul.
+// the CPU. Where the CPU has no AVX2: float32 matmul.
 Tensor linear_int8(const Tensor& x, const Tensor& kernel, const c10::optional<Tensor>& bias) {
   TORCH_CHECK(x.device().is_cpu() && kernel.device().is_cpu(), "linear_int8: CPU tensors only; got x on ",
               x.device(), " and kernel on ", kernel.device());
