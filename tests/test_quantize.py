@@ -16,8 +16,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 needs_int8 = pytest.mark.skipif(not cudnn_rnn.int8_available(), reason="the int8 kernels need AVX2")
 needs_both = pytest.mark.skipif(not (cudnn_rnn.int8_available() and _C._testing.cpu_int8_gemm_avx512()),
                                 reason="comparing the builds needs AVX512_VNNI")
-BUILDS = ["avx2", pytest.param("avx512_vnni", marks=pytest.mark.skipif(
-    not _C._testing.cpu_int8_gemm_avx512(), reason="no AVX512_VNNI on this CPU"))]
+BUILDS = ["avx2",
+          pytest.param("avx_vnni", marks=pytest.mark.skipif(not _C._testing.cpu_int8_gemm_avx_vnni(),
+                                                              reason="no AVX_VNNI on this CPU")),
+          pytest.param("avx512_vnni", marks=pytest.mark.skipif(not _C._testing.cpu_int8_gemm_avx512(),
+                                                                 reason="no AVX512_VNNI on this CPU"))]
 
 
 @pytest.fixture(params=BUILDS)
@@ -50,9 +53,9 @@ def _reference_linear(x, kernel, bias):
                                       (64, 512, 1024)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_int8_gemm_is_the_scheme(build, rows, K, N, with_bias):
-    """Every row tile (1-6 rows; the AVX2 build's 1-2), 1-4 panel groups with a partial last
-    panel, depths not a multiple of 4: each build computes exactly the documented integer
-    arithmetic."""
+    """Every row tile (1-6 rows; the AVX2 build's 1-2, AVX_VNNI's 1-4), 1-4 panel groups with a
+    partial last panel, depths not a multiple of 4: each build computes exactly the documented
+    integer arithmetic."""
     assert _C.cpu_int8_gemm_isa() == build
     g = torch.Generator().manual_seed(rows * 1000 + K + N)
     x = torch.randn(rows, K, generator=g)
@@ -194,8 +197,8 @@ def test_bad_input():
 @needs_both
 def test_builds_give_the_same_bits():
     """AVX2's vpmaddwd on int16 copies makes vpdpbusd's int32 sums, and the same float32
-    epilogue follows: a quantized LSTM and a linear_int8 give the same bits on either build,
-    with weights packed for one build and run on the other too (a cached pack)."""
+    epilogue follows: a quantized LSTM and a linear_int8 give the same bits on every build this
+    CPU runs, with weights packed for one build and run on another too (a cached pack)."""
     g = torch.Generator().manual_seed(11)
     lstm = cudnn_rnn.LSTM(40, 96, return_sequences=True)
     q = cudnn_rnn.quantize_dynamic(lstm)
@@ -203,7 +206,8 @@ def test_builds_give_the_same_bits():
     kernel, bias, xs = torch.randn(40, 70, generator=g), torch.randn(70, generator=g), torch.randn(7, 40, generator=g)
     out = {}
     try:
-        for order in (("avx512_vnni", "avx2"), ("avx2", "avx512_vnni")):
+        names = ["avx512_vnni", "avx2"] + (["avx_vnni"] if _C._testing.cpu_int8_gemm_avx_vnni() else [])
+        for order in (tuple(names), tuple(reversed(names))):
             for name in order:
                 _C._testing.override_int8_gemm_isa(name)
                 with torch.no_grad():

@@ -156,8 +156,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "AVX512_VNNI); otherwise they compute in float32");
   m.def("cpu_int8_gemm_isa", [] {
         if (!cr::cpu::int8_gemm_available()) return std::string("none");
-        return std::string(cr::cpu::int8_gemm_isa() == cr::cpu::Int8Isa::Avx512Vnni ? "avx512_vnni" : "avx2");
-      }, "which build multiplies the int8 products: 'avx512_vnni', 'avx2' or 'none'");
+        const auto isa = cr::cpu::int8_gemm_isa();
+        return std::string(isa == cr::cpu::Int8Isa::Avx512Vnni ? "avx512_vnni"
+                           : isa == cr::cpu::Int8Isa::AvxVnni  ? "avx_vnni"
+                                                               : "avx2");
+      }, "which build multiplies the int8 products: 'avx512_vnni', 'avx_vnni', 'avx2' or 'none'");
   m.def("cpu_bf16_gemm_kernel", &cr::cpu::bf16_gemm_kernel,
         "what multiplies bfloat16 calls' GEMMs on the CPU: 'onednn' (oneDNN's micro-kernel, AMX), 'avx512_bf16' "
         "(the extension's AVX512_BF16 kernel) or 'none' (float32)");

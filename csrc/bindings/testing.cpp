@@ -230,9 +230,11 @@ void register_testing(pybind11::module_& m) {
   m.def("cpu_packed_gemm_avx512", &cpu::packed_gemm_avx512_available,
         "whether this CPU can run the packed GEMM's AVX-512 build (AVX-512 F/BW/DQ/VL)");
   m.def("override_int8_gemm_isa", &cpu::override_int8_gemm_isa,
-        "run the int8 GEMM's 'avx2' or 'avx512_vnni' build from now on ('' for the machine's choice)");
+        "run the int8 GEMM's 'avx2', 'avx_vnni' or 'avx512_vnni' build from now on ('' for the machine's choice)");
   m.def("cpu_int8_gemm_avx512", &cpu::int8_gemm_avx512_available,
         "whether this CPU can run the int8 GEMM's AVX512_VNNI build");
+  m.def("cpu_int8_gemm_avx_vnni", &cpu::int8_gemm_avx_vnni_available,
+        "whether this CPU can run the int8 GEMM's AVX_VNNI build");
   m.def("override_packed_gemm_isa", &cpu::override_packed_gemm_isa,
         "run the packed GEMM's 'avx2' or 'avx512' build from now on ('' for the machine's choice)");
   m.def("force_serial_steps", &cpu::StepScheduler::force_serial,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -39,24 +40,45 @@ bool int8_gemm_avx512_available() {
 #endif
 }
 
+bool int8_gemm_avx_vnni_available() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool ok = packed_gemm_available() && __builtin_cpu_supports("avxvnni");
+  return ok;
+#else
+  return false;
+#endif
+}
+
 bool int8_gemm_available() { return packed_gemm_available(); }
 
 Int8Isa int8_gemm_isa() {
   const int forced = int8_isa_override().load();
   if (forced >= 0) return static_cast<Int8Isa>(forced);
-  // AVX512_VNNI where the cell loops run AVX-512 (ATEN_CPU_CAPABILITY=avx2 lowers both).
-  static const Int8Isa machine = int8_gemm_avx512_available() && std::string(float_loops().isa) == "avx512"
-                                     ? Int8Isa::Avx512Vnni
-                                     : Int8Isa::Avx2;
+  // AVX512_VNNI where the cell loops run AVX-512 (ATEN_CPU_CAPABILITY=avx2 lowers both), else
+  // AVX_VNNI's 256-bit vpdpbusd where the CPU has it, else AVX2. CUDNN_RNN_CPU_INT8=avx2 (or
+  // avx_vnni) picks a lower build, for measurement.
+  static const Int8Isa machine = [] {
+    const Int8Isa best = int8_gemm_avx512_available() && std::string(float_loops().isa) == "avx512"
+                             ? Int8Isa::Avx512Vnni
+                         : int8_gemm_avx_vnni_available() ? Int8Isa::AvxVnni
+                                                          : Int8Isa::Avx2;
+    const char* v = std::getenv("CUDNN_RNN_CPU_INT8");
+    const std::string asked = v != nullptr ? v : "";
+    if (asked == "avx2") return Int8Isa::Avx2;
+    if (asked == "avx_vnni" && best != Int8Isa::Avx2) return Int8Isa::AvxVnni;
+    return best;
+  }();
   return machine;
 }
 
 void override_int8_gemm_isa(const std::string& name) {
-  TORCH_CHECK_VALUE(name.empty() || name == "avx2" || name == "avx512_vnni",
-                    "int8 GEMM instruction set must be 'avx2' or 'avx512_vnni'; got '", name, "'");
+  TORCH_CHECK_VALUE(name.empty() || name == "avx2" || name == "avx_vnni" || name == "avx512_vnni",
+                    "int8 GEMM instruction set must be 'avx2', 'avx_vnni' or 'avx512_vnni'; got '", name, "'");
   TORCH_CHECK_VALUE(name != "avx512_vnni" || int8_gemm_avx512_available(), "this CPU has no AVX512_VNNI");
+  TORCH_CHECK_VALUE(name != "avx_vnni" || int8_gemm_avx_vnni_available(), "this CPU has no AVX_VNNI");
   TORCH_CHECK_VALUE(name != "avx2" || int8_gemm_available(), "this CPU has no AVX2 / FMA");
-  int8_isa_override().store(name.empty() ? -1 : name == "avx2" ? int(Int8Isa::Avx2) : int(Int8Isa::Avx512Vnni));
+  const Int8Isa isa = name == "avx2" ? Int8Isa::Avx2 : name == "avx_vnni" ? Int8Isa::AvxVnni : Int8Isa::Avx512Vnni;
+  int8_isa_override().store(name.empty() ? -1 : int(isa));
 }
 
 namespace {
@@ -253,6 +275,22 @@ void row_tile(const uint8_t* a, int64_t lda, const float* a_scale, const Int8Pan
   }
 }
 
+// Eight columns' int32 sums (columns j.., in order; `cols` of them kept) through the AVX-512
+// build's float32 epilogue, the same operations: s_a * s_b * (sum - 128 * colsum) + bias (+ out).
+__attribute__((target("avx2,fma"), always_inline)) inline void store_half(__m256i sum, const Int8Panels& B, int64_t j,
+                                                                        int64_t cols, const float* bias, float a_scale,
+                                                                        bool accumulate, float* out) {
+  const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(cols, 8))),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i zero_point = _mm256_slli_epi32(_mm256_maskload_epi32(B.colsum + j, keep), 7);  // 128 * colsum
+  const __m256 sb = _mm256_maskload_ps(B.scale + j, keep);
+  const __m256 bv = bias ? _mm256_maskload_ps(bias, keep) : _mm256_setzero_ps();
+  __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum, zero_point)),
+                             _mm256_mul_ps(sb, _mm256_set1_ps(a_scale)), bv);
+  if (accumulate) v = _mm256_add_ps(v, _mm256_maskload_ps(out, keep));
+  _mm256_maskstore_ps(out, keep, v);
+}
+
 // The AVX2 build (CPUs without AVX512_VNNI, and ATen's AVX2 level): MR rows (1 or 2) x one panel
 // of 16 columns, the same int32 sums as vpdpbusd's. Per group of 4 k, the panel's 64 bytes are
 // widened to int16 (4 columns x 4 k a register) and each row's 4 unsigned bytes to int16 (repeated
@@ -298,33 +336,73 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const uint8_t* a, const uint1
       for (int h = 0; h < 4; ++h) acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(av, b[h]));
     }
   }
-  const int64_t col = q * kPanel;
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
 #pragma GCC unroll 2
   for (int r = 0; r < MR; ++r) {
     float* out = C + (c.rows ? c.rows[i0 + r] : i0 + r) * c.ld;
-#pragma GCC unroll 2
-    for (int half = 0; half < 2; ++half) {
-      const int64_t cols = ncols - 8 * half;
-      if (cols <= 0) break;
-      const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(cols, 8))), lanes);
+    for (int half = 0; half < 2 && ncols > 8 * half; ++half) {
       const __m256i sum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r][2 * half], acc[r][2 * half + 1]), 0xD8);
-      const int64_t j = col + 8 * half;
-      const __m256i zero_point = _mm256_slli_epi32(_mm256_maskload_epi32(B.colsum + j, keep), 7);  // 128 * colsum
-      const __m256 sb = _mm256_maskload_ps(B.scale + j, keep);
-      const __m256 bv = bias ? _mm256_maskload_ps(bias + 8 * half, keep) : _mm256_setzero_ps();
-      __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum, zero_point)),
-                                 _mm256_mul_ps(sb, _mm256_set1_ps(a_scale[r])), bv);
-      if (accumulate) v = _mm256_add_ps(v, _mm256_maskload_ps(out + 8 * half, keep));
-      _mm256_maskstore_ps(out + 8 * half, keep, v);
+      store_half(sum, B, q * kPanel + 8 * half, ncols - 8 * half, bias ? bias + 8 * half : nullptr, a_scale[r],
+                 accumulate, out + 8 * half);
     }
   }
 }
 
-// int8_gemm on the AVX2 build: the same order (groups of 4 panels outer), rows in tiles of 2.
+// The AVX_VNNI build (vpdpbusd on 256-bit registers, AVX2 CPUs that have it): MR rows (1-4) x one
+// panel as two halves of 8 columns, each k group's 32 bytes a half as the panel holds them; the
+// sums come out in column order.
+template <int MR>
+__attribute__((target("avx2,fma,avxvnni"))) void tile_avx_vnni(const uint8_t* a, int64_t lda, const float* a_scale,
+                                                              const Int8Panels& B, int64_t q, int64_t ncols,
+                                                              const float* bias, bool accumulate, float* C, Rows c,
+                                                              int64_t i0) {
+  __m256i acc[MR][2];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  const int64_t groups = B.Kq / 4;
+  const int8_t* base = B.panels + q * B.Kq * kPanel;
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + g * 64));
+    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + g * 64 + 32));
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, a + r * lda + 4 * g, sizeof(quad));
+      const __m256i av = _mm256_set1_epi32(quad);
+      acc[r][0] = _mm256_dpbusd_avx_epi32(acc[r][0], av, b0);
+      acc[r][1] = _mm256_dpbusd_avx_epi32(acc[r][1], av, b1);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+    float* out = C + (c.rows ? c.rows[i0 + r] : i0 + r) * c.ld;
+    for (int half = 0; half < 2 && ncols > 8 * half; ++half) {
+      store_half(acc[r][half], B, q * kPanel + 8 * half, ncols - 8 * half, bias ? bias + 8 * half : nullptr,
+                 a_scale[r], accumulate, out + 8 * half);
+    }
+  }
+}
+
+// int8_gemm on the AVX2 / AVX_VNNI builds: the same order (groups of 4 panels outer), rows in
+// tiles of 2 (AVX_VNNI: 4).
 void int8_gemm_avx2(int64_t M, const uint8_t* a, const float* a_scale, const Int8Panels& B, int64_t n0, int64_t nw,
                     const float* bias, bool accumulate, float* C, Rows c) {
   const int64_t lda = B.Kq;
+  if (int8_gemm_isa() == Int8Isa::AvxVnni) {
+    for (int64_t j = 0; j < nw; j += 4 * kPanel) {
+      const int64_t n = std::min<int64_t>(4 * kPanel, nw - j);
+      for (int64_t i = 0; i < M; i += 4) {
+        const int64_t m = std::min<int64_t>(4, M - i);
+        for (int64_t p = 0; p * kPanel < n; ++p) {
+          const int64_t q = (n0 + j) / kPanel + p, cols = std::min<int64_t>(kPanel, n - p * kPanel);
+          const float* bp = bias ? bias + j + p * kPanel : nullptr;
+          constexpr decltype(&tile_avx_vnni<1>) tiles[] = {tile_avx_vnni<1>, tile_avx_vnni<2>, tile_avx_vnni<3>,
+                                                           tile_avx_vnni<4>};
+          tiles[m - 1](a + i * lda, lda, a_scale + i, B, q, cols, bp, accumulate, C + j + p * kPanel, c, i);
+        }
+      }
+    }
+    return;
+  }
   const bool wide = B.wide != nullptr;
   static thread_local std::vector<uint16_t> widened;
   if (wide) {  // the rows as int16 once, for every panel
@@ -361,7 +439,7 @@ void int8_gemm(int64_t M, const uint8_t* a, const float* a_scale, const Int8Pane
                const float* bias, bool accumulate, float* C, Rows c) {
   TORCH_INTERNAL_ASSERT(n0 % kPanel == 0 && int8_gemm_available(), "int8_gemm: n0 on a panel, an AVX2 CPU");
   if (M <= 0) return;
-  if (int8_gemm_isa() == Int8Isa::Avx2) return int8_gemm_avx2(M, a, a_scale, B, n0, nw, bias, accumulate, C, c);
+  if (int8_gemm_isa() != Int8Isa::Avx512Vnni) return int8_gemm_avx2(M, a, a_scale, B, n0, nw, bias, accumulate, C, c);
   const int64_t lda = B.Kq, tiles = (M + 5) / 6;
   static thread_local TileSums sums;
   for (int64_t j = 0; j < nw; j += 4 * kPanel) {

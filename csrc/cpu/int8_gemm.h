@@ -1,7 +1,8 @@
 // int8 GEMMs of dynamically quantized inference (cudnn_rnn.quantize_dynamic): weights int8 with a
 // scale per output column, activations quantized per row on the fly (symmetric, stored as
-// unsigned bytes with zero point 128), int32 accumulation by AVX512_VNNI's vpdpbusd (or, in the
-// AVX2 build, vpmaddwd on the values widened to int16: the same int32 sums, the same results),
+// unsigned bytes with zero point 128), int32 accumulation by vpdpbusd (AVX512_VNNI, or AVX_VNNI's
+// 256-bit form) or, in the AVX2 build, vpmaddwd on the values widened to int16 (the same int32
+// sums, the same results),
 // float32 results: C[i, j] = s_a[i] * s_b[j] * (sum_k a_u8[i, k] * b[k, j] - 128 * colsum[j]) + bias[j].
 #pragma once
 
@@ -18,12 +19,13 @@ namespace cpu {
 // Whether this CPU runs an int8 kernel (AVX2 + FMA); elsewhere quantized layers compute in float32.
 bool int8_gemm_available();
 // Which build runs: AVX512_VNNI (AVX-512 F/BW/VL with VNNI, where the cell loops run AVX-512),
-// else AVX2.
-enum class Int8Isa { Avx2, Avx512Vnni };
+// else AVX_VNNI (256-bit vpdpbusd) where the CPU has it, else AVX2. All give the same bits.
+enum class Int8Isa { Avx2, AvxVnni, Avx512Vnni };
 Int8Isa int8_gemm_isa();
-// Whether this CPU can run the AVX512_VNNI build.
+// Whether this CPU can run the AVX512_VNNI / AVX_VNNI build.
 bool int8_gemm_avx512_available();
-// Tests only: run 'avx2' or 'avx512_vnni' from now on, or "" for the machine's choice again.
+bool int8_gemm_avx_vnni_available();
+// Tests only: run 'avx2', 'avx_vnni' or 'avx512_vnni' from now on, or "" for the machine's choice.
 void override_int8_gemm_isa(const std::string& name);
 
 // The deepest product whose int32 sums cannot wrap: |sum (a - 128) b| <= 127 * 127 * K < 2^31.
