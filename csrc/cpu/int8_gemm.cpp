@@ -179,10 +179,50 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_rows_avx512(
 }  // namespace
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__)
+namespace {
+// quantize_rows in AVX2, the same values.
+__attribute__((target("avx2,fma"))) void quantize_rows_avx2(const float* x, int64_t ld, const int64_t* rows,
+                                                            int64_t M, int64_t K, int64_t Kq, uint8_t* a,
+                                                            float* scale) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t i = 0; i < M; ++i) {
+    const float* r = x + (rows ? rows[i] : i) * ld;
+    __m256 mx = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 8) {
+      const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(K - k, 8))), lanes);
+      mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_maskload_ps(r + k, keep), magnitude));
+    }
+    alignas(32) float tops[8];
+    _mm256_store_ps(tops, mx);
+    const float top = *std::max_element(tops, tops + 8);
+    const float s = top > 0 ? top / 127.0f : 1.0f;
+    scale[i] = s;
+    const __m256 inv = _mm256_set1_ps(1.0f / s);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127), zero = _mm256_set1_epi32(128);
+    uint8_t* d = a + i * Kq;
+    for (int64_t k = 0; k < K; k += 8) {
+      const int64_t n = std::min<int64_t>(8, K - k);
+      const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lanes);
+      __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_maskload_ps(r + k, keep), inv));
+      q = _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(q, lo), hi), zero);
+      const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+      alignas(16) uint8_t bytes[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(bytes), _mm_packus_epi16(w16, w16));
+      std::memcpy(d + k, bytes, static_cast<size_t>(n));
+    }
+    std::fill(d + K, d + Kq, uint8_t(128));
+  }
+}
+}  // namespace
+#endif
+
 void quantize_rows(const float* x, int64_t ld, const int64_t* rows, int64_t M, int64_t K, int64_t Kq, uint8_t* a,
                    float* scale) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if (int8_gemm_isa() == Int8Isa::Avx512Vnni) return quantize_rows_avx512(x, ld, rows, M, K, Kq, a, scale);
+  if (int8_gemm_available()) return quantize_rows_avx2(x, ld, rows, M, K, Kq, a, scale);
 #endif
   for (int64_t i = 0; i < M; ++i) {
     const float* r = x + (rows ? rows[i] : i) * ld;
