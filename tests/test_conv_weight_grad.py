@@ -2,7 +2,7 @@
 float32 backward runs for its input and recurrent kernels, each build this CPU runs (AVX2 and
 AVX-512), held to ATen's convolution backward in float64 over shapes that reach every tile:
 1-D to 3-D kernels, strides, dilation (a dilated last dimension splits the input slab per kernel
-column), asymmetric padding, one or many input channels, output channels that leave a partial
+column), asymmetric padding, rows longer than a block, one or many input channels, output channels that leave a partial
 vector or tile, a gradient whose rows lie further apart than its channels (a narrowed gate
 block), and row counts over the most chunks; then the same bits on any thread count, and the
 ConvLSTM layer's float32 gradients (dropout masks per gate, go_backwards) against float64."""
@@ -53,6 +53,8 @@ CASES = [
     ((5, 4), 37, 8, (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 2),       # 111-wide slab: partial column tile
     ((4, 40), 2, 64, (1, 3), (1, 3), (0, 0), (0, 0), (1, 1), 2),      # strided last dimension, valid
     ((1, 1), 4, 24, (1, 1), (1, 1), (0, 0), (0, 0), (1, 1), 5),       # one pixel
+    ((3, 300), 3, 20, (2, 5), (1, 2), (1, 2), (0, 2), (1, 2), 2),     # rows of 148 pixels, in pieces
+    ((700,), 4, 9, (3,), (1,), (1,), (1,), (1,), 2),                  # 1-D: a 700-pixel row
 ]
 
 

@@ -218,3 +218,34 @@ def test_builds_give_the_same_bits():
     first = next(iter(out.values()))
     for got in out.values():
         assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
+
+
+@needs_int8
+def test_rows_with_nan_infinity_or_tiny_values(build):
+    """A row holding a NaN or an infinity comes out NaN (as float32's would, not a finite guess);
+    a row whose largest value is so small that 1 / scale overflows keeps its values' signs and
+    size; the other rows are untouched. Every build the same bits."""
+    kernel = torch.linspace(-1, 1, 8 * 20).reshape(8, 20)
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(2))
+    x[1, 3] = float("nan")
+    x[2, 5] = float("inf")
+    x[3] = torch.full((8,), 1e-40)
+    x[4] = torch.tensor([1e-40, -2e-40, 0.0, 3e-40, -1e-40, 0.0, 2e-40, 1e-40])
+    got = torch.ops.cudnn_rnn.linear_int8(x, kernel, None)
+    assert got[1:3].isnan().all()
+    exact = x[3:].double() @ kernel.double()  # subnormal floats: a few significant bits
+    top = exact.abs().max().item()
+    large = exact.abs() > 0.2 * top
+    assert (torch.sign(got[3:].double()) == torch.sign(exact))[large].all()
+    torch.testing.assert_close(got[3:].double(), exact, rtol=0, atol=0.15 * top)
+    torch.testing.assert_close(got[0].double(), _reference_linear(x[:1], kernel, None)[0], rtol=1e-5, atol=1e-5)
+    runs = {"avx2": True, "avx_vnni": _C._testing.cpu_int8_gemm_avx_vnni(),
+            "avx512_vnni": _C._testing.cpu_int8_gemm_avx512()}
+    others = {}
+    for name in runs:
+        if name != build and runs[name]:
+            _C._testing.override_int8_gemm_isa(name)
+            others[name] = torch.ops.cudnn_rnn.linear_int8(x, kernel, None)
+    _C._testing.override_int8_gemm_isa(build)
+    for name, other in others.items():
+        torch.testing.assert_close(other, got, rtol=0, atol=0, equal_nan=True, msg=f"{name} against {build}")

@@ -6,7 +6,8 @@
 //
 // Work: the output rows (n, od, oh: Wo pixels each) in a fixed number of chunks, each summed into
 // its own partial [cols][O], and those added in chunk order; threads take (chunk, group of output
-// channel tiles) pairs, whose outputs never overlap. Inside a chunk, blocks of about 128 pixels:
+// channel tiles) pairs, whose outputs never overlap. Inside a chunk, blocks of about 128 pixels
+// (whole output rows, or pieces of a longer row):
 // the block's gradient rows (for one output channel tile, 16 KiB) stay in L1 while every column
 // tile passes over them. On an AMD EPYC Zen 5 (2 cores), the gradients of ConvLSTM2D's 3x3
 // kernels over 81920 pixels (C = 16 / 32 inputs, 128 outputs) ran at 414-453 GFLOP/s with
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,15 +46,22 @@ struct Geometry {
   int64_t rows() const { return out[0] * out[1]; }  // per image
 };
 
-// One tile's pass over output rows [r0, r1): out[j * O + o] += sum over the rows' pixels i of
+// A block of pixels: output rows [r0, r1), columns [w0, w1) of each.
+struct Block {
+  int64_t r0, r1, w0, w1;
+  int64_t pixels() const { return (r1 - r0) * (w1 - w0); }
+};
+
+// One tile's pass over a block: out[j * O + o] += sum over the block's pixels i of
 // g[i * ldg + o] * (the pixel's input slab at kernel position (kd, kh))[xoff + j], for the
 // tile's MO vectors of output channels (the last storing `last` of them) and NJ columns. g is the
-// rows' block of the gradient packed for the tile (pack_block): its pixels ldg floats apart.
+// block of the gradient packed for the tile (pack_block): its pixels ldg floats apart.
 struct TilePass {
   const float* x;  // padded input [N, *in, C]
   const float* g;  // the packed block
   float* out;      // partial sums at the tile's first column and output channel
-  int64_t ldg, r0, r1, kd, kh, xoff;
+  Block b;
+  int64_t ldg, kd, kh, xoff;
   int last;
 };
 
@@ -76,11 +85,11 @@ CUDNN_RNN_AVX512 void tile512(const Geometry& g, const TilePass& t) {
 #pragma GCC unroll 12
     for (int j = 0; j < NJ; ++j) acc[m][j] = _mm512_setzero_ps();
   }
-  const int64_t Wo = g.out[2], step = g.s[2] * g.C;
-  for (int64_t r = t.r0; r < t.r1; ++r) {
-    const float* xs = slab_of(g, t, r);
-    const float* gr = t.g + (r - t.r0) * Wo * t.ldg;
-    for (int64_t w = 0; w < Wo; ++w, xs += step, gr += t.ldg) {
+  const int64_t width = t.b.w1 - t.b.w0, step = g.s[2] * g.C;
+  for (int64_t r = t.b.r0; r < t.b.r1; ++r) {
+    const float* xs = slab_of(g, t, r) + t.b.w0 * step;
+    const float* gr = t.g + (r - t.b.r0) * width * t.ldg;
+    for (int64_t w = 0; w < width; ++w, xs += step, gr += t.ldg) {
       __m512 v[MO];
 #pragma GCC unroll 2
       for (int m = 0; m < MO; ++m) v[m] = _mm512_loadu_ps(gr + 16 * m);
@@ -112,11 +121,11 @@ CUDNN_RNN_AVX2 void tile256(const Geometry& g, const TilePass& t) {
 #pragma GCC unroll 6
     for (int j = 0; j < NJ; ++j) acc[m][j] = _mm256_setzero_ps();
   }
-  const int64_t Wo = g.out[2], step = g.s[2] * g.C;
-  for (int64_t r = t.r0; r < t.r1; ++r) {
-    const float* xs = slab_of(g, t, r);
-    const float* gr = t.g + (r - t.r0) * Wo * t.ldg;
-    for (int64_t w = 0; w < Wo; ++w, xs += step, gr += t.ldg) {
+  const int64_t width = t.b.w1 - t.b.w0, step = g.s[2] * g.C;
+  for (int64_t r = t.b.r0; r < t.b.r1; ++r) {
+    const float* xs = slab_of(g, t, r) + t.b.w0 * step;
+    const float* gr = t.g + (r - t.b.r0) * width * t.ldg;
+    for (int64_t w = 0; w < width; ++w, xs += step, gr += t.ldg) {
       __m256 v[MO];
 #pragma GCC unroll 2
       for (int m = 0; m < MO; ++m) v[m] = _mm256_loadu_ps(gr + 8 * m);
@@ -140,17 +149,18 @@ CUDNN_RNN_AVX2 void tile256(const Geometry& g, const TilePass& t) {
   }
 }
 
-// The gradient's pixels of rows [r0, r1), output channel tiles [t0, t1) of `width` channels,
+// The gradient's pixels of block b, output channel tiles [t0, t1) of `width` channels,
 // copied into pack in one pass along the gradient's memory: tile t's pixel i at
 // pack + ((t - t0) * pixels + i) * width, zeros past O. Read once there (and sequentially), the
 // tiles' loads stay in L1: the gradient's own rows, 512 bytes apart at 128 channels, fall into an
 // eighth of L1's sets, and each tile would reread them. With bias, the sums are added to bias[o].
-CUDNN_RNN_AVX2 void pack_block(const Geometry& g, const float* grad, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
+CUDNN_RNN_AVX2 void pack_block(const Geometry& g, const float* grad, const Block& b, int64_t t0, int64_t t1,
                                int64_t width, float* pack, float* bias) {
-  const int64_t Wo = g.out[2], pixels = (r1 - r0) * Wo, o_end = std::min(g.O, t1 * width);
+  const int64_t Wo = g.out[2], cols = b.w1 - b.w0, pixels = b.pixels(), o_end = std::min(g.O, t1 * width);
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t i = 0; i < pixels; ++i) {
-    const float* src = grad + (r0 * Wo + i) * g.ldo;
+    const int64_t r = b.r0 + i / cols, w = b.w0 + i % cols;
+    const float* src = grad + (r * Wo + w) * g.ldo;
     for (int64_t t = t0; t < t1; ++t) {
       float* dst = pack + ((t - t0) * pixels + i) * width;
       for (int64_t o = t * width, e = o + width; o < e; o += 8, dst += 8) {  // width: a multiple of 8
@@ -216,7 +226,7 @@ std::tuple<at::Tensor, at::Tensor> conv_weight_grad(const at::Tensor& input, con
                                                     at::IntArrayRef pad_before, at::IntArrayRef pad_after,
                                                     at::IntArrayRef dilation, bool want_bias) {
   const int64_t nd = static_cast<int64_t>(kernel_size.size());
-  if (!own_kernel_chosen() || !packed_gemm_available() || input.scalar_type() != at::kFloat || grad.scalar_type() != at::kFloat ||
+  if (!own_kernel_chosen() || !packed_gemm_available() || input.numel() == 0 || grad.numel() == 0 || input.scalar_type() != at::kFloat || grad.scalar_type() != at::kFloat ||
       !input.is_cpu() || !grad.is_cpu() || nd < 1 || nd > 3) {
     return {};
   }
@@ -259,7 +269,10 @@ std::tuple<at::Tensor, at::Tensor> conv_weight_grad(const at::Tensor& input, con
   const int64_t vec = avx512 ? 16 : 8, max_cols = avx512 ? 12 : 6, tile_o = kMO * vec;
   const int64_t o_tiles = (O + tile_o - 1) / tile_o;
   const int64_t groups = std::min<int64_t>(o_tiles, (2 * at::get_num_threads() + chunks - 1) / chunks);
-  const int64_t block_rows = std::max<int64_t>(1, kBlockPixels / std::max<int64_t>(geo.out[2], 1));
+  // Blocks: whole output rows, about kBlockPixels pixels; a row longer than that in pieces.
+  const int64_t Wo = geo.out[2], block_cols = std::min(Wo, kBlockPixels);
+  const int64_t block_rows = Wo > kBlockPixels ? 1 : std::max<int64_t>(1, kBlockPixels / std::max<int64_t>(Wo, 1));
+  const int64_t group_tiles = (o_tiles + groups - 1) / groups;
   const std::vector<Slab> slabs = slabs_of(geo);
   int64_t column_tiles = 0;  // per output channel tile and block
   for (const Slab& s : slabs) column_tiles += (s.width + max_cols - 1) / max_cols;
@@ -270,25 +283,26 @@ std::tuple<at::Tensor, at::Tensor> conv_weight_grad(const at::Tensor& input, con
   float* bp = want_bias ? bias_partial.data_ptr<float>() : nullptr;
 
   at::parallel_for(0, chunks * groups, 1, [&](int64_t w0, int64_t w1) {
-    std::vector<float> pack(static_cast<size_t>(block_rows * geo.out[2] * tile_o * o_tiles));
+    std::unique_ptr<float[]> pack(new float[static_cast<size_t>(block_rows * block_cols * tile_o * group_tiles)]);
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t c = w / groups, grp = w - c * groups;
       const int64_t ra = R * c / chunks, rb = R * (c + 1) / chunks;
       const int64_t ta = o_tiles * grp / groups, tb = o_tiles * (grp + 1) / groups;
       float* part = pp + c * cols * O;
       const int64_t passes = std::max<int64_t>(1, (tb - ta) * column_tiles);
-      for (int64_t b0 = ra; b0 < rb; b0 += block_rows) {
-        const int64_t b1 = std::min(rb, b0 + block_rows), pixels = (b1 - b0) * geo.out[2];
-        pack_block(geo, gp, b0, b1, ta, tb, tile_o, pack.data(), bp != nullptr ? bp + c * O : nullptr);
+      for (Block blk{ra, std::min(rb, ra + block_rows), 0, block_cols}; blk.r0 < rb;) {
+        const int64_t pixels = blk.pixels();
+        pack_block(geo, gp, blk, ta, tb, tile_o, pack.get(), bp != nullptr ? bp + c * O : nullptr);
         // The next block's gradient rows, fetched into L2 a share at a time between the tiles'
         // passes over this one (read only by pack_block, they would otherwise come from memory
-        // with nothing to overlap).
-        const char* next = reinterpret_cast<const char*>(gp + std::min(rb, b1) * geo.out[2] * geo.ldo);
-        const char* next_end = reinterpret_cast<const char*>(gp + std::min(rb, b1 + block_rows) * geo.out[2] * geo.ldo);
+        // with nothing to overlap): the chunk's pixels after this block's last, up to a block.
+        const int64_t p_next = (blk.r1 - 1) * Wo + blk.w1, p_stop = std::min(rb * Wo, p_next + block_rows * block_cols);
+        const char* next = reinterpret_cast<const char*>(gp + p_next * geo.ldo);
+        const char* next_end = p_stop > p_next ? reinterpret_cast<const char*>(gp + (p_stop - 1) * geo.ldo + O) : next;
         const int64_t share = ((next_end - next) / 64 + passes - 1) / passes * 64;
         for (int64_t ot = ta; ot < tb; ++ot) {
           const int64_t o0 = ot * tile_o, on = std::min(tile_o, O - o0), mo = (on + vec - 1) / vec;
-          TilePass t{xp, pack.data() + (ot - ta) * pixels * tile_o, nullptr, tile_o, b0, b1, 0, 0, 0,
+          TilePass t{xp, pack.get() + (ot - ta) * pixels * tile_o, nullptr, blk, tile_o, 0, 0, 0,
                      static_cast<int>(on - (mo - 1) * vec)};
           for (t.kd = 0; t.kd < geo.k[0]; ++t.kd) {
             for (t.kh = 0; t.kh < geo.k[1]; ++t.kh) {
@@ -306,6 +320,13 @@ std::tuple<at::Tensor, at::Tensor> conv_weight_grad(const at::Tensor& input, con
               }
             }
           }
+        }
+        // The next block: the rest of this row, or the next rows.
+        if (blk.w1 < Wo) {
+          blk.w0 = blk.w1;
+          blk.w1 = std::min(Wo, blk.w1 + block_cols);
+        } else {
+          blk = Block{blk.r1, std::min(rb, blk.r1 + block_rows), 0, block_cols};
         }
       }
     }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,29 @@ Int8Panels int8_view(const at::Tensor& packed, int64_t K, int64_t N) {
           wide ? reinterpret_cast<const int16_t*>(base + l.wide_at) : nullptr};
 }
 
+namespace {
+// The rows every build quantizes here, alike: one holding a NaN or an infinity (scale NaN, every
+// value the zero point: the row's products come out NaN, as float32's would), and one whose
+// largest magnitude is so small that 1 / scale overflows (quantized as x / top * 127; through
+// 1 / scale every value would be infinite, and the vector conversions turn that into -127).
+// Returns whether the row was one of them.
+bool quantize_special_row(const float* r, int64_t K, int64_t Kq, float top, bool nan, uint8_t* d, float* scale) {
+  if (nan || !std::isfinite(top)) {
+    *scale = std::numeric_limits<float>::quiet_NaN();
+    std::fill(d, d + Kq, uint8_t(128));
+    return true;
+  }
+  if (!(top > 0) || std::isfinite(1.0f / (top / 127.0f))) return false;
+  *scale = top / 127.0f;
+  for (int64_t k = 0; k < K; ++k) {
+    const float q = std::nearbyint(r[k] / top * 127.0f);
+    d[k] = static_cast<uint8_t>(static_cast<int>(std::min(127.0f, std::max(-127.0f, q))) + 128);
+  }
+  std::fill(d + K, d + Kq, uint8_t(128));
+  return true;
+}
+}  // namespace
+
 #if defined(__x86_64__) && defined(__GNUC__)
 namespace {
 // quantize_rows in AVX-512: the same values (vcvtps2dq rounds to nearest even, as nearbyint does
@@ -154,18 +178,26 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_rows_avx512(
   for (int64_t i = 0; i < M; ++i) {
     const float* r = x + (rows ? rows[i] : i) * ld;
     __m512 mx = _mm512_setzero_ps();
+    __mmask16 nan = 0;
     int64_t k = 0;
-    for (; k + 16 <= K; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(r + k)));
+    for (; k + 16 <= K; k += 16) {
+      const __m512 v = _mm512_loadu_ps(r + k);
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+    }
     if (k < K) {
       const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1);
-      mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, r + k)));
+      const __m512 v = _mm512_maskz_loadu_ps(m, r + k);
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
     }
     const float top = _mm512_reduce_max_ps(mx);
+    uint8_t* d = a + i * Kq;
+    if (quantize_special_row(r, K, Kq, top, nan != 0, d, scale + i)) continue;
     const float s = top > 0 ? top / 127.0f : 1.0f;
     scale[i] = s;
     const __m512 inv = _mm512_set1_ps(1.0f / s);
     const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127), zero = _mm512_set1_epi32(128);
-    uint8_t* d = a + i * Kq;
     for (k = 0; k < K; k += 16) {
       const int64_t n = std::min<int64_t>(16, K - k);
       const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xffff : (1u << n) - 1);
@@ -189,19 +221,22 @@ __attribute__((target("avx2,fma"))) void quantize_rows_avx2(const float* x, int6
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int64_t i = 0; i < M; ++i) {
     const float* r = x + (rows ? rows[i] : i) * ld;
-    __m256 mx = _mm256_setzero_ps();
+    __m256 mx = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 8) {
       const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(K - k, 8))), lanes);
-      mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_maskload_ps(r + k, keep), magnitude));
+      const __m256 v = _mm256_maskload_ps(r + k, keep);
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      mx = _mm256_max_ps(mx, _mm256_and_ps(v, magnitude));
     }
     alignas(32) float tops[8];
     _mm256_store_ps(tops, mx);
     const float top = *std::max_element(tops, tops + 8);
+    uint8_t* d = a + i * Kq;
+    if (quantize_special_row(r, K, Kq, top, _mm256_movemask_ps(nan) != 0, d, scale + i)) continue;
     const float s = top > 0 ? top / 127.0f : 1.0f;
     scale[i] = s;
     const __m256 inv = _mm256_set1_ps(1.0f / s);
     const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127), zero = _mm256_set1_epi32(128);
-    uint8_t* d = a + i * Kq;
     for (int64_t k = 0; k < K; k += 8) {
       const int64_t n = std::min<int64_t>(8, K - k);
       const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lanes);
@@ -227,10 +262,15 @@ void quantize_rows(const float* x, int64_t ld, const int64_t* rows, int64_t M, i
   for (int64_t i = 0; i < M; ++i) {
     const float* r = x + (rows ? rows[i] : i) * ld;
     float m = 0;
-    for (int64_t k = 0; k < K; ++k) m = std::max(m, std::fabs(r[k]));
+    bool nan = false;
+    for (int64_t k = 0; k < K; ++k) {
+      m = std::max(m, std::fabs(r[k]));
+      nan = nan || std::isnan(r[k]);
+    }
+    uint8_t* d = a + i * Kq;
+    if (quantize_special_row(r, K, Kq, m, nan, d, scale + i)) continue;
     const float s = m > 0 ? m / 127.0f : 1.0f, inv = 1.0f / s;
     scale[i] = s;
-    uint8_t* d = a + i * Kq;
     for (int64_t k = 0; k < K; ++k) {
       const float q = std::nearbyint(r[k] * inv);
       d[k] = static_cast<uint8_t>(static_cast<int>(std::min(127.0f, std::max(-127.0f, q))) + 128);

@@ -51,7 +51,8 @@ at::Tensor pack_int8(const float* src, int64_t sk, int64_t sn, int64_t K, int64_
 Int8Panels int8_view(const at::Tensor& packed, int64_t K, int64_t N);
 
 // Rows of x (row i is x + (rows ? rows[i] : i) * ld, K values) quantized: a[i * Kq + k] (the pad
-// up to Kq is 128, the zero), scale[i] = max |x_i| / 127 (1 for a zero row).
+// up to Kq is 128, the zero), scale[i] = max |x_i| / 127 (1 for a zero row; NaN for a row holding
+// a NaN or an infinity, whose products then come out NaN). Every build gives the same values.
 void quantize_rows(const float* x, int64_t ld, const int64_t* rows, int64_t M, int64_t K, int64_t Kq, uint8_t* a,
                    float* scale);
 
