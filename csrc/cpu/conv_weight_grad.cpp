@@ -156,11 +156,11 @@ CUDNN_RNN_AVX2 void tile256(const Geometry& g, const TilePass& t) {
 // eighth of L1's sets, and each tile would reread them. With bias, the sums are added to bias[o].
 CUDNN_RNN_AVX2 void pack_block(const Geometry& g, const float* grad, const Block& b, int64_t t0, int64_t t1,
                                int64_t width, float* pack, float* bias) {
-  const int64_t Wo = g.out[2], cols = b.w1 - b.w0, pixels = b.pixels(), o_end = std::min(g.O, t1 * width);
+  // A block (whole rows, or a piece of one) is consecutive pixels of the gradient.
+  const int64_t first = b.r0 * g.out[2] + b.w0, pixels = b.pixels(), o_end = std::min(g.O, t1 * width);
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t i = 0; i < pixels; ++i) {
-    const int64_t r = b.r0 + i / cols, w = b.w0 + i % cols;
-    const float* src = grad + (r * Wo + w) * g.ldo;
+    const float* src = grad + (first + i) * g.ldo;
     for (int64_t t = t0; t < t1; ++t) {
       float* dst = pack + ((t - t0) * pixels + i) * width;
       for (int64_t o = t * width, e = o + width; o < e; o += 8, dst += 8) {  // width: a multiple of 8
