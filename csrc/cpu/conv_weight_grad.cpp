@@ -7,11 +7,12 @@
 // Work: the output rows (n, od, oh: Wo pixels each) in a fixed number of chunks, each summed into
 // its own partial [cols][O], and those added in chunk order; threads take (chunk, group of output
 // channel tiles) pairs, whose outputs never overlap. Inside a chunk, blocks of about 128 pixels
-// (whole output rows, or pieces of a longer row):
-// the block's gradient rows (for one output channel tile, 16 KiB) stay in L1 while every column
-// tile passes over them. On an AMD EPYC Zen 5 (2 cores), the gradients of ConvLSTM2D's 3x3
-// kernels over 81920 pixels (C = 16 / 32 inputs, 128 outputs) ran at 414-453 GFLOP/s with
-// AVX-512 (oneDNN: 313-360).
+// (whole output rows, or pieces of a longer row): the block's gradient is packed once per output
+// channel tile (16 KiB), which stays in L1 while every column tile passes over it, and the next
+// block is prefetched meanwhile. On an AMD EPYC Zen 5 (2 cores), the gradients of ConvLSTM2D's
+// 3x3 kernels over 81920 pixels (C = 16 / 32 inputs, 128 outputs) ran at 410-430 GFLOP/s with
+// AVX-512 (oneDNN's weight-gradient convolutions: 200-370) and 220-235 at the AVX2 level
+// (oneDNN: 125-185).
 #include "cpu/conv_weight_grad.h"
 
 #include <ATen/Parallel.h>
