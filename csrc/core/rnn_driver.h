@@ -903,6 +903,16 @@ RnnInputs float_inputs_but_x(const RnnInputs& call_in) {
   return in;
 }
 
+// t in dtype, through Policy::workspace where t is contiguous (the CPU's pool: a training step's
+// conversions of y, its gradient and dx, megabytes each, no longer fault in fresh pages on every
+// call), else as ATen converts it.
+template <typename Policy>
+Tensor converted(const Tensor& t, at::ScalarType dtype) {
+  if (!t.defined() || t.scalar_type() == dtype) return t;
+  if (!t.is_contiguous()) return t.to(dtype);
+  return Policy::workspace(t.sizes(), t.options().dtype(dtype)).copy_(t);
+}
+
 template <typename Policy>
 ForwardResult forward_any_precision(const RnnConfig& cfg, const ForwardCall& call) {
   if (!low_precision(call.in.x)) return forward<Policy>(cfg, call);
@@ -913,13 +923,13 @@ ForwardResult forward_any_precision(const RnnConfig& cfg, const ForwardCall& cal
   c.gemm_dtype = call.in.x.scalar_type();
   auto [y, h_n, c_n, reserve] = forward<Policy>(c, f);
   const auto dtype = call.in.x.scalar_type();
-  return {y.to(dtype), h_n.to(dtype), c_n.to(dtype), reserve};
+  return {converted<Policy>(y, dtype), h_n.to(dtype), c_n.to(dtype), reserve};
 }
 
 template <typename Policy>
 BackwardResult backward_any_precision(const RnnConfig& cfg, const BackwardCall& call) {
   if (!low_precision(call.in.x)) return backward<Policy>(cfg, call);
-  BackwardCall f{to_float(call.grad_y), to_float(call.grad_h_n), to_float(call.grad_c_n),
+  BackwardCall f{converted<Policy>(call.grad_y, at::kFloat), to_float(call.grad_h_n), to_float(call.grad_c_n),
                  float_inputs_but_x<Policy>(call.in), call.reserve, call.options};
   f.x_low = call.in.x;
   f.weights_low = call.in.weights;
@@ -938,7 +948,7 @@ BackwardResult backward_any_precision(const RnnConfig& cfg, const BackwardCall& 
       dw[i] = Policy::workspace(dw[i].sizes(), dw[i].options().dtype(wt)).copy_(dw[i]);
     }
   }
-  return {dx.to(dtype), dw, dh0.to(dtype), dc0.to(dtype)};
+  return {converted<Policy>(dx, dtype), dw, dh0.to(dtype), dc0.to(dtype)};
 }
 
 }  // namespace driver
