@@ -22,6 +22,12 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+// AVX_VNNI code needs GCC 11 or clang 16 (-mavxvnni, __builtin_cpu_supports("avxvnni")); older
+// compilers build the other int8 builds only.
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 16) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define CUDNN_RNN_AVX_VNNI 1
+#endif
+
 namespace cudnn_rnn {
 namespace cpu {
 
@@ -42,7 +48,7 @@ bool int8_gemm_avx512_available() {
 }
 
 bool int8_gemm_avx_vnni_available() {
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(CUDNN_RNN_AVX_VNNI)
   static const bool ok = packed_gemm_available() && __builtin_cpu_supports("avxvnni");
   return ok;
 #else
@@ -66,7 +72,7 @@ Int8Isa int8_gemm_isa() {
     const char* v = std::getenv("CUDNN_RNN_CPU_INT8");
     const std::string asked = v != nullptr ? v : "";
     if (asked == "avx2") return Int8Isa::Avx2;
-    if (asked == "avx_vnni" && best != Int8Isa::Avx2) return Int8Isa::AvxVnni;
+    if (asked == "avx_vnni" && int8_gemm_avx_vnni_available()) return Int8Isa::AvxVnni;
     return best;
   }();
   return machine;
@@ -427,6 +433,7 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const uint8_t* a, const uint1
   }
 }
 
+#if defined(CUDNN_RNN_AVX_VNNI)
 // The AVX_VNNI build (vpdpbusd on 256-bit registers, AVX2 CPUs that have it): MR rows (1-4) x one
 // panel as two halves of 8 columns, each k group's 32 bytes a half as the panel holds them; the
 // sums come out in column order.
@@ -462,11 +469,14 @@ __attribute__((target("avx2,fma,avxvnni"))) void tile_avx_vnni(const uint8_t* a,
   }
 }
 
+#endif
+
 // int8_gemm on the AVX2 / AVX_VNNI builds: the same order (groups of 4 panels outer), rows in
 // tiles of 2 (AVX_VNNI: 4).
 void int8_gemm_avx2(int64_t M, const uint8_t* a, const float* a_scale, const Int8Panels& B, int64_t n0, int64_t nw,
                     const float* bias, bool accumulate, float* C, Rows c) {
   const int64_t lda = B.Kq;
+#if defined(CUDNN_RNN_AVX_VNNI)
   if (int8_gemm_isa() == Int8Isa::AvxVnni) {
     for (int64_t j = 0; j < nw; j += 4 * kPanel) {
       const int64_t n = std::min<int64_t>(4 * kPanel, nw - j);
@@ -483,6 +493,7 @@ void int8_gemm_avx2(int64_t M, const uint8_t* a, const float* a_scale, const Int
     }
     return;
   }
+#endif
   const bool wide = B.wide != nullptr;
   static thread_local std::vector<uint16_t> widened;
   if (wide) {  // the rows as int16 once, for every panel
