@@ -215,7 +215,8 @@ def _cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
-_ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+_ISA_FLAGS = ("avx2", "fma", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+              "amx_bf16")
 
 
 def cpu_flags() -> set:

@@ -222,9 +222,10 @@ def test_builds_give_the_same_bits():
 
 @needs_int8
 def test_rows_with_nan_infinity_or_tiny_values(build):
-    """A row holding a NaN or an infinity comes out NaN (as float32's would, not a finite guess);
-    a row whose largest value is so small that 1 / scale overflows keeps its values' signs and
-    size; the other rows are untouched. Every build the same bits."""
+    """A row holding a NaN or an infinity comes out NaN (not a finite guess); a row whose largest
+    value is so small that 1 / scale overflows keeps its values' signs and, within its subnormal
+    scale's few bits, their size; the other rows are untouched. A weight column holding a NaN or
+    an infinity makes its products NaN. Every build the same bits."""
     kernel = torch.linspace(-1, 1, 8 * 20).reshape(8, 20)
     x = torch.randn(5, 8, generator=torch.Generator().manual_seed(2))
     x[1, 3] = float("nan")
@@ -239,6 +240,10 @@ def test_rows_with_nan_infinity_or_tiny_values(build):
     assert (torch.sign(got[3:].double()) == torch.sign(exact))[large].all()
     torch.testing.assert_close(got[3:].double(), exact, rtol=0, atol=0.15 * top)
     torch.testing.assert_close(got[0].double(), _reference_linear(x[:1], kernel, None)[0], rtol=1e-5, atol=1e-5)
+    bad = kernel.clone()
+    bad[2, 4], bad[5, 9] = float("inf"), float("nan")
+    with_bad = torch.ops.cudnn_rnn.linear_int8(x[:1], bad, None)
+    assert with_bad[0, [4, 9]].isnan().all() and not with_bad[0, [0, 1, 2, 3, 5, 6, 7, 8]].isnan().any()
     runs = {"avx2": True, "avx_vnni": _C._testing.cpu_int8_gemm_avx_vnni(),
             "avx512_vnni": _C._testing.cpu_int8_gemm_avx512()}
     others = {}

@@ -298,8 +298,12 @@ std::tuple<at::Tensor, at::Tensor> conv_weight_grad(const at::Tensor& input, con
         // passes over this one (read only by pack_block, they would otherwise come from memory
         // with nothing to overlap): the chunk's pixels after this block's last, up to a block.
         const int64_t p_next = (blk.r1 - 1) * Wo + blk.w1, p_stop = std::min(rb * Wo, p_next + block_rows * block_cols);
-        const char* next = reinterpret_cast<const char*>(gp + p_next * geo.ldo);
-        const char* next_end = p_stop > p_next ? reinterpret_cast<const char*>(gp + (p_stop - 1) * geo.ldo + O) : next;
+        const char* g_bytes = reinterpret_cast<const char*>(gp);
+        int64_t next = 0, next_end = 0;  // byte offsets from gp: pointers only inside the gradient
+        if (p_stop > p_next) {
+          next = p_next * geo.ldo * int64_t(sizeof(float));
+          next_end = ((p_stop - 1) * geo.ldo + O) * int64_t(sizeof(float));
+        }
         const int64_t share = ((next_end - next) / 64 + passes - 1) / passes * 64;
         for (int64_t ot = ta; ot < tb; ++ot) {
           const int64_t o0 = ot * tile_o, on = std::min(tile_o, O - o0), mo = (on + vec - 1) / vec;
@@ -314,8 +318,8 @@ std::tuple<at::Tensor, at::Tensor> conv_weight_grad(const at::Tensor& input, con
                   t.xoff = s.xoff + j0;
                   t.out = part + (col_base + s.col + j0) * O + o0;
                   (avx512 ? kTiles512[mo][nj] : kTiles256[mo][nj])(geo, t);
-                  for (const char* end = std::min(next_end, next + share); next < end; next += 64) {
-                    _mm_prefetch(next, _MM_HINT_T1);
+                  for (const int64_t end = std::min(next_end, next + share); next < end; next += 64) {
+                    _mm_prefetch(g_bytes + next, _MM_HINT_T1);
                   }
                 }
               }

@@ -119,10 +119,21 @@ at::Tensor pack_int8(const float* src, int64_t sk, int64_t sn, int64_t K, int64_
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       float m = 0;
-      for (int64_t k = 0; k < K; ++k) m = std::max(m, std::fabs(src[k * sk + n * sn]));
-      const float s = m > 0 ? m / 127.0f : 1.0f;
-      scale[n] = s;
+      bool nan = false;
+      for (int64_t k = 0; k < K; ++k) {
+        const float v = src[k * sk + n * sn];
+        m = std::max(m, std::fabs(v));
+        nan = nan || std::isnan(v);
+      }
       int8_t* p = panels + (n / kPanel) * l.panel_bytes + (n % kPanel) * 4;
+      if (nan || !std::isfinite(m)) {  // the column's products NaN (values 0, scale NaN)
+        scale[n] = std::numeric_limits<float>::quiet_NaN();
+        colsum[n] = 0;
+        continue;
+      }
+      // A column too small for its scale to be a nonzero float counts as zeros.
+      const float s = m / 127.0f > 0 ? m / 127.0f : 1.0f;
+      scale[n] = s;
       int32_t sum = 0;
       for (int64_t k = 0; k < K; ++k) {
         const float q = std::nearbyint(src[k * sk + n * sn] / s);
@@ -154,9 +165,11 @@ Int8Panels int8_view(const at::Tensor& packed, int64_t K, int64_t N) {
 
 namespace {
 // The rows every build quantizes here, alike: one holding a NaN or an infinity (scale NaN, every
-// value the zero point: the row's products come out NaN, as float32's would), and one whose
-// largest magnitude is so small that 1 / scale overflows (quantized as x / top * 127; through
-// 1 / scale every value would be infinite, and the vector conversions turn that into -127).
+// value the zero point: the row's products come out NaN), and one whose largest magnitude is so
+// small (below about 3.7e-37) that 1 / scale overflows (quantized as x / top * 127; through
+// 1 / scale every value would be infinite, and the vector conversions turn that into -127). Such
+// a row's scale is subnormal: its products keep their signs but only a few bits, and below about
+// 9e-44 the scale, and so every product, is 0.
 // Returns whether the row was one of them.
 bool quantize_special_row(const float* r, int64_t K, int64_t Kq, float top, bool nan, uint8_t* d, float* scale) {
   if (nan || !std::isfinite(top)) {
