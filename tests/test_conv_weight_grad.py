@@ -14,15 +14,7 @@ from cudnn_rnn import _C
 
 pytestmark = pytest.mark.skipif(not _C._testing.cpu_packed_gemm(), reason="the CPU's kernel needs AVX2 + FMA")
 
-BUILDS = ["avx2", pytest.param("avx512", marks=pytest.mark.skipif(not _C._testing.cpu_packed_gemm_avx512(),
-                                                             reason="no AVX-512 F/BW/DQ/VL on this CPU"))]
-
-
-@pytest.fixture(params=BUILDS)
-def build(request):
-    _C._testing.override_packed_gemm_isa(request.param)
-    yield request.param
-    _C._testing.override_packed_gemm_isa("")
+from isa_builds import packed_build  # noqa: F401,E402  (the `build` fixture)
 
 
 def aten_reference(x, g, kernel, stride, pad_before, pad_after, dilation, bias):

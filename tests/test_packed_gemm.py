@@ -11,15 +11,7 @@ needs_packed = pytest.mark.skipif(not _C._testing.cpu_packed_gemm(), reason="the
 pytestmark = needs_packed
 
 
-BUILDS = ["avx2", pytest.param("avx512", marks=pytest.mark.skipif(not _C._testing.cpu_packed_gemm_avx512(),
-                                                             reason="no AVX-512 F/BW/DQ/VL on this CPU"))]
-
-
-@pytest.fixture(params=BUILDS)
-def build(request):
-    _C._testing.override_packed_gemm_isa(request.param)
-    yield request.param
-    _C._testing.override_packed_gemm_isa("")
+from isa_builds import packed_build  # noqa: F401,E402  (the `build` fixture)
 
 
 @pytest.mark.parametrize("M", [1, 2, 5, 6, 7, 13, 64])

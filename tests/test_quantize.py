@@ -16,18 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 needs_int8 = pytest.mark.skipif(not cudnn_rnn.int8_available(), reason="the int8 kernels need AVX2")
 needs_both = pytest.mark.skipif(not (cudnn_rnn.int8_available() and _C._testing.cpu_int8_gemm_avx512()),
                                 reason="comparing the builds needs AVX512_VNNI")
-BUILDS = ["avx2",
-          pytest.param("avx_vnni", marks=pytest.mark.skipif(not _C._testing.cpu_int8_gemm_avx_vnni(),
-                                                              reason="no AVX_VNNI on this CPU")),
-          pytest.param("avx512_vnni", marks=pytest.mark.skipif(not _C._testing.cpu_int8_gemm_avx512(),
-                                                                 reason="no AVX512_VNNI on this CPU"))]
-
-
-@pytest.fixture(params=BUILDS)
-def build(request):
-    _C._testing.override_int8_gemm_isa(request.param)
-    yield request.param
-    _C._testing.override_int8_gemm_isa("")
+from isa_builds import int8_build  # noqa: F401,E402  (the `build` fixture)
 
 
 def _quantize(t: torch.Tensor, dim: int):
@@ -198,7 +187,7 @@ def test_bad_input():
 def test_builds_give_the_same_bits():
     """AVX2's vpmaddwd on int16 copies makes vpdpbusd's int32 sums, and the same float32
     epilogue follows: a quantized LSTM and a linear_int8 give the same bits on every build this
-    CPU runs, with weights packed for one build and run on another too (a cached pack)."""
+    CPU runs, in either order of builds (the AVX2 build's packs are cached apart)."""
     g = torch.Generator().manual_seed(11)
     lstm = cudnn_rnn.LSTM(40, 96, return_sequences=True)
     q = cudnn_rnn.quantize_dynamic(lstm)

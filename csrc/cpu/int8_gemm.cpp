@@ -108,8 +108,10 @@ struct Layout {
 
 }  // namespace
 
+bool int8_pack_wide() { return int8_gemm_isa() == Int8Isa::Avx2; }
+
 at::Tensor pack_int8(const float* src, int64_t sk, int64_t sn, int64_t K, int64_t N) {
-  const bool wide = int8_gemm_isa() == Int8Isa::Avx2;
+  const bool wide = int8_pack_wide();
   const Layout l(K, N, wide);
   at::Tensor out = at::zeros({l.total}, at::kByte);
   uint8_t* base = out.data_ptr<uint8_t>();
@@ -390,19 +392,17 @@ __attribute__((target("avx2,fma"), always_inline)) inline void store_half(__m256
   _mm256_maskstore_ps(out, keep, v);
 }
 
-// The AVX2 build (CPUs without AVX512_VNNI, and ATen's AVX2 level): MR rows (1 or 2) x one panel
-// of 16 columns, the same int32 sums as vpdpbusd's. Per group of 4 k, the panel's 64 bytes are
-// widened to int16 (4 columns x 4 k a register) and each row's 4 unsigned bytes to int16 (repeated
-// 4 times); vpmaddwd adds each column's k pairs (exact: |a * b| <= 255 * 127 per product), so a
-// column has two partial sums per register until the tile's end (vphaddd, then the 64-bit
-// quarters back in column order). 8 accumulators, 4 weight registers, 1 row: 13 of 16.
-// WIDE: the panels' int16 copy (Int8Panels::wide) and the rows widened to int16 beforehand (a16,
-// lda apart): per k group and row one 64-bit broadcast load, four vpmaddwd and four adds.
-template <int MR, bool WIDE>
-__attribute__((target("avx2,fma"))) void tile_avx2(const uint8_t* a, const uint16_t* a16, int64_t lda,
-                                                   const float* a_scale, const Int8Panels& B, int64_t q,
-                                                   int64_t ncols, const float* bias, bool accumulate, float* C,
-                                                   Rows c, int64_t i0) {
+// The AVX2 build (CPUs without AVX512_VNNI or AVX_VNNI, and ATen's AVX2 level): MR rows (1 or 2) x
+// one panel of 16 columns, the same int32 sums as vpdpbusd's. Per group of 4 k the panel's int16
+// copy (Int8Panels::wide: 4 columns x 4 k a register) and each row's 4 values widened to int16
+// beforehand (a16, lda apart; one 64-bit broadcast load); vpmaddwd adds each column's k pairs
+// (exact: |a * b| <= 255 * 127 per product), so a column has two partial sums per register until
+// the tile's end (vphaddd, then the 64-bit quarters back in column order). 8 accumulators, 4
+// weight registers, 1 row: 13 of 16.
+template <int MR>
+__attribute__((target("avx2,fma"))) void tile_avx2(const uint16_t* a16, int64_t lda, const float* a_scale,
+                                                   const Int8Panels& B, int64_t q, int64_t ncols, const float* bias,
+                                                   bool accumulate, float* C, Rows c, int64_t i0) {
   __m256i acc[MR][4];
 #pragma GCC unroll 2
   for (int r = 0; r < MR; ++r) {
@@ -410,27 +410,16 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const uint8_t* a, const uint1
     for (int h = 0; h < 4; ++h) acc[r][h] = _mm256_setzero_si256();
   }
   const int64_t groups = B.Kq / 4;
-  const int8_t* base = B.panels + q * B.Kq * kPanel;
-  const int16_t* wide = WIDE ? B.wide + q * B.Kq * kPanel : nullptr;
+  const int16_t* wide = B.wide + q * B.Kq * kPanel;
   for (int64_t g = 0; g < groups; ++g) {
     __m256i b[4];
 #pragma GCC unroll 4
-    for (int h = 0; h < 4; ++h) {
-      b[h] = WIDE ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wide + g * 64 + 16 * h))
-                  : _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + g * 64 + 16 * h)));
-    }
+    for (int h = 0; h < 4; ++h) b[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wide + g * 64 + 16 * h));
 #pragma GCC unroll 2
     for (int r = 0; r < MR; ++r) {
-      __m256i av;
-      if constexpr (WIDE) {
-        int64_t quad;
-        std::memcpy(&quad, a16 + r * lda + 4 * g, sizeof(quad));
-        av = _mm256_set1_epi64x(quad);
-      } else {
-        int32_t quad;
-        std::memcpy(&quad, a + r * lda + 4 * g, sizeof(quad));
-        av = _mm256_cvtepu8_epi16(_mm_set1_epi32(quad));
-      }
+      int64_t quad;
+      std::memcpy(&quad, a16 + r * lda + 4 * g, sizeof(quad));
+      const __m256i av = _mm256_set1_epi64x(quad);
 #pragma GCC unroll 4
       for (int h = 0; h < 4; ++h) acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(av, b[h]));
     }
@@ -507,29 +496,18 @@ void int8_gemm_avx2(int64_t M, const uint8_t* a, const float* a_scale, const Int
     return;
   }
 #endif
-  const bool wide = B.wide != nullptr;
-  static thread_local std::vector<uint16_t> widened;
-  if (wide) {  // the rows as int16 once, for every panel
-    widened.resize(static_cast<size_t>(M * lda));
-    for (int64_t e = 0; e < M * lda; ++e) widened[e] = a[e];
-  }
-  const uint16_t* a16 = widened.data();
+  TORCH_INTERNAL_ASSERT(B.wide != nullptr, "int8_gemm: the AVX2 build reads a pack with its int16 copy");
+  static thread_local std::vector<uint16_t> widened;  // the rows as int16 once, for every panel
+  widened.resize(static_cast<size_t>(M * lda));
+  for (int64_t e = 0; e < M * lda; ++e) widened[e] = a[e];
   for (int64_t j = 0; j < nw; j += 4 * kPanel) {
     const int64_t n = std::min<int64_t>(4 * kPanel, nw - j);
     for (int64_t i = 0; i < M; i += 2) {
       for (int64_t p = 0; p * kPanel < n; ++p) {
         const int64_t q = (n0 + j) / kPanel + p, cols = std::min<int64_t>(kPanel, n - p * kPanel);
         const float* bp = bias ? bias + j + p * kPanel : nullptr;
-        float* cp = C + j + p * kPanel;
-        const uint8_t* ai = a + i * lda;
-        const uint16_t* wi = wide ? a16 + i * lda : nullptr;
-        if (i + 1 < M) {
-          (wide ? tile_avx2<2, true> : tile_avx2<2, false>)(ai, wi, lda, a_scale + i, B, q, cols, bp, accumulate, cp,
-                                                             c, i);
-        } else {
-          (wide ? tile_avx2<1, true> : tile_avx2<1, false>)(ai, wi, lda, a_scale + i, B, q, cols, bp, accumulate, cp,
-                                                             c, i);
-        }
+        (i + 1 < M ? tile_avx2<2> : tile_avx2<1>)(widened.data() + i * lda, lda, a_scale + i, B, q, cols, bp,
+                                                    accumulate, C + j + p * kPanel, c, i);
       }
     }
   }

@@ -45,8 +45,12 @@ struct Int8Panels {
   const int16_t* wide = nullptr;  // the panels as int16, where packed for the AVX2 build
 };
 
-// Packs B [K, N] (B[k, n] = src[k * sk + n * sn]) into one uint8 tensor (with an int16 copy of
-// the panels where the AVX2 build runs); int8_view reads it back. A column holding a NaN or an
+// Whether pack_int8 adds the int16 copy of the panels: where the AVX2 build runs. Weight-cache
+// forms name it, so a pack is made again for a build that reads the other kind.
+bool int8_pack_wide();
+
+// Packs B [K, N] (B[k, n] = src[k * sk + n * sn]) into one uint8 tensor (with the int16 copy of
+// the panels where int8_pack_wide()); int8_view reads it back. A column holding a NaN or an
 // infinity gets scale NaN (its products NaN).
 at::Tensor pack_int8(const float* src, int64_t sk, int64_t sn, int64_t K, int64_t N);
 Int8Panels int8_view(const at::Tensor& packed, int64_t K, int64_t N);
