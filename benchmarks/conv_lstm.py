@@ -62,6 +62,15 @@ def build(args):
 
 
 def measure(args) -> dict:
+    import keras
+
+    # Keras's torch backend places layers on CUDA wherever a GPU is visible; the peer runs on the
+    # benchmark's device, as ours does.
+    with keras.device(args.device):
+        return _measure(args)
+
+
+def _measure(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     ours, peer, x = build(args)

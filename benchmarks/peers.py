@@ -210,6 +210,7 @@ def _import_keras3():
     if importlib.util.find_spec("keras") is None:
         raise Unavailable("keras is not installed")
     os.environ.setdefault("KERAS_BACKEND", "torch")
+    os.environ.setdefault("KERAS_TORCH_DEVICE", "cpu")  # a CPU peer, also on a machine with a GPU
     import keras
 
     if keras.backend.backend() != "torch":

@@ -214,6 +214,13 @@ def cmd_verify(args) -> int:
         print("verify needs Keras 3 installed (pip install keras)", file=sys.stderr)
         return 2
     model = _load(args)
+    # The reference computes on the CPU, in full float32 as ours does: on a machine with a GPU,
+    # Keras's torch backend would place it on CUDA, where torch runs convolutions in TF32.
+    with keras.device("cpu"):
+        return _verify_against(args, model, keras)
+
+
+def _verify_against(args, model, keras) -> int:
     _say(args, f"loading {args.model} with Keras {keras.__version__} (the reference)")
     try:
         if args.architecture:

@@ -19,6 +19,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("KERAS_BACKEND", "torch")
+# Keras, the oracle, computes on the CPU in full float32. On a machine with a GPU its torch backend
+# would place every layer on CUDA, where torch runs convolutions in TF32 (cudnn.allow_tf32 is on by
+# default): a ConvLSTM2D then differs from float32 by about 5e-4 (NVIDIA H100, torch 2.11).
+os.environ.setdefault("KERAS_TORCH_DEVICE", "cpu")
 
 # NaN never passes for agreement: numpy's assert_allclose counts NaN == NaN by default, so two
 # oracles that both compute NaN (a BatchNormalization given a negative variance, say) would

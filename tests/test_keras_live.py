@@ -423,6 +423,18 @@ def test_cli_verify_feeds_ids_to_float_embedding_inputs(tmp_path):
 
 
 @pytest.mark.keras
+def test_cli_verify_runs_its_reference_on_the_cpu():
+    """verify's reference computes on the CPU whatever device Keras's torch backend would choose
+    (CUDA where a GPU is visible, whose TF32 convolutions are no float32 reference). Keras told to
+    use the meta device, which computes no values, shows which device the reference ran on."""
+    fixture = os.path.join(ROOT, "tests", "fixtures", "data", "k3_functional.keras")
+    out = subprocess.run([sys.executable, "-m", "cudnn_rnn", "verify", fixture, "--no-progress"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "KERAS_BACKEND": "torch", "KERAS_TORCH_DEVICE": "meta"})
+    assert out.returncode == 0 and "max abs error against Keras" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+@pytest.mark.keras
 def test_cli_verify_gives_keras_2_files_keras_2_hard_sigmoid(tmp_path):
     """A file written by Keras 2 with hard_sigmoid gates was trained with Keras 2's hard_sigmoid
     (clip(0.2x + 0.5)), which load_keras keeps; Keras 3, verify's reference, redefined it

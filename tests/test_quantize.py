@@ -209,8 +209,33 @@ def test_builds_give_the_same_bits():
         assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
 
 
+def _flushing_subnormals() -> bool:
+    return (torch.tensor([1e-40]) * 1.0).item() == 0.0
+
+
+@pytest.fixture
+def thread_keeps_subnormals():
+    """This thread computes with subnormal floats, whatever mode the process left it in (a library
+    built with -ffast-math sets flush-to-zero as it loads); restored afterwards."""
+    was = _flushing_subnormals()
+    torch.set_flush_denormal(False)
+    yield
+    torch.set_flush_denormal(was)
+
+
 @needs_int8
-def test_rows_with_nan_infinity_or_tiny_values(build):
+def test_tiny_rows_where_the_thread_flushes_subnormals(thread_keeps_subnormals):
+    """Where the thread treats subnormals as zero, a row of them is zero, and its products are
+    zero, as float32's are."""
+    kernel = torch.linspace(-1, 1, 8 * 20).reshape(8, 20)
+    x = torch.full((2, 8), 1e-40)
+    assert torch.set_flush_denormal(True), "this CPU cannot flush subnormals"
+    got = torch.ops.cudnn_rnn.linear_int8(x, kernel, None)
+    assert torch.equal(got, torch.zeros(2, 20)) and torch.equal(x @ kernel, got)
+
+
+@needs_int8
+def test_rows_with_nan_infinity_or_tiny_values(build, thread_keeps_subnormals):
     """A row holding a NaN or an infinity comes out NaN (not a finite guess); a row whose largest
     value is so small that 1 / scale overflows keeps its values' signs and, within its subnormal
     scale's few bits, their size; the other rows are untouched. A weight column holding a NaN or
