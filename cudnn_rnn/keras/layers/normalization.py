@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .base import _Single
@@ -55,14 +56,37 @@ class Normalization(_Single):
         if self.kind == "batch":
             y = (x - _along(self.moving_mean, axes, x)) * torch.rsqrt(_along(self.moving_variance, axes, x) + self.epsilon)
         else:
-            var = x.var(dim=axes, keepdim=True, unbiased=False)
-            y = x * torch.rsqrt(var + self.epsilon) if self.rms_scaling else \
-                (x - x.mean(dim=axes, keepdim=True)) * torch.rsqrt(var + self.epsilon)
+            return self._layer_norm(x, axes)
         if self.gamma is not None:
             y = y * _along(self.gamma, axes, x)
         if self.beta is not None:
             y = y + _along(self.beta, axes, x)
         return y
+
+    def _layer_norm(self, x: Tensor, axes: list) -> Tensor:
+        """Keras 3's own computation (keras.ops.layer_normalization on the torch backend), in at
+        least float32: F.layer_norm over trailing axes, else the moments with the variance as
+        E[x^2] - E[x]^2. Rows whose statistics overflow then come out as Keras's do (NaN where
+        E[x]^2 overflows), not as a differently ordered computation's."""
+        low = x.dtype in (torch.float16, torch.bfloat16)
+        xf = x.float() if low else x
+        gamma = None if self.gamma is None else _along(self.gamma, axes, x).to(xf.dtype)
+        beta = None if self.beta is None else _along(self.beta, axes, x).to(xf.dtype)
+        if self.rms_scaling:
+            y = xf * torch.rsqrt(xf.var(dim=axes, keepdim=True, unbiased=False) + self.epsilon)
+            y = y if gamma is None else y * gamma
+            y = y if beta is None else y + beta
+        elif axes == list(range(x.dim() - len(axes), x.dim())):
+            shape = tuple(x.shape[a] for a in axes)
+            y = F.layer_norm(xf, shape, None if gamma is None else gamma.reshape(shape),
+                             None if beta is None else beta.reshape(shape), self.epsilon)
+        else:
+            mean = xf.mean(dim=axes, keepdim=True)
+            inv = torch.rsqrt((xf * xf).mean(dim=axes, keepdim=True) - mean * mean + self.epsilon)
+            inv = inv if gamma is None else inv * gamma
+            res = -mean * inv
+            y = xf * inv + (res if beta is None else res + beta)
+        return y.to(x.dtype) if low else y
 
 
 class GroupNormalization(_Single):
