@@ -185,9 +185,9 @@ def test_bad_input():
 
 @needs_both
 def test_builds_give_the_same_bits():
-    """AVX2's vpmaddwd on int16 copies makes vpdpbusd's int32 sums, and the same float32
-    epilogue follows: a quantized LSTM and a linear_int8 give the same bits on every build this
-    CPU runs, in either order of builds (the AVX2 build's packs are cached apart)."""
+    """AVX2's vpmaddubsw on the values' magnitudes and the signed weights makes vpdpbusd's int32
+    sums, and the same float32 epilogue follows: a quantized LSTM and a linear_int8 give the same
+    bits on every build this CPU runs, in either order of builds (all read the same packs)."""
     g = torch.Generator().manual_seed(11)
     lstm = cudnn_rnn.LSTM(40, 96, return_sequences=True)
     q = cudnn_rnn.quantize_dynamic(lstm)

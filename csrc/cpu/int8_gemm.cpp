@@ -90,29 +90,23 @@ void override_int8_gemm_isa(const std::string& name) {
 
 namespace {
 
-// The int8 panels, the column scales and sums, and with `wide` (made for the AVX2 build) the
-// same panels as int16 after them: the AVX2 kernel then loads them as they are, where widening
-// int8 on every use cost it half its speed (a shuffle per 4 columns and k group).
+// The int8 panels, then the column scales and sums.
 struct Layout {
-  int64_t np, Kq, panel_bytes, scale_at, colsum_at, wide_at, total;
-  Layout(int64_t K, int64_t N, bool wide) {
+  int64_t np, Kq, panel_bytes, scale_at, colsum_at, total;
+  Layout(int64_t K, int64_t N) {
     np = panel_count(N);
     Kq = int8_depth(K);
     panel_bytes = Kq * kPanel;
     scale_at = (np * panel_bytes + 63) / 64 * 64;
     colsum_at = scale_at + np * kPanel * 4;
-    wide_at = (colsum_at + np * kPanel * 4 + 63) / 64 * 64;
-    total = wide ? wide_at + 2 * np * panel_bytes : colsum_at + np * kPanel * 4;
+    total = colsum_at + np * kPanel * 4;
   }
 };
 
 }  // namespace
 
-bool int8_pack_wide() { return int8_gemm_isa() == Int8Isa::Avx2; }
-
 at::Tensor pack_int8(const float* src, int64_t sk, int64_t sn, int64_t K, int64_t N) {
-  const bool wide = int8_pack_wide();
-  const Layout l(K, N, wide);
+  const Layout l(K, N);
   at::Tensor out = at::zeros({l.total}, at::kByte);
   uint8_t* base = out.data_ptr<uint8_t>();
   int8_t* panels = reinterpret_cast<int8_t*>(base);
@@ -146,23 +140,15 @@ at::Tensor pack_int8(const float* src, int64_t sk, int64_t sn, int64_t K, int64_
       colsum[n] = sum;
     }
   });
-  if (wide) {
-    int16_t* w = reinterpret_cast<int16_t*>(base + l.wide_at);
-    at::parallel_for(0, l.np * l.panel_bytes, 4096, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) w[i] = panels[i];
-    });
-  }
   return out;
 }
 
 Int8Panels int8_view(const at::Tensor& packed, int64_t K, int64_t N) {
-  const bool wide = packed.numel() == Layout(K, N, true).total;
-  const Layout l(K, N, wide);
+  const Layout l(K, N);
   TORCH_INTERNAL_ASSERT(packed.numel() == l.total, "int8_view: a pack_int8 tensor of this shape");
   const uint8_t* base = packed.data_ptr<uint8_t>();
   return {reinterpret_cast<const int8_t*>(base), reinterpret_cast<const float*>(base + l.scale_at),
-          reinterpret_cast<const int32_t*>(base + l.colsum_at), K, l.Kq, N,
-          wide ? reinterpret_cast<const int16_t*>(base + l.wide_at) : nullptr};
+          reinterpret_cast<const int32_t*>(base + l.colsum_at), K, l.Kq, N};
 }
 
 namespace {
@@ -378,59 +364,56 @@ void row_tile(const uint8_t* a, int64_t lda, const float* a_scale, const Int8Pan
 
 // Eight columns' int32 sums (columns j.., in order; `cols` of them kept) through the AVX-512
 // build's float32 epilogue, the same operations: s_a * s_b * (sum - 128 * colsum) + bias (+ out).
+// Centred sums (the AVX2 build's) are sum - 128 * colsum already: the same integers.
+template <bool Centred>
 __attribute__((target("avx2,fma"), always_inline)) inline void store_half(__m256i sum, const Int8Panels& B, int64_t j,
                                                                         int64_t cols, const float* bias, float a_scale,
                                                                         bool accumulate, float* out) {
   const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(cols, 8))),
                                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  const __m256i zero_point = _mm256_slli_epi32(_mm256_maskload_epi32(B.colsum + j, keep), 7);  // 128 * colsum
+  if (!Centred) sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_maskload_epi32(B.colsum + j, keep), 7));
   const __m256 sb = _mm256_maskload_ps(B.scale + j, keep);
   const __m256 bv = bias ? _mm256_maskload_ps(bias, keep) : _mm256_setzero_ps();
-  __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum, zero_point)),
-                             _mm256_mul_ps(sb, _mm256_set1_ps(a_scale)), bv);
+  __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(sb, _mm256_set1_ps(a_scale)), bv);
   if (accumulate) v = _mm256_add_ps(v, _mm256_maskload_ps(out, keep));
   _mm256_maskstore_ps(out, keep, v);
 }
 
-// The AVX2 build (CPUs without AVX512_VNNI or AVX_VNNI, and ATen's AVX2 level): MR rows (1 or 2) x
-// one panel of 16 columns, the same int32 sums as vpdpbusd's. Per group of 4 k the panel's int16
-// copy (Int8Panels::wide: 4 columns x 4 k a register) and each row's 4 values widened to int16
-// beforehand (a16, lda apart; one 64-bit broadcast load); vpmaddwd adds each column's k pairs
-// (exact: |a * b| <= 255 * 127 per product), so a column has two partial sums per register until
-// the tile's end (vphaddd, then the 64-bit quarters back in column order). 8 accumulators, 4
-// weight registers, 1 row: 13 of 16.
+// The AVX2 build (CPUs without AVX512_VNNI or AVX_VNNI, and ATen's AVX2 level): MR rows (1-4) x
+// one panel as two halves of 8 columns, from the panels the other builds read. Per k group a
+// row's 4 values go back to signed (a - 128, in [-127, 127]); their magnitudes multiply the
+// weights given the values' signs (vpsignb, vpmaddubsw: two products of at most 127 * 127 in a
+// 16-bit lane, never saturating), and vpmaddwd by ones adds the pairs into each column's int32.
+// The sums are sum((a - 128) * b), the integers the other builds reach as sum(a * b) - 128 *
+// colsum: the same results.
 template <int MR>
-__attribute__((target("avx2,fma"))) void tile_avx2(const uint16_t* a16, int64_t lda, const float* a_scale,
+__attribute__((target("avx2,fma"))) void tile_avx2(const uint8_t* a, int64_t lda, const float* a_scale,
                                                    const Int8Panels& B, int64_t q, int64_t ncols, const float* bias,
                                                    bool accumulate, float* C, Rows c, int64_t i0) {
-  __m256i acc[MR][4];
-#pragma GCC unroll 2
-  for (int r = 0; r < MR; ++r) {
+  __m256i acc[MR][2];
 #pragma GCC unroll 4
-    for (int h = 0; h < 4; ++h) acc[r][h] = _mm256_setzero_si256();
-  }
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
   const int64_t groups = B.Kq / 4;
-  const int16_t* wide = B.wide + q * B.Kq * kPanel;
+  const int8_t* base = B.panels + q * B.Kq * kPanel;
   for (int64_t g = 0; g < groups; ++g) {
-    __m256i b[4];
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + g * 64));
+    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + g * 64 + 32));
 #pragma GCC unroll 4
-    for (int h = 0; h < 4; ++h) b[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wide + g * 64 + 16 * h));
-#pragma GCC unroll 2
     for (int r = 0; r < MR; ++r) {
-      int64_t quad;
-      std::memcpy(&quad, a16 + r * lda + 4 * g, sizeof(quad));
-      const __m256i av = _mm256_set1_epi64x(quad);
-#pragma GCC unroll 4
-      for (int h = 0; h < 4; ++h) acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(av, b[h]));
+      int32_t quad;
+      std::memcpy(&quad, a + r * lda + 4 * g, sizeof(quad));
+      const __m256i v = _mm256_xor_si256(_mm256_set1_epi32(quad), flip), mag = _mm256_abs_epi8(v);
+      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(b0, v)), ones));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(b1, v)), ones));
     }
   }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (int r = 0; r < MR; ++r) {
     float* out = C + (c.rows ? c.rows[i0 + r] : i0 + r) * c.ld;
     for (int half = 0; half < 2 && ncols > 8 * half; ++half) {
-      const __m256i sum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r][2 * half], acc[r][2 * half + 1]), 0xD8);
-      store_half(sum, B, q * kPanel + 8 * half, ncols - 8 * half, bias ? bias + 8 * half : nullptr, a_scale[r],
-                 accumulate, out + 8 * half);
+      store_half<true>(acc[r][half], B, q * kPanel + 8 * half, ncols - 8 * half, bias ? bias + 8 * half : nullptr,
+                       a_scale[r], accumulate, out + 8 * half);
     }
   }
 }
@@ -465,8 +448,8 @@ __attribute__((target("avx2,fma,avxvnni"))) void tile_avx_vnni(const uint8_t* a,
   for (int r = 0; r < MR; ++r) {
     float* out = C + (c.rows ? c.rows[i0 + r] : i0 + r) * c.ld;
     for (int half = 0; half < 2 && ncols > 8 * half; ++half) {
-      store_half(acc[r][half], B, q * kPanel + 8 * half, ncols - 8 * half, bias ? bias + 8 * half : nullptr,
-                 a_scale[r], accumulate, out + 8 * half);
+      store_half<false>(acc[r][half], B, q * kPanel + 8 * half, ncols - 8 * half, bias ? bias + 8 * half : nullptr,
+                        a_scale[r], accumulate, out + 8 * half);
     }
   }
 }
@@ -474,40 +457,26 @@ __attribute__((target("avx2,fma,avxvnni"))) void tile_avx_vnni(const uint8_t* a,
 #endif
 
 // int8_gemm on the AVX2 / AVX_VNNI builds: the same order (groups of 4 panels outer), rows in
-// tiles of 2 (AVX_VNNI: 4).
+// tiles of 4.
 void int8_gemm_avx2(int64_t M, const uint8_t* a, const float* a_scale, const Int8Panels& B, int64_t n0, int64_t nw,
                     const float* bias, bool accumulate, float* C, Rows c) {
-  const int64_t lda = B.Kq;
+  using Tile = decltype(&tile_avx2<1>);
+  const Tile* tiles = nullptr;
+  static constexpr Tile avx2[] = {tile_avx2<1>, tile_avx2<2>, tile_avx2<3>, tile_avx2<4>};
+  tiles = avx2;
 #if defined(CUDNN_RNN_AVX_VNNI)
-  if (int8_gemm_isa() == Int8Isa::AvxVnni) {
-    for (int64_t j = 0; j < nw; j += 4 * kPanel) {
-      const int64_t n = std::min<int64_t>(4 * kPanel, nw - j);
-      for (int64_t i = 0; i < M; i += 4) {
-        const int64_t m = std::min<int64_t>(4, M - i);
-        for (int64_t p = 0; p * kPanel < n; ++p) {
-          const int64_t q = (n0 + j) / kPanel + p, cols = std::min<int64_t>(kPanel, n - p * kPanel);
-          const float* bp = bias ? bias + j + p * kPanel : nullptr;
-          constexpr decltype(&tile_avx_vnni<1>) tiles[] = {tile_avx_vnni<1>, tile_avx_vnni<2>, tile_avx_vnni<3>,
-                                                           tile_avx_vnni<4>};
-          tiles[m - 1](a + i * lda, lda, a_scale + i, B, q, cols, bp, accumulate, C + j + p * kPanel, c, i);
-        }
-      }
-    }
-    return;
-  }
+  static constexpr Tile vnni[] = {tile_avx_vnni<1>, tile_avx_vnni<2>, tile_avx_vnni<3>, tile_avx_vnni<4>};
+  if (int8_gemm_isa() == Int8Isa::AvxVnni) tiles = vnni;
 #endif
-  TORCH_INTERNAL_ASSERT(B.wide != nullptr, "int8_gemm: the AVX2 build reads a pack with its int16 copy");
-  static thread_local std::vector<uint16_t> widened;  // the rows as int16 once, for every panel
-  widened.resize(static_cast<size_t>(M * lda));
-  for (int64_t e = 0; e < M * lda; ++e) widened[e] = a[e];
+  const int64_t lda = B.Kq;
   for (int64_t j = 0; j < nw; j += 4 * kPanel) {
     const int64_t n = std::min<int64_t>(4 * kPanel, nw - j);
-    for (int64_t i = 0; i < M; i += 2) {
+    for (int64_t i = 0; i < M; i += 4) {
+      const int64_t m = std::min<int64_t>(4, M - i);
       for (int64_t p = 0; p * kPanel < n; ++p) {
         const int64_t q = (n0 + j) / kPanel + p, cols = std::min<int64_t>(kPanel, n - p * kPanel);
         const float* bp = bias ? bias + j + p * kPanel : nullptr;
-        (i + 1 < M ? tile_avx2<2> : tile_avx2<1>)(widened.data() + i * lda, lda, a_scale + i, B, q, cols, bp,
-                                                    accumulate, C + j + p * kPanel, c, i);
+        tiles[m - 1](a + i * lda, lda, a_scale + i, B, q, cols, bp, accumulate, C + j + p * kPanel, c, i);
       }
     }
   }

@@ -1,8 +1,8 @@
 // int8 GEMMs of dynamically quantized inference (cudnn_rnn.quantize_dynamic): weights int8 with a
 // scale per output column, activations quantized per row on the fly (symmetric, stored as
 // unsigned bytes with zero point 128), int32 accumulation by vpdpbusd (AVX512_VNNI, or AVX_VNNI's
-// 256-bit form) or, in the AVX2 build, vpmaddwd on the values widened to int16 (the same int32
-// sums, the same results),
+// 256-bit form) or, in the AVX2 build, vpmaddubsw on the values' magnitudes and the weights given
+// their signs (the same int32 sums, the same results),
 // float32 results: C[i, j] = s_a[i] * s_b[j] * (sum_k a_u8[i, k] * b[k, j] - 128 * colsum[j]) + bias[j].
 #pragma once
 
@@ -42,15 +42,10 @@ struct Int8Panels {
   const float* scale;
   const int32_t* colsum;
   int64_t K, Kq, N;
-  const int16_t* wide = nullptr;  // the panels as int16, where packed for the AVX2 build
 };
 
-// Whether pack_int8 adds the int16 copy of the panels: where the AVX2 build runs. Weight-cache
-// forms name it, so a pack is made again for a build that reads the other kind.
-bool int8_pack_wide();
-
-// Packs B [K, N] (B[k, n] = src[k * sk + n * sn]) into one uint8 tensor (with the int16 copy of
-// the panels where int8_pack_wide()); int8_view reads it back. A column holding a NaN or an
+// Packs B [K, N] (B[k, n] = src[k * sk + n * sn]) into one uint8 tensor, which every build reads;
+// int8_view reads it back. A column holding a NaN or an
 // infinity gets scale NaN (its products NaN).
 at::Tensor pack_int8(const float* src, int64_t sk, int64_t sn, int64_t K, int64_t N);
 Int8Panels int8_view(const at::Tensor& packed, int64_t K, int64_t N);

@@ -25,7 +25,7 @@ class Int8Forward final : public ForwardPlan<float> {
       : G_(p.cfg.gates()), u_(p.cfg.units), B_(p.cfg.batch), blocks_(p.blocks), bias_(p.step_bias) {
     const Tensor& R = p.a.w.recurrent;  // [u, G*u]: gate g's columns as a [u, u] matrix
     TORCH_INTERNAL_ASSERT(G_ <= 4, "Int8Forward: at most 4 gates");
-    packed_ = cached_pack(R, int8_pack_wide() ? "int8/gates (int16 copy)" : "int8/gates", [&] {  // the gates' packs one after another, one entry
+    packed_ = cached_pack(R, "int8/gates", [&] {  // the gates' packs one after another, one entry
       std::vector<Tensor> gates;
       for (int64_t g = 0; g < G_; ++g) gates.push_back(pack_int8(R.const_data_ptr<float>() + g * u_, G_ * u_, 1, u_, u_));
       return at::cat(gates);
@@ -72,7 +72,7 @@ bool int8_row_gemm(const Tensor& in2, const Tensor& rows, const Tensor& W, bool 
   const int64_t M = rows.defined() ? rows.numel() : in2.size(0);
   if (M == 0) return true;
   const Tensor packed =
-      cached_pack(W, int8_pack_wide() ? "int8/rows (int16 copy)" : "int8/rows", [&] { return pack_int8(W.const_data_ptr<float>(), W.stride(0), W.stride(1), K, N); });
+      cached_pack(W, "int8/rows", [&] { return pack_int8(W.const_data_ptr<float>(), W.stride(0), W.stride(1), K, N); });
   const Int8Panels B = int8_view(packed, K, N);
   const int64_t* r = rows.defined() ? rows.data_ptr<int64_t>() : nullptr;
   const float* x = in2.data_ptr<float>();
