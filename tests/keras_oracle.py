@@ -9,6 +9,7 @@ function written with keras.ops from its Keras 2 definition, clip(0.2 x + 0.5, 0
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
+os.environ.setdefault("KERAS_TORCH_DEVICE", "cpu")  # on the CPU also where a GPU is visible (conftest.py says why)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

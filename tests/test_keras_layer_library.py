@@ -335,22 +335,27 @@ def test_layer_matches_keras(cls, seed, tmp_path):
 
 
 @pytest.mark.keras
-@pytest.mark.parametrize("axis", [[-1], [2, 3], [1, 3]])
-def test_layer_normalization_where_its_statistics_overflow(axis, tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("axis,weights", [([-1], True), ([2, 3], True), ([1, 3], True), ([2, -1], False),
+                                          ([2, -1], True), ([-1, 1], True)])
+def test_layer_normalization_where_its_statistics_overflow(axis, weights, dtype, tmp_path):
     """A sample whose float32 statistics overflow comes out as Keras computes it (F.layer_norm
-    over trailing axes, E[x^2] - E[x]^2 over others: NaN, or the bias alone), the others to
-    rounding."""
+    where Keras's axis list is consecutive and trailing, E[x^2] - E[x]^2 otherwise, in float32 for
+    float64 too: NaN, or the bias alone), the others to rounding. A list with negative axes orders
+    the weights' shape as Keras sorts it (negative first) and is read as Keras reads it."""
     rng = np.random.RandomState(3)
-    inp = keras.Input((3, 2, 5))
-    model = keras.Model(inp, layers.LayerNormalization(axis=axis)(inp))
-    model.set_weights([rng.uniform(-1, 1, w.shape).astype("float32") for w in model.weights])
-    x = rng.standard_normal((4, 3, 2, 5)).astype("float32")
+    inp = keras.Input((3, 2, 5), dtype=dtype)
+    layer = layers.LayerNormalization(axis=axis, center=weights, scale=weights, dtype=dtype)
+    model = keras.Model(inp, layer(inp))
+    model.set_weights([rng.uniform(-1, 1, w.shape).astype(dtype) for w in model.weights])
+    x = rng.standard_normal((4, 3, 2, 5)).astype(dtype)
     x[0, 1, 0, 1] = 2.4e28  # its square and its mean's overflow float32
     x[1, 2, 1, 3] = -3e19  # its square overflows
     expected = keras.ops.convert_to_numpy(model(x, training=False))
     model.save(tmp_path / "m.keras")
     with torch.no_grad():
-        got = load_keras(tmp_path / "m.keras")(torch.as_tensor(x)).numpy()
+        got = load_keras(tmp_path / "m.keras", dtype=None)(torch.as_tensor(x)).numpy()
+    assert got.dtype == expected.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=RTOL, equal_nan=True)
     np.testing.assert_allclose(got[2:], expected[2:], rtol=RTOL, atol=RTOL)

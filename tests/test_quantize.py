@@ -42,7 +42,7 @@ def _reference_linear(x, kernel, bias):
                                       (64, 512, 1024)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_int8_gemm_is_the_scheme(build, rows, K, N, with_bias):
-    """Every row tile (1-6 rows; the AVX2 build's 1-2, AVX_VNNI's 1-4), 1-4 panel groups with a
+    """Every row tile (1-6 rows; the 256-bit builds' 1-4), 1-4 panel groups with a
     partial last panel, depths not a multiple of 4: each build computes exactly the documented
     integer arithmetic."""
     assert _C.cpu_int8_gemm_isa() == build
@@ -224,7 +224,7 @@ def thread_keeps_subnormals():
 
 
 @needs_int8
-def test_tiny_rows_where_the_thread_flushes_subnormals(thread_keeps_subnormals):
+def test_tiny_rows_where_the_thread_flushes_subnormals(build, thread_keeps_subnormals):
     """Where the thread treats subnormals as zero, a row of them is zero, and its products are
     zero, as float32's are."""
     kernel = torch.linspace(-1, 1, 8 * 20).reshape(8, 20)

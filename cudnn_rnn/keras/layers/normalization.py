@@ -21,12 +21,16 @@ def _axes(axes: Sequence[int], x: Tensor) -> list:
     return out
 
 
-def _along(t: Optional[Tensor], axes: Sequence[int], x: Tensor) -> Optional[Tensor]:
-    """A weight of the input's sizes on `axes` shaped to broadcast against x."""
+def _along(t: Optional[Tensor], axes: Sequence[int], x: Tensor, keras_axes: Sequence[int] = ()) -> Optional[Tensor]:
+    """A weight of the input's sizes on `axes` shaped to broadcast against x. keras_axes: the
+    layer's axis list as Keras sorted it (LayerNormalization: numerically, negative axes first),
+    whose order gives the weight's shape; Keras reshapes such a weight onto the axes' positions,
+    its values in that order, and so does this."""
     if t is None:
         return None
     want = tuple(x.shape[a] for a in axes)
-    if tuple(t.shape) != want:  # a (1,) weight would broadcast silently
+    keras_shape = tuple(x.shape[a % x.dim()] for a in sorted(keras_axes))
+    if tuple(t.shape) != want and not (keras_axes and tuple(t.shape) == keras_shape):  # a (1,) weight would broadcast silently
         raise ValueError(f"normalization weights have shape {tuple(t.shape)}; the input has {want} on axes {list(axes)}")
     shape = [1] * x.dim()
     for a in axes:
@@ -64,19 +68,24 @@ class Normalization(_Single):
         return y
 
     def _layer_norm(self, x: Tensor, axes: list) -> Tensor:
-        """Keras 3's own computation (keras.ops.layer_normalization on the torch backend), in at
-        least float32: F.layer_norm over trailing axes, else the moments with the variance as
-        E[x^2] - E[x]^2. Rows whose statistics overflow then come out as Keras's do (NaN where
-        E[x]^2 overflows), not as a differently ordered computation's."""
-        low = x.dtype in (torch.float16, torch.bfloat16)
-        xf = x.float() if low else x
-        gamma = None if self.gamma is None else _along(self.gamma, axes, x).to(xf.dtype)
-        beta = None if self.beta is None else _along(self.beta, axes, x).to(xf.dtype)
+        """Keras 3's own computation (keras.ops.layer_normalization on the torch backend), in
+        float32 whatever the input's dtype (Keras computes float16, bfloat16 and float64 there in
+        float32 and casts back): F.layer_norm where Keras's axis list is consecutive and names the
+        trailing axes, else the moments with the variance as E[x^2] - E[x]^2. Samples whose
+        statistics overflow then come out as Keras's do (NaN where E[x]^2 overflows). (For a
+        consecutive list of other axes Keras's torch backend hands F.layer_norm the wrong ones;
+        these are normalised over the axes named, as Keras's other backends do.)"""
+        raw = sorted(self.axes)
+        step = raw[1] - raw[0] if len(raw) > 1 else 1
+        consecutive = step in (1, -1) and all(b - a == step for a, b in zip(raw, raw[1:]))
+        xf = x.float()
+        gamma = None if self.gamma is None else _along(self.gamma, axes, x, self.axes).float()
+        beta = None if self.beta is None else _along(self.beta, axes, x, self.axes).float()
         if self.rms_scaling:
             y = xf * torch.rsqrt(xf.var(dim=axes, keepdim=True, unbiased=False) + self.epsilon)
             y = y if gamma is None else y * gamma
             y = y if beta is None else y + beta
-        elif axes == list(range(x.dim() - len(axes), x.dim())):
+        elif consecutive and axes == list(range(x.dim() - len(axes), x.dim())):
             shape = tuple(x.shape[a] for a in axes)
             y = F.layer_norm(xf, shape, None if gamma is None else gamma.reshape(shape),
                              None if beta is None else beta.reshape(shape), self.epsilon)
@@ -86,7 +95,7 @@ class Normalization(_Single):
             inv = inv if gamma is None else inv * gamma
             res = -mean * inv
             y = xf * inv + (res if beta is None else res + beta)
-        return y.to(x.dtype) if low else y
+        return y.to(x.dtype)
 
 
 class GroupNormalization(_Single):
