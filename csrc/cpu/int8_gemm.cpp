@@ -404,8 +404,10 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const uint8_t* a, int64_t lda
       int32_t quad;
       std::memcpy(&quad, a + r * lda + 4 * g, sizeof(quad));
       const __m256i v = _mm256_xor_si256(_mm256_set1_epi32(quad), flip), mag = _mm256_abs_epi8(v);
-      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(b0, v)), ones));
-      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(b1, v)), ones));
+      const __m256i p0 = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(b0, v));
+      const __m256i p1 = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(b1, v));
+      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(p0, ones));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(p1, ones));
     }
   }
 #pragma GCC unroll 4
@@ -461,9 +463,8 @@ __attribute__((target("avx2,fma,avxvnni"))) void tile_avx_vnni(const uint8_t* a,
 void int8_gemm_avx2(int64_t M, const uint8_t* a, const float* a_scale, const Int8Panels& B, int64_t n0, int64_t nw,
                     const float* bias, bool accumulate, float* C, Rows c) {
   using Tile = decltype(&tile_avx2<1>);
-  const Tile* tiles = nullptr;
   static constexpr Tile avx2[] = {tile_avx2<1>, tile_avx2<2>, tile_avx2<3>, tile_avx2<4>};
-  tiles = avx2;
+  const Tile* tiles = avx2;
 #if defined(CUDNN_RNN_AVX_VNNI)
   static constexpr Tile vnni[] = {tile_avx_vnni<1>, tile_avx_vnni<2>, tile_avx_vnni<3>, tile_avx_vnni<4>};
   if (int8_gemm_isa() == Int8Isa::AvxVnni) tiles = vnni;

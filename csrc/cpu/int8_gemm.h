@@ -45,8 +45,7 @@ struct Int8Panels {
 };
 
 // Packs B [K, N] (B[k, n] = src[k * sk + n * sn]) into one uint8 tensor, which every build reads;
-// int8_view reads it back. A column holding a NaN or an
-// infinity gets scale NaN (its products NaN).
+// int8_view reads it back. A column holding a NaN or an infinity gets scale NaN (its products NaN).
 at::Tensor pack_int8(const float* src, int64_t sk, int64_t sn, int64_t K, int64_t N);
 Int8Panels int8_view(const at::Tensor& packed, int64_t K, int64_t N);
 

@@ -21,7 +21,8 @@ def _axes(axes: Sequence[int], x: Tensor) -> list:
     return out
 
 
-def _along(t: Optional[Tensor], axes: Sequence[int], x: Tensor, keras_axes: Sequence[int] = ()) -> Optional[Tensor]:
+def _along(t: Optional[Tensor], axes: Sequence[int], x: Tensor,
+           keras_axes: Sequence[int] = ()) -> Optional[Tensor]:
     """A weight of the input's sizes on `axes` shaped to broadcast against x. keras_axes: the
     layer's axis list as Keras sorted it (LayerNormalization: numerically, negative axes first),
     whose order gives the weight's shape; Keras reshapes such a weight onto the axes' positions,
@@ -30,7 +31,8 @@ def _along(t: Optional[Tensor], axes: Sequence[int], x: Tensor, keras_axes: Sequ
         return None
     want = tuple(x.shape[a] for a in axes)
     keras_shape = tuple(x.shape[a % x.dim()] for a in sorted(keras_axes))
-    if tuple(t.shape) != want and not (keras_axes and tuple(t.shape) == keras_shape):  # a (1,) weight would broadcast silently
+    # exact shapes only: a (1,) weight would broadcast silently
+    if tuple(t.shape) != want and not (keras_axes and tuple(t.shape) == keras_shape):
         raise ValueError(f"normalization weights have shape {tuple(t.shape)}; the input has {want} on axes {list(axes)}")
     shape = [1] * x.dim()
     for a in axes:
