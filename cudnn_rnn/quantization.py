@@ -3,11 +3,10 @@
 Weights are quantized to int8 with one scale per output column (symmetric, the largest magnitude
 to 127); each GEMM's input is quantized per row as it is computed (the recurrent state at every
 step, the layer input once per call); products accumulate in int32 on AVX512_VNNI (elsewhere on
-AVX_VNNI or AVX2, with the same sums) and everything else (the cell's gates and states, biases, activations)
-stays float32. The float32 weights stay
-the module's parameters (``state_dict`` is unchanged); their int8 forms are made on the first
-call and kept while the weights are unchanged (their version counters). On a CPU without AVX2
-the marked layers compute in float32.
+AVX_VNNI or AVX2, with the same sums) and everything else (the cell's gates and states, biases,
+activations) stays float32. The float32 weights stay the module's parameters (``state_dict`` is
+unchanged); their int8 forms are made on the first call and kept while the weights are unchanged
+(their version counters). On a CPU without AVX2 the marked layers compute in float32.
 
 What is quantized: LSTM, GRU and SimpleRNN layers (their input and recurrent products; GRU with
 ``reset_after=False`` its input products only), converted Keras ``Dense`` layers and

@@ -1,11 +1,11 @@
-"""The CPU's own convolution weight gradient (csrc/cpu/conv_weight_grad.cpp), which ConvLSTM's
-float32 backward runs for its input and recurrent kernels, each build this CPU runs (AVX2 and
-AVX-512), held to ATen's convolution backward in float64 over shapes that reach every tile:
-1-D to 3-D kernels, strides, dilation (a dilated last dimension splits the input slab per kernel
-column), asymmetric padding, rows longer than a block, one or many input channels, output channels that leave a partial
-vector or tile, a gradient whose rows lie further apart than its channels (a narrowed gate
-block), and row counts over the most chunks; then the same bits on any thread count, and the
-ConvLSTM layer's float32 gradients (dropout masks per gate, go_backwards) against float64."""
+"""The CPU's own convolution weight gradient (csrc/cpu/conv_weight_grad.cpp), which ConvLSTM's float32
+backward runs for its input and recurrent kernels, each build this CPU runs (AVX2 and AVX-512), held
+to ATen's convolution backward in float64 over shapes that reach every tile: 1-D to 3-D kernels,
+strides, dilation (a dilated last dimension splits the input slab per kernel column), asymmetric
+padding, rows longer than a block, one or many input channels, output channels that leave a partial
+vector or tile, a gradient whose rows lie further apart than its channels (a narrowed gate block),
+and row counts over the most chunks; then the same bits on any thread count, and the ConvLSTM
+layer's float32 gradients (dropout masks per gate, go_backwards) against float64."""
 import pytest
 import torch
 

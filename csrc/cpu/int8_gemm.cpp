@@ -10,7 +10,6 @@
 #include <cstring>
 #include <limits>
 #include <string>
-#include <vector>
 
 #include "cpu/vec_loops.h"
 
@@ -215,11 +214,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_rows_avx512(
     std::fill(d + K, d + Kq, uint8_t(128));
   }
 }
-}  // namespace
-#endif
 
-#if defined(__x86_64__) && defined(__GNUC__)
-namespace {
 // quantize_rows in AVX2, the same values.
 __attribute__((target("avx2,fma"))) void quantize_rows_avx2(const float* x, int64_t ld, const int64_t* rows,
                                                             int64_t M, int64_t K, int64_t Kq, uint8_t* a,
@@ -379,6 +374,22 @@ __attribute__((target("avx2,fma"), always_inline)) inline void store_half(__m256
   _mm256_maskstore_ps(out, keep, v);
 }
 
+// A 256-bit tile's MR rows x two halves of 8 columns through store_half.
+template <bool Centred, int MR>
+__attribute__((target("avx2,fma"), always_inline)) inline void store_tile(const __m256i (&acc)[MR][2],
+                                                                        const Int8Panels& B, int64_t q, int64_t ncols,
+                                                                        const float* bias, const float* a_scale,
+                                                                        bool accumulate, float* C, Rows c, int64_t i0) {
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+    float* out = C + (c.rows ? c.rows[i0 + r] : i0 + r) * c.ld;
+    for (int half = 0; half < 2 && ncols > 8 * half; ++half) {
+      store_half<Centred>(acc[r][half], B, q * kPanel + 8 * half, ncols - 8 * half, bias ? bias + 8 * half : nullptr,
+                          a_scale[r], accumulate, out + 8 * half);
+    }
+  }
+}
+
 // The AVX2 build (CPUs without AVX512_VNNI or AVX_VNNI, and ATen's AVX2 level): MR rows (1-4) x
 // one panel as two halves of 8 columns, from the panels the other builds read. Per k group a
 // row's 4 values go back to signed (a - 128, in [-127, 127]); their magnitudes multiply the
@@ -410,14 +421,7 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const uint8_t* a, int64_t lda
       acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(p1, ones));
     }
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r) {
-    float* out = C + (c.rows ? c.rows[i0 + r] : i0 + r) * c.ld;
-    for (int half = 0; half < 2 && ncols > 8 * half; ++half) {
-      store_half<true>(acc[r][half], B, q * kPanel + 8 * half, ncols - 8 * half, bias ? bias + 8 * half : nullptr,
-                       a_scale[r], accumulate, out + 8 * half);
-    }
-  }
+  store_tile<true, MR>(acc, B, q, ncols, bias, a_scale, accumulate, C, c, i0);
 }
 
 #if defined(CUDNN_RNN_AVX_VNNI)
@@ -446,14 +450,7 @@ __attribute__((target("avx2,fma,avxvnni"))) void tile_avx_vnni(const uint8_t* a,
       acc[r][1] = _mm256_dpbusd_avx_epi32(acc[r][1], av, b1);
     }
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r) {
-    float* out = C + (c.rows ? c.rows[i0 + r] : i0 + r) * c.ld;
-    for (int half = 0; half < 2 && ncols > 8 * half; ++half) {
-      store_half<false>(acc[r][half], B, q * kPanel + 8 * half, ncols - 8 * half, bias ? bias + 8 * half : nullptr,
-                        a_scale[r], accumulate, out + 8 * half);
-    }
-  }
+  store_tile<false, MR>(acc, B, q, ncols, bias, a_scale, accumulate, C, c, i0);
 }
 
 #endif
