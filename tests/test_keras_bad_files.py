@@ -458,6 +458,25 @@ def test_not_a_regular_file(tmp_path):
         load_keras(fifo)
 
 
+def test_directories_and_saved_models_are_named(tmp_path):
+    """A directory, a TensorFlow SavedModel directory (tf.keras 2's default format) and a file of
+    one each get one error saying what they are and what to convert instead."""
+    saved = tmp_path / "saved"
+    (saved / "variables").mkdir(parents=True)
+    for name in ("saved_model.pb", "keras_metadata.pb"):
+        (saved / name).write_bytes(b"\x08\x01")
+    with pytest.raises(ConversionError, match=r"saved: is a TensorFlow SavedModel directory, .*model\.save\('model\.h5'\)"):
+        load_keras(saved)
+    for name in ("saved_model.pb", "keras_metadata.pb"):
+        with pytest.raises(ConversionError, match=f"{name}: is part of a TensorFlow SavedModel"):
+            load_keras(saved / name)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "model.keras").write_bytes(b"")
+    with pytest.raises(ConversionError, match=r"folder: is a directory; expected a Keras file: .* \(it holds model\.keras\)"):
+        load_keras(folder)
+
+
 @pytest.mark.parametrize("name", ["k3_functional.keras", "tfk_sequential.h5", "tfk_cudnn.h5"])
 def test_in_process_parsing_gives_the_same_model(name, monkeypatch, tmp_path):
     """CUDNN_RNN_PARSE_IN_PROCESS=1 (and platforms without fork) parse in the caller: same result,

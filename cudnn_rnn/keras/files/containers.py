@@ -89,12 +89,35 @@ def check_array(path, name: str, array: np.ndarray, layer: str, expected_shape=N
     return array.astype(np.float32)
 
 
+_SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt", "keras_metadata.pb", "fingerprint.pb")
+_RESAVE = ("which is not a Keras checkpoint file: load it with tf.keras 2 and save it as one "
+           "(model.save('model.h5'), or with Keras 3 'model.keras'), then convert that file")
+
+
+def _directory_message(path: str) -> str:
+    """What a directory handed in as a checkpoint is, and what to hand in instead."""
+    try:
+        names = set(os.listdir(path))
+    except OSError:
+        names = set()
+    if names & {"saved_model.pb", "saved_model.pbtxt"}:
+        return "is a TensorFlow SavedModel directory, " + _RESAVE
+    files = sorted(n for n in names if n.endswith((".keras", ".h5", ".hdf5")))
+    hint = f" (it holds {', '.join(files[:3])}{', ...' if len(files) > 3 else ''})" if files else ""
+    return f"is a directory; expected a Keras file: .keras, .weights.h5 or .h5{hint}"
+
+
 def open_regular(path: str):
     """The file opened for reading, if it is a regular file (a FIFO or a device would block or
     never end)."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConversionError(path, _directory_message(path))
+        if not stat.S_ISREG(mode):
             raise ConversionError(path, "is not a regular file")
+        if os.path.basename(path) in _SAVED_MODEL_FILES:
+            raise ConversionError(path, "is part of a TensorFlow SavedModel, " + _RESAVE)
         return open(path, "rb")
     except OSError as e:
         raise ConversionError(path, f"cannot be opened ({e.strerror})") from None
