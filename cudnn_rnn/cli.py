@@ -44,33 +44,6 @@ def _load(args):
     return load_keras(args.model, architecture=args.architecture, progress=_progress(sys.stderr) if args.progress else None)
 
 
-def _with_refined_shapes(export, shapes):
-    """export(shapes), each input's length its own dynamic size; where the model ties lengths
-    together (a mask input as long as its sequence), torch.export says so and suggests the
-    equalities, which are applied once."""
-    try:
-        return export(shapes)
-    except Exception as e:  # noqa: BLE001 - torch raises UserError, or the ONNX exporter wraps it
-        text = "\n".join(str(c) for c in _chain(e))
-        if "Suggested fixes" not in text:
-            raise
-        from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
-
-        lines = text[text.index("Suggested fixes:") + len("Suggested fixes:"):].strip().splitlines()
-        fixes = []
-        for line in lines:  # the "name = expr" lines that follow, nothing after them
-            if " = " not in line:
-                break
-            fixes.append(line.strip())
-        return export(refine_dynamic_shapes_from_suggested_fixes("Suggested fixes:\n" + "\n".join(fixes), shapes))
-
-
-def _chain(e):
-    while e is not None:
-        yield e
-        e = e.__cause__ or e.__context__
-
-
 def _check_onnx(path: str, model, inputs) -> int:
     """The exported file run in onnxruntime against the model itself on the example inputs (float
     ones replaced by seeded values in [-1, 1): zeros would leave the kernels unread; token ids
@@ -116,6 +89,20 @@ def _check_onnx(path: str, model, inputs) -> int:
 OUTPUT_KINDS = (".pt", ".pt2", ".onnx")
 
 
+def _say_inputs(free, minimum: int, example) -> None:
+    """What the exported program takes: each input's dtype and dimensions."""
+    described = []
+    for i, x in enumerate(example):
+        dims = ["batch"] + [str(d) for d in x.shape[1:]]
+        if i in free:
+            dims[1] = f"time >= {minimum}" if minimum > 2 else "time"
+        described.append(f"{str(x.dtype).replace('torch.', '')} [{', '.join(dims)}]")
+    print("the program takes " + "; ".join(described))
+    if free and minimum > 2:
+        print(f"(sequences of {minimum} steps or more: the model's convolutions or pooling over time need a "
+              "minimum length, and torch.export proves the model's shapes over a range of lengths)")
+
+
 def cmd_convert(args) -> int:
     import os
 
@@ -139,39 +126,52 @@ def cmd_convert(args) -> int:
             return 2
     model = _load(args)
     if args.out.endswith((".pt2", ".onnx")):
-        inputs = tuple(model.example_inputs())
-        batch = torch.export.Dim("batch", min=1)
-        dynamic, fixed = [], []
+        from ._export_shapes import export_from_length
+
+        free, fixed = [], []
         for i, (_dtype, shape) in enumerate(model.input_specs):
-            dims = {0: batch}
             if len(shape) > 1 and (shape[1] is None or args.any_length):  # each input its own length
-                dims[1] = torch.export.Dim(f"time_{i}", min=2)
+                free.append(i)
             elif len(shape) > 1:
                 fixed.append(f"input {i}: {shape[1]}")
-            dynamic.append(dims)
         if fixed:
             print(f"cudnn-rnn: the file declares fixed lengths ({', '.join(fixed)}), which the export keeps; "
                   "--any-length makes them dynamic", file=sys.stderr)
+        # The fewest steps the model runs on (a valid convolution or a pooling over time needs
+        # some); the example inputs twice as long (at least 5), so that no length inside the
+        # model is 1 in the trace.
+        shortest = model.shortest_length() if free else 2
+        batch = torch.export.Dim("batch", min=1)
+
+        def shapes_from(minimum):
+            return (tuple({0: batch, 1: torch.export.Dim(f"time_{i}", min=minimum)} if i in free else {0: batch}
+                          for i in range(len(model.input_specs))),)
+
+        def example(minimum):
+            return tuple(model.example_inputs(time=max(5, 2 * minimum)))
+
     if args.out.endswith(".onnx"):
         from .onnx import OnnxExportError, export
 
         _say(args, "exporting to ONNX (dynamic batch and time)")
         try:
-            _with_refined_shapes(lambda shapes: export(model, inputs, args.out, dynamic_shapes=shapes),
-                                 (tuple(dynamic),))
+            _, minimum = export_from_length(lambda shapes, m: export(model, example(m), args.out, dynamic_shapes=shapes),
+                                            shapes_from, shortest, 1024)
         except OnnxExportError as e:
             print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX: {e}", file=sys.stderr)
             return 2
-        status = _check_onnx(args.out, model, inputs)
+        status = _check_onnx(args.out, model, example(minimum))
         if status:
             return status
+        _say_inputs(free, minimum, example(minimum))
         print("run it with onnxruntime (onnxruntime.InferenceSession); inputs as the model takes them, any mask")
     elif args.out.endswith(".pt2"):
         # forward(*inputs): the varargs are one packed argument for export
         _say(args, "exporting with torch.export (dynamic batch and time)")
-        program = _with_refined_shapes(lambda shapes: torch.export.export(model, inputs, dynamic_shapes=shapes),
-                                       (tuple(dynamic),))
+        program, minimum = export_from_length(
+            lambda shapes, m: torch.export.export(model, example(m), dynamic_shapes=shapes), shapes_from, shortest, 1024)
         torch.export.save(program, args.out)
+        _say_inputs(free, minimum, example(minimum))
         print("load it with: import cudnn_rnn, torch; torch.export.load(PATH) (the program calls cudnn_rnn's ops, "
               "which `import cudnn_rnn` registers)")
     else:
@@ -241,6 +241,8 @@ def _verify_against(args, model, keras) -> int:
         print(f"(the reference computes hard_sigmoid as Keras {model.keras_version or '2'}, which wrote the file, defined "
               f"it: clip(0.2 x + 0.5, 0, 1); Keras 3 redefined it as clip(x / 6 + 0.5, 0, 1); {redefined} "
               f"activation(s))")
+    if args.time is None:
+        args.time = model.shortest_length(at_least=7)
     rng = np.random.RandomState(args.seed)
     fallback = _min_vocab(model.keras_config)
     inputs = []
@@ -333,8 +335,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                        help="report each long step and each layer as it is converted (default: on a terminal)")
         if name == "verify":
             p.add_argument("--batch", type=int, default=4, help="rows of the random inputs (default %(default)s)")
-            p.add_argument("--time", type=int, default=7,
-                           help="length of the random inputs where the file declares none (default %(default)s)")
+            p.add_argument("--time", type=int, default=None,
+                           help="length of the random inputs where the file declares none (default: 7, or the "
+                                "fewest steps the model runs on where its convolutions or pooling need more)")
             p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default %(default)s)")
             p.add_argument("--tolerance", type=float, default=1e-5,
                            help="largest absolute error accepted; above it verify exits 1 (default %(default)s)")

@@ -40,6 +40,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from ._export_shapes import export_from_length
+
 # Keras activation -> (ONNX name, alpha, beta); None: the operator's own default / none taken
 _ACTIVATIONS: Dict[str, Tuple[str, Optional[float], Optional[float]]] = {
     "tanh": ("Tanh", None, None),
@@ -597,23 +599,32 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
     """
     _require_exporter()
     model = model.eval()
-    dynamic = dynamic_shapes
-    if dynamic is None and dynamic_batch_and_time:  # time: dimension 1 of sequences (3-D and up) and token ids, each its own
-        batch = torch.export.Dim("batch", min=1)
-        dynamic = tuple({0: batch, 1: torch.export.Dim(f"time_{i}", min=2)}
-                        if a.dim() >= 3 or (a.dim() == 2 and not a.is_floating_point()) else {0: batch}
-                        for i, a in enumerate(args))
-        if _takes_varargs_only(model):  # a converted Keras model: forward(*inputs), one parameter for them all
-            dynamic = (dynamic,)
-    try:
-        kwargs.setdefault("verbose", False)  # torch's step-by-step progress lines
-        # One self-contained file (torch writes the weights to a `.onnx.data` file beside it by
-        # default) wherever protobuf's 2 GiB limit allows.
-        weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-        kwargs.setdefault("external_data", weight_bytes > 1_500_000_000)
+    kwargs.setdefault("verbose", False)  # torch's step-by-step progress lines
+    # One self-contained file (torch writes the weights to a `.onnx.data` file beside it by
+    # default) wherever protobuf's 2 GiB limit allows.
+    weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    kwargs.setdefault("external_data", weight_bytes > 1_500_000_000)
+
+    def run(dynamic, _minimum=None):
         with _quiet_optimizer(kwargs["verbose"]):
             return torch.onnx.export(model, args, str(path), dynamo=True, custom_translation_table=TRANSLATIONS,
                                      dynamic_shapes=dynamic, **kwargs)
+
+    try:
+        if dynamic_shapes is not None or not dynamic_batch_and_time:
+            return run(dynamic_shapes)
+        # time: dimension 1 of sequences (3-D and up) and token ids, each its own, from the
+        # fewest steps whose range torch can prove the model's shapes over (a pooled length must
+        # not be 1: the minimum doubles up to the example's own length)
+        timed = [i for i, a in enumerate(args) if a.dim() >= 3 or (a.dim() == 2 and not a.is_floating_point())]
+        batch = torch.export.Dim("batch", min=1)
+
+        def shapes_from(minimum):
+            dynamic = tuple({0: batch, 1: torch.export.Dim(f"time_{i}", min=minimum)} if i in timed else {0: batch}
+                            for i in range(len(args)))
+            return (dynamic,) if _takes_varargs_only(model) else dynamic  # a converted Keras model: forward(*inputs)
+
+        return export_from_length(run, shapes_from, 2, min((args[i].shape[1] for i in timed), default=2))[0]
     except Exception as e:  # noqa: BLE001 - torch wraps our refusal in its own error: surface it
         ours = refusal(e)
         if ours is not None:

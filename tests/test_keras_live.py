@@ -326,6 +326,53 @@ def test_cli_version_outputs_and_lengths(tmp_path):
 
 
 @pytest.mark.keras
+def test_cli_exports_a_model_that_needs_a_minimum_length(tmp_path):
+    """keras.io's CNN-LSTM (Embedding, Conv1D(kernel 5), MaxPooling1D(4), LSTM) runs from 8 steps.
+    convert finds that length: its .pt2 takes every length from the minimum torch.export proves
+    its shapes over (16: a pooled length of 1 is specialised) and its .onnx every length from 8,
+    both as Keras computes them; onnx.export from the Python API too; verify's default inputs
+    are that long. (At 5 steps, the former example length, the export could not trace, and
+    torch.export made MaxPooling1D's length a constant.)"""
+    import onnxruntime as ort
+
+    import cudnn_rnn.onnx
+
+    rng = np.random.RandomState(5)
+    model = keras.Sequential([keras.Input((None,), dtype="int32"), layers.Embedding(300, 8),
+                              layers.Conv1D(6, 5, activation="relu"), layers.MaxPooling1D(4), layers.LSTM(7),
+                              layers.Dense(2, activation="sigmoid")])
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype("float32") for w in model.get_weights()])
+    model.save(tmp_path / "m.keras")
+
+    def keras_on(length):
+        tokens = rng.randint(0, 300, size=(3, length))
+        return tokens, keras.ops.convert_to_numpy(model(tokens.astype("int32")))
+
+    out = _cli("convert", str(tmp_path / "m.keras"), str(tmp_path / "m.pt2"))
+    assert out.returncode == 0, out.stderr
+    assert "the program takes int64 [batch, time >= 16]" in out.stdout, out.stdout
+    program = torch.export.load(str(tmp_path / "m.pt2")).module()
+    for length in (16, 23, 64):
+        tokens, expected = keras_on(length)
+        np.testing.assert_allclose(program(torch.as_tensor(tokens)).detach().numpy(), expected, atol=1e-5, rtol=1e-5)
+    out = _cli("convert", str(tmp_path / "m.keras"), str(tmp_path / "m.onnx"))
+    assert out.returncode == 0 and "checked in onnxruntime" in out.stdout, out.stdout + out.stderr
+    assert "the program takes int64 [batch, time >= 8]" in out.stdout, out.stdout
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    for length in (8, 13, 64):
+        tokens, expected = keras_on(length)
+        (got,) = session.run(None, {session.get_inputs()[0].name: tokens.astype("int64")})
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
+    cudnn_rnn.onnx.export(load_keras(tmp_path / "m.keras"), (torch.as_tensor(keras_on(30)[0]),), tmp_path / "api.onnx")
+    session = ort.InferenceSession(str(tmp_path / "api.onnx"))
+    tokens, expected = keras_on(20)
+    (got,) = session.run(None, {session.get_inputs()[0].name: tokens.astype("int64")})
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
+    out = _cli("verify", str(tmp_path / "m.keras"))
+    assert out.returncode == 0 and "max abs error against Keras" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.keras
 @pytest.mark.parametrize("merge", ["Maximum", "Minimum", "Multiply", "Add", "Average"])
 @pytest.mark.parametrize("masked", ["first", "all", "two_of_three"])
 def test_merges_read_their_inputs_masks(merge, masked, tmp_path):

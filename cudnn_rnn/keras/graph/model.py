@@ -148,8 +148,9 @@ class KerasModel(nn.Module):
         return [t for t, _ in results], [m for _, m in results]
 
     def example_inputs(self, batch: int = 2, time: int = 5) -> List[Tensor]:
-        """Inputs of the declared dtypes and shapes (free dimensions: batch, then time) for
-        tracing, exporting and checking."""
+        """Inputs of the declared shapes (free dimensions: batch, then time) for tracing,
+        exporting and checking: bool masks, int64 ids for every integer input (torch's and numpy's
+        default integer, what an exported program then takes), floats in the parameters' dtype."""
         float_dtype = self._floating or torch.float32
         out = []
         for dtype, shape in self.input_specs:
@@ -159,6 +160,38 @@ class KerasModel(nn.Module):
             else:
                 out.append(torch.ones(dims, dtype=torch.int64) if "int" in dtype else torch.zeros(dims, dtype=float_dtype))
         return out
+
+    def shortest_length(self, at_least: int = 2, limit: int = 4096) -> int:
+        """The fewest steps from ``at_least`` on that the model runs on, given to every free
+        dimension as example_inputs does: a valid convolution or a pooling over time needs a
+        minimum length (Keras's CNN-LSTM: Conv1D(kernel 5), MaxPooling1D(4) runs from 8 steps).
+        ``at_least`` where the model declares no free dimension, or runs at no length up to
+        ``limit`` (its own run then says why). Stateful layers keep no state from the trials."""
+        if not any(d is None for _, shape in self.input_specs for d in shape[1:]):
+            return at_least
+        from ... import conv_lstm, layers as rnn_layers
+
+        def runs(time: int) -> bool:
+            try:
+                with torch.no_grad():
+                    self(*self.example_inputs(batch=1, time=time))
+                return True
+            except Exception:  # noqa: BLE001 - too short: torch's own size checks
+                return False
+            finally:
+                for module in self.modules():
+                    if isinstance(module, (rnn_layers._RNNBase, conv_lstm._ConvLSTM)):
+                        module.reset_states()
+
+        fails, time = at_least - 1, at_least
+        while not runs(time):
+            if time >= limit:
+                return at_least
+            fails, time = time, min(2 * time, limit)
+        while time - fails > 1:  # the first that runs, between one that does not and one that does
+            middle = (fails + time) // 2
+            fails, time = (fails, middle) if runs(middle) else (middle, time)
+        return time
 
     def _parameter_dtype(self) -> Optional[torch.dtype]:
         """The floating dtype of the parameters, None without any; kept in _floating (set at

@@ -20,7 +20,13 @@ from .base import _Single, channels_last_format, class_rank, from_channels_first
 from .registry import builder
 from .values import Values, int_tuple
 
-_MAX = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+def _max_pool1d(h, pool, strides):
+    """F.max_pool1d as a max_pool2d over a unit row: torch.export (2.14) makes max_pool1d's input
+    length a constant (the example's), max_pool2d's it keeps dynamic. The same maxima."""
+    return F.max_pool2d(h.unsqueeze(-2), (1, pool[0]), (1, strides[0])).squeeze(-2)
+
+
+_MAX = {1: _max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 _ADAPTIVE_MAX = {1: F.adaptive_max_pool1d, 2: F.adaptive_max_pool2d, 3: F.adaptive_max_pool3d}
 _ADAPTIVE_AVG = {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d}
