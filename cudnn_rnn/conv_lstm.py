@@ -36,8 +36,14 @@ def same_padding(size: int, kernel: int, stride: int, dilation: int) -> Tuple[in
     """Keras's (TensorFlow's) "same" padding of one dimension: (before, after), the extra one after."""
     span = (kernel - 1) * dilation + 1
     out = (size + stride - 1) // stride
-    total = max(0, (out - 1) * stride + span - size)
+    total = torch.sym_max(0, (out - 1) * stride + span - size)  # a symbolic size stays symbolic
     return total // 2, total - total // 2
+
+
+def any_padding(pads) -> bool:
+    """Whether F.pad has work: a padding of a symbolic size (torch.export, torch.compile) counts
+    as some, with no guard on its value (which would make the size a constant)."""
+    return any(isinstance(p, torch.SymInt) or p != 0 for p in pads)
 
 
 def conv_output_size(size: int, kernel: int, stride: int, dilation: int, padding: str) -> int:

@@ -373,6 +373,25 @@ def test_cli_exports_a_model_that_needs_a_minimum_length(tmp_path):
 
 
 @pytest.mark.keras
+def test_strided_same_padding_exports_with_a_dynamic_length(tmp_path):
+    """Conv1D(strides=2, padding="same") and MaxPooling1D(3, strides=2, padding="same") pad by an
+    amount that depends on the length's parity: computed symbolically, the .pt2 keeps the length
+    dynamic (a guard on its value made the export fail at every minimum length)."""
+    rng = np.random.RandomState(6)
+    model = keras.Sequential([keras.Input((None, 4)), layers.Conv1D(5, 3, strides=2, padding="same"),
+                              layers.MaxPooling1D(3, strides=2, padding="same"), layers.GRU(3), layers.Dense(2)])
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype("float32") for w in model.get_weights()])
+    model.save(tmp_path / "m.keras")
+    out = _cli("convert", str(tmp_path / "m.keras"), str(tmp_path / "m.pt2"))
+    assert out.returncode == 0, out.stderr
+    program = torch.export.load(str(tmp_path / "m.pt2")).module()
+    for length in (16, 17, 30, 41):
+        x = rng.uniform(-1, 1, size=(2, length, 4)).astype("float32")
+        np.testing.assert_allclose(program(torch.as_tensor(x)).detach().numpy(), keras.ops.convert_to_numpy(model(x)),
+                                   atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.keras
 @pytest.mark.parametrize("merge", ["Maximum", "Minimum", "Multiply", "Add", "Average"])
 @pytest.mark.parametrize("masked", ["first", "all", "two_of_three"])
 def test_merges_read_their_inputs_masks(merge, masked, tmp_path):

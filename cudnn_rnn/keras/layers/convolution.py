@@ -13,7 +13,7 @@ import numpy as np
 import torch.nn.functional as F
 from torch import nn
 
-from ...conv_lstm import same_padding
+from ...conv_lstm import any_padding, same_padding
 from .activations import _Activation, activation_name
 from .base import _Single, channels_last_format, class_rank, from_channels_first, to_channels_first
 from .registry import builder
@@ -74,7 +74,7 @@ class Convolution(_Single):
         pads = []  # F.pad: the last axis first
         for d in reversed(range(self.rank)):
             pads += list(same_padding(h.shape[2 + d], self.weight.shape[2 + d], self.strides[d], self.dilation[d]))
-        return F.pad(h, pads) if any(pads) else h
+        return F.pad(h, pads) if any_padding(pads) else h
 
     def apply(self, x):
         rank = self.rank

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...conv_lstm import same_padding
+from ...conv_lstm import any_padding, same_padding
 from .base import _Single, channels_last_format, class_rank, from_channels_first, to_channels_first
 from .registry import builder
 from .values import Values, int_tuple
@@ -47,7 +47,7 @@ class Pooling(_Single):
             pads = []  # F.pad: the last axis first
             for d in reversed(range(rank)):
                 pads += list(same_padding(h.shape[2 + d], self.pool[d], self.strides[d], 1))
-            if any(pads):
+            if any_padding(pads):
                 if self.average:  # sum of the real elements / their count
                     ones = torch.ones_like(h[:, :1])
                     num, den = self._sum(F.pad(h, pads)), self._sum(F.pad(ones, pads))
