@@ -72,9 +72,17 @@ def _check_onnx(path: str, model, inputs) -> int:
     with torch.no_grad():
         ref = model(*inputs)
     ref = list(ref) if isinstance(ref, (list, tuple)) else [ref]
-    def differ(g, r):  # NaN where both have NaN counts as agreement (a model can compute NaN)
-        both = np.isnan(g) & np.isnan(r)
-        return float(np.max(np.where(both, 0.0, np.abs(g - r)), initial=0.0))
+    overflows = not all(torch.isfinite(r).all() for r in ref)
+
+    def differ(g, r):
+        """NaN on both sides and equal infinities agree (a model can compute them). Where the
+        model's own outputs overflow on these inputs, the runtime's order of operations may turn
+        an infinity into NaN, or a NaN into a number (its ReduceMax skips NaN): only the outputs
+        both give finite are compared then."""
+        same = (np.isnan(g) & np.isnan(r)) | (g == r)
+        if overflows:
+            same |= ~(np.isfinite(g) & np.isfinite(r))
+        return float(np.max(np.where(same, 0.0, np.abs(g - r)), initial=0.0))
 
     diff = max(differ(g, r.numpy()) for g, r in zip(got, ref))
     if len(got) != len(ref) or not diff <= 1e-4:
@@ -82,7 +90,8 @@ def _check_onnx(path: str, model, inputs) -> int:
               f"(max |onnx - ours| = {diff:.3g}, {len(got)} outputs against {len(ref)}): please report it",
               file=sys.stderr)
         return 3
-    print(f"checked in onnxruntime {onnxruntime.__version__}: max |onnx - ours| = {diff:.2g} on example inputs")
+    where = " where both are finite (the model's outputs overflow on these inputs)" if overflows else ""
+    print(f"checked in onnxruntime {onnxruntime.__version__}: max |onnx - ours| = {diff:.2g} on example inputs{where}")
     return 0
 
 

@@ -376,6 +376,32 @@ def test_cli_check_of_the_exported_file_fails_loudly(tmp_path, capsys):
     assert "onnxruntime's outputs differ from the model's" in capsys.readouterr().err
 
 
+def test_cli_check_takes_equal_infinities_as_agreement(tmp_path, capsys):
+    """Outputs past float32's range: the same infinity on both sides agrees (inf - inf is NaN,
+    which read as a difference), the finite outputs are compared, and a model computing other
+    values is still reported."""
+    from cudnn_rnn.cli import _check_onnx
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, layer):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x):  # the last column overflows wherever |y| is above 3.4e-4
+            y = self.layer(x)
+            return torch.cat([y, y[..., :1] * 1e38 * 1e4], dim=-1)
+
+    torch.manual_seed(7)
+    exported, other = Scaled(cudnn_rnn.GRU(3, 4)).eval(), Scaled(cudnn_rnn.GRU(3, 4)).eval()
+    args = (torch.randn(2, 5, 3),)
+    with torch.no_grad():
+        assert torch.isinf(exported(*args)).any() and torch.isfinite(exported(*args)).any()
+    _run(exported, args, tmp_path / "m.onnx")
+    assert _check_onnx(str(tmp_path / "m.onnx"), exported, args) == 0
+    assert "where both are finite (the model's outputs overflow on these inputs)" in capsys.readouterr().out
+    assert _check_onnx(str(tmp_path / "m.onnx"), other, args) == 3
+
+
 def test_converted_keras_model_through_the_python_api(tmp_path, capfd):
     """cudnn_rnn.onnx.export(model, (tokens,), path) on a model load_keras made (forward(*inputs)):
     dynamic batch and length, run in onnxruntime at two lengths against the eager model; one
