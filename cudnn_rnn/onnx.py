@@ -453,17 +453,15 @@ def conv_lstm_forward_to_onnx(x, kernel, recurrent_kernel, bias, mask, h0, c0, d
     """The translation of cudnn_rnn::conv_lstm_forward (schema in csrc/core/ops.cpp; channels last):
     every step's input convolution as one ONNX Conv over [B*T, C, *S] before an ONNX Loop over
     time whose body runs the recurrent 'same' convolution (stride 1, Keras's asymmetric padding
-    for even kernels) and Keras's cell; masked steps keep the states and give the previous output
-    (zeros before the first), as the op does (zero_output_for_mask is the module's, after it)."""
+    for even kernels) and Keras's cell; masked steps (or, with a mask per output position, masked
+    positions) keep the states and give the previous output (zeros before the first), as the op
+    does (zero_output_for_mask is the module's, after it)."""
     import onnx_ir as ir
     from onnxscript import opset18 as op
 
     if dropout_mask is not None or recurrent_dropout_mask is not None:
         raise OnnxExportError("dropout masks in the exported call: export the model in eval mode (model.eval())")
     _require_float32(x, "a ConvLSTM layer")
-    if mask is not None and len(mask.shape) != 2:
-        raise OnnxExportError("a ConvLSTM mask per position (batch, time, *spatial) has no ONNX translation; "
-                              "only a (batch, time) mask exports")
     for name in (activation, recurrent_activation):
         if name not in _LOOP_ACTIVATIONS:
             raise OnnxExportError(f"activation '{name}' has no ONNX translation; this layer cannot be exported")
@@ -477,7 +475,8 @@ def conv_lstm_forward_to_onnx(x, kernel, recurrent_kernel, bias, mask, h0, c0, d
     bt = op.Shape(x, start=0, end=2)
     proj = op.Reshape(proj, op.Concat(bt, op.Shape(proj, start=1), axis=0))  # [B, T, 4F, *S']
     proj = op.Transpose(proj, perm=[1, 0] + list(range(2, rank + 3)))  # [T, B, 4F, *S']
-    real = op.Transpose(mask, perm=[1, 0]) if mask is not None else None  # [T, B]
+    # [T, B], or [T, B, *S'] per output position (Keras's Masking before the layer)
+    real = op.Transpose(mask, perm=[1, 0] + list(range(2, len(mask.shape)))) if mask is not None else None
     if go_backwards:
         proj = _flip_time(op, proj, 0)
         real = _flip_time(op, real, 0) if real is not None else None
@@ -501,7 +500,11 @@ def conv_lstm_forward_to_onnx(x, kernel, recurrent_kernel, bias, mask, h0, c0, d
     h_new = b.Mul(_activate(b, recurrent_activation, go, k), _activate(b, activation, c_new, k))
     y_new = h_new
     if real is not None:
-        mt = b.Reshape(b.Gather(real, i_in, axis=0), op.Constant(value_ints=[-1] + [1] * (rank + 1)))  # [B, 1, ...]
+        mt = b.Gather(real, i_in, axis=0)
+        if len(mask.shape) == 2:  # [B] -> [B, 1, 1, ...]
+            mt = b.Reshape(mt, op.Constant(value_ints=[-1] + [1] * (rank + 1)))
+        else:  # [B, *S'] -> [B, 1, *S']: a masked position keeps its states and its previous output
+            mt = b.Unsqueeze(mt, op.Constant(value_ints=[1]))
         y_new = b.Where(mt, h_new, y_prev)
         h_new, c_new = b.Where(mt, h_new, h), b.Where(mt, c_new, c)
     outputs = [b.Identity(cond_in), b.Identity(h_new), b.Identity(c_new), b.Identity(y_new), b.Identity(y_new)]

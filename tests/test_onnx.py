@@ -341,11 +341,33 @@ def test_float64_layers_are_refused_by_name(tmp_path):
         export(_Call(layer), (torch.randn(2, 5, 3, dtype=torch.float64),), tmp_path / "m.onnx")
 
 
-def test_conv_lstm_mask_per_position_is_refused_by_name(tmp_path):
-    layer = cudnn_rnn.ConvLSTM2D(2, 3, 3, padding="same", return_sequences=True).eval()
-    x, mask = torch.randn(2, 4, 5, 5, 2), torch.rand(2, 4, 5, 5) < 0.7
-    with pytest.raises(OnnxExportError, match="mask per position"):
-        export(_Call(layer), (x, mask), tmp_path / "m.onnx")
+@pytest.mark.parametrize("name", ["2d-same", "1d-strided-valid-backwards-states", "3d-channels-first"])
+def test_conv_lstm_mask_per_position_runs_in_onnxruntime_as_ours(name, tmp_path):
+    """A mask per output position (batch, time, *S': what Keras's Masking gives a ConvLSTM): a
+    masked position keeps its h and c and outputs its previous output, in the Loop as in the op;
+    the graph re-run at another batch and length."""
+    torch.manual_seed(2)
+    layer, shape = {
+        "2d-same": (cudnn_rnn.ConvLSTM2D(2, 3, 3, padding="same", return_sequences=True), (2, 4, 5, 5, 2)),
+        "1d-strided-valid-backwards-states": (
+            cudnn_rnn.ConvLSTM1D(2, 3, 3, strides=2, return_sequences=True, return_state=True, go_backwards=True),
+            (2, 5, 9, 2)),
+        "3d-channels-first": (cudnn_rnn.ConvLSTM3D(1, 2, 2, padding="same", data_format="channels_first",
+                                                   return_sequences=True, zero_output_for_mask=True), (2, 3, 1, 3, 4, 3)),
+    }[name]
+    module = _Call(layer.eval())
+
+    def inputs(batch, time):
+        x = torch.randn(batch, time, *shape[2:])
+        with torch.no_grad():
+            out_spatial = layer.output_spatial(layer._spatial_in(x))
+        mask = torch.rand(batch, time, *out_spatial) < 0.7
+        mask[0, 0] = False  # a position masked from the first step: zeros
+        return x, mask
+
+    args = inputs(*shape[:2])
+    got = _run(module, args, tmp_path / "m.onnx")
+    _agree_at_both_shapes(module, tmp_path / "m.onnx", got, args, inputs(shape[0] + 1, shape[1] + 2), name)
 
 
 def test_softplus_keeps_large_values(tmp_path):
