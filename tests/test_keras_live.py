@@ -331,8 +331,8 @@ def test_cli_exports_a_model_that_needs_a_minimum_length(tmp_path):
     convert finds that length: its .pt2 takes every length from the minimum torch.export proves
     its shapes over (16: a pooled length of 1 is specialised) and its .onnx every length from 8,
     both as Keras computes them; onnx.export from the Python API too; verify's default inputs
-    are that long. (At 5 steps, the former example length, the export could not trace, and
-    torch.export made MaxPooling1D's length a constant.)"""
+    are that long. (A 5-step example cannot be traced through it, and torch.export makes
+    F.max_pool1d's input length a constant.)"""
     import onnxruntime as ort
 
     import cudnn_rnn.onnx
@@ -376,7 +376,7 @@ def test_cli_exports_a_model_that_needs_a_minimum_length(tmp_path):
 def test_strided_same_padding_exports_with_a_dynamic_length(tmp_path):
     """Conv1D(strides=2, padding="same") and MaxPooling1D(3, strides=2, padding="same") pad by an
     amount that depends on the length's parity: computed symbolically, the .pt2 keeps the length
-    dynamic (a guard on its value made the export fail at every minimum length)."""
+    dynamic (a guard on its value fails the export at every minimum length)."""
     rng = np.random.RandomState(6)
     model = keras.Sequential([keras.Input((None, 4)), layers.Conv1D(5, 3, strides=2, padding="same"),
                               layers.MaxPooling1D(3, strides=2, padding="same"), layers.GRU(3), layers.Dense(2)])

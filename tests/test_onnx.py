@@ -400,8 +400,8 @@ def test_cli_check_of_the_exported_file_fails_loudly(tmp_path, capsys):
 
 def test_cli_check_takes_equal_infinities_as_agreement(tmp_path, capsys):
     """Outputs past float32's range: the same infinity on both sides agrees (inf - inf is NaN,
-    which read as a difference), the finite outputs are compared, and a model computing other
-    values is still reported."""
+    not a difference), the finite outputs are compared, and a model computing other values is
+    reported."""
     from cudnn_rnn.cli import _check_onnx
 
     class Scaled(torch.nn.Module):
