@@ -20,6 +20,7 @@ from .base import _Single, channels_last_format, class_rank, from_channels_first
 from .registry import builder
 from .values import Values, int_tuple
 
+
 def _max_pool1d(h, pool, strides):
     """F.max_pool1d as a max_pool2d over a unit row: torch.export (2.14) makes max_pool1d's input
     length a constant (the example's), max_pool2d's it keeps dynamic. The same maxima."""
