@@ -392,6 +392,44 @@ def test_strided_same_padding_exports_with_a_dynamic_length(tmp_path):
 
 
 @pytest.mark.keras
+def test_adaptive_pooling_exports_for_every_length(tmp_path):
+    """AdaptiveMaxPooling1D / AdaptiveAveragePooling1D after a recurrent layer: the exported
+    windows follow the length (torch's exporters fix F.adaptive_*_pool's windows to the
+    example's: its ONNX computes other values or fails at other lengths), in .pt2 and .onnx, as
+    Keras computes them; and the windows' form against torch's own adaptive pooling in 1-3-D."""
+    import onnxruntime as ort
+    import torch.nn.functional as F
+
+    from cudnn_rnn.keras.layers.pooling import _adaptive_along
+
+    rng = np.random.RandomState(8)
+    for n, (d, kind) in enumerate([(1, "max"), (1, "avg"), (2, "max"), (2, "avg"), (3, "max"), (3, "avg")]):
+        h = torch.randn(2, 3, *rng.randint(1, 23, size=d).tolist(), dtype=torch.float64)
+        size = rng.randint(1, 7, size=d).tolist()
+        got = h
+        for axis, m in enumerate(size):
+            got = _adaptive_along(got, 2 + axis, m, kind == "avg")
+        pool = getattr(F, f"adaptive_{kind}_pool{d}d")
+        torch.testing.assert_close(got, pool(h, size), rtol=1e-12, atol=1e-12, msg=f"{d}-D {kind} {size}")
+    for layer in (layers.AdaptiveMaxPooling1D(4), layers.AdaptiveAveragePooling1D(5)):
+        model = keras.Sequential([keras.Input((None, 3)), layers.LSTM(4, return_sequences=True), layer,
+                                  layers.Flatten(), layers.Dense(2)])
+        model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype("float32") for w in model.get_weights()])
+        model.save(tmp_path / "m.keras")
+        for suffix in (".pt2", ".onnx"):
+            out = _cli("convert", str(tmp_path / "m.keras"), str(tmp_path / f"m{suffix}"))
+            assert out.returncode == 0, out.stderr
+        program = torch.export.load(str(tmp_path / "m.pt2")).module()
+        session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+        for length in (7, 16, 33, 64):
+            x = rng.uniform(-1, 1, size=(2, length, 3)).astype("float32")
+            expected = keras.ops.convert_to_numpy(model(x))
+            np.testing.assert_allclose(program(torch.as_tensor(x)).detach().numpy(), expected, atol=1e-5, rtol=1e-5)
+            np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x})[0], expected,
+                                       atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.keras
 @pytest.mark.parametrize("merge", ["Maximum", "Minimum", "Multiply", "Add", "Average"])
 @pytest.mark.parametrize("masked", ["first", "all", "two_of_three"])
 def test_merges_read_their_inputs_masks(merge, masked, tmp_path):

@@ -93,9 +93,34 @@ class AdaptivePooling(_Single):
 
     def apply(self, x):
         rank = len(self.output_size)
+        h = to_channels_first(x, self.channels_last)
+        if torch.compiler.is_exporting():
+            for d, n in enumerate(self.output_size):
+                h = _adaptive_along(h, 2 + d, n, self.average)
+            return from_channels_first(h, self.channels_last)
         size = self.output_size[0] if rank == 1 else self.output_size
         fn = _ADAPTIVE_AVG[rank] if self.average else _ADAPTIVE_MAX[rank]
-        return from_channels_first(fn(to_channels_first(x, self.channels_last), size), self.channels_last)
+        return from_channels_first(fn(h, size), self.channels_last)
+
+
+def _adaptive_along(h, axis: int, n: int, average: bool):
+    """Adaptive pooling of one axis to n windows, window i over [floor(i L / n), ceil((i + 1) L / n))
+    as torch's and Keras's adaptive pooling take them, from a [n, L] window mask: what exports
+    (torch.export and the ONNX exporter fix the windows of F.adaptive_*_pool to the example's
+    length; ONNX then computes wrong values, or fails, at other lengths). Boxes are products of
+    intervals, so pooling axis by axis pools the box."""
+    length = h.shape[axis]
+    steps = torch.arange(length, device=h.device)
+    windows = torch.arange(n, device=h.device)
+    start = (windows * length) // n
+    end = ((windows + 1) * length + n - 1) // n
+    inside = (steps[None, :] >= start[:, None]) & (steps[None, :] < end[:, None])  # [n, L]
+    x = h.movedim(axis, -1).unsqueeze(-2)  # [..., 1, L]
+    if average:
+        y = torch.where(inside, x, torch.zeros((), dtype=h.dtype, device=h.device)).sum(-1) / (end - start).to(h.dtype)
+    else:
+        y = torch.where(inside, x, torch.full((), -math.inf, dtype=h.dtype, device=h.device)).amax(-1)
+    return y.movedim(-1, axis)
 
 
 # ---------------------------------------------------------------------------------------------
