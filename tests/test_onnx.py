@@ -424,6 +424,31 @@ def test_cli_check_takes_equal_infinities_as_agreement(tmp_path, capsys):
     assert _check_onnx(str(tmp_path / "m.onnx"), other, args) == 3
 
 
+def test_cli_check_is_relative_for_large_outputs(tmp_path, capsys):
+    """Outputs in the hundreds of thousands: float32's rounding alone differs by more than 1e-4
+    there, which the check takes relative to the outputs; another model is still reported."""
+    from cudnn_rnn.cli import _check_onnx
+
+    class Large(torch.nn.Module):
+        def __init__(self, layer):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x):
+            return self.layer(x) * 1e6
+
+    torch.manual_seed(8)
+    exported, other = (Large(cudnn_rnn.LSTM(3, 4, return_sequences=True)).eval() for _ in range(2))
+    args = (torch.randn(2, 9, 3),)
+    got = _run(exported, args, tmp_path / "m.onnx")[0]
+    with torch.no_grad():
+        assert np.abs(got - exported(*args).numpy()).max() > 1e-4  # rounding, at this scale
+    assert _check_onnx(str(tmp_path / "m.onnx"), exported, args) == 0
+    capsys.readouterr()
+    other.layer.load_state_dict({k: v * 1.001 for k, v in exported.layer.state_dict().items()})
+    assert _check_onnx(str(tmp_path / "m.onnx"), other, args) == 3
+
+
 def test_converted_keras_model_through_the_python_api(tmp_path, capfd):
     """cudnn_rnn.onnx.export(model, (tokens,), path) on a model load_keras made (forward(*inputs)):
     dynamic batch and length, run in onnxruntime at two lengths against the eager model; one
