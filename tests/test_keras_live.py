@@ -429,6 +429,55 @@ def test_adaptive_pooling_exports_for_every_length(tmp_path):
                                        atol=1e-5, rtol=1e-5)
 
 
+def _speech_model():
+    """keras.io's DeepSpeech-2-like CTC model, small: spectrogram frames reshaped to an image,
+    strided 'same' Conv2D over time and frequency, reshaped back to a sequence (-1 steps),
+    Bidirectional GRUs."""
+    inp = keras.Input((None, 17))
+    h = layers.Reshape((-1, 17, 1))(inp)
+    h = layers.Conv2D(4, (11, 9), strides=(2, 2), padding="same", use_bias=False)(h)
+    h = layers.ReLU()(layers.BatchNormalization()(h))
+    h = layers.Reshape((-1, h.shape[-2] * h.shape[-1]))(h)
+    h = layers.Bidirectional(layers.GRU(6, return_sequences=True))(h)
+    return keras.Model(inp, layers.Dense(5, activation="softmax")(h))
+
+
+def _seq2seq_model():
+    """keras.io's character-level seq2seq: the encoder LSTM's states start the decoder's, two
+    inputs of their own lengths."""
+    encoder, decoder = keras.Input((None, 6)), keras.Input((None, 5))
+    _, h, c = layers.LSTM(8, return_state=True)(encoder)
+    y = layers.LSTM(8, return_sequences=True)(decoder, initial_state=[h, c])
+    return keras.Model([encoder, decoder], layers.Dense(5, activation="softmax")(y))
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("make", [_speech_model, _seq2seq_model], ids=["speech", "seq2seq"])
+def test_classic_models_export_for_other_lengths(make, tmp_path, capsys):
+    """cudnn-rnn convert to .pt2 and .onnx, the programs run at lengths other than the
+    example's (odd and even: a strided 'same' convolution pads by the length's parity), as Keras
+    computes them."""
+    import onnxruntime as ort
+
+    from cudnn_rnn import cli
+
+    rng = np.random.RandomState(9)
+    model = make()
+    model.set_weights([rng.uniform(0.5, 1.5, w.shape).astype("float32") if "variance" in w.path
+                       else rng.uniform(-0.5, 0.5, w.shape).astype("float32") for w in model.weights])
+    model.save(tmp_path / "m.keras")
+    for suffix in (".pt2", ".onnx"):
+        assert cli.main(["convert", str(tmp_path / "m.keras"), str(tmp_path / f"m{suffix}"), "--no-progress"]) == 0
+    program = torch.export.load(str(tmp_path / "m.pt2")).module()
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    for lengths in ((19, 12), (40, 7)):
+        xs = [rng.uniform(-1, 1, size=(2, n, int(i.shape[-1]))).astype("float32") for n, i in zip(lengths, model.inputs)]
+        expected = keras.ops.convert_to_numpy(model(xs if len(xs) > 1 else xs[0]))
+        np.testing.assert_allclose(program(*map(torch.as_tensor, xs)).detach().numpy(), expected, atol=1e-5, rtol=1e-5)
+        got = session.run(None, {i.name: x for i, x in zip(session.get_inputs(), xs)})[0]
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.keras
 @pytest.mark.parametrize("merge", ["Maximum", "Minimum", "Multiply", "Add", "Average"])
 @pytest.mark.parametrize("masked", ["first", "all", "two_of_three"])
