@@ -580,9 +580,11 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
         args (tuple): example inputs.
         path (str or os.PathLike): the ``.onnx`` file to write.
         dynamic_batch_and_time (bool): make the batch dynamic, and dimension 1 of every sequence
-            input (3-D and up, or integer 2-D token ids) its own dynamic length; 2-D float inputs
-            (initial states, a mask given as 0/1 floats) keep their batch only, so pass a mask as
-            bool. Default: ``True``.
+            input (3-D and up, or integer 2-D token ids) its own dynamic length, from 2 steps or
+            the fewest over which torch can prove the model's shapes (at most the example's
+            length: give a long enough example to a model that pools over time); 2-D float
+            inputs (initial states, a mask given as 0/1 floats) keep their batch only, so pass a
+            mask as bool. Default: ``True``.
         dynamic_shapes (optional): torch.export's form, instead of the above. Default: ``None``.
         **kwargs (Any): passed to ``torch.onnx.export`` (``verbose=True`` shows its progress;
             the weights go inside the ``.onnx`` file unless they pass 1.5 GB or
