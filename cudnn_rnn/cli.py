@@ -154,6 +154,14 @@ def cmd_convert(args) -> int:
         # model is 1 in the trace.
         shortest = model.shortest_length() if free else 2
         batch = torch.export.Dim("batch", min=1)
+        # the Keras names of the stateful layers (module paths layers.<name>[.layer ...])
+        stateful = sorted({name.split(".")[1] if name.startswith("layers.") else name
+                           for name, m in model.named_modules() if getattr(m, "stateful", False)})
+        if stateful:
+            print(f"cudnn-rnn: {args.out}: the exported program keeps no state between calls: its stateful layers "
+                  f"({', '.join(stateful[:4])}{', ...' if len(stateful) > 4 else ''}) start "
+                  "every call from zero states, as after reset_states(); to carry the states, export a module that "
+                  "takes them and returns them (docs/guides/serving.md)", file=sys.stderr)
 
         def shapes_from(minimum):
             return (tuple({0: batch, 1: torch.export.Dim(f"time_{i}", min=minimum)} if i in free else {0: batch}

@@ -479,6 +479,27 @@ def test_classic_models_export_for_other_lengths(make, tmp_path, capsys):
 
 
 @pytest.mark.keras
+def test_cli_says_an_exported_stateful_model_keeps_no_state(tmp_path, capsys):
+    """A stateful LSTM exported: the program starts every call from zero states (Keras's second
+    call continues from the first's), which convert says, naming the layer; the first call
+    computes what Keras computes."""
+    from cudnn_rnn import cli
+
+    rng = np.random.RandomState(10)
+    model = keras.Sequential([keras.Input(batch_shape=(3, None, 4)), layers.LSTM(5, stateful=True, return_sequences=True,
+                                                                                name="streaming_lstm")])
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype("float32") for w in model.get_weights()])
+    model.save(tmp_path / "m.keras")
+    assert cli.main(["convert", str(tmp_path / "m.keras"), str(tmp_path / "m.pt2"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "keeps no state between calls: its stateful layers (streaming_lstm) start every call from zero states" in err
+    program = torch.export.load(str(tmp_path / "m.pt2")).module()
+    x = rng.uniform(-1, 1, size=(3, 6, 4)).astype("float32")
+    np.testing.assert_allclose(program(torch.as_tensor(x)).detach().numpy(), keras.ops.convert_to_numpy(model(x)),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.keras
 @pytest.mark.parametrize("merge", ["Maximum", "Minimum", "Multiply", "Add", "Average"])
 @pytest.mark.parametrize("masked", ["first", "all", "two_of_three"])
 def test_merges_read_their_inputs_masks(merge, masked, tmp_path):
