@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ._export_shapes import export_from_length
+from ._export_shapes import error_chain, export_from_length
 
 # Keras activation -> (ONNX name, alpha, beta); None: the operator's own default / none taken
 _ACTIVATIONS: Dict[str, Tuple[str, Optional[float], Optional[float]]] = {
@@ -522,9 +522,7 @@ TRANSLATIONS = {torch.ops.cudnn_rnn.rnn_forward.default: rnn_forward_to_onnx,
 
 def refusal(error: BaseException) -> Optional[OnnxExportError]:
     """Our OnnxExportError inside an error torch.onnx.export raised, if that is what it is."""
-    while error is not None and not isinstance(error, OnnxExportError):
-        error = error.__cause__ or error.__context__
-    return error
+    return next((e for e in error_chain(error) if isinstance(e, OnnxExportError)), None)
 
 
 def _takes_varargs_only(model: torch.nn.Module) -> bool:

@@ -18,8 +18,6 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from .. import conv_lstm
-from .. import layers as rnn_layers
 from .layers import BUILDERS
 from .files.containers import load_json, open_keras_file
 from .layers.custom import custom_builders, find_builder, short_name
@@ -224,9 +222,7 @@ def check_runs(model: KerasModel, path) -> KerasModel:
         except Exception as e:  # noqa: BLE001 - any failure means the config and weights disagree
             error = error or e
         finally:  # the trial run leaves nothing behind in stateful layers
-            for module in model.modules():
-                if isinstance(module, (rnn_layers._RNNBase, conv_lstm._ConvLSTM)):
-                    module.reset_states()
+            model.reset_states()
         if not any(d is None for _, shape in model.input_specs for d in shape[1:]):
             break  # no free dimension: a longer trial would fail the same way
     shapes = [tuple(shape) for _, shape in model.input_specs]

@@ -169,7 +169,6 @@ class KerasModel(nn.Module):
         ``limit`` (its own run then says why). Stateful layers keep no state from the trials."""
         if not any(d is None for _, shape in self.input_specs for d in shape[1:]):
             return at_least
-        from ... import conv_lstm, layers as rnn_layers
 
         def runs(time: int) -> bool:
             try:
@@ -179,9 +178,7 @@ class KerasModel(nn.Module):
             except Exception:  # noqa: BLE001 - too short: torch's own size checks
                 return False
             finally:
-                for module in self.modules():
-                    if isinstance(module, (rnn_layers._RNNBase, conv_lstm._ConvLSTM)):
-                        module.reset_states()
+                self.reset_states()
 
         fails, time = at_least - 1, at_least
         while not runs(time):
@@ -192,6 +189,14 @@ class KerasModel(nn.Module):
             middle = (fails + time) // 2
             fails, time = (fails, middle) if runs(middle) else (middle, time)
         return time
+
+    def reset_states(self) -> None:
+        """Zero states in every stateful recurrent layer (a trial run leaves nothing behind)."""
+        from ... import conv_lstm, layers as rnn_layers
+
+        for module in self.modules():
+            if isinstance(module, (rnn_layers._RNNBase, conv_lstm._ConvLSTM)):
+                module.reset_states()
 
     def _parameter_dtype(self) -> Optional[torch.dtype]:
         """The floating dtype of the parameters, None without any; kept in _floating (set at
