@@ -141,7 +141,7 @@ class _RNNBase(nn.Module):
         self.return_state = bool(return_state)
         self.go_backwards = bool(go_backwards)
         self.stateful = bool(stateful)
-        self.unroll = bool(unroll)  # accepted for Keras compatibility; the numerics are the same
+        self.unroll = bool(unroll)  # Keras's unrolled loop: the same numbers but for unrolled_zeros
         self.zero_output_for_mask = bool(zero_output_for_mask)
         self.kernel_initializer = kernel_initializer
         self.recurrent_initializer = recurrent_initializer
@@ -370,17 +370,32 @@ class _RNNBase(nn.Module):
         mask = self._check_mask(mask, x)
         training = self.training if training is None else training
         h0, c0 = self._initial_states(initial_state, x, 1)
+        unrolled = self.unrolled_zeros(mask)
+        # (unrolled: the op returns the previous output at masked steps, zeroed below)
+        spec = self.op_spec(zero_output_for_mask=False) if unrolled else self.op_spec()
         if self.quantized:
-            y, h_n, c_n = self._run_int8(x, mask, h0, c0, training)
+            y, h_n, c_n = self._run_int8(x, mask, h0, c0, training, spec)
         else:
             dropout_masks, recurrent_masks = self.dropout_masks(x, training)
             weights = [w for layer in range(self.num_layers) for w in self.layer_weights(layer)]
-            y, h_n, c_n, _ = rnn_forward(x, weights, mask, h0, c0, dropout_masks, recurrent_masks, self.op_spec())
+            y, h_n, c_n, _ = rnn_forward(x, weights, mask, h0, c0, dropout_masks, recurrent_masks, spec)
+        if unrolled:
+            y = keep_where(y, mask)  # y in processing order, the mask in time order: Keras's unrolled zeros
         if self.stateful:
             self._states = [h_n.detach()] + ([c_n.detach()] if self.cell == "lstm" else [])
         return y, h_n, c_n
 
-    def _run_int8(self, x: Tensor, mask, h0, c0, training: bool):
+    def unrolled_zeros(self, mask: Optional[Tensor], zero_output_for_mask: Optional[bool] = None) -> bool:
+        """Whether this call's outputs get Keras's unrolled zeros: unroll=True, running backwards,
+        with a mask and zero_output_for_mask (this layer's unless given). Keras's unrolled loop
+        (keras/src/backend/tensorflow/rnn.py, tf_keras's backend.rnn) zeroes the stacked outputs,
+        which are in processing order, where the mask in time order is False; its while loop (and
+        this layer otherwise) where the step it processed was masked. Keras's torch backend cannot
+        run this case, and its JAX backend's unrolled loop leaves the previous outputs there."""
+        zero = self.zero_output_for_mask if zero_output_for_mask is None else zero_output_for_mask
+        return mask is not None and self.unroll and self.go_backwards and zero
+
+    def _run_int8(self, x: Tensor, mask, h0, c0, training: bool, spec: RnnSpec):
         """run()'s op call for a layer cudnn_rnn.quantize_dynamic marked: inference on the int8 op."""
         if training:
             raise RuntimeError(f"{type(self).__name__}: a layer quantized by cudnn_rnn.quantize_dynamic runs inference "
@@ -389,7 +404,6 @@ class _RNNBase(nn.Module):
             raise ValueError(f"{type(self).__name__}: a quantized layer takes float32 CPU tensors; got x as {x.dtype} "
                              f"on {x.device}")
         weights = [w for layer in range(self.num_layers) for w in self.layer_weights(layer)]
-        spec = self.op_spec()
         with torch.no_grad():  # the int8 op has no gradient
             return torch.ops.cudnn_rnn.rnn_forward_int8(x, weights, mask, h0, c0, *spec.args())
 
@@ -479,8 +493,11 @@ _SHARED_ARGS = {
             order). Default: ``False``.
         stateful (bool): keep the final states as the next call's initial states;
             ``reset_states()`` forgets them. Default: ``False``.
-        unroll (bool): accepted for Keras configurations; the computation is the same.
-            Default: ``False``.""",
+        unroll (bool): Keras's unrolled loop. It computes the same, except that with a mask,
+            ``go_backwards`` and ``zero_output_for_mask`` (which Keras's Bidirectional sets when it
+            returns sequences) the zeros of the returned sequence follow the mask in time order,
+            not in processing order, as Keras's unrolled loop places them (TensorFlow backend and
+            tf.keras 2; with ``num_layers``, in the last layer's output). Default: ``False``.""",
     "{shape}": """    Shape:
         - x: :math:`(N, L, H_{in})`, batch first as in Keras.
         - mask: :math:`(N, L)`, optional; True (or non-zero) for real steps, any pattern.
@@ -771,11 +788,21 @@ class Bidirectional(nn.Module):
         weights = []
         for layer in range(f.num_layers):
             weights += f.layer_weights(layer) + b.layer_weights(layer)
-        spec = f.op_spec(bidirectional=True, zero_output_for_mask=self.return_sequences)
+        zero = self.return_sequences
+        unrolled = [side.unrolled_zeros(mask, zero) for side in (f, b)]
+        spec = f.op_spec(bidirectional=True, zero_output_for_mask=zero and not any(unrolled))
         y, h_n, c_n, _ = rnn_forward(x, weights, mask, h0, c0, input_masks, recurrent_masks, spec)
         u = f.units
         if self.return_sequences:
             y_f, y_b = y[..., :u], y[..., u:]
+            if any(unrolled):
+                # The op returned the previous output at masked steps; zero them as Keras does. Both
+                # halves run from the end of the sequence iff the forward side goes backwards (Keras
+                # returns it in processing order and puts the backward side's outputs in time
+                # order); a side with unrolled zeros takes the mask the other way round.
+                usual, other = (mask.flip(1), mask) if f.go_backwards else (mask, mask.flip(1))
+                y_f = keep_where(y_f, other if unrolled[0] else usual)
+                y_b = keep_where(y_b, other if unrolled[1] else usual)
         else:
             # Each side's last processing step: direction 0 writes it at T-1, direction 1 at 0.
             y_f, y_b = y[:, -1, :u], y[:, 0, u:]
@@ -789,6 +816,13 @@ class Bidirectional(nn.Module):
         sides = [self.forward_layer, self.backward_layer]
         reasons = torch_incompatibilities(sides, self.merge_mode, self.fused)
         return _to_torch(sides, reasons)
+
+
+def keep_where(y: Tensor, mask: Tensor) -> Tensor:
+    """y [B, T, ...] where mask [B, T] is True, zeros elsewhere (Keras's where: a NaN or an
+    infinity at a zeroed step becomes 0)."""
+    keep = mask.reshape(mask.shape + (1,) * (y.dim() - 2))
+    return torch.where(keep, y, torch.zeros((), dtype=y.dtype, device=y.device))
 
 
 def merge_directions(y_f: Tensor, y_b: Tensor, merge_mode: Optional[str]):

@@ -34,6 +34,9 @@ CASES = [
     ("tfk_layers", "tfk_layers.h5", None),
     ("tfk_layers", "tfk_layers.keras", None),
     ("k3_lookup", "k3_lookup.keras", None),
+    ("k3_unroll", "k3_unroll.keras", None),
+    ("k3_unroll", "k3_unroll.h5", None),
+    ("tfk_unroll", "tfk_unroll.h5", None),
 ]
 
 

@@ -73,15 +73,19 @@ class CellStack(nn.Module):
     the other over the whole sequence (each one fused op call; consecutive cells that agree in
     everything but their input width are one num_layers layer). The RNN-level options apply to
     the stack: go_backwards reverses the input and the mask once (the outputs stay in processing
-    order, as Keras returns them), return_sequences / zero_output_for_mask concern the last cell.
-    Outputs [output, *states of cell 0, *states of cell 1, ...] as Keras flattens them; a
+    order, as Keras returns them), return_sequences / zero_output_for_mask concern the last cell,
+    and an unrolled stack running backwards with zero_output_for_mask zeroes its outputs where the
+    mask in time order is False, as Keras's unrolled loop does (_RNNBase.unrolled_zeros). Outputs [output, *states of cell 0, *states of cell 1, ...] as Keras flattens them; a
     Bidirectional's are [merged output (or both), *forward states, *backward states]."""
 
     def __init__(self, parts: List[rnn_layers._RNNBase], return_sequences: bool, return_state: bool,
                  go_backwards: bool, groups: List[str], backward: Optional["CellStack"] = None,
-                 merge_mode: Optional[str] = "concat", *, keras3_call: bool):
+                 merge_mode: Optional[str] = "concat", *, keras3_call: bool, unrolled_zeros: bool = False):
         super().__init__()
         self.keras3_call = keras3_call
+        self.unrolled_zeros = unrolled_zeros and go_backwards
+        if self.unrolled_zeros:
+            parts[-1].zero_output_for_mask = False  # the previous outputs, zeroed in run()
         self.parts = nn.ModuleList(parts)
         self.return_sequences, self.return_state, self.go_backwards = return_sequences, return_state, go_backwards
         self.groups = groups  # the weights group of each cell, in cell order
@@ -99,6 +103,7 @@ class CellStack(nn.Module):
 
     def run(self, x, mask, initial):
         """(output sequence in processing order, flat final states) of the stack."""
+        time_mask = mask
         if self.go_backwards:
             x = x.flip(1)
             mask = mask.flip(1) if mask is not None else None
@@ -109,6 +114,8 @@ class CellStack(nn.Module):
             x, h_n, c_n = part.run(x, mask, init)
             for l in range(part.num_layers):
                 states += [h_n[l]] + ([c_n[l]] if part.cell == "lstm" else [])
+        if self.unrolled_zeros and time_mask is not None:
+            x = rnn_layers.keep_where(x, time_mask)
         return x, states
 
     def forward(self, inputs, masks):
@@ -177,6 +184,8 @@ def _rnn_options(class_name: str, cfg: dict, ctx: BuildContext) -> dict:
         stateful=v.bool("stateful", False),
         zero_output_for_mask=v.bool("zero_output_for_mask", False),
     )
+    if not cudnn:
+        opts["unroll"] = v.bool("unroll", False)
     if v.bool("time_major", False):
         raise ctx.error("time_major=True is not supported (the layers are batch-major)")
     if cudnn:  # fixed tanh / sigmoid, the cuDNN GRU form, no dropout, no masking
@@ -272,7 +281,7 @@ def build_rnn(cfg, ctx):
 
 _CELL_CLASSES = {"LSTMCell": "LSTM", "GRUCell": "GRU", "SimpleRNNCell": "SimpleRNN"}
 _RNN_LEVEL_KEYS = ("return_sequences", "return_state", "go_backwards", "stateful", "zero_output_for_mask",
-                   "time_major")
+                   "time_major", "unroll")
 
 
 def _cell_of(cfg: dict, ctx: BuildContext):
@@ -349,7 +358,7 @@ def _cell_stack(cfg: dict, specs: List[tuple], weights: List[List[np.ndarray]], 
     v = Values(cfg, ctx)
     return CellStack(parts, v.bool("return_sequences", False), v.bool("return_state", False),
                      v.bool("go_backwards", False), [spec[2] for spec in specs], keras3_call=keras3_call_of(ctx),
-                     **wrap)
+                     unrolled_zeros=v.bool("unroll", False) and v.bool("zero_output_for_mask", False), **wrap)
 
 
 def _append_layer(stack: rnn_layers._RNNBase, layer: rnn_layers._RNNBase) -> rnn_layers._RNNBase:
@@ -423,6 +432,8 @@ def build_bidirectional(cfg, ctx):
     if "StackedRNNCells" in (fcls, bcls):
         if fcls != bcls:
             raise ctx.error("Bidirectional with StackedRNNCells on one side only is not supported")
+        for side in (fcfg, bcfg):  # Keras's Bidirectional forces it on both sides
+            side["zero_output_for_mask"] = Values(side, ctx).bool("return_sequences", False)
         fspecs = _stack_specs(fcfg, fsub, ctx, "forward_layer/")
         bspecs = _stack_specs(bcfg, bsub, ctx, "backward_layer/")
         weights = ctx.weights.take([(g, n) for _, _, g, n in fspecs + bspecs])  # one take: legacy files split it
