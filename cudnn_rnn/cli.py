@@ -111,8 +111,8 @@ def _say_inputs(free, minimum: int, example) -> None:
         described.append(f"{str(x.dtype).replace('torch.', '')} [{', '.join(dims)}]")
     print("the program takes " + "; ".join(described))
     if free and minimum > 2:
-        print(f"(sequences of {minimum} steps or more: the model's convolutions or pooling over time need a "
-              "minimum length, and torch.export proves the model's shapes over a range of lengths)")
+        print(f"(sequences of {minimum} steps or more: the lengths over which torch.export proves the model's "
+              "shapes, which its convolutions, pooling or slices over time limit)")
 
 
 def cmd_convert(args) -> int:
@@ -152,7 +152,7 @@ def cmd_convert(args) -> int:
         # The fewest steps the model runs on (a valid convolution or a pooling over time needs
         # some); the example inputs twice as long (at least 5), so that no length inside the
         # model is 1 in the trace.
-        shortest = model.shortest_length() if free else 2
+        shortest = model.shortest_length(any_length=args.any_length) if free else 2
         batch = torch.export.Dim("batch", min=1)
         # the Keras names of the stateful layers (module paths layers.<name>[.layer ...])
         stateful = sorted({name.split(".")[1] if name.startswith("layers.") else name
@@ -168,7 +168,7 @@ def cmd_convert(args) -> int:
                           for i in range(len(model.input_specs))),)
 
         def example(minimum):
-            return tuple(model.example_inputs(time=max(5, 2 * minimum)))
+            return tuple(model.example_inputs(time=max(5, 2 * minimum), any_length=args.any_length))
 
     if args.out.endswith(".onnx"):
         from .onnx import OnnxExportError, export

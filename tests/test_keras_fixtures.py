@@ -37,6 +37,7 @@ CASES = [
     ("k3_unroll", "k3_unroll.keras", None),
     ("k3_unroll", "k3_unroll.h5", None),
     ("tfk_unroll", "tfk_unroll.h5", None),
+    ("k3_reversed_slices", "k3_reversed_slices.keras", None),
 ]
 
 

@@ -325,6 +325,39 @@ def test_cli_version_outputs_and_lengths(tmp_path):
     assert "--tolerance" in usage and "above it verify exits 1" in usage and "seed of the random inputs" in usage
 
 
+def test_cli_any_length_of_a_fixed_length_file_with_reversed_slices(tmp_path):
+    """A Keras 3 file (TensorFlow backend) with a declared length of 6 and slices with negative
+    steps (h[:, ::-1], h[:, 4:0:-2], h[..., ::-2], h[:, -2::-3, 1:4]; the fixture test matches it
+    against Keras's outputs). With --any-length, torch.export proves those slices' shapes only from
+    8 steps: the example follows the minimum it takes (it stayed at the declared 6, and the export
+    failed), and the program and the ONNX file match the eager model from there on."""
+    import re
+
+    import onnxruntime as ort
+
+    fixture = os.path.join(ROOT, "tests", "fixtures", "data", "k3_reversed_slices.keras")
+    model = load_keras(fixture)
+    for ext in ("pt2", "onnx"):
+        out = _cli("convert", fixture, str(tmp_path / f"m.{ext}"), "--any-length")
+        assert out.returncode == 0, out.stderr[-3000:]
+        said = re.search(r"time >= (\d+)", out.stdout)
+        minimum = int(said.group(1)) if said else 2
+        assert minimum <= 16, out.stdout
+        if ext == "pt2":
+            program = torch.export.load(str(tmp_path / "m.pt2")).module()
+        else:
+            session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+        for T in (minimum, minimum + 3, 41):
+            x = torch.randn(2, T, 4)
+            with torch.no_grad():
+                want = [y.numpy() for y in model(x)]
+            got = ([y.detach().numpy() for y in program(x)] if ext == "pt2"
+                   else session.run(None, {session.get_inputs()[0].name: x.numpy()}))
+            assert [g.shape for g in got] == [w.shape for w in want]
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.keras
 def test_cli_exports_a_model_that_needs_a_minimum_length(tmp_path):
     """keras.io's CNN-LSTM (Embedding, Conv1D(kernel 5), MaxPooling1D(4), LSTM) runs from 8 steps.

@@ -147,33 +147,36 @@ class KerasModel(nn.Module):
         results = [fetch(r) for r in self.output_refs]
         return [t for t, _ in results], [m for _, m in results]
 
-    def example_inputs(self, batch: int = 2, time: int = 5) -> List[Tensor]:
+    def example_inputs(self, batch: int = 2, time: int = 5, any_length: bool = False) -> List[Tensor]:
         """Inputs of the declared shapes (free dimensions: batch, then time) for tracing,
         exporting and checking: bool masks, int64 ids for every integer input (torch's and numpy's
-        default integer, what an exported program then takes), floats in the parameters' dtype."""
+        default integer, what an exported program then takes), floats in the parameters' dtype.
+        any_length: the second dimension is ``time`` where the file declares a fixed length too."""
         float_dtype = self._floating or torch.float32
         out = []
         for dtype, shape in self.input_specs:
-            dims = [batch] + [time if d is None else int(d) for d in shape[1:]]
+            dims = [batch] + [time if d is None or (any_length and j == 0) else int(d) for j, d in enumerate(shape[1:])]
             if dtype == "bool":  # an explicit mask input
                 out.append(torch.ones(dims, dtype=torch.bool))
             else:
                 out.append(torch.ones(dims, dtype=torch.int64) if "int" in dtype else torch.zeros(dims, dtype=float_dtype))
         return out
 
-    def shortest_length(self, at_least: int = 2, limit: int = 4096) -> int:
+    def shortest_length(self, at_least: int = 2, limit: int = 4096, any_length: bool = False) -> int:
         """The fewest steps from ``at_least`` on that the model runs on, given to every free
-        dimension as example_inputs does: a valid convolution or a pooling over time needs a
-        minimum length (Keras's CNN-LSTM: Conv1D(kernel 5), MaxPooling1D(4) runs from 8 steps).
-        ``at_least`` where the model declares no free dimension, or runs at no length up to
-        ``limit`` (its own run then says why). Stateful layers keep no state from the trials."""
-        if not any(d is None for _, shape in self.input_specs for d in shape[1:]):
+        dimension as example_inputs does (with any_length, to every second dimension too): a
+        valid convolution or a pooling over time needs a minimum length (Keras's CNN-LSTM:
+        Conv1D(kernel 5), MaxPooling1D(4) runs from 8 steps). ``at_least`` where the model declares
+        no free dimension, or runs at no length up to ``limit`` (its own run then says why).
+        Stateful layers keep no state from the trials."""
+        if not any(d is None or (any_length and j == 0) for _, shape in self.input_specs
+                   for j, d in enumerate(shape[1:])):
             return at_least
 
         def runs(time: int) -> bool:
             try:
                 with torch.no_grad():
-                    self(*self.example_inputs(batch=1, time=time))
+                    self(*self.example_inputs(batch=1, time=time, any_length=any_length))
                 return True
             except Exception:  # noqa: BLE001 - too short: torch's own size checks
                 return False

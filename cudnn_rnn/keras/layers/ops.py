@@ -127,8 +127,8 @@ def _fixed(fn, name=""):
 
 
 def _get_item(x, key):
-    """x[key] with Keras's serialized key: an index, a slice, None (a new axis), Ellipsis or a
-    tuple of these."""
+    """x[key] with Keras's serialized key: an index, a slice (any step: `x[:, ::-1]`), None (a new
+    axis), Ellipsis or a tuple of these."""
     def one(k):
         if k is None or isinstance(k, (int, slice)) and not isinstance(k, bool):
             return k
@@ -137,7 +137,42 @@ def _get_item(x, key):
         if isinstance(k, torch.Tensor):
             return k
         raise ValueError(f"GetItem index {str(k)[:40]!r} is not supported")
-    return x[tuple(one(k) for k in key)] if isinstance(key, list) else x[one(key)]
+    keys = [one(k) for k in key] if isinstance(key, list) else [one(key)]
+    if any(isinstance(k, slice) and k.step is not None and k.step < 0 for k in keys):
+        x, keys = _forward_steps(x, keys)
+    return x[tuple(keys)] if isinstance(key, list) else x[keys[0]]
+
+
+def _forward_steps(x, keys):
+    """(x, keys) with each dimension that a negative-step slice reads flipped and that slice
+    turned into the forward one reading the flipped dimension (torch slices only forward)."""
+    if any(isinstance(k, torch.Tensor) for k in keys):
+        raise ValueError("GetItem with a negative-step slice beside a tensor index is not supported")
+    reads = sum(1 for k in keys if k is not None and k is not Ellipsis)
+    dim, out = 0, []
+    for k in keys:
+        if k is Ellipsis:
+            dim += x.dim() - reads
+        elif k is not None:
+            if isinstance(k, slice) and k.step is not None and k.step < 0:
+                if k.step == -1 and k.start is None and k.stop is None:
+                    k = slice(None)  # x[::-1] (a free length stays free under export)
+                else:
+                    n = x.shape[dim]
+                    k = slice(_flipped(k.start, n), _flipped(k.stop, n), -k.step)
+                x = x.flip(dim)
+            dim += 1
+        out.append(k)
+    return x, out
+
+
+def _flipped(i, n):
+    """Where position i of a negative-step slice (Python's rules: negative from the end, clamped to
+    [-1, n-1]) lies in the flipped dimension; None stays None (the slice's own end)."""
+    if i is None:
+        return None
+    # (written so that a free length n needs no guard: i < 0 is n + i clamped below at -1)
+    return torch.sym_min(-1 - i, n) if i < 0 else torch.sym_max(n - 1 - i, 0)
 
 
 def _reshape(cfg, ctx):
