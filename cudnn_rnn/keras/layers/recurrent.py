@@ -75,7 +75,8 @@ class CellStack(nn.Module):
     the stack: go_backwards reverses the input and the mask once (the outputs stay in processing
     order, as Keras returns them), return_sequences / zero_output_for_mask concern the last cell,
     and an unrolled stack running backwards with zero_output_for_mask zeroes its outputs where the
-    mask in time order is False, as Keras's unrolled loop does (_RNNBase.unrolled_zeros). Outputs [output, *states of cell 0, *states of cell 1, ...] as Keras flattens them; a
+    mask in time order is False, as Keras's unrolled loop does (_RNNBase.unrolled_zeros).
+    Outputs [output, *states of cell 0, *states of cell 1, ...] as Keras flattens them; a
     Bidirectional's are [merged output (or both), *forward states, *backward states]."""
 
     def __init__(self, parts: List[rnn_layers._RNNBase], return_sequences: bool, return_state: bool,
