@@ -562,6 +562,33 @@ def test_merges_read_their_inputs_masks(merge, masked, tmp_path):
 
 
 @pytest.mark.keras
+@pytest.mark.parametrize("layer", ["Rescaling", "Normalization"])
+def test_rescaling_and_normalization_pass_the_mask_on(layer, tmp_path):
+    """Keras 3's Rescaling and Normalization support masking: the mask of a Masking before them
+    reaches the causal Attention and the GRU after them (both dropped it here, and the attention
+    read padded steps)."""
+    rng = np.random.RandomState(22)
+    inp = keras.Input((T, 4))
+    h = layers.Masking(0.0)(inp)
+    h = layers.Rescaling(0.5, offset=0.25)(h) if layer == "Rescaling" else layers.Normalization(
+        mean=[0.1, -0.2, 0.0, 0.3], variance=[1.5, 0.5, 2.0, 1.0])(h)
+    a = layers.Attention(use_scale=True)([h, h], use_causal_mask=True)
+    out = layers.Concatenate()([layers.GlobalAveragePooling1D()(a), layers.GRU(3)(h)])
+    model = keras.Model(inp, layers.Dense(2)(out))
+    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") if w.ndim else w
+                       for w in model.get_weights()])
+    x = rng.uniform(-1, 1, (B, T, 4)).astype("float32")
+    x[0, 3] = 0  # a hole
+    x[1, T - 2:] = 0
+    x[2, :2] = 0
+    expected = keras.ops.convert_to_numpy(model(x))
+    model.save(tmp_path / "m.keras")
+    with torch.no_grad():
+        y = load_keras(tmp_path / "m.keras")(torch.as_tensor(x)).numpy()
+    np.testing.assert_allclose(y, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.keras
 @pytest.mark.parametrize("kind", ["ConvLSTM1D", "ConvLSTM2D", "Bidirectional"])
 def test_masking_before_a_conv_lstm(kind, tmp_path):
     """Keras's Masking gives a ConvLSTM a mask per position (batch, time, *spatial): padded frames

@@ -45,7 +45,7 @@ class Augmentation(_Single):
 
 
 class Rescaling(_Single):
-    keeps_mask = False
+    keeps_mask = True  # Keras 3 passes the mask on (tf.keras 2 refused a masked input)
 
     def __init__(self, scale: torch.Tensor, offset: torch.Tensor):
         super().__init__()
@@ -59,7 +59,7 @@ class Rescaling(_Single):
 class Standardize(_Single):
     """keras.layers.Normalization: (x - mean) / max(sqrt(variance), 1e-7), or its inverse."""
 
-    keeps_mask = False
+    keeps_mask = True  # as Rescaling
 
     def __init__(self, mean: torch.Tensor, variance: torch.Tensor, axes, invert: bool, adapted: bool):
         super().__init__()
