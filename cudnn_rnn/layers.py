@@ -387,13 +387,14 @@ class _RNNBase(nn.Module):
 
     def unrolled_zeros(self, mask: Optional[Tensor], zero_output_for_mask: Optional[bool] = None) -> bool:
         """Whether this call's outputs get Keras's unrolled zeros: unroll=True, running backwards,
-        with a mask and zero_output_for_mask (this layer's unless given). Keras's unrolled loop
-        (keras/src/backend/tensorflow/rnn.py, tf_keras's backend.rnn) zeroes the stacked outputs,
-        which are in processing order, where the mask in time order is False; its while loop (and
-        this layer otherwise) where the step it processed was masked. Keras's torch backend cannot
-        run this case, and its JAX backend's unrolled loop leaves the previous outputs there."""
+        returning sequences, with a mask and zero_output_for_mask (this layer's unless given).
+        Keras's unrolled loop (keras/src/backend/tensorflow/rnn.py, tf_keras's backend.rnn) zeroes
+        the stacked outputs, which are in processing order, where the mask in time order is False;
+        its while loop (and this layer otherwise) where the step it processed was masked. (The last
+        output alone it zeroes the usual way.) Keras's torch backend cannot run this case, and its
+        JAX backend's unrolled loop leaves the previous outputs there."""
         zero = self.zero_output_for_mask if zero_output_for_mask is None else zero_output_for_mask
-        return mask is not None and self.unroll and self.go_backwards and zero
+        return mask is not None and self.unroll and self.go_backwards and zero and self.return_sequences
 
     def _run_int8(self, x: Tensor, mask, h0, c0, training: bool, spec: RnnSpec):
         """run()'s op call for a layer cudnn_rnn.quantize_dynamic marked: inference on the int8 op."""

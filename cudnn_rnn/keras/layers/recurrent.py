@@ -84,7 +84,7 @@ class CellStack(nn.Module):
                  merge_mode: Optional[str] = "concat", *, keras3_call: bool, unrolled_zeros: bool = False):
         super().__init__()
         self.keras3_call = keras3_call
-        self.unrolled_zeros = unrolled_zeros and go_backwards
+        self.unrolled_zeros = unrolled_zeros and go_backwards and return_sequences
         if self.unrolled_zeros:
             parts[-1].zero_output_for_mask = False  # the previous outputs, zeroed in run()
         self.parts = nn.ModuleList(parts)
