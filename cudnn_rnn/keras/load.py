@@ -223,7 +223,7 @@ def check_runs(model: KerasModel, path) -> KerasModel:
             error = error or e
         finally:  # the trial run leaves nothing behind in stateful layers
             model.reset_states()
-        if not any(d is None for _, shape in model.input_specs for d in shape[1:]):
+        if not model.has_free_length():
             break  # no free dimension: a longer trial would fail the same way
     shapes = [tuple(shape) for _, shape in model.input_specs]
     if isinstance(error, LayerFailure):

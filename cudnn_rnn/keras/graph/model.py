@@ -18,6 +18,12 @@ def _module_key(name: str) -> str:
     return name.replace(".", "_")
 
 
+def _takes_time(j: int, size, any_length: bool) -> bool:
+    """Whether dimension j + 1 of a declared input shape takes an example's length: a free one,
+    or with any_length the second dimension whatever the file declares."""
+    return size is None or (any_length and j == 0)
+
+
 class KerasModel(nn.Module):
     """Runs the rebuilt graph. forward(*inputs) returns the output tensor, or a list when the
     Keras model has several outputs; forward_with_masks also returns the output masks."""
@@ -155,7 +161,7 @@ class KerasModel(nn.Module):
         float_dtype = self._floating or torch.float32
         out = []
         for dtype, shape in self.input_specs:
-            dims = [batch] + [time if d is None or (any_length and j == 0) else int(d) for j, d in enumerate(shape[1:])]
+            dims = [batch] + [time if _takes_time(j, d, any_length) else int(d) for j, d in enumerate(shape[1:])]
             if dtype == "bool":  # an explicit mask input
                 out.append(torch.ones(dims, dtype=torch.bool))
             else:
@@ -169,8 +175,7 @@ class KerasModel(nn.Module):
         Conv1D(kernel 5), MaxPooling1D(4) runs from 8 steps). ``at_least`` where the model declares
         no free dimension, or runs at no length up to ``limit`` (its own run then says why).
         Stateful layers keep no state from the trials."""
-        if not any(d is None or (any_length and j == 0) for _, shape in self.input_specs
-                   for j, d in enumerate(shape[1:])):
+        if not self.has_free_length(any_length):
             return at_least
 
         def runs(time: int) -> bool:
@@ -192,6 +197,11 @@ class KerasModel(nn.Module):
             middle = (fails + time) // 2
             fails, time = (fails, middle) if runs(middle) else (middle, time)
         return time
+
+    def has_free_length(self, any_length: bool = False) -> bool:
+        """Whether example_inputs' ``time`` reaches some input dimension (a free one; with
+        any_length, every second dimension too)."""
+        return any(_takes_time(j, d, any_length) for _, shape in self.input_specs for j, d in enumerate(shape[1:]))
 
     def reset_states(self) -> None:
         """Zero states in every stateful recurrent layer (a trial run leaves nothing behind)."""

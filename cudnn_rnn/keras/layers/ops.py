@@ -155,11 +155,8 @@ def _forward_steps(x, keys):
             dim += x.dim() - reads
         elif k is not None:
             if isinstance(k, slice) and k.step is not None and k.step < 0:
-                if k.step == -1 and k.start is None and k.stop is None:
-                    k = slice(None)  # x[::-1] (a free length stays free under export)
-                else:
-                    n = x.shape[dim]
-                    k = slice(_flipped(k.start, n), _flipped(k.stop, n), -k.step)
+                n = x.shape[dim]
+                k = slice(_flipped(k.start, n), _flipped(k.stop, n), -k.step)
                 x = x.flip(dim)
             dim += 1
         out.append(k)
