@@ -38,6 +38,9 @@ CASES = [
     ("k3_unroll", "k3_unroll.h5", None),
     ("tfk_unroll", "tfk_unroll.h5", None),
     ("k3_reversed_slices", "k3_reversed_slices.keras", None),
+    ("tfk_stacked_states", "tfk_stacked_states.h5", None),
+    ("tfk_stacked_states", "tfk_stacked_states.weights.h5", "tfk_stacked_states.json"),
+    ("tfk_stacked_states", "tfk_stacked_states.weights.h5", "tfk_stacked_states.h5"),
 ]
 
 

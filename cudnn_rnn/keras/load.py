@@ -43,7 +43,8 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
             weights-only file (``.weights.h5``, legacy weights ``.h5``) with ``architecture``.
         architecture (str or dict, optional): for a weights-only file: a ``.keras`` / full ``.h5``
             file, a model config dict (``model.get_config()`` wrapped as
-            ``{"class_name", "config"}``) or a JSON string of it. Default: ``None``.
+            ``{"class_name", "config"}``) or a JSON string of it. The Keras version it records
+            (``keras_version``) decides the layers' defaults and activations. Default: ``None``.
         dtype (torch.dtype, optional): of the converted parameters. Default: ``None``, the
             model's own: ``torch.float64`` where every layer that declares a floating dtype
             declares float64 (``keras.config.set_floatx("float64")``), else ``torch.float32`` (mixed
@@ -73,8 +74,10 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
     kf = open_keras_file(path)
     config, version = kf.config, kf.keras_version
     if architecture is not None:
+        # the Keras that wrote the architecture defines its layers' defaults and activations
+        # (a .weights.h5 records no version at all)
         config, arch_version = _architecture_config(architecture, kf.path)
-        version = version or arch_version
+        version = arch_version or version
     if config is None:
         raise ConversionError(kf.path, "holds weights only; pass architecture= (a .keras / .h5 model file or a config)")
     if keras_major(version) < 2:  # per-gate weights (W_i, U_i, ...), output_dim, inner_activation

@@ -159,9 +159,7 @@ def _parse_calls(entry: dict, path) -> List[Call]:
             single = len(node) >= 3 and isinstance(node[0], str)
             if single:
                 node = [node]
-            for item in node:
-                if not isinstance(item, list) or len(item) < 3:
-                    raise ConversionError(path, f"malformed inbound node {str(item)[:200]}", _layer_name(entry))
+            for item in _legacy_items(node, path, entry):
                 inputs.append(_ref(item, path, "an inbound node"))
                 if len(item) > 3 and isinstance(item[3], dict):
                     for k, v in item[3].items():
@@ -176,6 +174,21 @@ def _parse_calls(entry: dict, path) -> List[Call]:
         else:
             raise ConversionError(path, f"malformed inbound node {str(node)[:200]}", _layer_name(entry))
     return calls
+
+
+def _legacy_items(node: list, path, entry) -> List[list]:
+    """A Keras 2 node's [name, node index, tensor index, kwargs] items in order. tf.keras nests
+    them as the call's input was nested: RNN(StackedRNNCells) called with initial_state holds
+    [x, [h1, [h2, c2]]]; the flat order is initial_state's flat order."""
+    items = []
+    for item in node:
+        if isinstance(item, list) and len(item) >= 3 and isinstance(item[0], str):
+            items.append(item)
+        elif isinstance(item, list) and item:
+            items += _legacy_items(item, path, entry)
+        else:
+            raise ConversionError(path, f"malformed inbound node {str(item)[:200]}", _layer_name(entry))
+    return items
 
 
 def _endpoint_refs(value, path, what) -> List[Ref]:
