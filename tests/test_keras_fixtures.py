@@ -41,7 +41,15 @@ CASES = [
     ("tfk_stacked_states", "tfk_stacked_states.h5", None),
     ("tfk_stacked_states", "tfk_stacked_states.weights.h5", "tfk_stacked_states.json"),
     ("tfk_stacked_states", "tfk_stacked_states.weights.h5", "tfk_stacked_states.h5"),
+    ("tfk_masks", "tfk_masks.h5", None),
+    ("tfk_masks", "tfk_masks.keras", None),
+    ("tfk_more_tf_ops", "tfk_more_tf_ops.h5", None),
+    ("tfk_more_tf_ops", "tfk_more_tf_ops.keras", None),
 ]
+
+# Outputs in which Keras computes NaN on purpose: tf.keras 2's masked GlobalAveragePooling1D
+# multiplies an infinity at a masked step by 0
+EXPECTED_NAN = {("tfk_masks", 3)}
 
 
 def _architecture(name):
@@ -66,7 +74,11 @@ def test_fixture_matches_keras(fixture, filename, architecture):
     assert len(out) == len(expected)
     for i, (a, b) in enumerate(zip(out, expected)):
         assert tuple(a.shape) == b.shape, f"output {i}"
-        np.testing.assert_allclose(a.numpy(), b, atol=1e-5, rtol=1e-5, err_msg=f"output {i} of {filename}")
+        a, nan = a.numpy(), np.isnan(b)
+        if (fixture, i) in EXPECTED_NAN:  # NaN where Keras computes NaN, and only there
+            assert nan.any() and (np.isnan(a) == nan).all(), f"output {i} of {filename}: NaN at other places"
+            a, b = a[~nan], b[~nan]
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=f"output {i} of {filename}")
 
 
 def test_converted_model_repr_gives_its_size():

@@ -156,33 +156,49 @@ def _parse_calls(entry: dict, path) -> List[Call]:
             inputs, kwargs = [], {}
             # tf.keras's TFOpLambda / SlicingOpLambda: a node that is one item is a call on one
             # tensor; a list of items, a call on a list of tensors (tf.concat([a, b], ...))
-            single = len(node) >= 3 and isinstance(node[0], str)
+            single = _is_node_item(node)
             if single:
                 node = [node]
+            args: List[Any] = []
             for item in _legacy_items(node, path, entry):
-                inputs.append(_ref(item, path, "an inbound node"))
+                if item[0] == "_CONSTANT_VALUE":  # a constant argument (0.1 * x): its value in the index slot
+                    if entry.get("class_name") not in ("TFOpLambda", "SlicingOpLambda"):
+                        raise ConversionError(path, f"a constant input {str(item[2])[:40]} to a "
+                                                    f"{str(entry.get('class_name'))[:40]} layer is not supported",
+                                              _layer_name(entry))
+                    args.append(item[2])
+                else:
+                    inputs.append(_ref(item, path, "an inbound node"))
+                    args.append(TensorArg(len(inputs) - 1))
                 if len(item) > 3 and isinstance(item[3], dict):
                     for k, v in item[3].items():
-                        if isinstance(v, list) and v and isinstance(v[0], list):  # initial_state refs
+                        if isinstance(v, list) and v and all(_is_node_item(r) for r in v):  # initial_state refs
                             kwargs[k] = [_ref(r, path, f"the {k} argument") for r in v]
-                        elif isinstance(v, list) and len(v) >= 3 and isinstance(v[0], str):
+                        elif _is_node_item(v):
                             kwargs[k] = [_ref(v, path, f"the {k} argument")]
                         else:
                             kwargs[k] = v
-            template = [TensorArg(0)] if single else [[TensorArg(i) for i in range(len(inputs))]]
-            calls.append(Call(inputs, kwargs, [], template))
+            template = args if single else [args]
+            calls.append(Call(inputs, kwargs, [a for a in args if not isinstance(a, TensorArg)], template))
         else:
             raise ConversionError(path, f"malformed inbound node {str(node)[:200]}", _layer_name(entry))
     return calls
 
 
+def _is_node_item(value) -> bool:
+    """A Keras 2 reference [layer name, node index, tensor index(, kwargs)]; a list of numbers
+    (tf.pad's paddings) is not one."""
+    return isinstance(value, list) and 3 <= len(value) <= 4 and isinstance(value[0], str)
+
+
 def _legacy_items(node: list, path, entry) -> List[list]:
-    """A Keras 2 node's [name, node index, tensor index, kwargs] items in order. tf.keras nests
+    """A Keras 2 node's [name, node index, tensor index, kwargs] items in order (name
+    "_CONSTANT_VALUE", index -1: a constant, its value in the third place). tf.keras nests
     them as the call's input was nested: RNN(StackedRNNCells) called with initial_state holds
     [x, [h1, [h2, c2]]]; the flat order is initial_state's flat order."""
     items = []
     for item in node:
-        if isinstance(item, list) and len(item) >= 3 and isinstance(item[0], str):
+        if _is_node_item(item):
             items.append(item)
         elif isinstance(item, list) and item:
             items += _legacy_items(item, path, entry)

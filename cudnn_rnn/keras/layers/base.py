@@ -25,6 +25,14 @@ class Identity(_Single):
         return x
 
 
+def without_mask_in_keras2(module: _Single, ctx) -> _Single:
+    """tf.keras 2's Identity, Rescaling and Normalization do not support masking: there a mask
+    that reaches them is dropped without a word (Keras 3's pass it on)."""
+    if ctx.keras_major < 3:
+        module.keeps_mask = False
+    return module
+
+
 def class_rank(ctx) -> int:
     """The spatial rank a class name says: Conv2D, MaxPooling3D, Conv1DTranspose, ..."""
     return int(re.search(r"(\d)D", ctx.spec.class_name).group(1))

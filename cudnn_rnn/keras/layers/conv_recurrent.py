@@ -75,7 +75,9 @@ def _conv_lstm_layer(class_name: str, cfg: dict, ctx, w, **overrides) -> conv_ls
         dropout=v.float("dropout", 0.0, 0.0, 1.0), recurrent_dropout=v.float("recurrent_dropout", 0.0, 0.0, 1.0),
         return_sequences=v.bool("return_sequences", False), return_state=v.bool("return_state", False),
         go_backwards=v.bool("go_backwards", False), stateful=v.bool("stateful", False),
-        zero_output_for_mask=v.bool("zero_output_for_mask", False))
+        # tf.keras 2's ConvRNN never passes zero_output_for_mask to its loop: masked steps repeat
+        # the previous output, whatever the attribute says
+        zero_output_for_mask=ctx.keras_major >= 3 and v.bool("zero_output_for_mask", False))
     options.update(overrides)
     try:
         layer = getattr(conv_lstm, class_name)(int(w[0].shape[-2]), filters, kernel_size, dtype=ctx.dtype,
@@ -126,8 +128,9 @@ class ConvBidirectional(nn.Module):
 
 def build_conv_bidirectional(cfg, ctx, fcls: str, fcfg: dict, merge) -> ConvBidirectional:
     """Bidirectional(ConvLSTM*D): the backward side a copy of the forward one with go_backwards
-    flipped, or its own backward_layer; both output zeros at masked steps when they return
-    sequences (Keras's Bidirectional sets zero_output_for_mask so)."""
+    flipped, or its own backward_layer; in Keras 3 both output zeros at masked steps when they
+    return sequences (Keras's Bidirectional sets zero_output_for_mask so; tf.keras 2's ConvRNN
+    ignores it)."""
     if cfg.get("backward_layer"):
         try:
             bcls, bcfg = layer_config_of(cfg["backward_layer"])
@@ -138,7 +141,7 @@ def build_conv_bidirectional(cfg, ctx, fcls: str, fcfg: dict, merge) -> ConvBidi
     else:
         bcfg = dict(fcfg)
         bcfg["go_backwards"] = not Values(fcfg, ctx).bool("go_backwards", False)
-    zero = Values(fcfg, ctx).bool("return_sequences", False)
+    zero = ctx.keras_major >= 3 and Values(fcfg, ctx).bool("return_sequences", False)
     wf, wb = ctx.weights.take([("forward_layer/cell", _weight_count(fcfg, ctx)),
                                 ("backward_layer/cell", _weight_count(bcfg, ctx))])  # one take: legacy files split it
     forward = _conv_lstm_layer(fcls, fcfg, ctx, wf, zero_output_for_mask=zero)

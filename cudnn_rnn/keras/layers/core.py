@@ -11,7 +11,7 @@ from torch import nn
 
 from .activations import _Activation, activation_name
 from .registry import builder
-from .base import Identity, _Single
+from .base import Identity, _Single, without_mask_in_keras2
 from .values import Values, check_shapes
 
 
@@ -94,7 +94,7 @@ class Masking(nn.Module):
 # ---------------------------------------------------------------------------------------------
 @builder("InputLayer", "Identity", weights=False)
 def build_input(cfg, ctx):
-    return Identity()
+    return without_mask_in_keras2(Identity(), ctx) if ctx.spec.class_name == "Identity" else Identity()
 
 
 @builder("Dense")

@@ -70,9 +70,14 @@ def _dtype(cfg, ctx, key="dtype") -> Optional[torch.dtype]:
 
 
 def _tensor(a, like):
-    """A Python number as a tensor beside `like` (torch.maximum and friends take tensors only)."""
-    return a if isinstance(a, torch.Tensor) else torch.as_tensor(a, device=like.device if isinstance(
-        like, torch.Tensor) else None)
+    """A Python number as a tensor beside `like` (torch.maximum and friends take tensors only);
+    a float takes a floating `like`'s dtype, as TensorFlow converts it."""
+    if isinstance(a, torch.Tensor):
+        return a
+    if not isinstance(like, torch.Tensor):
+        return torch.as_tensor(a)
+    return torch.as_tensor(a, dtype=like.dtype if like.is_floating_point() and isinstance(a, float) else None,
+                           device=like.device)
 
 
 def _pair(fn):
@@ -457,6 +462,52 @@ def _tf_unary(fn):
     return lambda x: fn(x)
 
 
+def _tf_dims(axis, x):
+    return [a % x.dim() for a in (axis if isinstance(axis, (list, tuple)) else [axis])]
+
+
+def _tf_gather(params, indices, validate_indices=None, axis=None, batch_dims=0):
+    if batch_dims:
+        raise ValueError("tf.gather with batch_dims is not supported")
+    axis = 0 if axis is None else axis % params.dim()
+    index = torch.as_tensor(indices, dtype=torch.long, device=params.device)
+    out = params.index_select(axis, index.reshape(-1))
+    return out.reshape(params.shape[:axis] + index.shape + params.shape[axis + 1:])
+
+
+def _tf_cumsum(x, axis=0, exclusive=False, reverse=False):
+    dim = axis % x.dim()
+    y = x.flip(dim) if reverse else x
+    out = y.cumsum(dim)
+    if exclusive:  # each sum without its own element
+        out = out - y
+    return out.flip(dim) if reverse else out
+
+
+def _tf_pad(tensor, paddings, mode="CONSTANT", constant_values=0):
+    if str(mode).upper() != "CONSTANT":
+        raise ValueError(f"tf.pad with mode={str(mode)[:20]!r} is not supported (CONSTANT is)")
+    flat = [int(p) for pair in reversed(list(paddings)) for p in pair]  # F.pad: last dimension first
+    return F.pad(tensor, flat, value=constant_values)
+
+
+def _tf_where(condition, x=None, y=None):
+    if x is None or y is None:
+        raise ValueError("tf.where with one argument (the indices form) is not supported")
+    like = x if isinstance(x, torch.Tensor) else y
+    return torch.where(_tensor(condition, like).bool(), _tensor(x, y), _tensor(y, x))
+
+
+def _tf_split(value, num_or_size_splits, axis=0, num=None):
+    dim = axis % value.dim()
+    if isinstance(num_or_size_splits, int):
+        return list(value.chunk(num_or_size_splits, dim))
+    sizes = list(num_or_size_splits)
+    if sizes.count(-1) == 1:  # one size left to be inferred
+        sizes[sizes.index(-1)] = value.shape[dim] - sum(s for s in sizes if s != -1)
+    return list(value.split(sizes, dim))
+
+
 _TF_FUNCTIONS: Dict[str, Callable] = {
     **{f"{p}reduce_{n}": _over_axes(f) for p in ("math.", "") for n, f in (
         ("sum", lambda x, a, k: x.sum(dim=a, keepdim=k)), ("mean", lambda x, a, k: x.mean(dim=a, keepdim=k)),
@@ -499,6 +550,20 @@ _TF_FUNCTIONS: Dict[str, Callable] = {
     "nn.log_softmax": lambda logits, axis=None: F.log_softmax(logits, dim=-1 if axis is None else axis),
     "math.l2_normalize": _tf_l2_normalize, "nn.l2_normalize": _tf_l2_normalize,
     "clip_by_value": lambda t, clip_value_min, clip_value_max: torch.clamp(t, clip_value_min, clip_value_max),
+    **{name: _tf_unary(fn) for name, fn in (
+        ("math.floor", torch.floor), ("math.ceil", torch.ceil), ("math.round", torch.round), ("math.sign", torch.sign),
+        ("math.log1p", torch.log1p), ("math.expm1", torch.expm1), ("math.reciprocal", torch.reciprocal),
+        ("math.sin", torch.sin), ("math.cos", torch.cos), ("math.softsign", F.softsign), ("nn.softsign", F.softsign))},
+    "nn.leaky_relu": lambda features, alpha=0.2: F.leaky_relu(features, alpha),
+    "math.floordiv": _pair(torch.floor_divide), "compat.v1.floor_div": _pair(torch.floor_divide),
+    "math.floormod": _pair(torch.remainder),
+    "reverse": lambda tensor, axis: tensor.flip(_tf_dims(axis, tensor)),
+    "gather": _tf_gather, "compat.v1.gather": _tf_gather,
+    "math.cumsum": _tf_cumsum, "cumsum": _tf_cumsum,
+    "pad": _tf_pad, "compat.v1.pad": _tf_pad,
+    "where": _tf_where, "compat.v1.where": _tf_where, "where_v2": _tf_where,
+    "unstack": lambda value, num=None, axis=0: list(value.unbind(axis % value.dim())),
+    "split": _tf_split,
 }
 TF_FUNCTIONS = frozenset(_TF_FUNCTIONS)
 
@@ -516,7 +581,9 @@ class TFCall(nn.Module):
         n = len(inputs) - len(self.tensor_names)
         kwargs = dict(self.constants)
         kwargs.update({name: inputs[n + i] for i, name in enumerate(self.tensor_names)})
-        return [self.fn(*[_fill(a, inputs[:n]) for a in self.template], **kwargs)], [None]
+        out = self.fn(*[_fill(a, inputs[:n]) for a in self.template], **kwargs)
+        outs = out if isinstance(out, list) else [out]  # tf.unstack / tf.split: one output per piece
+        return outs, [None] * len(outs)
 
     def extra_repr(self):
         return f"tf.{self.function}"
@@ -563,6 +630,8 @@ def build_tf_call(cfg, ctx):
     except TypeError:
         raise ctx.error(f"tf.{function} is called with arguments {sorted(constants) + tensor_names} that it does "
                         "not take here") from None
+    for value in call.constants:
+        _check_tf_value(value, ctx)
     return TFCall(function, fn, call.args or [TensorArg(0)], constants, tensor_names)
 
 

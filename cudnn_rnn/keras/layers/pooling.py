@@ -66,11 +66,14 @@ class Pooling(_Single):
 
 
 class GlobalPooling(nn.Module):
-    """The mean or max over every spatial axis; the 1-D mean over the real steps of a mask."""
+    """The mean or max over every spatial axis; the 1-D mean over the real steps of a mask.
+    Keras 3 selects the real steps; tf.keras 2 multiplies by the mask (multiply_mask), so a NaN or
+    an infinity at a masked step makes the mean NaN there."""
 
-    def __init__(self, average: bool, rank: int, keepdims: bool, channels_last: bool):
+    def __init__(self, average: bool, rank: int, keepdims: bool, channels_last: bool, multiply_mask: bool = False):
         super().__init__()
         self.average, self.rank, self.keepdims, self.channels_last = average, rank, keepdims, channels_last
+        self.multiply_mask = multiply_mask
 
     def forward(self, inputs, masks):
         x, mask = inputs[0], masks[0]
@@ -80,7 +83,8 @@ class GlobalPooling(nn.Module):
         if mask is None or self.rank != 1:
             return [x.mean(dim=axes, keepdim=self.keepdims)], [None]
         m = mask.bool().unsqueeze(2 if self.channels_last else 1)
-        total = torch.where(m, x, torch.zeros_like(x)).sum(dim=axes, keepdim=self.keepdims)
+        kept = x * m.to(x.dtype) if self.multiply_mask else torch.where(m, x, torch.zeros_like(x))
+        total = kept.sum(dim=axes, keepdim=self.keepdims)
         return [total / m.to(x.dtype).sum(dim=axes, keepdim=self.keepdims)], [None]
 
 
@@ -146,7 +150,7 @@ def build_pool(cfg, ctx):
 @builder(*_GLOBAL, weights=False)
 def build_global_pool(cfg, ctx):
     return GlobalPooling("Av" in ctx.spec.class_name, class_rank(ctx), Values(cfg, ctx).bool("keepdims", False),
-                         channels_last_format(cfg, ctx))
+                         channels_last_format(cfg, ctx), multiply_mask=ctx.keras_major < 3)
 
 
 @builder(*_ADAPTIVE, weights=False)

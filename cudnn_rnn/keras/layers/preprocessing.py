@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .base import _Single, channels_last_format, from_channels_first, to_channels_first
+from .base import _Single, channels_last_format, from_channels_first, to_channels_first, without_mask_in_keras2
 from .registry import builder
 from .values import MAX_SIZE, Values
 
@@ -45,7 +45,7 @@ class Augmentation(_Single):
 
 
 class Rescaling(_Single):
-    keeps_mask = True  # Keras 3 passes the mask on (tf.keras 2 refused a masked input)
+    keeps_mask = True  # Keras 3 passes the mask on (tf.keras 2 drops it: without_mask_in_keras2)
 
     def __init__(self, scale: torch.Tensor, offset: torch.Tensor):
         super().__init__()
@@ -148,7 +148,7 @@ def build_augmentation(cfg, ctx):
 
 @builder("Rescaling", weights=False)
 def build_rescaling(cfg, ctx):
-    return Rescaling(_numbers(cfg, ctx, "scale", 1.0), _numbers(cfg, ctx, "offset", 0.0))
+    return without_mask_in_keras2(Rescaling(_numbers(cfg, ctx, "scale", 1.0), _numbers(cfg, ctx, "offset", 0.0)), ctx)
 
 
 def _normalization_has_weights(cfg) -> bool:
@@ -165,15 +165,17 @@ def build_normalization(cfg, ctx):
         if mean.shape != variance.shape or mean.size > MAX_SIZE or not np.all(np.isfinite(mean)) or \
                 not np.all(np.isfinite(variance)):
             raise ctx.error("config mean and variance must be finite numbers of one shape")
-        return Standardize(torch.as_tensor(mean, dtype=ctx.dtype), torch.as_tensor(variance, dtype=ctx.dtype), axes,
-                           invert, adapted=False)
+        return without_mask_in_keras2(Standardize(torch.as_tensor(mean, dtype=ctx.dtype),
+                                                  torch.as_tensor(variance, dtype=ctx.dtype), axes, invert,
+                                                  adapted=False), ctx)
     (w,) = ctx.weights.take([("", 3)])
     mean, variance, count = (np.asarray(a) for a in w)
     if mean.shape != variance.shape or mean.ndim != len(axes) or count.size != 1:
         raise ctx.error(f"Normalization weights have shapes {[mean.shape, variance.shape, count.shape]}; "
                         f"expected mean and variance of {len(axes)} axes and a count")
-    return Standardize(torch.as_tensor(mean, dtype=ctx.dtype), torch.as_tensor(variance, dtype=ctx.dtype), axes, invert,
-                       adapted=True)
+    return without_mask_in_keras2(Standardize(torch.as_tensor(mean, dtype=ctx.dtype),
+                                              torch.as_tensor(variance, dtype=ctx.dtype), axes, invert, adapted=True),
+                                  ctx)
 
 
 @builder("CenterCrop", weights=False)
