@@ -431,7 +431,7 @@ def _tf_slice(spec):
 
 def _tf_getitem(tensor, slice_spec):
     spec = slice_spec if isinstance(slice_spec, list) else [slice_spec]
-    return tensor[tuple(_tf_slice(s) for s in spec)]
+    return _get_item(tensor, [_tf_slice(s) for s in spec])  # (negative steps: h[:, ::-1])
 
 
 def _tf_transpose(a, perm=None, conjugate=False):
