@@ -639,3 +639,29 @@ def test_keras_bfloat16_weight_loads_as_its_values(tmp_path):
     bias = next(p for n, p in model.named_parameters() if n.endswith("bias") and "lstm" in n)
     expected = np.full(24, 0x4141 << 16, np.uint32).view(np.float32)   # 12.0625 each
     np.testing.assert_array_equal(bias.detach().numpy(), expected)
+
+
+TF_OPS = os.path.join(DATA, "tfk_more_tf_ops.keras")
+
+
+@pytest.mark.parametrize("old,new,message", [
+    # tf.keras's constant first argument belongs to recorded TensorFlow calls only
+    ('[["input_1", 0, 0, {}]]', '[["_CONSTANT_VALUE", -1, 2.0, {}]]', r"constant input 2.0 to a GRU layer"),
+    ('"_CONSTANT_VALUE", -1, 2.0', '"_CONSTANT_VALUE", -1, "' + "x" * 60 + '"', "too long"),
+    ('"_CONSTANT_VALUE", -1, 2.0', '"_CONSTANT_VALUE", -1, {"a": 1}', "not supported"),
+    ('"indices": [3, 0, 2]', '"indices": [3, 0, 99]', "does not run"),
+])
+def test_hostile_tensorflow_call_arguments(tmp_path, old, new, message):
+    p = tmp_path / "c.keras"
+
+    def edit(name, data):
+        if name != "config.json":
+            return data
+        text = data.decode()
+        assert old in text
+        return text.replace(old, new, 1).encode()
+
+    _rewrite_zip(TF_OPS, p, edit)
+    with pytest.raises(ConversionError, match=message) as e:
+        load_keras(p)
+    assert str(p) in str(e.value)
