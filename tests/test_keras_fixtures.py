@@ -45,6 +45,7 @@ CASES = [
     ("tfk_masks", "tfk_masks.keras", None),
     ("tfk_more_tf_ops", "tfk_more_tf_ops.h5", None),
     ("tfk_more_tf_ops", "tfk_more_tf_ops.keras", None),
+    ("tfk_unit_norm", "tfk_unit_norm.h5", None),
 ]
 
 # Outputs in which Keras computes NaN on purpose: tf.keras 2's masked GlobalAveragePooling1D

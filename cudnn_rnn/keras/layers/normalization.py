@@ -147,13 +147,19 @@ class RMSNormalization(_Single):
 
 
 class UnitNormalization(_Single):
-    def __init__(self, axes):
+    """x / max(||x||, 1e-12) (Keras 3: keras.ops.normalize(order=2, epsilon=1e-12)), or
+    x / sqrt(max(||x||^2, 1e-12)) (tf.keras 2: tf.math.l2_normalize), which differ for a norm
+    below 1e-6."""
+
+    def __init__(self, axes, keras3: bool = True):
         super().__init__()
-        self.axes = tuple(axes)
+        self.axes, self.keras3 = tuple(axes), keras3
 
     def apply(self, x):
-        axes = _axes(self.axes, x)  # keras.ops.normalize(order=2, epsilon=1e-12)
-        return x * torch.clamp(torch.rsqrt((x * x).sum(dim=axes, keepdim=True)), max=1e12)
+        squares = (x * x).sum(dim=_axes(self.axes, x), keepdim=True)
+        if self.keras3:
+            return x * torch.clamp(torch.rsqrt(squares), max=1e12)
+        return x * torch.rsqrt(torch.clamp(squares, min=1e-12))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,4 +226,4 @@ def build_rms_normalization(cfg, ctx):
 
 @builder("UnitNormalization", weights=False)
 def build_unit_normalization(cfg, ctx):
-    return UnitNormalization(Values(cfg, ctx).axes())
+    return UnitNormalization(Values(cfg, ctx).axes(), keras3=ctx.keras_major >= 3)
