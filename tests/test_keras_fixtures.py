@@ -46,6 +46,7 @@ CASES = [
     ("tfk_more_tf_ops", "tfk_more_tf_ops.h5", None),
     ("tfk_more_tf_ops", "tfk_more_tf_ops.keras", None),
     ("tfk_unit_norm", "tfk_unit_norm.h5", None),
+    ("tfk_random_crop", "tfk_random_crop.h5", None),
 ]
 
 # Outputs in which Keras computes NaN on purpose: tf.keras 2's masked GlobalAveragePooling1D

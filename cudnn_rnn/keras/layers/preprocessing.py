@@ -22,8 +22,15 @@ AUGMENTATION = (
     "RandomContrast", "RandomCrop", "RandomElasticTransform", "RandomErasing", "RandomFlip", "RandomGaussianBlur",
     "RandomGrayscale", "RandomHue", "RandomInvert", "RandomPerspective", "RandomPosterization", "RandomRotation",
     "RandomSaturation", "RandomSharpness", "RandomShear", "RandomTranslation", "RandomZoom", "Solarization",
-    "MaxNumBoundingBoxes",
+    "MaxNumBoundingBoxes", "RandomHeight", "RandomWidth",  # (the last two: tf.keras 2)
 )
+
+
+def _refuse_training(module):
+    if module.training:
+        raise RuntimeError(f"{module.class_name} is a Keras augmentation layer: it is the identity at inference, and "
+                           "its random training-time transform is not reproduced here; call model.eval(), or "
+                           "augment the data before the model")
 
 
 class Augmentation(_Single):
@@ -34,10 +41,7 @@ class Augmentation(_Single):
         self.class_name = class_name
 
     def apply(self, x):
-        if self.training:
-            raise RuntimeError(f"{self.class_name} is a Keras augmentation layer: it is the identity at inference, and "
-                               "its random training-time transform is not reproduced here; call model.eval(), or "
-                               "augment the data before the model")
+        _refuse_training(self)
         return x
 
     def extra_repr(self):
@@ -143,6 +147,9 @@ def _numbers(cfg, ctx, key: str, default: float) -> torch.Tensor:
 
 @builder(*AUGMENTATION, weights=False)
 def build_augmentation(cfg, ctx):
+    if ctx.spec.class_name == "RandomCrop" and ctx.keras_major < 3:
+        v = Values(cfg, ctx)
+        return Keras2RandomCrop(v.int("height", lo=1), v.int("width", lo=1), "bilinear", True, True)
     return Augmentation(ctx.spec.class_name)
 
 
@@ -272,6 +279,17 @@ def build_resizing(cfg, ctx):
         raise ctx.error("Resizing with pad_to_aspect_ratio or antialias is not supported")
     return Resizing(v.int("height", lo=1), v.int("width", lo=1), interpolation, v.bool("crop_to_aspect_ratio", False),
                     channels_last_format(cfg, ctx))
+
+
+class Keras2RandomCrop(Resizing):
+    """tf.keras 2's RandomCrop at inference: the largest centred crop of the target's aspect
+    ratio, resized bilinearly to (height, width) (its smart_resize). Keras 3's is the identity."""
+
+    class_name = "RandomCrop"
+
+    def apply(self, x):
+        _refuse_training(self)
+        return super().apply(x)
 
 
 class IntegerLookup(_Single):
