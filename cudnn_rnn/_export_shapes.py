@@ -56,3 +56,22 @@ def export_from_length(export: Callable, shapes_from: Callable, shortest: int, l
             if 2 * minimum > longest_minimum or "Constraints violated" not in _text(e):
                 raise
             minimum *= 2
+
+
+def length_failure(error: BaseException):
+    """What an export that no range of lengths satisfies says (torch.export's violated
+    constraints, the fixes it suggests), or None for any other failure."""
+    text = _text(error)
+    if "Constraints violated" not in text:
+        return None
+    fixes = []
+    if "Suggested fixes:" in text:
+        for line in text[text.index("Suggested fixes:") + len("Suggested fixes:"):].strip().splitlines():
+            if " = " not in line:
+                break
+            fixes.append(line.strip())
+    found = f" (torch.export: {'; '.join(fixes)})" if fixes else ""
+    return (f"the model computes for particular lengths only{found}: a layer's shapes hold at some lengths, e.g. a "
+            "split of the time axis into equal parts or a reshape to a fixed length; export it at the lengths the "
+            "file declares (without --any-length)")
+

@@ -138,14 +138,10 @@ def cmd_convert(args) -> int:
             return 2
     model = _load(args)
     if args.out.endswith((".pt2", ".onnx")):
-        from ._export_shapes import export_from_length
+        from ._export_shapes import export_from_length, length_failure
 
-        free, fixed = [], []
-        for i, (_dtype, shape) in enumerate(model.input_specs):
-            if len(shape) > 1 and (shape[1] is None or args.any_length):  # each input its own length
-                free.append(i)
-            elif len(shape) > 1:
-                fixed.append(f"input {i}: {shape[1]}")
+        free = model.length_inputs(args.any_length)  # each input its own length
+        fixed = [f"input {i}: {model.input_specs[i][1][1]}" for i in model.length_inputs(True) if i not in free]
         if fixed:
             print(f"cudnn-rnn: the file declares fixed lengths ({', '.join(fixed)}), which the export keeps; "
                   "--any-length makes them dynamic", file=sys.stderr)
@@ -180,6 +176,12 @@ def cmd_convert(args) -> int:
         except OnnxExportError as e:
             print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX: {e}", file=sys.stderr)
             return 2
+        except Exception as e:  # noqa: BLE001 - torch's, when no range of lengths holds
+            if length_failure(e) is None:
+                raise
+            print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX for any length: {length_failure(e)}",
+                  file=sys.stderr)
+            return 2
         status = _check_onnx(args.out, model, example(minimum))
         if status:
             return status
@@ -188,8 +190,15 @@ def cmd_convert(args) -> int:
     elif args.out.endswith(".pt2"):
         # forward(*inputs): the varargs are one packed argument for export
         _say(args, "exporting with torch.export (dynamic batch and time)")
-        program, minimum = export_from_length(
-            lambda shapes, m: torch.export.export(model, example(m), dynamic_shapes=shapes), shapes_from, shortest, 1024)
+        try:
+            program, minimum = export_from_length(
+                lambda shapes, m: torch.export.export(model, example(m), dynamic_shapes=shapes), shapes_from, shortest,
+                1024)
+        except Exception as e:  # noqa: BLE001 - torch's, when no range of lengths holds
+            if length_failure(e) is None:
+                raise
+            print(f"cudnn-rnn: {args.out}: cannot be exported for any length: {length_failure(e)}", file=sys.stderr)
+            return 2
         torch.export.save(program, args.out)
         _say_inputs(free, minimum, example(minimum))
         print("load it with: import cudnn_rnn, torch; torch.export.load(PATH) (the program calls cudnn_rnn's ops, "

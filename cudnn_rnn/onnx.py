@@ -566,6 +566,26 @@ def _require_exporter() -> None:
                           "onnxruntime (cudnn_rnn's [onnx] extra)")
 
 
+def _fixed_dimensions(program, dynamic) -> List[str]:
+    """The input dimensions asked to be dynamic that the exported graph holds constant: where
+    torch.export cannot prove the shapes over the range, torch.onnx falls back to a draft export,
+    which specialises them without a word."""
+    def specs(value):
+        if isinstance(value, (tuple, list)):
+            for v in value:
+                yield from specs(v)
+        else:
+            yield value
+
+    fixed = []
+    for graph_input, spec in zip(program.model.graph.inputs, specs(dynamic)):
+        for dim in (spec or {}):
+            size = graph_input.shape[dim] if graph_input.shape is not None else None
+            if isinstance(size, int):
+                fixed.append(f"dimension {dim} of {graph_input.name} ({size})")
+    return fixed
+
+
 def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], dynamic_batch_and_time: bool = True,
            dynamic_shapes=None, **kwargs) -> torch.onnx.ONNXProgram:
     """``torch.onnx.export`` (dynamo) of a model with cudnn_rnn's layers translated to ONNX.
@@ -582,8 +602,10 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
             the fewest over which torch can prove the model's shapes (at most the example's
             length: give a long enough example to a model that pools over time); 2-D float
             inputs (initial states, a mask given as 0/1 floats) keep their batch only, so pass a
-            mask as bool. Default: ``True``.
-        dynamic_shapes (optional): torch.export's form, instead of the above. Default: ``None``.
+            mask as bool. A dimension torch cannot prove the model's shapes over (a ConvLSTM
+            state's first spatial one) keeps the example's size. Default: ``True``.
+        dynamic_shapes (optional): torch.export's form, instead of the above; every dimension it
+            makes dynamic must stay so, or the export is refused. Default: ``None``.
         **kwargs (Any): passed to ``torch.onnx.export`` (``verbose=True`` shows its progress;
             the weights go inside the ``.onnx`` file unless they pass 1.5 GB or
             ``external_data=True``).
@@ -610,8 +632,12 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
 
     def run(dynamic, _minimum=None):
         with _quiet_optimizer(kwargs["verbose"]):
-            return torch.onnx.export(model, args, str(path), dynamo=True, custom_translation_table=TRANSLATIONS,
-                                     dynamic_shapes=dynamic, **kwargs)
+            program = torch.onnx.export(model, args, str(path), dynamo=True, custom_translation_table=TRANSLATIONS,
+                                        dynamic_shapes=dynamic, **kwargs)
+        fixed = _fixed_dimensions(program, dynamic) if dynamic_shapes is not None else []
+        if fixed:  # (worded as torch.export's own refusal: export_from_length tries a longer minimum)
+            raise ValueError(f"Constraints violated: the ONNX exporter made {', '.join(fixed)} a constant")
+        return program
 
     try:
         if dynamic_shapes is not None or not dynamic_batch_and_time:

@@ -358,6 +358,41 @@ def test_cli_any_length_of_a_fixed_length_file_with_reversed_slices(tmp_path):
                 np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
+def test_cli_any_length_keeps_state_inputs_and_refuses_length_bound_models(tmp_path):
+    """--any-length frees the length of sequence inputs only: the state inputs (batch, units) of
+    tf_keras's stacked-cells fixture keep their sizes (they were given a free second dimension,
+    and the export failed), and the program matches the eager model at three lengths. A model that
+    splits the time axis into halves (tf.split(h, 2, axis=1)) holds at even lengths only: convert
+    says so, for .pt2 and for .onnx (whose exporter fell back to a fixed length without a word)."""
+    import onnxruntime as ort
+
+    data = os.path.join(ROOT, "tests", "fixtures", "data")
+    fixture = os.path.join(data, "tfk_stacked_states.h5")
+    model = load_keras(fixture)
+    for ext in ("pt2", "onnx"):
+        out = _cli("convert", fixture, str(tmp_path / f"m.{ext}"), "--any-length")
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "[batch, time, 4]; float32 [batch, 3]; float32 [batch, 4]; float32 [batch, 4]" in out.stdout
+        if ext == "pt2":
+            program = torch.export.load(str(tmp_path / "m.pt2")).module()
+        else:
+            session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+        for T in (3, 6, 17):
+            xs = [torch.rand(2, T, 4) * 2 - 1] + [torch.rand(2, n) * 2 - 1 for n in (3, 4, 4)]
+            with torch.no_grad():
+                want = [y.numpy() for y in model(*xs)]
+            got = ([y.detach().numpy() for y in program(*xs)] if ext == "pt2" else
+                   session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), xs)}))
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    split = os.path.join(data, "tfk_more_tf_ops.h5")
+    for ext in ("pt2", "onnx"):
+        out = _cli("convert", split, str(tmp_path / f"split.{ext}"), "--any-length")
+        assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+        assert "cannot be exported" in out.stderr and "particular lengths only" in out.stderr, out.stderr[-2000:]
+        assert "Traceback" not in out.stderr
+
+
 @pytest.mark.keras
 def test_cli_exports_a_model_that_needs_a_minimum_length(tmp_path):
     """keras.io's CNN-LSTM (Embedding, Conv1D(kernel 5), MaxPooling1D(4), LSTM) runs from 8 steps.

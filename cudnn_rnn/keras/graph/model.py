@@ -18,10 +18,12 @@ def _module_key(name: str) -> str:
     return name.replace(".", "_")
 
 
-def _takes_time(j: int, size, any_length: bool) -> bool:
-    """Whether dimension j + 1 of a declared input shape takes an example's length: a free one,
-    or with any_length the second dimension whatever the file declares."""
-    return size is None or (any_length and j == 0)
+def _takes_time(j: int, size, any_length: bool, dtype: str, rank: int) -> bool:
+    """Whether dimension j + 1 of a declared input shape (of `rank` dimensions with the batch)
+    takes an example's length: a free one, or with any_length the second dimension of a sequence
+    whatever the file declares: an input of three or more dimensions, or of two holding ids or a
+    mask (a two-dimensional floating input is a vector: an initial state, features)."""
+    return size is None or (any_length and j == 0 and (rank >= 3 or "float" not in dtype))
 
 
 class KerasModel(nn.Module):
@@ -157,11 +159,13 @@ class KerasModel(nn.Module):
         """Inputs of the declared shapes (free dimensions: batch, then time) for tracing,
         exporting and checking: bool masks, int64 ids for every integer input (torch's and numpy's
         default integer, what an exported program then takes), floats in the parameters' dtype.
-        any_length: the second dimension is ``time`` where the file declares a fixed length too."""
+        any_length: the second dimension of a sequence is ``time`` where the file declares a fixed
+        length too (length_inputs)."""
         float_dtype = self._floating or torch.float32
         out = []
         for dtype, shape in self.input_specs:
-            dims = [batch] + [time if _takes_time(j, d, any_length) else int(d) for j, d in enumerate(shape[1:])]
+            dims = [batch] + [time if _takes_time(j, d, any_length, dtype, len(shape)) else int(d)
+                              for j, d in enumerate(shape[1:])]
             if dtype == "bool":  # an explicit mask input
                 out.append(torch.ones(dims, dtype=torch.bool))
             else:
@@ -170,7 +174,7 @@ class KerasModel(nn.Module):
 
     def shortest_length(self, at_least: int = 2, limit: int = 4096, any_length: bool = False) -> int:
         """The fewest steps from ``at_least`` on that the model runs on, given to every free
-        dimension as example_inputs does (with any_length, to every second dimension too): a
+        dimension as example_inputs does (with any_length, to every sequence's second too): a
         valid convolution or a pooling over time needs a minimum length (Keras's CNN-LSTM:
         Conv1D(kernel 5), MaxPooling1D(4) runs from 8 steps). ``at_least`` where the model declares
         no free dimension, or runs at no length up to ``limit`` (its own run then says why).
@@ -200,8 +204,15 @@ class KerasModel(nn.Module):
 
     def has_free_length(self, any_length: bool = False) -> bool:
         """Whether example_inputs' ``time`` reaches some input dimension (a free one; with
-        any_length, every second dimension too)."""
-        return any(_takes_time(j, d, any_length) for _, shape in self.input_specs for j, d in enumerate(shape[1:]))
+        any_length, the second dimension of every sequence too)."""
+        return any(_takes_time(j, d, any_length, dtype, len(shape))
+                   for dtype, shape in self.input_specs for j, d in enumerate(shape[1:]))
+
+    def length_inputs(self, any_length: bool = False) -> List[int]:
+        """The inputs whose second dimension takes example_inputs' ``time`` (an export makes it
+        dynamic)."""
+        return [i for i, (dtype, shape) in enumerate(self.input_specs)
+                if len(shape) > 1 and _takes_time(0, shape[1], any_length, dtype, len(shape))]
 
     def reset_states(self) -> None:
         """Zero states in every stateful recurrent layer (a trial run leaves nothing behind)."""
