@@ -177,10 +177,10 @@ def cmd_convert(args) -> int:
             print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX: {e}", file=sys.stderr)
             return 2
         except Exception as e:  # noqa: BLE001 - torch's, when no range of lengths holds
-            if length_failure(e) is None:
+            why = length_failure(e)
+            if why is None:
                 raise
-            print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX for any length: {length_failure(e)}",
-                  file=sys.stderr)
+            print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX for any length: {why}", file=sys.stderr)
             return 2
         status = _check_onnx(args.out, model, example(minimum))
         if status:
@@ -195,9 +195,10 @@ def cmd_convert(args) -> int:
                 lambda shapes, m: torch.export.export(model, example(m), dynamic_shapes=shapes), shapes_from, shortest,
                 1024)
         except Exception as e:  # noqa: BLE001 - torch's, when no range of lengths holds
-            if length_failure(e) is None:
+            why = length_failure(e)
+            if why is None:
                 raise
-            print(f"cudnn-rnn: {args.out}: cannot be exported for any length: {length_failure(e)}", file=sys.stderr)
+            print(f"cudnn-rnn: {args.out}: cannot be exported for any length: {why}", file=sys.stderr)
             return 2
         torch.export.save(program, args.out)
         _say_inputs(free, minimum, example(minimum))

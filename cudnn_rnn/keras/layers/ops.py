@@ -478,9 +478,9 @@ def _tf_gather(params, indices, validate_indices=None, axis=None, batch_dims=0):
 def _tf_cumsum(x, axis=0, exclusive=False, reverse=False):
     dim = axis % x.dim()
     y = x.flip(dim) if reverse else x
+    if exclusive:  # each sum without its own element: the sums of y shifted one step
+        y = torch.cat([torch.zeros_like(y.narrow(dim, 0, 1)), y.narrow(dim, 0, y.shape[dim] - 1)], dim)
     out = y.cumsum(dim)
-    if exclusive:  # each sum without its own element
-        out = out - y
     return out.flip(dim) if reverse else out
 
 
