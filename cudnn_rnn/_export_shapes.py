@@ -59,19 +59,20 @@ def export_from_length(export: Callable, shapes_from: Callable, shortest: int, l
 
 
 def length_failure(error: BaseException):
-    """What an export that no range of lengths satisfies says (torch.export's violated
-    constraints, the fixes it suggests), or None for any other failure."""
+    """Why torch.export found no range of lengths to export over (the violated guard, or the
+    constant it made a length), or None for any other failure."""
     text = _text(error)
     if "Constraints violated" not in text:
         return None
+    lines = [line.strip() for line in text.splitlines()]
     fixes = []
-    if "Suggested fixes:" in text:
-        for line in text[text.index("Suggested fixes:") + len("Suggested fixes:"):].strip().splitlines():
+    if "Suggested fixes:" in lines:
+        for line in lines[lines.index("Suggested fixes:") + 1:]:
             if " = " not in line:
                 break
-            fixes.append(line.strip())
-    found = f" (torch.export: {'; '.join(fixes)})" if fixes else ""
-    return (f"the model computes for particular lengths only{found}: a layer's shapes hold at some lengths, e.g. a "
-            "split of the time axis into equal parts or a reshape to a fixed length; export it at the lengths the "
-            "file declares (without --any-length)")
-
+            fixes.append(line)
+    guards = [line[2:] for line in lines if line.startswith("- Not all values")]
+    said = f"it suggests {'; '.join(fixes)}" if fixes else (guards[0][:300] if guards else "")
+    return ("torch.export cannot prove the model's shapes over every length" + (f" ({said})" if said else "") +
+            ": a layer's shapes may hold at particular lengths only (a split of the time axis into equal parts, a "
+            "reshape to a fixed length)")

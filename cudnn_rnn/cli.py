@@ -115,6 +115,11 @@ def _say_inputs(free, minimum: int, example) -> None:
               "shapes, which its convolutions, pooling or slices over time limit)")
 
 
+def _fixed_advice(args) -> str:
+    return "; export it at the lengths the file declares (without --any-length)" if args.any_length else \
+        "; please report it"
+
+
 def cmd_convert(args) -> int:
     import os
 
@@ -180,7 +185,8 @@ def cmd_convert(args) -> int:
             why = length_failure(e)
             if why is None:
                 raise
-            print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX for any length: {why}", file=sys.stderr)
+            print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX for any length: {why}{_fixed_advice(args)}",
+                  file=sys.stderr)
             return 2
         status = _check_onnx(args.out, model, example(minimum))
         if status:
@@ -198,7 +204,8 @@ def cmd_convert(args) -> int:
             why = length_failure(e)
             if why is None:
                 raise
-            print(f"cudnn-rnn: {args.out}: cannot be exported for any length: {why}", file=sys.stderr)
+            print(f"cudnn-rnn: {args.out}: cannot be exported for any length: {why}{_fixed_advice(args)}",
+                  file=sys.stderr)
             return 2
         torch.export.save(program, args.out)
         _say_inputs(free, minimum, example(minimum))

@@ -61,6 +61,11 @@ BASES = [
     ("weights-k3", "k3_sequential.weights.h5", "k3_sequential.keras", "k3_sequential.npz", "keras"),
     ("weights-legacy", "tfk_sequential_weights.h5", "tfk_sequential.json", "tfk_sequential.npz", "keras"),
     ("converted", "k3_functional.pt", None, "k3_functional.npz", "converted"),
+    # tf.keras's constant arguments, nested nodes, several-output calls; its .keras zip; its
+    # versionless weights-only file read with a JSON architecture
+    ("legacy-more-tf-ops", "tfk_more_tf_ops.h5", None, "tfk_more_tf_ops.npz", "keras"),
+    ("tfk-zip-tf-ops", "tfk_more_tf_ops.keras", None, "tfk_more_tf_ops.npz", "keras"),
+    ("weights-tfk-v3", "tfk_stacked_states.weights.h5", "tfk_stacked_states.json", "tfk_stacked_states.npz", "keras"),
 ]
 
 

@@ -394,6 +394,32 @@ def test_cli_any_length_keeps_state_inputs_and_refuses_length_bound_models(tmp_p
 
 
 @pytest.mark.keras
+def test_cli_exports_an_activation_after_a_permuted_pooling(tmp_path):
+    """Permute, a channels_first pooling over the free length, Permute back, LeakyReLU: on the
+    transposed view the activation made torch.export compare strides over the pooled length (a
+    guard it cannot prove), so the export failed at every minimum; the .pt2 now takes every length
+    from the minimum it reports (a pooled length of 1 is specialised) and matches Keras there."""
+    import re
+
+    rng = np.random.RandomState(6)
+    model = keras.Sequential([keras.Input((None, 3)), layers.Permute((2, 1)),
+                              layers.AveragePooling1D(2, padding="same", data_format="channels_first"),
+                              layers.Permute((2, 1)), layers.LeakyReLU(0.2), layers.LSTM(4)])
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype("float32") for w in model.get_weights()])
+    model.save(tmp_path / "m.keras")
+    out = _cli("convert", str(tmp_path / "m.keras"), str(tmp_path / "m.pt2"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = re.search(r"time >= (\d+)", out.stdout)
+    minimum = int(said.group(1)) if said else 2
+    assert minimum <= 4, out.stdout
+    program = torch.export.load(str(tmp_path / "m.pt2")).module()
+    for T in (minimum, 7, 30):
+        x = rng.uniform(-1, 1, (2, T, 3)).astype("float32")
+        np.testing.assert_allclose(program(torch.as_tensor(x)).detach().numpy(),
+                                   keras.ops.convert_to_numpy(model(x)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.keras
 def test_cli_exports_a_model_that_needs_a_minimum_length(tmp_path):
     """keras.io's CNN-LSTM (Embedding, Conv1D(kernel 5), MaxPooling1D(4), LSTM) runs from 8 steps.
     convert finds that length: its .pt2 takes every length from the minimum torch.export proves

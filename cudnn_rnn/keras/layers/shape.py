@@ -51,7 +51,9 @@ class Permute(_Single):
         self.dims = (0,) + tuple(int(d) for d in dims)
 
     def apply(self, x):
-        return x.permute(self.dims)
+        # (contiguous: an elementwise op on the transposed view makes torch.export compare
+        # strides over a free length, a guard it cannot prove)
+        return x.permute(self.dims).contiguous()
 
 
 class RepeatVector(_Single):
