@@ -36,7 +36,9 @@ def same_padding(size: int, kernel: int, stride: int, dilation: int) -> Tuple[in
     """Keras's (TensorFlow's) "same" padding of one dimension: (before, after), the extra one after."""
     span = (kernel - 1) * dilation + 1
     out = (size + stride - 1) // stride
-    total = torch.sym_max(0, (out - 1) * stride + span - size)  # a symbolic size stays symbolic
+    total = (out - 1) * stride + span - size  # (out - 1) * stride >= size - stride: negative only when span < stride
+    if span < stride:
+        total = torch.sym_max(0, total)  # a symbolic size stays symbolic; without the max torch can simplify it
     return total // 2, total - total // 2
 
 

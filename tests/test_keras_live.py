@@ -394,17 +394,27 @@ def test_cli_any_length_keeps_state_inputs_and_refuses_length_bound_models(tmp_p
 
 
 @pytest.mark.keras
-def test_cli_exports_an_activation_after_a_permuted_pooling(tmp_path):
-    """Permute, a channels_first pooling over the free length, Permute back, LeakyReLU: on the
-    transposed view the activation made torch.export compare strides over the pooled length (a
-    guard it cannot prove), so the export failed at every minimum; the .pt2 now takes every length
-    from the minimum it reports (a pooled length of 1 is specialised) and matches Keras there."""
+@pytest.mark.parametrize("case", ["permuted", "attention"])
+def test_cli_exports_strided_same_pooling_followed_by_views(tmp_path, case):
+    """A "same" pooling of stride 2 over the free length, then: Permute back and LeakyReLU
+    (permuted: the activation on the transposed view made torch.export compare strides over the
+    pooled length), or a Dot self-attention (attention: its reshape compared the pooled length's
+    square divided by itself). Both guards are true, but torch could not prove them through the
+    padding's max(0, ...), so the export failed at every minimum. The padding needs no max where the
+    window is as long as the stride; the .pt2 takes every length from the minimum it reports (at
+    most 4: a pooled length of 1 is specialised) and matches Keras there."""
     import re
 
     rng = np.random.RandomState(6)
-    model = keras.Sequential([keras.Input((None, 3)), layers.Permute((2, 1)),
-                              layers.AveragePooling1D(2, padding="same", data_format="channels_first"),
-                              layers.Permute((2, 1)), layers.LeakyReLU(0.2), layers.LSTM(4)])
+    if case == "permuted":
+        body = [layers.Permute((2, 1)), layers.AveragePooling1D(2, padding="same", data_format="channels_first"),
+                layers.Permute((2, 1)), layers.LeakyReLU(0.2), layers.LSTM(4)]
+        model = keras.Sequential([keras.Input((None, 3))] + body)
+    else:
+        x_in = keras.Input((None, 3))
+        h = layers.MaxPooling1D(2, padding="same")(layers.Dense(4)(x_in))
+        scores = layers.Softmax()(layers.Dot(axes=(2, 2))([h, h]))
+        model = keras.Model(x_in, layers.GRU(3)(layers.Dot(axes=(2, 1))([scores, h])))
     model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype("float32") for w in model.get_weights()])
     model.save(tmp_path / "m.keras")
     out = _cli("convert", str(tmp_path / "m.keras"), str(tmp_path / "m.pt2"))

@@ -55,8 +55,10 @@ def to_channels_first(x: Tensor, channels_last: bool) -> Tensor:
 
 
 def from_channels_first(y: Tensor, channels_last: bool) -> Tensor:
-    """The inverse of to_channels_first."""
-    return y.movedim(1, -1) if channels_last else y
+    """The inverse of to_channels_first, contiguous: an elementwise op on the moved view makes
+    torch.export compare strides over a free length (after a strided convolution or pooling: a
+    guard it cannot prove, and the export fails)."""
+    return y.movedim(1, -1).contiguous() if channels_last else y
 
 
 def _channels_last(cfg, ctx):
