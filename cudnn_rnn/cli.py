@@ -115,9 +115,18 @@ def _say_inputs(free, minimum: int, example) -> None:
               "shapes, which its convolutions, pooling or slices over time limit)")
 
 
-def _fixed_advice(args) -> str:
-    return "; export it at the lengths the file declares (without --any-length)" if args.any_length else \
-        "; please report it"
+def _refused_lengths(args, error: BaseException, what: str) -> bool:
+    """Says, for an export torch.export found no range of lengths for, why (True); False for any
+    other failure."""
+    from ._export_shapes import length_failure
+
+    why = length_failure(error)
+    if why is None:
+        return False
+    advice = "export it at the lengths the file declares (without --any-length)" if args.any_length else \
+        "please report it"
+    print(f"cudnn-rnn: {args.out}: cannot be exported{what} for any length: {why}; {advice}", file=sys.stderr)
+    return True
 
 
 def cmd_convert(args) -> int:
@@ -143,7 +152,7 @@ def cmd_convert(args) -> int:
             return 2
     model = _load(args)
     if args.out.endswith((".pt2", ".onnx")):
-        from ._export_shapes import export_from_length, length_failure
+        from ._export_shapes import export_from_length
 
         free = model.length_inputs(args.any_length)  # each input its own length
         fixed = [f"input {i}: {model.input_specs[i][1][1]}" for i in model.length_inputs(True) if i not in free]
@@ -182,11 +191,8 @@ def cmd_convert(args) -> int:
             print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX: {e}", file=sys.stderr)
             return 2
         except Exception as e:  # noqa: BLE001 - torch's, when no range of lengths holds
-            why = length_failure(e)
-            if why is None:
+            if not _refused_lengths(args, e, " to ONNX"):
                 raise
-            print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX for any length: {why}{_fixed_advice(args)}",
-                  file=sys.stderr)
             return 2
         status = _check_onnx(args.out, model, example(minimum))
         if status:
@@ -201,11 +207,8 @@ def cmd_convert(args) -> int:
                 lambda shapes, m: torch.export.export(model, example(m), dynamic_shapes=shapes), shapes_from, shortest,
                 1024)
         except Exception as e:  # noqa: BLE001 - torch's, when no range of lengths holds
-            why = length_failure(e)
-            if why is None:
+            if not _refused_lengths(args, e, ""):
                 raise
-            print(f"cudnn-rnn: {args.out}: cannot be exported for any length: {why}{_fixed_advice(args)}",
-                  file=sys.stderr)
             return 2
         torch.export.save(program, args.out)
         _say_inputs(free, minimum, example(minimum))
