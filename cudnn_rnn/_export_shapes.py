@@ -38,24 +38,52 @@ def with_refined_shapes(export: Callable, shapes):
             if " = " not in line:
                 break
             fixes.append(line.strip())
-        if any(name.strip().startswith("time_") and value.strip().isdigit()
+        if any(name.strip().startswith("time_") and _restricts(value.strip())
                for name, value in (fix.split(" = ", 1) for fix in fixes)):
-            raise  # a sequence length made a constant: the export would take that length only
+            raise  # a sequence length made a constant or a multiple: the export would take those lengths only
         return export(refine_dynamic_shapes_from_suggested_fixes("Suggested fixes:\n" + "\n".join(fixes), shapes))
 
 
+def _restricts(value: str) -> bool:
+    """Whether a suggested fix for a length keeps only some lengths: a constant ("2048") or an
+    expression ("2*_time_0": the even ones), where a range ("Dim('time_0', min=4)") or another
+    length ("time_1": two inputs of one length) keeps every length it allows."""
+    return not value.startswith("Dim(") and (value.isdigit() or any(op in value for op in "*+-/%"))
+
+
 def export_from_length(export: Callable, shapes_from: Callable, shortest: int, longest_minimum: int):
-    """export(shapes_from(minimum), minimum) for the first minimum length, from ``shortest`` on and
-    doubling up to ``longest_minimum``, whose range holds every guard of the trace. Returns the
-    export's result and the minimum it took."""
-    minimum = max(2, shortest)  # torch.export specialises lengths 0 and 1
+    """export(shapes_from(minimum), minimum) for the fewest minimum length whose range holds every
+    guard of the trace: from ``shortest`` on, doubling up to ``longest_minimum``, then halving the
+    gap to the last one that failed. Returns the export's result and the minimum it took (the
+    export run last is that one's: an exporter may write a file)."""
+
+    def attempt(minimum):
+        return with_refined_shapes(lambda shapes: export(shapes, minimum), shapes_from(minimum))
+
+    def refused(error):  # a guard over the range: a longer minimum may hold it
+        return "Constraints violated" in _text(error)
+
+    minimum, failed = max(2, shortest), None  # torch.export specialises lengths 0 and 1
     while True:
         try:
-            return with_refined_shapes(lambda shapes: export(shapes, minimum), shapes_from(minimum)), minimum
+            result = attempt(minimum)
+            break
         except Exception as e:  # noqa: BLE001
-            if 2 * minimum > longest_minimum or "Constraints violated" not in _text(e):
+            if 2 * minimum > longest_minimum or not refused(e):
                 raise
-            minimum *= 2
+            failed, minimum = minimum, 2 * minimum
+    last_ok = True
+    while failed is not None and minimum - failed > 1:
+        middle = (failed + minimum) // 2
+        try:
+            result, minimum, last_ok = attempt(middle), middle, True
+        except Exception as e:  # noqa: BLE001
+            if not refused(e):
+                raise
+            failed, last_ok = middle, False
+    if not last_ok:
+        result = attempt(minimum)
+    return result, minimum
 
 
 def length_failure(error: BaseException):
