@@ -15,8 +15,9 @@ from .base import _Single, channels_last_format, from_channels_first, to_channel
 from .registry import builder
 from .values import MAX_SIZE, Values
 
-# Keras 3's image augmentation layers: random in training, the identity at inference (Keras's
-# BaseImagePreprocessingLayer returns its input unchanged when training is False).
+# Keras's image augmentation layers: random in training, the identity at inference (Keras 3's
+# BaseImagePreprocessingLayer returns its input unchanged when training is False; tf.keras 2's
+# RandomCrop resizes instead: Keras2RandomCrop).
 AUGMENTATION = (
     "AugMix", "CutMix", "Equalization", "MixUp", "RandAugment", "RandomBrightness", "RandomColorDegeneration", "RandomColorJitter",
     "RandomContrast", "RandomCrop", "RandomElasticTransform", "RandomErasing", "RandomFlip", "RandomGaussianBlur",
@@ -28,9 +29,9 @@ AUGMENTATION = (
 
 def _refuse_training(module):
     if module.training:
-        raise RuntimeError(f"{module.class_name} is a Keras augmentation layer: it is the identity at inference, and "
-                           "its random training-time transform is not reproduced here; call model.eval(), or "
-                           "augment the data before the model")
+        raise RuntimeError(f"{module.class_name} is a Keras augmentation layer: what it does at inference is "
+                           "reproduced, its random training-time transform is not; call model.eval(), or augment "
+                           "the data before the model")
 
 
 class Augmentation(_Single):
@@ -166,23 +167,22 @@ def _normalization_has_weights(cfg) -> bool:
 def build_normalization(cfg, ctx):
     axes = [] if "axis" in cfg and cfg["axis"] is None else Values(cfg, ctx).axes()  # None: no axis kept
     invert = Values(cfg, ctx).bool("invert", False)
-    if cfg.get("mean") is not None:
+    adapted = cfg.get("mean") is None
+    if not adapted:
         mean = np.asarray(cfg.get("mean"), dtype=np.float64)
         variance = np.asarray(cfg.get("variance"), dtype=np.float64)
         if mean.shape != variance.shape or mean.size > MAX_SIZE or not np.all(np.isfinite(mean)) or \
                 not np.all(np.isfinite(variance)):
             raise ctx.error("config mean and variance must be finite numbers of one shape")
-        return without_mask_in_keras2(Standardize(torch.as_tensor(mean, dtype=ctx.dtype),
-                                                  torch.as_tensor(variance, dtype=ctx.dtype), axes, invert,
-                                                  adapted=False), ctx)
-    (w,) = ctx.weights.take([("", 3)])
-    mean, variance, count = (np.asarray(a) for a in w)
-    if mean.shape != variance.shape or mean.ndim != len(axes) or count.size != 1:
-        raise ctx.error(f"Normalization weights have shapes {[mean.shape, variance.shape, count.shape]}; "
-                        f"expected mean and variance of {len(axes)} axes and a count")
-    return without_mask_in_keras2(Standardize(torch.as_tensor(mean, dtype=ctx.dtype),
-                                              torch.as_tensor(variance, dtype=ctx.dtype), axes, invert, adapted=True),
-                                  ctx)
+    else:
+        (w,) = ctx.weights.take([("", 3)])
+        mean, variance, count = (np.asarray(a) for a in w)
+        if mean.shape != variance.shape or mean.ndim != len(axes) or count.size != 1:
+            raise ctx.error(f"Normalization weights have shapes {[mean.shape, variance.shape, count.shape]}; "
+                            f"expected mean and variance of {len(axes)} axes and a count")
+    standardize = Standardize(torch.as_tensor(mean, dtype=ctx.dtype), torch.as_tensor(variance, dtype=ctx.dtype), axes,
+                              invert, adapted)
+    return without_mask_in_keras2(standardize, ctx)
 
 
 @builder("CenterCrop", weights=False)
