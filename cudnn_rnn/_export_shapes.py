@@ -8,7 +8,7 @@ specialises size-1 dimensions) is met by raising the minimum until the guard hol
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterator, List
 
 
 def error_chain(error: BaseException) -> Iterator[BaseException]:
@@ -21,23 +21,36 @@ def _text(error: BaseException) -> str:
     return "\n".join(str(e) for e in error_chain(error))
 
 
+def is_sequence(rank: int, floating: bool) -> bool:
+    """Whether an input's second dimension is a length: an input of three or more dimensions, or
+    of two holding ids or a mask (a two-dimensional floating input is a vector: an initial state,
+    features)."""
+    return rank >= 3 or (rank == 2 and not floating)
+
+
+def _suggested_fixes(text: str) -> List[str]:
+    """The "name = expr" lines that follow torch.export's "Suggested fixes:", nothing after them."""
+    if "Suggested fixes:" not in text:
+        return []
+    fixes = []
+    for line in text[text.index("Suggested fixes:") + len("Suggested fixes:"):].strip().splitlines():
+        if " = " not in line:
+            break
+        fixes.append(line.strip())
+    return fixes
+
+
 def with_refined_shapes(export: Callable, shapes):
     """export(shapes); where the model ties lengths together or needs a minimum, torch.export says
     so and suggests the ranges, which are applied once."""
     try:
         return export(shapes)
     except Exception as e:  # noqa: BLE001 - torch raises UserError, or the ONNX exporter wraps it
-        text = _text(e)
-        if "Suggested fixes" not in text:
+        fixes = _suggested_fixes(_text(e))
+        if not fixes:
             raise
         from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
 
-        lines = text[text.index("Suggested fixes:") + len("Suggested fixes:"):].strip().splitlines()
-        fixes = []
-        for line in lines:  # the "name = expr" lines that follow, nothing after them
-            if " = " not in line:
-                break
-            fixes.append(line.strip())
         if any(name.strip().startswith("time_") and _restricts(value.strip())
                for name, value in (fix.split(" = ", 1) for fix in fixes)):
             raise  # a sequence length made a constant or a multiple: the export would take those lengths only
@@ -92,14 +105,8 @@ def length_failure(error: BaseException):
     text = _text(error)
     if "Constraints violated" not in text:
         return None
-    lines = [line.strip() for line in text.splitlines()]
-    fixes = []
-    if "Suggested fixes:" in lines:
-        for line in lines[lines.index("Suggested fixes:") + 1:]:
-            if " = " not in line:
-                break
-            fixes.append(line)
-    guards = [line[2:] for line in lines if line.startswith("- Not all values")]
+    fixes = _suggested_fixes(text)
+    guards = [line.strip()[2:] for line in text.splitlines() if line.strip().startswith("- Not all values")]
     said = f"it suggests {'; '.join(fixes)}" if fixes else (guards[0][:300] if guards else "")
     return ("torch.export cannot prove the model's shapes over every length" + (f" ({said})" if said else "") +
             ": a layer's shapes may hold at particular lengths only (a split of the time axis into equal parts, a "

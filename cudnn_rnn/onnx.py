@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ._export_shapes import error_chain, export_from_length
+from ._export_shapes import error_chain, export_from_length, is_sequence
 
 # Keras activation -> (ONNX name, alpha, beta); None: the operator's own default / none taken
 _ACTIVATIONS: Dict[str, Tuple[str, Optional[float], Optional[float]]] = {
@@ -645,7 +645,7 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
         # time: dimension 1 of sequences (3-D and up) and token ids, each its own, from the
         # fewest steps whose range torch can prove the model's shapes over (a pooled length must
         # not be 1: the minimum doubles up to the example's own length)
-        timed = [i for i, a in enumerate(args) if a.dim() >= 3 or (a.dim() == 2 and not a.is_floating_point())]
+        timed = [i for i, a in enumerate(args) if is_sequence(a.dim(), a.is_floating_point())]
         batch = torch.export.Dim("batch", min=1)
 
         def shapes_from(minimum):

@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..._export_shapes import is_sequence
 from ..errors import ConversionError
 from .spec import ModelSpec, Ref, keras_run_order, tensor_refs
 from ..errors import few
@@ -21,9 +22,8 @@ def _module_key(name: str) -> str:
 def _takes_time(j: int, size, any_length: bool, dtype: str, rank: int) -> bool:
     """Whether dimension j + 1 of a declared input shape (of `rank` dimensions with the batch)
     takes an example's length: a free one, or with any_length the second dimension of a sequence
-    whatever the file declares: an input of three or more dimensions, or of two holding ids or a
-    mask (a two-dimensional floating input is a vector: an initial state, features)."""
-    return size is None or (any_length and j == 0 and (rank >= 3 or "float" not in dtype))
+    (is_sequence) whatever the file declares."""
+    return size is None or (any_length and j == 0 and is_sequence(rank, "float" in dtype))
 
 
 class KerasModel(nn.Module):
