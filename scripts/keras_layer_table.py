@@ -68,6 +68,17 @@ def page() -> str:
     for name, names, status, note in table:
         others = ", ".join(n for n in names if n != name)
         lines.append(f"| `{name}` | {others} | {status or 'NOT PLACED'} | {note} |")
+    lines += [
+        "",
+        "## Beyond keras.layers",
+        "",
+        "The layer classes `keras.applications` defines for its models (and tf.keras 2's) convert too "
+        "(`layers/applications.py`): ConvNeXt's `LayerScale` and `StochasticDepth`, InceptionResNetV2's "
+        "`CustomScaleLayer`. With them every architecture of `keras.applications` converts: VGG, ResNet (v1, v2, "
+        "tf.keras's ResNet-RS), DenseNet, Inception v3, Inception-ResNet v2, Xception, MobileNet v1-v3, NASNet, "
+        "EfficientNet (v1, v2), ConvNeXt and tf.keras's RegNet. A class of one of those names from another module "
+        "is the model's own, and needs a builder.",
+    ]
     return "\n".join(lines) + "\n"
 
 

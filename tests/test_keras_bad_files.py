@@ -178,6 +178,47 @@ def test_unsupported_layer(tmp_path):
         load_keras(p)
 
 
+APPLICATIONS = os.path.join(DATA, "k3_applications_layers.keras")
+APPLICATIONS_H5 = os.path.join(DATA, "tfk_applications_layers.h5")
+
+
+def test_applications_class_names_of_other_modules_are_refused(tmp_path):
+    """LayerScale and CustomScaleLayer convert as keras.applications defines them; a class of the
+    same name from another module is the user's own, and its builder decides."""
+    p = tmp_path / "own.keras"
+
+    def edit(name, data):
+        if name != "config.json":
+            return data
+        cfg = json.loads(data)
+        for layer in cfg["config"]["layers"]:
+            if layer["class_name"] == "LayerScale":
+                layer["module"] = "my_models.blocks"
+        return json.dumps(cfg).encode()
+
+    _rewrite_zip(APPLICATIONS, p, edit)
+    with pytest.raises(ConversionError, match=r"layer class LayerScale of module 'my_models.blocks' is not "
+                                              r"supported .* custom_layers=\{'LayerScale': builder\}"):
+        load_keras(p)
+
+
+@pytest.mark.parametrize("class_name,key", [("LayerScale", "axis"), ("Custom>CustomScaleLayer", "offset")])
+def test_applications_class_names_with_other_configs_are_refused(tmp_path, class_name, key):
+    """Legacy .h5 files record no module: a config with keys the application's class has not is
+    refused, not converted as the application's class."""
+    p = tmp_path / "own.h5"
+    shutil.copy(APPLICATIONS_H5, p)
+    with h5py.File(p, "r+") as f:
+        cfg = json.loads(f.attrs["model_config"])
+        for layer in cfg["config"]["layers"]:
+            if layer["class_name"] == class_name:
+                layer["config"][key] = 1
+        f.attrs["model_config"] = json.dumps(cfg)
+    with pytest.raises(ConversionError, match=rf"config has keys \['{key}'\] that keras.applications' "
+                                              rf"{class_name.split('>')[-1]} has not"):
+        load_keras(p)
+
+
 def test_weights_only_needs_architecture():
     with pytest.raises(ConversionError, match="holds weights only; pass architecture="):
         load_keras(os.path.join(DATA, "k3_sequential.weights.h5"))

@@ -47,6 +47,10 @@ CASES = [
     ("tfk_more_tf_ops", "tfk_more_tf_ops.keras", None),
     ("tfk_unit_norm", "tfk_unit_norm.h5", None),
     ("tfk_random_crop", "tfk_random_crop.h5", None),
+    ("k3_applications_layers", "k3_applications_layers.keras", None),
+    ("k3_applications_layers", "k3_applications_layers.h5", None),
+    ("tfk_applications_layers", "tfk_applications_layers.h5", None),
+    ("tfk_applications_layers", "tfk_applications_layers.keras", None),
 ]
 
 # Outputs in which Keras computes NaN on purpose: tf.keras 2's masked GlobalAveragePooling1D
@@ -101,3 +105,21 @@ def test_recurrent_layers_of_a_whole_model():
     assert len(found) >= 2 and [id(l) for l in found] == [id(l) for l in per_module]
     assert all(isinstance(l, (cudnn_rnn.LSTM, cudnn_rnn.GRU, cudnn_rnn.SimpleRNN, cudnn_rnn.Bidirectional))
                for l in found)
+
+
+def test_stochastic_depth_drops_whole_samples_in_training_only():
+    """keras.applications' StochasticDepth (rate 0.25 in the fixture) is the identity at inference;
+    in training each sample's branch is either dropped or scaled by 1 / (1 - rate), as Keras draws it."""
+    model = load_keras(os.path.join(DATA, "k3_applications_layers.keras"))
+    depth = next(m for m in model.layers.values() if type(m).__name__ == "StochasticDepth")
+    x = torch.rand(256, 3, 6) + 0.5
+    (y,), _ = depth([x], [None])
+    assert torch.equal(y, x)
+    depth.train()
+    torch.manual_seed(0)
+    (y,), _ = depth([x], [None])
+    ratio = (y / x).flatten(1)
+    dropped = (ratio == 0).all(dim=1)
+    scaled = torch.isclose(ratio, torch.tensor(1 / 0.75)).all(dim=1)
+    assert bool((dropped | scaled).all())
+    assert 32 <= int(dropped.sum()) <= 96  # 64 expected

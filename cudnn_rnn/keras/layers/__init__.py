@@ -17,6 +17,7 @@ from here, never from registry.py.
     attention       Attention, AdditiveAttention, MultiHeadAttention
     wrappers        TimeDistributed of any of these
     ops             the Keras operations a functional graph records (not layers: build_op)
+    applications    the classes keras.applications defines outside keras.layers (LayerScale, ...)
     custom          the user's own classes (load_keras(..., custom_layers=...))
 
 base.py (the one-input module, data-format helpers) and values.py (typed config reads, weight
@@ -24,8 +25,8 @@ shape checks) are what the families share.
 """
 from __future__ import annotations
 
-from . import (activations, attention, audio, conv_recurrent, convolution, core, merging, normalization, ops,  # noqa: F401
-               pooling, preprocessing, recurrent, regularization, shape, wrappers)
+from . import (activations, applications, attention, audio, conv_recurrent, convolution, core, merging,  # noqa: F401
+               normalization, ops, pooling, preprocessing, recurrent, regularization, shape, wrappers)
 from .registry import BUILDERS, HOLDS_WEIGHTS
 
 __all__ = ["BUILDERS", "HOLDS_WEIGHTS"]
