@@ -254,6 +254,32 @@ def test_tf_keras_2_13_weights_tree_is_found(tmp_path):
     np.testing.assert_allclose(out.numpy(), expected["output_0"], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("tree", ["_layer_checkpoint_dependencies", "layers"])
+def test_weights_tree_written_on_windows_is_found(tmp_path, tree):
+    """tf.keras 2.13-2.15 on Windows joined the .keras weights tree's paths with os.path.join:
+    each object's group sits at the root, named `_layer_checkpoint_dependencies\\lstm\\cell`,
+    with its `vars` below it. A fixture rewritten so must load to the same outputs."""
+    def edit(f):
+        owners = []
+        f["layers"].visititems(lambda name, obj: owners.append(name) if name.endswith("vars") else None)
+        for owner in owners:
+            group = f.create_group("\\".join([tree] + owner.split("/")[:-1]))
+            f.copy(f["layers/" + owner], group, "vars")
+        del f["layers"]
+
+    data = _weights_h5_bytes(edit)
+    with h5py.File(io.BytesIO(data), "r") as f:
+        assert "layers" not in f and f"{tree}\\lstm\\cell" in f and "vars/0" in f[f"{tree}\\lstm\\cell"]
+    p = tmp_path / "windows.keras"
+    _rewrite_zip(KERAS, p, lambda n, d: data if n == "model.weights.h5" else d)
+    expected = np.load(os.path.join(DATA, "k3_sequential.npz"))
+    import torch
+
+    with torch.no_grad():
+        out = load_keras(p)(torch.as_tensor(expected["input_0"]))
+    np.testing.assert_allclose(out.numpy(), expected["output_0"], atol=1e-5, rtol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------------
 # hostile files: each class the parser boundary closes (keras/untrusted.py, keras/isolation.py)
 # ------------------------------------------------------------------------------------------------

@@ -284,19 +284,48 @@ class _H5:
             header.update(layout="legacy", **self._legacy(weights_root, where))
         else:
             tops = [n for n in ("layers", "_layer_checkpoint_dependencies", "vars") if self._exists(root, n)]
-            if not tops:
+            flat = [] if any(n != "vars" for n in tops) else self._backslash_paths(root)
+            if not tops and not flat:
                 raise ParseError("is an HDF5 file but holds no Keras weights (no layer_names, model_weights or layers)")
             if header["keras_version"] is None:
                 # A .weights.h5 carries no version: this tree is Keras 3's, or tf.keras
                 # 2.13-2.15's (which named it _layer_checkpoint_dependencies).
-                header["keras_version"] = "2.13" if "_layer_checkpoint_dependencies" in tops else "3"
+                tree_names = tops + [n.split("\\", 1)[0] for n in flat]
+                header["keras_version"] = "2.13" if "_layer_checkpoint_dependencies" in tree_names else "3"
             groups: List[str] = []
             for name in tops:
                 obj = self._child(root, "", name)
                 if self._kind(obj) == "group":
                     self._walk(obj, name, 1, groups)
+            for name in flat:
+                obj = self._child(root, "", name)
+                if self._kind(obj) == "group":
+                    self._walk(obj, name.replace("\\", "/"), 1 + name.count("\\"), groups)
             header.update(layout="keras3", groups=groups)
         return header, self._read_all(header)
+
+    def _backslash_paths(self, root) -> List[str]:
+        """The weight groups of a .keras file that tf.keras 2.13-2.15 wrote on Windows: it joined
+        the tree's paths with os.path.join, so every group sits at the root under a name such as
+        `_layer_checkpoint_dependencies\\lstm\\cell` (its datasets below it as usual). Their names,
+        sorted; the walk reads them as the '/'-separated tree they stand for."""
+        names: List[bytes] = []
+
+        def collect(name):
+            names.append(name)
+            return 1 if len(names) > MAX_OBJECTS else None
+
+        self.where = "/"
+        root.links.iterate(collect)
+        out = []
+        for raw in names:
+            try:
+                name = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                continue  # not a name Keras writes
+            if name.split("\\", 1)[0] in ("layers", "_layer_checkpoint_dependencies") and "\\" in name:
+                out.append(name)
+        return sorted(out)
 
     # -- links and objects ------------------------------------------------------------------------
     def _exists(self, gid, name: str) -> bool:
