@@ -414,12 +414,30 @@ def _keras_with_config(tmp_path, edit_text):
     (lambda t: t.replace('"units": 6', '"units": "6"', 1), r"units='6'"),
     (lambda t: t.replace('"class_name": "LSTM"', '"class_name": 5', 1), "malformed layer entry"),
     (lambda t: t.replace('"return_sequences": false', '"return_sequences": [1]', 1), "return_sequences"),
+    (lambda t: t.replace('"return_sequences": false', '"return_sequences": "yes"', 1), "return_sequences='yes'"),
 ])
 def test_config_values_of_the_wrong_type_or_range(tmp_path, edit, message):
     p = _keras_with_config(tmp_path, edit)
     assert p.read_bytes() != open(KERAS, "rb").read()
     with pytest.raises(ConversionError, match=message):
         load_keras(p)
+
+
+def test_numbers_given_for_flags_are_read_by_truth(tmp_path):
+    """Keras tests its flags by truth, and a file keeps what the user passed (a public checkpoint
+    has stateful=-1): numbers read as Python reads them give Keras's outputs."""
+    def edit(t):
+        assert '"go_backwards": true' in t and '"return_sequences": true' in t
+        return t.replace('"go_backwards": true', '"go_backwards": -1').replace('"return_sequences": true',
+                                                                               '"return_sequences": 2')
+
+    p = _keras_with_config(tmp_path, edit)
+    expected = np.load(os.path.join(DATA, "k3_sequential.npz"))
+    import torch
+
+    with torch.no_grad():
+        out = load_keras(p)(torch.as_tensor(expected["input_0"]))
+    np.testing.assert_allclose(out.numpy(), expected["output_0"], atol=1e-5, rtol=1e-5)
 
 
 def test_dense_bias_of_the_wrong_shape(tmp_path):

@@ -59,8 +59,10 @@ class Values:
         return float(value)
 
     def bool(self, key, default=False) -> bool:
+        """A flag. Keras tests flags by truth, so a number that a user passed for one (stateful=-1)
+        is read as Python reads it; anything else but true / false is refused."""
         value, given = self._get(key, default)
-        if given and not isinstance(value, bool) and value not in (0, 1):
+        if given and (not isinstance(value, (bool, int, float)) or not math.isfinite(value)):
             raise self._bad(key, value, "true or false")
         return bool(value)
 
