@@ -66,6 +66,12 @@ BASES = [
     ("legacy-more-tf-ops", "tfk_more_tf_ops.h5", None, "tfk_more_tf_ops.npz", "keras"),
     ("tfk-zip-tf-ops", "tfk_more_tf_ops.keras", None, "tfk_more_tf_ops.npz", "keras"),
     ("weights-tfk-v3", "tfk_stacked_states.weights.h5", "tfk_stacked_states.json", "tfk_stacked_states.npz", "keras"),
+    # keras.applications' own classes (LayerScale, StochasticDepth, CustomScaleLayer), both Kerases
+    ("k3-applications", "k3_applications_layers.keras", None, "k3_applications_layers.npz", "keras"),
+    ("legacy-applications", "tfk_applications_layers.h5", None, "tfk_applications_layers.npz", "keras"),
+    # the weights tree as tf.keras 2.13-2.15 wrote it on Windows (groups at the root, named with
+    # backslashes): made from k3_sequential.keras when the seeds are prepared
+    ("windows-tree", "k3_sequential.keras", None, "k3_sequential.npz", "windows"),
 ]
 
 
@@ -693,6 +699,29 @@ MUTATIONS = {
 FAILURES = ("escape", "first-call", "outside", "memory", "hang", "crash")
 
 
+def windows_tree(src: str, dst: str, tree: str = "_layer_checkpoint_dependencies") -> None:
+    """src (a Keras 3 .keras file) as tf.keras 2.13-2.15 wrote such files on Windows: each
+    object's group at the root, named with backslashes (`tree\\lstm\\cell`), its `vars` below it."""
+    import io
+    import zipfile
+
+    import h5py
+
+    with zipfile.ZipFile(src) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    buf = io.BytesIO(members["model.weights.h5"])
+    with h5py.File(buf, "r+") as f:
+        owners = []
+        f["layers"].visititems(lambda name, obj: owners.append(name) if name.endswith("vars") else None)
+        for owner in owners:
+            f.copy(f["layers/" + owner], f.create_group("\\".join([tree] + owner.split("/")[:-1])), "vars")
+        del f["layers"]
+    members["model.weights.h5"] = buf.getvalue()
+    with zipfile.ZipFile(dst, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+
+
 def prepare(workdir: str) -> Dict[str, dict]:
     """The seed files (copied, plus a converted .pt and the canary) in workdir."""
     import h5py
@@ -710,6 +739,10 @@ def prepare(workdir: str) -> Dict[str, dict]:
             from cudnn_rnn.keras import load_keras, save_converted
 
             save_converted(load_keras(os.path.join(DATA, file.replace(".pt", ".keras"))), path)
+        elif loader == "windows":
+            path = os.path.join(workdir, "windows_tree.keras")
+            windows_tree(os.path.join(DATA, file), path)
+            loader = "keras"
         else:
             shutil.copy(os.path.join(DATA, file), path)
         bases[name] = {"path": path, "arch": os.path.join(DATA, arch) if arch else None,
