@@ -408,6 +408,7 @@ def _keras_with_config(tmp_path, edit_text):
     (lambda t: t.replace('"class_name": "LSTM"', '"class_name": 5', 1), "malformed layer entry"),
     (lambda t: t.replace('"return_sequences": false', '"return_sequences": [1]', 1), "return_sequences"),
     (lambda t: t.replace('"return_sequences": false', '"return_sequences": "yes"', 1), "return_sequences='yes'"),
+    (lambda t: t.replace('"return_sequences": false', '"return_sequences": NaN', 1), "return_sequences='nan'"),
 ])
 def test_config_values_of_the_wrong_type_or_range(tmp_path, edit, message):
     p = _keras_with_config(tmp_path, edit)

@@ -62,7 +62,7 @@ class Values:
         """A flag. Keras tests flags by truth, so a number that a user passed for one (stateful=-1)
         is read as Python reads it; anything else but true / false is refused."""
         value, given = self._get(key, default)
-        if given and (not isinstance(value, (bool, int, float)) or not math.isfinite(value)):
+        if given and not (isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))):
             raise self._bad(key, value, "true or false")
         return bool(value)
 
