@@ -123,3 +123,15 @@ def test_stochastic_depth_drops_whole_samples_in_training_only():
     scaled = torch.isclose(ratio, torch.tensor(1 / 0.75)).all(dim=1)
     assert bool((dropped | scaled).all())
     assert 32 <= int(dropped.sum()) <= 96  # 64 expected
+
+
+@pytest.mark.parametrize("aux_shape,message", [
+    ((3, 1, 4), r"^layer 'max_pooling1d' \(MaxPooling1D\) on input of shape \(3, 1, 6\): .*too small"),
+    ((3, 6, 5), r"^layer 'conv1d' \(Conv1D\) on input of shape \(3, 6, 5\): .*4 channels"),
+])
+def test_a_layer_that_cannot_run_on_its_input_is_named(aux_shape, message):
+    """An input the model cannot run on (too short for a pooling window, the wrong number of
+    features) fails with torch's own error type, its message naming the layer and the shapes."""
+    model = load_keras(os.path.join(DATA, "k3_functional.keras"))
+    with pytest.raises(RuntimeError, match=message):
+        model(torch.zeros(3, 6, 4), torch.zeros(aux_shape))

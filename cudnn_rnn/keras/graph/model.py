@@ -138,20 +138,30 @@ class KerasModel(nn.Module):
             outs, ms = env[(ref[0], ref[1])]
             return outs[ref[2]], ms[ref[2]]
 
-        for (name, key, call, refs, mask_refs), dropped in zip(self.schedule, self.masks_dropped):
-            got = [fetch(r) for r in refs]
-            xs = [t for t, _ in got]
-            ms = [m for _, m in got]
-            for j in dropped:
-                ms[j] = None
-            if mask_refs is not None:  # an explicit mask=, or a list of them (Attention: [query, value])
-                for j, r in enumerate(mask_refs[: len(ms)]):
-                    ms[j] = fetch(r)[0] if r is not None else None
-            if not name_failures:
-                outs, out_masks = self.layers[key](xs, ms)
-            else:
-                outs, out_masks = _named_call(self.layers[key], name, xs, ms)
-            env[(name, call)] = (outs, out_masks)
+        name, xs = "", []
+        try:
+            for (name, key, call, refs, mask_refs), dropped in zip(self.schedule, self.masks_dropped):
+                got = [fetch(r) for r in refs]
+                xs = [t for t, _ in got]
+                ms = [m for _, m in got]
+                for j in dropped:
+                    ms[j] = None
+                if mask_refs is not None:  # an explicit mask=, or a list of them (Attention: [query, value])
+                    for j, r in enumerate(mask_refs[: len(ms)]):
+                        ms[j] = fetch(r)[0] if r is not None else None
+                if not name_failures:
+                    outs, out_masks = self.layers[key](xs, ms)
+                else:
+                    outs, out_masks = _named_call(self.layers[key], name, xs, ms)
+                env[(name, call)] = (outs, out_masks)
+        except Exception as e:  # noqa: BLE001 - re-raised, naming the layer
+            if name_failures or _tracing():
+                raise
+            kind = next((layer.class_name for layer in self.spec.layers if layer.name == name), "")
+            named = _in_layer(e, name, kind, xs)
+            if named is e:
+                raise
+            raise named from e
         results = [fetch(r) for r in self.output_refs]
         return [t for t, _ in results], [m for _, m in results]
 
@@ -277,6 +287,27 @@ class LayerFailure(Exception):
     def __init__(self, layer: str, error: BaseException):
         super().__init__(f"{type(error).__name__}: {error}")
         self.layer, self.error = layer, error
+
+
+def _tracing() -> bool:
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
+def _in_layer(error: Exception, name: str, kind: str, xs) -> Exception:
+    """The exception a layer raised on a call of the model, of the same type, its message
+    prefixed with the layer and the shapes it was given (an input too short for a valid
+    convolution or pooling otherwise reads as torch's "Output size is too small"); the error
+    itself where its type cannot be rebuilt from a message, or where an inner model named it."""
+    if not name or getattr(error, "_cudnn_rnn_layer", False):
+        return error
+    shapes = ", ".join(str(tuple(x.shape)) if isinstance(x, Tensor) else type(x).__name__ for x in xs)
+    try:
+        named = type(error)(f"layer '{name}' ({kind}) on input{'s' if len(xs) != 1 else ''} of shape {shapes}: "
+                            f"{error}")
+    except Exception:  # noqa: BLE001 - a type with other constructor arguments: keep it as raised
+        return error
+    named._cudnn_rnn_layer = True
+    return named
 
 
 def _named_call(module: nn.Module, name: str, xs, ms):
