@@ -871,3 +871,14 @@ def test_float_ids_reach_the_embedding_uncast(tmp_path):
         got = ours(torch.as_tensor(x))
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), torch.as_tensor(expected).bfloat16().float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("suffix", [".keras", ".h5"])
+def test_a_model_saved_before_it_was_built_is_refused_as_such(tmp_path, suffix):
+    """Keras saves a Sequential model that never ran or was given no input shape without any
+    weights (it creates them on the first call): nothing trained to convert, said so."""
+    model = keras.Sequential([layers.Embedding(50, 4), layers.LSTM(3), layers.Dense(2)])
+    path = tmp_path / f"unbuilt{suffix}"
+    model.save(path)
+    with pytest.raises(ConversionError, match="holds no weights at all: the model was saved before it was built"):
+        load_keras(path)

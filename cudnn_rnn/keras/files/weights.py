@@ -61,6 +61,10 @@ class WeightSource(abc.ABC):
 
 
 def _check_count(kf: KerasFile, layer: str, found: int, expected: int, where: str) -> None:
+    if found == 0 and expected and not kf.arrays and not any(kf.layer_weights.values()):
+        raise ConversionError(kf.path, "holds no weights at all: the model was saved before it was built (Keras "
+                                       "creates a model's weights on its first call, or once its input shape is "
+                                       "given), so there are no trained values to convert", layer)
     if found != expected:
         raise ConversionError(kf.path, f"{where} holds {found} weight(s); the config implies {expected}", layer)
 
