@@ -882,3 +882,24 @@ def test_a_model_saved_before_it_was_built_is_refused_as_such(tmp_path, suffix):
     model.save(path)
     with pytest.raises(ConversionError, match="holds no weights at all: the model was saved before it was built"):
         load_keras(path)
+
+
+def test_relu_slope_named_alpha_as_keras_2_0_wrote_it(tmp_path):
+    """Keras 2.0's files name ReLU's negative slope `alpha` (its backend's relu(x, alpha,
+    max_value)); read as negative_slope, the outputs are Keras's."""
+    import h5py
+
+    model = keras.Sequential([keras.Input((5, 3)), layers.LSTM(4, return_sequences=True),
+                              layers.ReLU(negative_slope=0.2, max_value=0.5)])
+    path = tmp_path / "relu.h5"
+    model.save(path)
+    with h5py.File(path, "r+") as f:
+        config = json.loads(f.attrs["model_config"])
+        relu = [l for l in config["config"]["layers"] if l["class_name"] == "ReLU"][0]["config"]
+        relu["alpha"] = relu.pop("negative_slope")
+        f.attrs["model_config"] = json.dumps(config)
+    x = np.random.default_rng(0).normal(size=(2, 5, 3)).astype("float32") * 3
+    expected = keras.ops.convert_to_numpy(model(x))
+    assert (expected < 0).any()
+    with torch.no_grad():
+        np.testing.assert_allclose(load_keras(path)(torch.as_tensor(x)).numpy(), expected, atol=1e-5, rtol=1e-5)

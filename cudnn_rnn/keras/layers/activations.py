@@ -196,7 +196,8 @@ def build_activation(cfg, ctx):
 def build_relu(cfg, ctx):
     v = Values(cfg, ctx)
     max_value = v.float("max_value", None, 0.0)
-    return ReLU(v.float("negative_slope", 0.0, 0.0), max_value, v.float("threshold", 0.0))
+    # (files of Keras 2.0 name the slope alpha, as its backend's relu(x, alpha, max_value) did)
+    return ReLU(v.float("negative_slope", v.float("alpha", 0.0, 0.0), 0.0), max_value, v.float("threshold", 0.0))
 
 
 @builder("ELU", weights=False)
