@@ -128,18 +128,24 @@ def test_wrong_weight_shape(tmp_path):
         load_keras(p)
 
 
-def _set_layer_config(src, dst, class_name, **values):
-    """Copies a .keras archive with `values` set in the config of every `class_name` layer."""
+def _edit_layers(src, dst, class_name, edit_layer):
+    """Copies a .keras archive with edit_layer(entry) applied to every `class_name` layer entry of
+    its config."""
     def edit(name, data):
         if name != "config.json":
             return data
         cfg = json.loads(data)
         for layer in cfg["config"]["layers"]:
             if layer["class_name"] == class_name:
-                layer["config"].update(values)
+                edit_layer(layer)
         return json.dumps(cfg).encode()
 
     _rewrite_zip(src, dst, edit)
+
+
+def _set_layer_config(src, dst, class_name, **values):
+    """Copies a .keras archive with `values` set in the config of every `class_name` layer."""
+    _edit_layers(src, dst, class_name, lambda layer: layer["config"].update(values))
 
 
 def test_config_disagrees_with_weights(tmp_path):
@@ -186,17 +192,7 @@ def test_applications_class_names_of_other_modules_are_refused(tmp_path):
     """LayerScale and CustomScaleLayer convert as keras.applications defines them; a class of the
     same name from another module is the user's own, and its builder decides."""
     p = tmp_path / "own.keras"
-
-    def edit(name, data):
-        if name != "config.json":
-            return data
-        cfg = json.loads(data)
-        for layer in cfg["config"]["layers"]:
-            if layer["class_name"] == "LayerScale":
-                layer["module"] = "my_models.blocks"
-        return json.dumps(cfg).encode()
-
-    _rewrite_zip(APPLICATIONS, p, edit)
+    _edit_layers(APPLICATIONS, p, "LayerScale", lambda layer: layer.update(module="my_models.blocks"))
     with pytest.raises(ConversionError, match=r"layer class LayerScale of module 'my_models.blocks' is not "
                                               r"supported .* custom_layers=\{'LayerScale': builder\}"):
         load_keras(p)
@@ -605,18 +601,12 @@ def test_normalization_weights_that_would_broadcast(tmp_path):
 
 def _declare_time(src, dst, steps):
     """Copies a .keras archive whose inputs are declared `steps` long."""
-    def edit(name, data):
-        if name != "config.json":
-            return data
-        cfg = json.loads(data)
-        for layer in cfg["config"]["layers"]:
-            if layer["class_name"] == "InputLayer":
-                c = layer["config"]
-                key = "batch_shape" if "batch_shape" in c else "batch_input_shape"
-                c[key] = [None, steps] + c[key][2:]
-        return json.dumps(cfg).encode()
+    def declare(layer):
+        c = layer["config"]
+        key = "batch_shape" if "batch_shape" in c else "batch_input_shape"
+        c[key] = [None, steps] + c[key][2:]
 
-    _rewrite_zip(src, dst, edit)
+    _edit_layers(src, dst, "InputLayer", declare)
 
 
 _HUGE_TRIAL = """

@@ -309,16 +309,8 @@ class _H5:
         the tree's paths with os.path.join, so every group sits at the root under a name such as
         `_layer_checkpoint_dependencies\\lstm\\cell` (its datasets below it as usual). Their names,
         sorted; the walk reads them as the '/'-separated tree they stand for."""
-        names: List[bytes] = []
-
-        def collect(name):
-            names.append(name)
-            return 1 if len(names) > MAX_OBJECTS else None
-
-        self.where = "/"
-        root.links.iterate(collect)
         out = []
-        for raw in names:
+        for raw in self._link_names(root, "/"):
             try:
                 name = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -386,6 +378,18 @@ class _H5:
             self._once(obj)
         return obj
 
+    def _link_names(self, gid, path: str) -> List[bytes]:
+        """The names of a group's links, stopping past MAX_OBJECTS of them."""
+        names: List[bytes] = []
+
+        def collect(name):
+            names.append(name)
+            return 1 if len(names) > MAX_OBJECTS else None
+
+        self.where = path
+        gid.links.iterate(collect)
+        return names
+
     def _kind(self, obj) -> str:
         h5i = self.h5py.h5i
         t = h5i.get_type(obj)
@@ -395,15 +399,7 @@ class _H5:
         if depth > MAX_DEPTH:
             raise ParseError(f"groups nest deeper than {MAX_DEPTH} levels")
         groups.append(path)
-        names: List[bytes] = []
-
-        def collect(name):
-            names.append(name)
-            return 1 if len(names) > MAX_OBJECTS else None
-
-        self.where = path
-        gid.links.iterate(collect)
-        for raw in names:
+        for raw in self._link_names(gid, path):
             obj = self._child(gid, path, raw.decode("utf-8"))
             child = f"{path}/{raw.decode('utf-8')}"
             kind = self._kind(obj)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import re
 
-import torch
 from torch import nn
 
 from .base import _Single
 from .custom import short_name
 from .registry import BuildContext, builder
+from .regularization import drop
 from .values import Values, check_shapes
 
 # The modules Keras 3 and tf.keras record for their applications' classes in .keras files.
@@ -63,7 +63,8 @@ class LayerScale(_Single):
 
 class StochasticDepth(_Single):
     """The identity at inference; in training each sample's input is kept with probability
-    1 - rate (scaled by 1 / (1 - rate)) or zeroed, as Keras draws it; no mask passes."""
+    1 - rate (scaled by 1 / (1 - rate)) or zeroed: Keras's floor(1 - rate + U) draws the same
+    decision as a dropout with one noise value per sample. No mask passes."""
 
     keeps_mask = False
 
@@ -74,9 +75,7 @@ class StochasticDepth(_Single):
     def apply(self, x):
         if not self.training or self.rate <= 0.0:
             return x
-        keep = 1.0 - self.rate
-        kept = torch.floor(keep + torch.rand((x.shape[0],) + (1,) * (x.dim() - 1), device=x.device, dtype=x.dtype))
-        return x / keep * kept
+        return drop(x, self.rate, (x.shape[0],) + (1,) * (x.dim() - 1))
 
 
 class ScaledSum(nn.Module):

@@ -34,9 +34,14 @@ class Dropout(_Single):
             return F.dropout(x, self.rate, True)
         if len(self.noise) != x.dim():
             raise ValueError(f"noise_shape {list(self.noise)} does not fit an input of shape {tuple(x.shape)}")
-        shape = [x.shape[d] if n is None else n for d, n in enumerate(self.noise)]
-        keep = (torch.rand(shape, device=x.device) >= self.rate).to(x.dtype)
-        return x * keep / (1.0 - self.rate)
+        return drop(x, self.rate, [x.shape[d] if n is None else n for d, n in enumerate(self.noise)])
+
+
+def drop(x: torch.Tensor, rate: float, shape) -> torch.Tensor:
+    """x with each block of the noise `shape` (broadcast against x) zeroed with probability
+    `rate`, the rest scaled by 1 / (1 - rate), as Keras's dropout with a noise shape draws it."""
+    keep = (torch.rand(shape, device=x.device) >= rate).to(x.dtype)
+    return x * keep / (1.0 - rate)
 
 
 class Noise(_Single):
