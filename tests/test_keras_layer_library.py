@@ -307,10 +307,13 @@ def check_against_keras(layer, shapes, rng, tmp_path, formats=(".keras", ".h5"),
     return model
 
 
-def check_model(model, xs, tmp_path, exact=False):
+def check_model(model, xs, tmp_path, exact=False, dtypes=False, equal_nan=False):
     """The model saved as .keras and .h5, loaded with load_keras, against Keras's own outputs on xs
-    (one input array or a list), every output."""
+    (one input array or a list), every output (equal_nan: NaN exactly where Keras's is). dtypes: each output's
+    dtype is the one Keras computes or the one its graph declares (they differ for some integer
+    outputs of the torch backend)."""
     expected = [keras.ops.convert_to_numpy(t) for t in keras.tree.flatten(model(xs, training=False))]
+    declared = [t.dtype for t in keras.tree.flatten(model.outputs)]
     inputs = [torch.as_tensor(x) for x in (xs if isinstance(xs, list) else [xs])]
     for suffix in (".keras", ".h5"):
         model.save(tmp_path / f"m{suffix}")
@@ -319,10 +322,13 @@ def check_model(model, xs, tmp_path, exact=False):
         got = got if isinstance(got, list) else [got]
         assert len(got) == len(expected)
         for i, (a, b) in enumerate(zip(got, expected)):
+            if dtypes:
+                assert str(a.numpy().dtype) in (str(b.dtype), declared[i]), f"output {i} ({suffix}): {a.dtype}"
             if exact:
                 np.testing.assert_array_equal(a.numpy(), b, err_msg=f"output {i} ({suffix})")
             else:
-                np.testing.assert_allclose(a.numpy(), b, rtol=RTOL, atol=RTOL, err_msg=f"output {i} ({suffix})")
+                np.testing.assert_allclose(a.numpy(), b, rtol=RTOL, atol=RTOL, err_msg=f"output {i} ({suffix})",
+                                           equal_nan=equal_nan)
 
 
 @pytest.mark.keras
@@ -546,6 +552,56 @@ OPS = {  # a functional model recording keras.ops calls and Python operators on 
 }
 
 
+OPS.update({
+    "numpy_elementwise": lambda x, y: [
+        keras.ops.arcsinh(x), keras.ops.arccosh(keras.ops.abs(x) + 1), keras.ops.arctanh(keras.ops.tanh(y)),
+        keras.ops.cbrt(x), keras.ops.deg2rad(x), keras.ops.rad2deg(y), keras.ops.exp2(x), keras.ops.trunc(3 * y),
+        keras.ops.signbit(x), keras.ops.sinc(y), keras.ops.isneginf(keras.ops.log(keras.ops.abs(x) * 0)),
+        keras.ops.isposinf(x), keras.ops.copy(x), keras.ops.stop_gradient(y), keras.ops.nan_to_num(keras.ops.log(x), -2.0),
+        keras.ops.hypot(x, y), keras.ops.logaddexp(x, y), keras.ops.logaddexp2(x, 0.5), keras.ops.fmod(x, y),
+        keras.ops.heaviside(x, y), keras.ops.divide_no_nan(x, keras.ops.round(y)), keras.ops.isclose(x, keras.ops.round(x)),
+        keras.ops.fliplr(x), keras.ops.flipud(y), keras.ops.ravel(x)],
+    "nn_more": lambda x, y: [
+        keras.ops.celu(x, 0.5), keras.ops.glu(x, axis=-1), keras.ops.hard_shrink(x), keras.ops.hard_tanh(y),
+        keras.ops.soft_shrink(x, 0.3), keras.ops.tanh_shrink(y), keras.ops.threshold(x, 0.1, 5.0),
+        keras.ops.squareplus(y, 2), keras.ops.sparse_plus(x), keras.ops.sparse_sigmoid(y), keras.ops.sparsemax(x, axis=1),
+        keras.ops.logsumexp(x), keras.ops.logsumexp(y, axis=(1, 2), keepdims=True), keras.ops.normalize(x, axis=1),
+        keras.ops.normalize(y, order=1), keras.ops.rms_normalization(x), keras.ops.layer_normalization(y, axis=(1, 2)),
+        *keras.ops.moments(x, axes=[1, 2]), keras.ops.extract_sequences(y, 3, 1), keras.ops.erfinv(keras.ops.tanh(x)),
+        keras.ops.erfc(x)],
+    "statistics": lambda x, y: [
+        keras.ops.median(x, axis=1), keras.ops.median(y), keras.ops.quantile(x, [0.1, 0.5, 0.9], axis=2, keepdims=True),
+        keras.ops.percentile(y, 25.0, axis=1, method="nearest"), keras.ops.quantile(x, 0.3, axis=(1, 2)),
+        keras.ops.ptp(x, axis=(1, 2)), keras.ops.average(y, axis=2), keras.ops.average(x, -1, keras.ops.abs(y) + 0.1),
+        keras.ops.count_nonzero(keras.ops.round(x), axis=(1, 2)), keras.ops.norm(x, axis=-1),
+        keras.ops.norm(y, ord="fro", axis=(1, 2)), keras.ops.norm(x, ord=1, axis=1), keras.ops.norm(y, ord="nuc", axis=(1, 2)),
+        # NaN-aware: log of the negative entries is NaN
+        keras.ops.nansum(keras.ops.log(x), axis=1), keras.ops.nanmean(keras.ops.log(y), axis=(1, 2)),
+        keras.ops.nanmax(keras.ops.log(x), axis=2), keras.ops.nanmin(keras.ops.log(y), axis=1, keepdims=True),
+        keras.ops.nanprod(keras.ops.log(x), axis=2), keras.ops.nanvar(keras.ops.log(y), axis=1),
+        keras.ops.nanstd(keras.ops.log(x), axis=2), keras.ops.nanmedian(keras.ops.log(y), axis=1)],
+    "pieces": lambda x, y: [
+        *keras.ops.split(x, [1, 4], axis=1), *keras.ops.array_split(y, 3, axis=1), *keras.ops.hsplit(x, 5),
+        *keras.ops.unstack(y, axis=2), *keras.ops.top_k(x, 2), keras.ops.sort(y, axis=1), keras.ops.argsort(x),
+        keras.ops.take(x, [[0, -1], [2, 3]], axis=1), keras.ops.take_along_axis(y, keras.ops.argsort(x, axis=1), axis=1),
+        keras.ops.hstack([x, y]), keras.ops.vstack([x, y]), keras.ops.dstack([x, y]),
+        keras.ops.select([x > 0.5, y < 0], [x, 2 * y], -1.0), keras.ops.full_like(x, 3, dtype="int32"),
+        keras.ops.slice(y, [0, 2, 1], [B, 3, 2])],
+    "arrangements": lambda x, y: [
+        keras.ops.tensordot(x, y, axes=[[1, 2], [1, 2]]), keras.ops.inner(x, y), keras.ops.outer(x[:, 0], y[:, 1]),
+        keras.ops.dot(x[0], keras.ops.transpose(y[0])), keras.ops.cross(x[..., :3], y[..., 1:]), keras.ops.diff(x, 2, axis=1),
+        keras.ops.append(x, y, axis=2), keras.ops.roll(x, -2, axis=2), keras.ops.roll(y, 3), keras.ops.rot90(x, 3, axes=(1, 2)),
+        keras.ops.tril(x, -1), keras.ops.triu(y, 2), keras.ops.diagonal(x, 1, 1, 2), keras.ops.trace(y, -1, 1, 2),
+        keras.ops.pad(x, [[0, 0], [2, 3], [1, 0]], mode="reflect"), keras.ops.pad(y, [[0, 0], [1, 1], [0, 2]], constant_values=-1.0),
+        keras.ops.broadcast_to(keras.ops.mean(x, axis=1, keepdims=True), (B, 5, 4))],
+    # constant tensor arguments: NumPy arrays and Keras tensors in a call on Keras tensors
+    "constants": lambda x, y: [x + np.arange(4, dtype="float32"), keras.ops.matmul(y, keras.ops.eye(4) * 2.0),
+                               keras.ops.take(x, np.array([3, 0]), axis=2),
+                               keras.ops.batch_normalization(y, np.full(4, 0.1, "float32"), np.full(4, 2.0, "float32"), -1,
+                                                             offset=np.ones(4, "float32"), scale=np.arange(4, dtype="float32"))],
+})
+
+
 @pytest.mark.keras
 @pytest.mark.parametrize("group", sorted(OPS))
 def test_recorded_keras_operations(group, tmp_path):
@@ -553,7 +609,53 @@ def test_recorded_keras_operations(group, tmp_path):
     outs = OPS[group](x_in, y_in)
     model = keras.Model([x_in, y_in], outs)
     rng = np.random.RandomState(0)
-    check_model(model, [rng.uniform(-1.5, 1.5, size=(B, 5, 4)).astype("float32") for _ in range(2)], tmp_path)
+    # (the NaN-aware statistics give NaN for a slice that is all NaN, as NumPy's do)
+    check_model(model, [rng.uniform(-1.5, 1.5, size=(B, 5, 4)).astype("float32") for _ in range(2)], tmp_path,
+                dtypes=True, equal_nan=group == "statistics")
+
+
+@pytest.mark.keras
+def test_recorded_operations_on_integers_images_and_attention(tmp_path):
+    rng = np.random.RandomState(5)
+    a_in, b_in = keras.Input((5, 4), dtype="int32"), keras.Input((5, 4), dtype="int32")
+    a, b = a_in, b_in
+    model = keras.Model([a_in, b_in], [
+        keras.ops.bitwise_and(a, b), keras.ops.bitwise_or(a, b), keras.ops.bitwise_xor(a, b), keras.ops.bitwise_not(a),
+        keras.ops.left_shift(keras.ops.abs(a), 2), keras.ops.right_shift(keras.ops.abs(b), 1), keras.ops.gcd(a, b),
+        keras.ops.lcm(a, b), keras.ops.one_hot(a, 6), keras.ops.one_hot(keras.ops.abs(b), 6, axis=1),
+        keras.ops.multi_hot(keras.ops.abs(a), 6), keras.ops.hypot(a, b), keras.ops.exp2(a), keras.ops.cbrt(b),
+        keras.ops.isclose(a, b), keras.ops.digitize(a, np.array([-1, 0, 2], "int32"))])
+    check_model(model, [rng.randint(-3, 6, size=(B, 5, 4)).astype("int32") for _ in range(2)], tmp_path, exact=True,
+                dtypes=True)
+    img = keras.Input((8, 8, 3))
+    model = keras.Model(img, [
+        keras.ops.max_pool(img, 2), keras.ops.average_pool(img, (3, 2), strides=(2, 1)),
+        keras.ops.max_pool(img, 3, 2, padding="same"), keras.ops.depth_to_space(img[..., :1] * keras.ops.ones((1, 1, 4)), 2),
+        keras.ops.space_to_depth(img, 2), keras.ops.image.rgb_to_grayscale(img),
+        keras.ops.max_pool(keras.ops.transpose(img, (0, 3, 1, 2)), 2, data_format="channels_first")])
+    check_model(model, rng.uniform(-1, 1, size=(B, 8, 8, 3)).astype("float32"), tmp_path, dtypes=True)
+    q, k, v = keras.Input((6, 4, 8)), keras.Input((5, 2, 8)), keras.Input((5, 2, 8))
+    model = keras.Model([q, k, v], [keras.ops.dot_product_attention(q, k, v), keras.ops.dot_product_attention(q, q, q, is_causal=True),
+                                    keras.ops.dot_product_attention(q, k, v, scale=0.3)])
+    check_model(model, [rng.uniform(-1, 1, size=(B,) + s).astype("float32") for s in ((6, 4, 8), (5, 2, 8), (5, 2, 8))],
+                tmp_path, dtypes=True)
+    m, r = keras.Input((4, 4)), keras.Input((4, 2))
+    model = keras.Model([m, r], [keras.ops.linalg.det(m), keras.ops.linalg.inv(m), keras.ops.linalg.solve(m, r)])
+    check_model(model, [rng.uniform(-1, 1, size=(B, 4, 4)).astype("float32") + 3 * np.eye(4, dtype="float32"),
+                        rng.uniform(-1, 1, size=(B, 4, 2)).astype("float32")], tmp_path, dtypes=True)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("mode", ["symmetric", "edge", "wrap", "reflect"])
+def test_recorded_pad_modes_against_numpy(mode, tmp_path):
+    """numpy.pad is the reference (Keras's torch backend pads "symmetric" as "edge")."""
+    x_in = keras.Input((5, 4))
+    widths = [[0, 0], [3, 4], [2, 1]] if mode != "reflect" else [[0, 0], [4, 3], [1, 3]]
+    model = keras.Model(x_in, keras.ops.pad(x_in, widths, mode=mode))
+    model.save(tmp_path / "m.keras")
+    x = np.random.RandomState(2).uniform(-1, 1, size=(B, 5, 4)).astype("float32")
+    got = load_keras(tmp_path / "m.keras")(torch.as_tensor(x))
+    np.testing.assert_array_equal(got.numpy(), np.pad(x, widths, mode=mode))
 
 
 def test_unsupported_tensorflow_call_is_refused_by_name(tmp_path):

@@ -11,10 +11,12 @@ Values; its call arguments are the call's positional arguments as written (Call.
 constants, lists, slices). Each entry of _OPS computes what keras.ops computes, with torch."""
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 import re
-from typing import Callable, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,113 +24,56 @@ from torch import nn
 
 from ..graph.spec import LayerSpec, TensorArg
 from .activations import keras_relu
-from .registry import BuildContext, builder, dtype_name
+from .op_args import (DTYPES, arg_reduction, as_tensor_like, axes_arg, dtype_arg, fixed, one_axis, over_axes, pair,
+                      reduction)
+from .ops_nn import NN_OPS
+from .ops_numpy import NUMPY_OPS
+from .registry import BuildContext, builder
 from .values import MAX_SIZE, Values
 
 
 class Op(nn.Module):
-    """A keras.ops function in the graph: its positional arguments (tensors from the inputs,
-    constants as recorded) in, one tensor out, no mask."""
+    """A keras.ops function in the graph: its positional and keyword arguments (tensors from the
+    inputs, constants as recorded) in; its tensors out (several for keras.ops.split, top_k,
+    moments, ...), no mask."""
 
-    def __init__(self, fn: Callable, template: list, description: str):
+    def __init__(self, fn: Callable, template: list, description: str, keywords: Optional[dict] = None,
+                 constants: Sequence[torch.Tensor] = ()):
         super().__init__()
-        self.fn, self.template, self.description = fn, template, description
+        self.fn, self.template, self.description, self.keywords = fn, template, description, keywords or {}
+        for i, c in enumerate(constants):  # constant tensor arguments, as buffers (they follow .to(device))
+            self.register_buffer(f"constant_{i}", c)
+        self.n_constants = len(constants)
 
     def forward(self, inputs, masks):
-        args = [_fill(a, inputs) for a in self.template] if self.template else list(inputs)
-        return [self.fn(*args)], [None]
+        consts = [getattr(self, f"constant_{i}") for i in range(self.n_constants)]
+        args = [_fill(a, inputs, consts) for a in self.template] if self.template else list(inputs)
+        out = self.fn(*args, **{k: _fill(v, inputs, consts) for k, v in self.keywords.items()})
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        return outs, [None] * len(outs)
 
     def extra_repr(self):
         return self.description
 
 
-def _fill(value, inputs):
+@dataclass(frozen=True)
+class ConstantArg:
+    """A constant tensor argument of a recorded call (Keras writes its values: `x + np.ones(4)`,
+    `ops.matmul(x, ops.eye(4))`): the Op's buffer constant_<index>."""
+    index: int
+
+
+def _fill(value, inputs, constants=()):
     if isinstance(value, TensorArg):
         return inputs[value.index]
+    if isinstance(value, ConstantArg):
+        return constants[value.index]
     if isinstance(value, list):
-        return [_fill(v, inputs) for v in value]
+        return [_fill(v, inputs, constants) for v in value]
     if isinstance(value, dict) and value.get("class_name") == "__slice__":
         c = value.get("config") or {}
         return slice(c.get("start"), c.get("stop"), c.get("step"))
     return value
-
-
-_DTYPES = {"bool": torch.bool, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-           "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
-           "int32": torch.int32, "int64": torch.int64}
-
-
-def _dtype(cfg, ctx, key="dtype") -> Optional[torch.dtype]:
-    name = cfg.get(key)
-    if isinstance(name, dict):
-        name = dtype_name(name)
-    if name is None:
-        return None
-    if name not in _DTYPES:
-        raise ctx.error(f"config {key}={str(name)[:40]!r}; expected one of {sorted(_DTYPES)}")
-    return _DTYPES[name]
-
-
-def _tensor(a, like):
-    """A Python number as a tensor beside `like` (torch.maximum and friends take tensors only);
-    a float takes a floating `like`'s dtype, as TensorFlow converts it."""
-    if isinstance(a, torch.Tensor):
-        return a
-    if not isinstance(like, torch.Tensor):
-        return torch.as_tensor(a)
-    return torch.as_tensor(a, dtype=like.dtype if like.is_floating_point() and isinstance(a, float) else None,
-                           device=like.device)
-
-
-def _pair(fn):
-    return lambda x, y: fn(_tensor(x, y), _tensor(y, x))  # (x, y: TensorFlow's argument names)
-
-
-def _axes(cfg, ctx, key="axis"):
-    axis = cfg.get(key)
-    if axis is None:
-        return None
-    if isinstance(axis, list):
-        return tuple(Values(cfg, ctx).int_list(key, lo=-8, hi=8))
-    return Values(cfg, ctx).int(key, lo=-8, hi=8)
-
-
-def _over_axes(fn):
-    """fn(x, axis, keepdims) applied over an axis, a tuple of them, or (None) every axis: the
-    reductions of keras.ops and of TensorFlow alike."""
-    def reduce(x, axis=None, keepdims=False):
-        if axis is None:
-            y = fn(x.reshape(-1), 0, False)
-            return y.reshape([1] * x.dim()) if keepdims else y
-        for a in sorted((a % x.dim() for a in (tuple(axis) if isinstance(axis, (list, tuple)) else (axis,))),
-                        reverse=True):
-            x = fn(x, a, keepdims)
-        return x
-    return reduce
-
-
-def _reduce(name, fn):
-    """A keras.ops reduction: cfg axis (None: every axis) and keepdims."""
-    reduce = _over_axes(fn)
-
-    def build(cfg, ctx):
-        axis, keepdims = _axes(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
-        return (lambda x: reduce(x, axis, keepdims)), f"{name} axis={axis} keepdims={keepdims}"
-    return build
-
-
-def _arg_reduce(fn):
-    def build(cfg, ctx):
-        axis, keepdims = _axes(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
-        if isinstance(axis, tuple):
-            raise ctx.error("an arg-reduction takes one axis")
-        return (lambda x: fn(x.reshape(-1), 0, False) if axis is None else fn(x, axis, keepdims)), f"axis={axis}"
-    return build
-
-
-def _fixed(fn, name=""):
-    """An operation without constructor arguments of its own."""
-    return lambda cfg, ctx: (fn, name)
 
 
 def _get_item(x, key):
@@ -193,7 +138,7 @@ def _transpose(cfg, ctx):
 
 
 def _squeeze(cfg, ctx):
-    axis = _axes(cfg, ctx)
+    axis = axes_arg(cfg, ctx)
     if axis is None:
         return (lambda x: x.squeeze()), "all"
     axes = axis if isinstance(axis, tuple) else (axis,)
@@ -201,7 +146,7 @@ def _squeeze(cfg, ctx):
 
 
 def _expand_dims(cfg, ctx):
-    axis = _axes(cfg, ctx)
+    axis = axes_arg(cfg, ctx)
     if axis is None:
         raise ctx.error("ExpandDims has no axis")
     axes = axis if isinstance(axis, tuple) else (axis,)
@@ -214,12 +159,6 @@ def _expand_dims(cfg, ctx):
     return expand, f"axis={axis}"
 
 
-def _one_axis(cfg, ctx, default=None):
-    axis = _axes(cfg, ctx)
-    axis = default if axis is None else axis
-    if not isinstance(axis, int):
-        raise ctx.error(f"config axis={str(cfg.get('axis'))[:40]}; expected one axis")
-    return axis
 
 
 def _clip(cfg, ctx):
@@ -229,7 +168,7 @@ def _clip(cfg, ctx):
 
 
 def _cast(cfg, ctx):
-    dtype = _dtype(cfg, ctx)
+    dtype = dtype_arg(cfg, ctx)
     return (lambda x: torch.as_tensor(x).to(dtype) if dtype is not None else torch.as_tensor(x)), f"dtype={dtype}"
 
 
@@ -242,7 +181,7 @@ def _einsum(cfg, ctx):
 
 def _repeat(cfg, ctx):
     v = Values(cfg, ctx)
-    repeats, axis = v.int("repeats", lo=1, hi=1 << 16), _axes(cfg, ctx)
+    repeats, axis = v.int("repeats", lo=1, hi=1 << 16), axes_arg(cfg, ctx)
     if axis is None:
         return (lambda x: x.reshape(-1).repeat_interleave(repeats)), f"repeats={repeats}"
     return (lambda x: x.repeat_interleave(repeats, dim=axis)), f"repeats={repeats} axis={axis}"
@@ -263,18 +202,18 @@ def _tile(cfg, ctx):
 
 def _softmax_like(fn):
     def build(cfg, ctx):
-        axis = _one_axis(cfg, ctx, -1)
+        axis = one_axis(cfg, ctx, -1)
         return (lambda x: fn(x, dim=axis)), f"axis={axis}"
     return build
 
 
 def _stack(cfg, ctx):
-    axis = _one_axis(cfg, ctx, 0)
+    axis = one_axis(cfg, ctx, 0)
     return (lambda xs: torch.stack(list(xs), dim=axis)), f"axis={axis}"
 
 
 def _concatenate(cfg, ctx):
-    axis = _one_axis(cfg, ctx, 0)
+    axis = one_axis(cfg, ctx, 0)
     # keras.ops.concatenate takes a list; older configs call it with the tensors themselves
     return (lambda *xs: torch.cat(list(xs[0]) if len(xs) == 1 and isinstance(xs[0], list) else list(xs), dim=axis)), \
         f"axis={axis}"
@@ -282,47 +221,47 @@ def _concatenate(cfg, ctx):
 
 def _cumulative(fn):
     def build(cfg, ctx):
-        axis = _axes(cfg, ctx)
+        axis = axes_arg(cfg, ctx)
         return (lambda x: fn(x.reshape(-1), 0) if axis is None else fn(x, axis)), f"axis={axis}"
     return build
 
 
 def _like(fill):
     def build(cfg, ctx):
-        dtype = _dtype(cfg, ctx)
+        dtype = dtype_arg(cfg, ctx)
         return (lambda x: fill(x, dtype=dtype or x.dtype)), f"dtype={dtype}"
     return build
 
 
 _OPS: Dict[str, Callable] = {
     # arithmetic and comparison (keras.src.ops.numpy); Python numbers as recorded
-    "Add": _fixed(operator.add), "Subtract": _fixed(operator.sub), "Multiply": _fixed(operator.mul),
-    "Divide": _fixed(operator.truediv), "TrueDivide": _fixed(operator.truediv),
-    "FloorDivide": _fixed(operator.floordiv), "Mod": _fixed(operator.mod), "Power": _fixed(operator.pow),
-    "Maximum": _fixed(_pair(torch.maximum)), "Minimum": _fixed(_pair(torch.minimum)),
-    "Matmul": _fixed(_pair(torch.matmul)), "Arctan2": _fixed(_pair(torch.atan2)),
-    "Equal": _fixed(operator.eq), "NotEqual": _fixed(operator.ne), "Greater": _fixed(operator.gt),
-    "GreaterEqual": _fixed(operator.ge), "Less": _fixed(operator.lt), "LessEqual": _fixed(operator.le),
-    "LogicalAnd": _fixed(_pair(torch.logical_and)), "LogicalOr": _fixed(_pair(torch.logical_or)),
-    "LogicalXor": _fixed(_pair(torch.logical_xor)), "LogicalNot": _fixed(torch.logical_not),
+    "Add": fixed(operator.add), "Subtract": fixed(operator.sub), "Multiply": fixed(operator.mul),
+    "Divide": fixed(operator.truediv), "TrueDivide": fixed(operator.truediv),
+    "FloorDivide": fixed(operator.floordiv), "Mod": fixed(operator.mod), "Power": fixed(operator.pow),
+    "Maximum": fixed(pair(torch.maximum)), "Minimum": fixed(pair(torch.minimum)),
+    "Matmul": fixed(pair(torch.matmul)), "Arctan2": fixed(pair(torch.atan2)),
+    "Equal": fixed(operator.eq), "NotEqual": fixed(operator.ne), "Greater": fixed(operator.gt),
+    "GreaterEqual": fixed(operator.ge), "Less": fixed(operator.lt), "LessEqual": fixed(operator.le),
+    "LogicalAnd": fixed(pair(torch.logical_and)), "LogicalOr": fixed(pair(torch.logical_or)),
+    "LogicalXor": fixed(pair(torch.logical_xor)), "LogicalNot": fixed(torch.logical_not),
     # elementwise
-    "Abs": _fixed(torch.abs), "Absolute": _fixed(torch.abs), "Negative": _fixed(torch.neg),
-    "Exp": _fixed(torch.exp), "Expm1": _fixed(torch.expm1), "Log": _fixed(torch.log), "Log1p": _fixed(torch.log1p),
-    "Log2": _fixed(torch.log2), "Log10": _fixed(torch.log10), "Sqrt": _fixed(torch.sqrt), "Rsqrt": _fixed(torch.rsqrt),
-    "Square": _fixed(torch.square), "Sign": _fixed(torch.sign), "Floor": _fixed(torch.floor),
-    "Ceil": _fixed(torch.ceil), "Reciprocal": _fixed(torch.reciprocal), "Sin": _fixed(torch.sin),
-    "Cos": _fixed(torch.cos), "Tan": _fixed(torch.tan), "Arcsin": _fixed(torch.asin), "Arccos": _fixed(torch.acos),
-    "Arctan": _fixed(torch.atan), "Sinh": _fixed(torch.sinh), "Cosh": _fixed(torch.cosh), "Tanh": _fixed(torch.tanh),
-    "Erf": _fixed(torch.erf), "IsNan": _fixed(torch.isnan), "IsInf": _fixed(torch.isinf),
-    "IsFinite": _fixed(torch.isfinite),
+    "Abs": fixed(torch.abs), "Absolute": fixed(torch.abs), "Negative": fixed(torch.neg),
+    "Exp": fixed(torch.exp), "Expm1": fixed(torch.expm1), "Log": fixed(torch.log), "Log1p": fixed(torch.log1p),
+    "Log2": fixed(torch.log2), "Log10": fixed(torch.log10), "Sqrt": fixed(torch.sqrt), "Rsqrt": fixed(torch.rsqrt),
+    "Square": fixed(torch.square), "Sign": fixed(torch.sign), "Floor": fixed(torch.floor),
+    "Ceil": fixed(torch.ceil), "Reciprocal": fixed(torch.reciprocal), "Sin": fixed(torch.sin),
+    "Cos": fixed(torch.cos), "Tan": fixed(torch.tan), "Arcsin": fixed(torch.asin), "Arccos": fixed(torch.acos),
+    "Arctan": fixed(torch.atan), "Sinh": fixed(torch.sinh), "Cosh": fixed(torch.cosh), "Tanh": fixed(torch.tanh),
+    "Erf": fixed(torch.erf), "IsNan": fixed(torch.isnan), "IsInf": fixed(torch.isinf),
+    "IsFinite": fixed(torch.isfinite),
     "Round": lambda cfg, ctx: ((lambda x, d=Values(cfg, ctx).int("decimals", 0, lo=-16, hi=16): torch.round(x, decimals=d)),
                                "round"),
-    "Clip": _clip, "Where": _fixed(lambda c, a, b: torch.where(_tensor(c, a).bool(), _tensor(a, b), _tensor(b, a))),
+    "Clip": _clip, "Where": fixed(lambda c, a, b: torch.where(as_tensor_like(c, a).bool(), as_tensor_like(a, b), as_tensor_like(b, a))),
     # activations (keras.src.ops.nn)
-    "Relu": _fixed(F.relu), "Relu6": _fixed(F.relu6), "Sigmoid": _fixed(torch.sigmoid), "Softplus": _fixed(F.softplus),
-    "Softsign": _fixed(F.softsign), "Silu": _fixed(F.silu), "Swish": _fixed(F.silu), "Selu": _fixed(F.selu),
-    "LogSigmoid": _fixed(F.logsigmoid), "HardSigmoid": _fixed(F.hardsigmoid), "HardSilu": _fixed(F.hardswish),
-    "HardSwish": _fixed(F.hardswish),
+    "Relu": fixed(F.relu), "Relu6": fixed(F.relu6), "Sigmoid": fixed(torch.sigmoid), "Softplus": fixed(F.softplus),
+    "Softsign": fixed(F.softsign), "Silu": fixed(F.silu), "Swish": fixed(F.silu), "Selu": fixed(F.selu),
+    "LogSigmoid": fixed(F.logsigmoid), "HardSigmoid": fixed(F.hardsigmoid), "HardSilu": fixed(F.hardswish),
+    "HardSwish": fixed(F.hardswish),
     "Gelu": lambda cfg, ctx: ((lambda x, a=Values(cfg, ctx).bool("approximate", True): F.gelu(
         x, approximate="tanh" if a else "none")), "gelu"),
     "Elu": lambda cfg, ctx: ((lambda x, a=Values(cfg, ctx).float("alpha", 1.0): F.elu(x, a)), "elu"),
@@ -330,27 +269,27 @@ _OPS: Dict[str, Callable] = {
         x, s, None, 0.0)), "leaky_relu"),
     "Softmax": _softmax_like(F.softmax), "LogSoftmax": _softmax_like(F.log_softmax),
     # reductions
-    "Sum": _reduce("sum", lambda x, a, k=False: x.sum(dim=a, keepdim=k)),
-    "Mean": _reduce("mean", lambda x, a, k=False: x.mean(dim=a, keepdim=k)),
-    "Max": _reduce("max", lambda x, a, k=False: x.amax(dim=a, keepdim=k)),
-    "Min": _reduce("min", lambda x, a, k=False: x.amin(dim=a, keepdim=k)),
-    "Amax": _reduce("max", lambda x, a, k=False: x.amax(dim=a, keepdim=k)),
-    "Amin": _reduce("min", lambda x, a, k=False: x.amin(dim=a, keepdim=k)),
-    "Prod": _reduce("prod", lambda x, a, k=False: x.prod(dim=a, keepdim=k)),
-    "Any": _reduce("any", lambda x, a, k=False: x.bool().any(dim=a, keepdim=k)),
-    "All": _reduce("all", lambda x, a, k=False: x.bool().all(dim=a, keepdim=k)),
-    "Std": _reduce("std", lambda x, a, k=False: x.std(dim=a, keepdim=k, unbiased=False)),
-    "Var": _reduce("var", lambda x, a, k=False: x.var(dim=a, keepdim=k, unbiased=False)),
-    "Argmax": _arg_reduce(lambda x, a, k: x.argmax(dim=a, keepdim=k).to(torch.int32)),
-    "Argmin": _arg_reduce(lambda x, a, k: x.argmin(dim=a, keepdim=k).to(torch.int32)),
+    "Sum": reduction("sum", lambda x, a, k=False: x.sum(dim=a, keepdim=k)),
+    "Mean": reduction("mean", lambda x, a, k=False: x.mean(dim=a, keepdim=k)),
+    "Max": reduction("max", lambda x, a, k=False: x.amax(dim=a, keepdim=k)),
+    "Min": reduction("min", lambda x, a, k=False: x.amin(dim=a, keepdim=k)),
+    "Amax": reduction("max", lambda x, a, k=False: x.amax(dim=a, keepdim=k)),
+    "Amin": reduction("min", lambda x, a, k=False: x.amin(dim=a, keepdim=k)),
+    "Prod": reduction("prod", lambda x, a, k=False: x.prod(dim=a, keepdim=k)),
+    "Any": reduction("any", lambda x, a, k=False: x.bool().any(dim=a, keepdim=k)),
+    "All": reduction("all", lambda x, a, k=False: x.bool().all(dim=a, keepdim=k)),
+    "Std": reduction("std", lambda x, a, k=False: x.std(dim=a, keepdim=k, unbiased=False)),
+    "Var": reduction("var", lambda x, a, k=False: x.var(dim=a, keepdim=k, unbiased=False)),
+    "Argmax": arg_reduction(lambda x, a, k: x.argmax(dim=a, keepdim=k).to(torch.int32)),
+    "Argmin": arg_reduction(lambda x, a, k: x.argmin(dim=a, keepdim=k).to(torch.int32)),
     "Cumsum": _cumulative(torch.cumsum), "Cumprod": _cumulative(torch.cumprod),
     # shape and indexing
     "Reshape": _reshape, "Transpose": _transpose, "Squeeze": _squeeze, "ExpandDims": _expand_dims,
-    "Concatenate": _concatenate, "Stack": _stack, "GetItem": _fixed(_get_item),
-    "Flip": lambda cfg, ctx: ((lambda x, a=_axes(cfg, ctx): torch.flip(x, list(range(x.dim())) if a is None else
+    "Concatenate": _concatenate, "Stack": _stack, "GetItem": fixed(_get_item),
+    "Flip": lambda cfg, ctx: ((lambda x, a=axes_arg(cfg, ctx): torch.flip(x, list(range(x.dim())) if a is None else
                                                                       list(a) if isinstance(a, tuple) else [a])), "flip"),
     "Repeat": _repeat, "Tile": _tile, "Einsum": _einsum,
-    "Moveaxis": lambda cfg, ctx: ((lambda x, s=_axes(cfg, ctx, "source"), d=_axes(cfg, ctx, "destination"):
+    "Moveaxis": lambda cfg, ctx: ((lambda x, s=axes_arg(cfg, ctx, "source"), d=axes_arg(cfg, ctx, "destination"):
                                    torch.movedim(x, s, d)), "moveaxis"),
     "Swapaxes": lambda cfg, ctx: ((lambda x, a=Values(cfg, ctx).int("axis1", lo=-8, hi=8),
                                    b=Values(cfg, ctx).int("axis2", lo=-8, hi=8): x.transpose(a, b)), "swapaxes"),
@@ -358,6 +297,9 @@ _OPS: Dict[str, Callable] = {
     "Cast": _cast, "ConvertToTensor": _cast, "ZerosLike": _like(torch.zeros_like), "OnesLike": _like(torch.ones_like),
 }
 
+assert not (set(_OPS) & set(NUMPY_OPS)) and not (set(_OPS) & set(NN_OPS)) and not (set(NUMPY_OPS) & set(NN_OPS))
+_OPS.update(NUMPY_OPS)
+_OPS.update(NN_OPS)
 OP_CLASSES = frozenset(_OPS)
 
 
@@ -366,10 +308,63 @@ def build_op(spec: LayerSpec, ctx: "BuildContext") -> nn.Module:
     if build is None:
         raise ctx.error(f"Keras operation {spec.module[:60]}.{spec.class_name[:60]} is not supported "
                         f"(supported: {', '.join(sorted(_OPS))})")
-    template = spec.calls[0].args if spec.calls else []
-    _check_constants(template, ctx)
+    call = spec.calls[0] if spec.calls else None
+    _check_constants(call.args if call else [], ctx)
+    constants: List[torch.Tensor] = []
+    template = _hoist(call.args, constants, ctx) if call else []
+    keywords = _hoist(_keywords(call, ctx), constants, ctx) if call else {}
     fn, description = build(spec.config, ctx)
-    return Op(fn, template, description or spec.class_name)
+    if keywords:
+        try:
+            inspect.signature(fn).bind(*template, **keywords)
+        except TypeError:
+            raise ctx.error(f"the operation is called with keyword arguments {sorted(keywords)} that it does not "
+                            "take here") from None
+    return Op(fn, template, description or spec.class_name, keywords, constants)
+
+
+_MAX_CONSTANT = 1 << 20  # elements of one constant tensor argument
+
+
+def _hoist(value, constants: list, ctx):
+    """value with each constant tensor ({"class_name": "__tensor__"} or "__numpy__") made a tensor, appended to
+    `constants` and replaced by its ConstantArg."""
+    if isinstance(value, dict) and value.get("class_name") in ("__tensor__", "__numpy__"):
+        config = value.get("config") if isinstance(value.get("config"), dict) else {}
+        dtype = dtype_arg(config, ctx) or torch.float32
+        try:
+            t = torch.tensor(config.get("value"), dtype=dtype)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            raise ctx.error(f"a constant tensor argument {str(config.get('value'))[:60]!r} is not an array of "
+                            "numbers") from None
+        if t.numel() > _MAX_CONSTANT or t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ctx.error(f"a constant tensor argument of shape {tuple(t.shape)} is too large or not finite")
+        constants.append(t)
+        return ConstantArg(len(constants) - 1)
+    if isinstance(value, list):
+        return [_hoist(v, constants, ctx) for v in value]
+    if isinstance(value, dict) and value.get("class_name") not in ("__slice__", "__ellipsis__"):
+        return {k: _hoist(v, constants, ctx) for k, v in value.items()}
+    return value
+
+
+def _keywords(call, ctx) -> dict:
+    """A call's keyword arguments: constants as recorded (checked as the positional ones are) and
+    TensorArg for each tensor, numbered after the positional inputs in model.py's order."""
+    tensors = call.tensor_kwargs()
+    out, index = {}, len(call.inputs)
+    for name in tensors:
+        refs = call.kwargs[name]
+        out[name] = TensorArg(index) if len(refs) == 1 else [TensorArg(index + i) for i in range(len(refs))]
+        index += len(refs)
+    for name, value in call.kwargs.items():
+        if name in tensors or name == "mask" and value is None:
+            continue
+        if name in ("mask", "initial_state"):
+            raise ctx.error(f"an operation called with {name}= is not supported")
+        _check_constants(value, ctx)
+        out[name] = value
+    return out
 
 
 _MAX_ARGUMENTS = 1 << 12  # a list argument's length (the config's JSON limits bound it anyway)
@@ -397,8 +392,8 @@ def _check_constants(value, ctx, depth=0) -> None:
         for v in value:
             _check_constants(v, ctx, depth + 1)
         return
-    if isinstance(value, dict) and value.get("class_name") == "__ellipsis__":
-        return
+    if isinstance(value, dict) and value.get("class_name") in ("__ellipsis__", "__tensor__", "__numpy__"):
+        return  # (a constant tensor is checked as it is read: _hoist)
     if isinstance(value, dict) and value.get("class_name") == "__slice__" and isinstance(value.get("config"), dict):
         for k in ("start", "stop", "step"):
             e = value["config"].get(k)
@@ -453,9 +448,9 @@ def _tf_l2_normalize(x, axis=None, epsilon=1e-12, dim=None):
 
 
 def _tf_cast(x, dtype):
-    if dtype not in _DTYPES:
+    if dtype not in DTYPES:
         raise ValueError(f"tf.cast to {str(dtype)[:40]!r} is not supported")
-    return x.to(_DTYPES[dtype])
+    return x.to(DTYPES[dtype])
 
 
 def _tf_unary(fn):
@@ -495,7 +490,7 @@ def _tf_where(condition, x=None, y=None):
     if x is None or y is None:
         raise ValueError("tf.where with one argument (the indices form) is not supported")
     like = x if isinstance(x, torch.Tensor) else y
-    return torch.where(_tensor(condition, like).bool(), _tensor(x, y), _tensor(y, x))
+    return torch.where(as_tensor_like(condition, like).bool(), as_tensor_like(x, y), as_tensor_like(y, x))
 
 
 def _tf_split(value, num_or_size_splits, axis=0, num=None):
@@ -509,7 +504,7 @@ def _tf_split(value, num_or_size_splits, axis=0, num=None):
 
 
 _TF_FUNCTIONS: Dict[str, Callable] = {
-    **{f"{p}reduce_{n}": _over_axes(f) for p in ("math.", "") for n, f in (
+    **{f"{p}reduce_{n}": over_axes(f) for p in ("math.", "") for n, f in (
         ("sum", lambda x, a, k: x.sum(dim=a, keepdim=k)), ("mean", lambda x, a, k: x.mean(dim=a, keepdim=k)),
         ("max", lambda x, a, k: x.amax(dim=a, keepdim=k)), ("min", lambda x, a, k: x.amin(dim=a, keepdim=k)),
         ("prod", lambda x, a, k: x.prod(dim=a, keepdim=k)), ("any", lambda x, a, k: x.bool().any(dim=a, keepdim=k)),
@@ -526,15 +521,15 @@ _TF_FUNCTIONS: Dict[str, Callable] = {
     "tile": lambda input, multiples: input.repeat(*multiples),  # noqa: A002
     "cast": _tf_cast, "dtypes.cast": _tf_cast,
     "__operators__.getitem": _tf_getitem,
-    "__operators__.add": _pair(operator.add), "math.add": _pair(operator.add),
-    "math.subtract": _pair(operator.sub), "math.multiply": _pair(operator.mul),
-    "math.truediv": _pair(operator.truediv), "math.divide": _pair(operator.truediv),
-    "math.pow": _pair(torch.pow), "math.maximum": _pair(torch.maximum),
-    "math.minimum": _pair(torch.minimum), "math.squared_difference": _pair(lambda a, b: (a - b) ** 2),
-    "math.equal": _pair(torch.eq), "math.not_equal": _pair(torch.ne), "__operators__.eq": _pair(torch.eq),
-    "__operators__.ne": _pair(torch.ne), "math.greater": _pair(torch.gt),
-    "math.greater_equal": _pair(torch.ge), "math.less": _pair(torch.lt), "math.less_equal": _pair(torch.le),
-    "math.logical_and": _pair(torch.logical_and), "math.logical_or": _pair(torch.logical_or),
+    "__operators__.add": pair(operator.add), "math.add": pair(operator.add),
+    "math.subtract": pair(operator.sub), "math.multiply": pair(operator.mul),
+    "math.truediv": pair(operator.truediv), "math.divide": pair(operator.truediv),
+    "math.pow": pair(torch.pow), "math.maximum": pair(torch.maximum),
+    "math.minimum": pair(torch.minimum), "math.squared_difference": pair(lambda a, b: (a - b) ** 2),
+    "math.equal": pair(torch.eq), "math.not_equal": pair(torch.ne), "__operators__.eq": pair(torch.eq),
+    "__operators__.ne": pair(torch.ne), "math.greater": pair(torch.gt),
+    "math.greater_equal": pair(torch.ge), "math.less": pair(torch.lt), "math.less_equal": pair(torch.le),
+    "math.logical_and": pair(torch.logical_and), "math.logical_or": pair(torch.logical_or),
     "linalg.matmul": lambda a, b, transpose_a=False, transpose_b=False: torch.matmul(
         a.transpose(-1, -2) if transpose_a else a, b.transpose(-1, -2) if transpose_b else b),
     **{name: _tf_unary(fn) for name, fn in (
@@ -555,8 +550,8 @@ _TF_FUNCTIONS: Dict[str, Callable] = {
         ("math.log1p", torch.log1p), ("math.expm1", torch.expm1), ("math.reciprocal", torch.reciprocal),
         ("math.sin", torch.sin), ("math.cos", torch.cos), ("math.softsign", F.softsign), ("nn.softsign", F.softsign))},
     "nn.leaky_relu": lambda features, alpha=0.2: F.leaky_relu(features, alpha),
-    "math.floordiv": _pair(torch.floor_divide), "compat.v1.floor_div": _pair(torch.floor_divide),
-    "math.floormod": _pair(torch.remainder),
+    "math.floordiv": pair(torch.floor_divide), "compat.v1.floor_div": pair(torch.floor_divide),
+    "math.floormod": pair(torch.remainder),
     "reverse": lambda tensor, axis: tensor.flip(_tf_dims(axis, tensor)),
     "gather": _tf_gather, "compat.v1.gather": _tf_gather,
     "math.cumsum": _tf_cumsum, "cumsum": _tf_cumsum,
@@ -611,8 +606,6 @@ def _check_tf_value(value, ctx, depth=0):
 
 
 def build_tf_call(cfg, ctx):
-    import inspect
-
     function = Values(cfg, ctx).str("function")
     fn = _TF_FUNCTIONS.get(function)
     if fn is None:

@@ -1,0 +1,96 @@
+"""The arguments of recorded Keras operations, read from their configs: dtypes, axes and the
+shared builders (an operation without arguments, a reduction over axes, an arg-reduction) that
+ops.py, ops_numpy.py and ops_nn.py build their tables from."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .registry import dtype_name
+from .values import Values
+
+
+DTYPES = {"bool": torch.bool, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+          "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
+          "int32": torch.int32, "int64": torch.int64}
+
+
+def dtype_arg(cfg, ctx, key="dtype") -> Optional[torch.dtype]:
+    name = cfg.get(key)
+    if isinstance(name, dict):
+        name = dtype_name(name)
+    if name is None:
+        return None
+    if name not in DTYPES:
+        raise ctx.error(f"config {key}={str(name)[:40]!r}; expected one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def as_tensor_like(a, like):
+    """A Python number as a tensor beside `like` (torch.maximum and friends take tensors only);
+    a float takes a floating `like`'s dtype, as TensorFlow converts it."""
+    if isinstance(a, torch.Tensor):
+        return a
+    if not isinstance(like, torch.Tensor):
+        return torch.as_tensor(a)
+    return torch.as_tensor(a, dtype=like.dtype if like.is_floating_point() and isinstance(a, float) else None,
+                           device=like.device)
+
+
+def pair(fn):
+    return lambda x, y: fn(as_tensor_like(x, y), as_tensor_like(y, x))  # (x, y: TensorFlow's argument names)
+
+
+def axes_arg(cfg, ctx, key="axis"):
+    axis = cfg.get(key)
+    if axis is None:
+        return None
+    if isinstance(axis, list):
+        return tuple(Values(cfg, ctx).int_list(key, lo=-8, hi=8))
+    return Values(cfg, ctx).int(key, lo=-8, hi=8)
+
+
+def over_axes(fn):
+    """fn(x, axis, keepdims) applied over an axis, a tuple of them, or (None) every axis: the
+    reductions of keras.ops and of TensorFlow alike."""
+    def reduce(x, axis=None, keepdims=False):
+        if axis is None:
+            y = fn(x.reshape(-1), 0, False)
+            return y.reshape([1] * x.dim()) if keepdims else y
+        for a in sorted((a % x.dim() for a in (tuple(axis) if isinstance(axis, (list, tuple)) else (axis,))),
+                        reverse=True):
+            x = fn(x, a, keepdims)
+        return x
+    return reduce
+
+
+def reduction(name, fn):
+    """A keras.ops reduction: cfg axis (None: every axis) and keepdims."""
+    reduce = over_axes(fn)
+
+    def build(cfg, ctx):
+        axis, keepdims = axes_arg(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
+        return (lambda x: reduce(x, axis, keepdims)), f"{name} axis={axis} keepdims={keepdims}"
+    return build
+
+
+def arg_reduction(fn):
+    def build(cfg, ctx):
+        axis, keepdims = axes_arg(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
+        if isinstance(axis, tuple):
+            raise ctx.error("an arg-reduction takes one axis")
+        return (lambda x: fn(x.reshape(-1), 0, False) if axis is None else fn(x, axis, keepdims)), f"axis={axis}"
+    return build
+
+
+def fixed(fn, name=""):
+    """An operation without constructor arguments of its own."""
+    return lambda cfg, ctx: (fn, name)
+
+def one_axis(cfg, ctx, default=None):
+    axis = axes_arg(cfg, ctx)
+    axis = default if axis is None else axis
+    if not isinstance(axis, int):
+        raise ctx.error(f"config axis={str(cfg.get('axis'))[:40]}; expected one axis")
+    return axis

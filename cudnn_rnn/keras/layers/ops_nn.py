@@ -1,0 +1,344 @@
+"""keras.ops's neural-network, math, linear-algebra and image operations (keras.src.ops.nn,
+.math, .linalg, .image) beyond the activations of ops.py: shrinkage and sparse activations,
+normalizations, one-hot encodings, moments, pooling, attention, log-sum-exp, top-k, framing,
+norms and solves, and the channel reductions of images. NN_OPS maps each class to a builder
+(config, context) -> (function, description), as ops_numpy.NUMPY_OPS does."""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict
+
+import torch
+import torch.nn.functional as F
+
+from .base import channels_last_format
+from .op_args import axes_arg, dtype_arg, fixed, one_axis
+from .ops_numpy import floating
+from .pooling import Pooling
+from .values import MAX_SIZE, Values
+
+EPSILON = 1e-7  # keras.config.epsilon()
+
+
+def _number(name: str, default, fn):
+    """An activation with one number in its config (Celu alpha, HardShrink threshold, ...)."""
+    def build(cfg, ctx):
+        value = Values(cfg, ctx).float(name, default)
+        return (lambda x: fn(x, value)), f"{name}={value}"
+    return build
+
+
+def _threshold(cfg, ctx):
+    v = Values(cfg, ctx)
+    t, value = v.float("threshold"), v.float("default_value")
+    return (lambda x: F.threshold(x, t, value)), f"threshold={t} default={value}"
+
+
+def _sparse_plus(x):
+    return torch.where(x <= -1, torch.zeros_like(x), torch.where(x < 1, 0.25 * (x + 1) ** 2, x))
+
+
+def _sparse_sigmoid(x):
+    return torch.where(x <= -1, torch.zeros_like(x), torch.where(x >= 1, torch.ones_like(x), 0.5 * (x + 1)))
+
+
+def _sparsemax(x, axis):
+    """Martins and Astudillo's sparsemax along `axis`, computed as Keras computes it."""
+    z, _ = torch.sort(x, dim=axis, descending=True)
+    cumsum = torch.cumsum(z, dim=axis)
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    r = torch.arange(1, x.shape[axis] + 1, device=x.device, dtype=x.dtype).view(shape)
+    support = z - (cumsum - 1) / r > 0
+    k = support.sum(dim=axis, keepdim=True)
+    tau = (torch.where(support, cumsum, torch.zeros_like(cumsum)).sum(dim=axis, keepdim=True) - 1) / k
+    return torch.clamp(x - tau, min=0.0)
+
+
+def _axis_op(fn, default=-1):
+    def build(cfg, ctx):
+        axis = one_axis(cfg, ctx, default)
+        return (lambda x: fn(x, axis)), f"axis={axis}"
+    return build
+
+
+def _logsumexp(cfg, ctx):
+    axis, keepdims = axes_arg(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
+
+    def logsumexp(x):
+        dims = tuple(range(x.dim())) if axis is None else axis
+        return torch.logsumexp(floating(x), dim=dims, keepdim=keepdims)
+    return logsumexp, f"axis={axis} keepdims={keepdims}"
+
+
+def _epsilon(cfg, ctx):
+    return Values(cfg, ctx).float("epsilon", EPSILON, lo=0.0) if cfg.get("epsilon") is not None else EPSILON
+
+
+def _normalize(cfg, ctx):
+    v = Values(cfg, ctx)
+    axis, order, eps = one_axis(cfg, ctx, -1), v.int("order", 2, lo=1, hi=1 << 10), _epsilon(cfg, ctx)
+
+    def normalize(x):
+        if order == 2:  # x * rsqrt(sum(x^2)), the factor at most 1 / epsilon
+            inv = torch.rsqrt(torch.sum(x * x, dim=axis, keepdim=True))
+            return x * torch.clamp(inv, max=1.0 / eps)
+        norm = torch.linalg.vector_norm(x, ord=order, dim=axis, keepdim=True)
+        return x / torch.clamp(norm, min=eps)
+    return normalize, f"axis={axis} order={order}"
+
+
+def _trailing(axes, x) -> bool:
+    """Whether the sorted axes are consecutive: Keras's torch backend then calls F.layer_norm /
+    F.rms_norm over them (they end the shape where Keras computes with torch; else moments)."""
+    axes = sorted(a % x.dim() for a in axes)
+    return axes == list(range(axes[0], axes[-1] + 1)) and axes[-1] == x.dim() - 1
+
+
+def _norm_axes(cfg, ctx):
+    axis = axes_arg(cfg, ctx)
+    return [-1] if axis is None else list(axis) if isinstance(axis, tuple) else [axis]
+
+
+def _rms_norm(cfg, ctx):
+    axes, eps = _norm_axes(cfg, ctx), _epsilon(cfg, ctx)
+
+    def rms_norm(x, scale=None):
+        dtype, x = x.dtype, x.to(torch.promote_types(x.dtype, torch.float32))
+        if _trailing(axes, x):
+            out = F.rms_norm(x, tuple(x.shape[a] for a in sorted(axes)), scale, eps)
+        else:
+            out = x * torch.rsqrt(torch.mean(x * x, dim=axes, keepdim=True) + eps)
+            out = out if scale is None else out * scale
+        return out.to(dtype)
+    return rms_norm, f"axis={axes}"
+
+
+def _layer_norm(cfg, ctx):
+    axes, eps = _norm_axes(cfg, ctx), _epsilon(cfg, ctx)
+    rms = Values(cfg, ctx).bool("rms_scaling", False)
+
+    def layer_norm(x, gamma=None, beta=None):
+        dtype, x = x.dtype, x.to(torch.promote_types(x.dtype, torch.float32))
+        dims = sorted(a % x.dim() for a in axes)
+        shape = [x.shape[d] if d in dims else 1 for d in range(x.dim())]
+
+        def fit(w):
+            return w if w is None or w.dim() == x.dim() or dims == [x.dim() - 1] else w.reshape(shape)
+        if rms:
+            out = x * torch.rsqrt(x.var(dim=dims, keepdim=True, unbiased=False) + eps)
+            out = out if gamma is None else out * fit(gamma)
+        elif _trailing(dims, x):
+            out = F.layer_norm(x, tuple(x.shape[d] for d in dims), gamma, beta, eps)
+        else:
+            mean = x.mean(dim=dims, keepdim=True)
+            var = (x * x).mean(dim=dims, keepdim=True) - mean * mean
+            inv = torch.rsqrt(var + eps)
+            inv = inv if gamma is None else inv * fit(gamma)
+            res = -mean * inv
+            out = x * inv + (res if beta is None else res + fit(beta))
+        return out.to(dtype)
+    return layer_norm, f"axis={axes} rms_scaling={rms}"
+
+
+def _encoding(multi: bool):
+    """OneHot (a class id per position; an id outside [0, num_classes) gives zeros) and MultiHot (the classes present
+    across axis 1, or 0 for a vector)."""
+    def build(cfg, ctx):
+        v = Values(cfg, ctx)
+        if v.bool("sparse", False):
+            raise ctx.error("a sparse one-hot encoding is not supported")
+        n, axis = v.int("num_classes", lo=1, hi=MAX_SIZE), v.int("axis", -1, lo=-8, hi=8)
+        dtype = dtype_arg(cfg, ctx) or torch.float32
+
+        def one_hot(x):
+            x = torch.as_tensor(x).long()
+            out = F.one_hot(x.clamp(0, n - 1), n) * ((x >= 0) & (x < n)).unsqueeze(-1)  # (others: zeros, as TF's)
+            if axis != -1 and axis != out.dim() - 1:
+                out = torch.movedim(out, -1, axis)
+            return out.to(dtype)
+
+        def multi_hot(inputs):
+            return torch.amax(one_hot(inputs), dim=1 if inputs.dim() > 1 else 0)
+        return (multi_hot if multi else one_hot), f"classes={n} axis={axis}"
+    return build
+
+
+def _moments(cfg, ctx):
+    v = Values(cfg, ctx)
+    axes = v.int_list("axes", lo=-8, hi=8) if isinstance(cfg.get("axes"), list) else [v.int("axes", lo=-8, hi=8)]
+    keepdims = v.bool("keepdims", False)
+    if v.bool("synchronized", False):
+        raise ctx.error("synchronized moments are not supported")
+
+    def moments(x):
+        dtype = x.dtype
+        x = x.float() if dtype == torch.float16 else x
+        mean = x.mean(dim=axes, keepdim=True)
+        var = (x * x).mean(dim=axes, keepdim=True) - mean * mean  # E[x^2] - E[x]^2, as Keras computes it
+        if not keepdims:
+            mean, var = mean.squeeze(tuple(a % x.dim() for a in axes)), var.squeeze(tuple(a % x.dim() for a in axes))
+        if dtype == torch.float16:
+            lim = torch.finfo(torch.float16).max
+            mean, var = mean.clamp(-lim, lim).to(dtype), var.clamp(-lim, lim).to(dtype)
+        return [mean, var]
+    return moments, f"axes={axes} keepdims={keepdims}"
+
+
+def _batch_norm(cfg, ctx):
+    v = Values(cfg, ctx)
+    axis, eps = v.int("axis", lo=-8, hi=8), v.float("epsilon", 1e-3, lo=0.0)
+
+    def batch_norm(x, mean, variance, offset=None, scale=None):
+        shape = [1] * x.dim()
+        shape[axis] = x.shape[axis]
+        inv = torch.rsqrt(variance + eps)
+        if scale is not None:
+            inv = inv * scale
+        res = -mean * inv if offset is None else offset - mean * inv
+        return x * inv.reshape(shape) + res.reshape(shape)
+    return batch_norm, f"axis={axis}"
+
+
+def _pool(average: bool):
+    def build(cfg, ctx):
+        v = Values(cfg, ctx)
+        size, strides = cfg.get("pool_size"), cfg.get("strides")
+        padding = v.str("padding", "valid", choices=("valid", "same"))
+        channels_last = channels_last_format(cfg, ctx)
+
+        def ints(value, key, rank):
+            values = value if isinstance(value, list) else [value] * rank
+            if len(values) != rank:
+                raise ValueError(f"{key}={value} for a {rank}-D pooling")
+            return tuple(Values({key: e}, ctx).int(key, lo=1, hi=1 << 16) for e in values)
+
+        def pool(inputs):
+            rank = inputs.dim() - 2
+            p = ints(size, "pool_size", rank)
+            s = p if strides is None else ints(strides, "strides", rank)
+            return Pooling(average, p, s, padding, channels_last).apply(inputs)
+        return pool, f"pool_size={size} strides={strides} padding={padding}"
+    return build
+
+
+def _attention(cfg, ctx):
+    v = Values(cfg, ctx)
+    causal = v.bool("is_causal", False)
+    cap = v.float("attn_logits_soft_cap", None, lo=0.0)
+
+    def attention(query, key, value, bias=None, mask=None, scale=None):
+        # [batch, time, heads, depth], as keras.ops takes it (a 3-D input has no heads axis)
+        three = query.dim() == 3
+        if three:
+            query, key, value = query.unsqueeze(2), key.unsqueeze(2), value.unsqueeze(2)
+        q, k, val = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: each key head serves several
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            val = val.repeat_interleave(q.shape[1] // val.shape[1], dim=1)
+        s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        logits = torch.matmul(q, k.transpose(-1, -2)) * s
+        if cap is not None:
+            logits = cap * torch.tanh(logits / cap)
+        if bias is not None:
+            logits = logits + bias
+        if causal:
+            keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+            logits = logits.masked_fill(~keep, torch.finfo(logits.dtype).min)
+        out = torch.matmul(torch.softmax(logits.float(), dim=-1).to(val.dtype), val).transpose(1, 2)
+        return out.squeeze(2) if three else out
+    return attention, f"causal={causal}"
+
+
+def _top_k(cfg, ctx):
+    v = Values(cfg, ctx)
+    k, ordered = v.int("k", lo=1, hi=MAX_SIZE), v.bool("sorted", True)
+
+    def top_k(x):
+        values, indices = torch.topk(x, k, sorted=True)
+        return [values, indices.to(torch.int32)]
+    return top_k, f"k={k} sorted={ordered}"
+
+
+def _extract_sequences(cfg, ctx):
+    v = Values(cfg, ctx)
+    length, stride = v.int("sequence_length", lo=1), v.int("sequence_stride", lo=1)
+    return (lambda x: x.unfold(-1, length, stride)), f"length={length} stride={stride}"
+
+
+def _norm(cfg, ctx):
+    v = Values(cfg, ctx)
+    order = cfg.get("ord")
+    if isinstance(order, str):
+        order = v.str("ord", choices=("fro", "nuc"))
+    elif order is not None:
+        order = v.float("ord")
+    axis, keepdims = axes_arg(cfg, ctx), v.bool("keepdims", False)
+
+    def norm(x):
+        return torch.linalg.norm(floating(x), ord=order, dim=axis, keepdim=keepdims)
+    return norm, f"ord={order} axis={axis}"
+
+
+def _rgb_to_grayscale(cfg, ctx):
+    channels_last = channels_last_format(cfg, ctx)
+
+    def gray(images):
+        axis = -1 if channels_last else -3
+        if images.shape[axis] == 1:
+            return images.clone()
+        r, g, b = images.unbind(dim=axis)
+        return (0.2989 * r + 0.587 * g + 0.114 * b).to(images.dtype).unsqueeze(axis)
+    return gray, f"channels_last={channels_last}"
+
+
+def _space(to_depth: bool):
+    """DepthToSpace / SpaceToDepth with TensorFlow's ordering (a block's rows, then its columns,
+    then the channels)."""
+    def build(cfg, ctx):
+        b = Values(cfg, ctx).int("block_size", lo=1, hi=1 << 10)
+        last = Values(cfg, ctx).str("data_format", "channels_last", choices=("channels_last", "channels_first"))
+        last = last == "channels_last"
+
+        def depth_to_space(x):
+            if not last:
+                x = x.permute(0, 2, 3, 1)
+            n, h, w, c = x.shape
+            x = x.reshape(n, h, w, b, b, c // (b * b)).permute(0, 1, 3, 2, 4, 5).reshape(n, h * b, w * b, c // (b * b))
+            return x if last else x.permute(0, 3, 1, 2)
+
+        def space_to_depth(x):
+            if not last:
+                x = x.permute(0, 2, 3, 1)
+            n, h, w, c = x.shape
+            x = x.reshape(n, h // b, b, w // b, b, c).permute(0, 1, 3, 2, 4, 5).reshape(n, h // b, w // b, b * b * c)
+            return x if last else x.permute(0, 3, 1, 2)
+        return (space_to_depth if to_depth else depth_to_space), f"block_size={b}"
+    return build
+
+
+NN_OPS: Dict[str, Callable] = {
+    # activations
+    "Celu": _number("alpha", 1.0, lambda x, a: F.celu(x, alpha=a)),
+    "HardShrink": _number("threshold", 0.5, lambda x, t: F.hardshrink(x, lambd=t)),
+    "SoftShrink": _number("threshold", 0.5, lambda x, t: F.softshrink(x, lambd=t)),
+    "Squareplus": _number("b", 4.0, lambda x, b: (x + torch.sqrt(x * x + b)) / 2),
+    "HardTanh": fixed(lambda x: F.hardtanh(x, -1.0, 1.0)), "TanhShrink": fixed(F.tanhshrink),
+    "Threshold": _threshold, "SparsePlus": fixed(_sparse_plus), "SparseSigmoid": fixed(_sparse_sigmoid),
+    "Sparsemax": _axis_op(_sparsemax), "Glu": _axis_op(lambda x, a: F.glu(x, dim=a)),
+    # normalizations, encodings, statistics
+    "Normalize": _normalize, "RMSNorm": _rms_norm, "LayerNorm": _layer_norm, "BatchNorm": _batch_norm,
+    "OneHot": _encoding(False), "MultiHot": _encoding(True), "Moments": _moments,
+    # pooling and attention
+    "MaxPool": _pool(False), "AveragePool": _pool(True), "DotProductAttention": _attention,
+    # keras.ops.math
+    "Logsumexp": _logsumexp, "TopK": _top_k, "ExtractSequences": _extract_sequences,
+    "Erfinv": fixed(lambda x: torch.erfinv(floating(x))), "Erfc": fixed(lambda x: torch.erfc(floating(x))),
+    # keras.ops.linalg
+    # (a singular matrix gives what LAPACK computes, inf or NaN, not an error: the zeros that
+    # loading runs a model on are singular)
+    "Norm": _norm, "Det": fixed(torch.linalg.det), "Inv": fixed(lambda x: torch.linalg.inv_ex(x).inverse),
+    "Solve": fixed(lambda a, b: torch.linalg.solve_ex(a, b).result), "Logdet": fixed(torch.logdet),
+    # keras.ops.image
+    "RGBToGrayscale": _rgb_to_grayscale, "DepthToSpace": _space(False), "SpaceToDepth": _space(True),
+}

@@ -1,0 +1,510 @@
+"""keras.ops's NumPy-like operations (keras.src.ops.numpy and keras.src.ops.core) beyond the
+arithmetic, reductions and reshapes of ops.py: elementwise functions, NaN-aware and order
+statistics, padding, splitting, stacking, gathering, sorting and products. Each entry of
+NUMPY_OPS is a builder (config, context) -> (function, description); the function takes the
+call's arguments by the names Keras's `call` gives them and computes what keras.ops computes:
+NumPy's semantics, Keras's result dtypes (an integer or boolean input to a floating function
+gives float32; indices come out int32)."""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict
+
+import torch
+
+from .op_args import axes_arg, dtype_arg, fixed, one_axis, reduction
+from .values import MAX_SIZE, Values
+
+
+def floating(x):
+    """x as Keras's floating functions take it: integers and booleans as float32."""
+    x = torch.as_tensor(x)
+    return x if x.is_floating_point() else x.to(torch.float32)
+
+
+def _both(fn, cast=floating):
+    """fn of two arguments (tensors or recorded numbers), each made a tensor in the dtype both
+    promote to (a Python number takes the tensor's dtype, as Keras converts weak types)."""
+    def call(x1, x2):
+        a, b = torch.as_tensor(x1), torch.as_tensor(x2)
+        if not isinstance(x1, torch.Tensor):
+            a = a.to(b.dtype if b.is_floating_point() or not isinstance(x1, float) else torch.float32)
+        if not isinstance(x2, torch.Tensor):
+            b = b.to(a.dtype if a.is_floating_point() or not isinstance(x2, float) else torch.float32)
+        dtype = torch.promote_types(a.dtype, b.dtype)
+        a, b = a.to(dtype), b.to(dtype)
+        return fn(cast(a), cast(b))
+    return call
+
+
+def _same(x):
+    return x
+
+
+def _cbrt(x):
+    x = floating(x)
+    return torch.sign(x) * torch.abs(x) ** (1.0 / 3.0)
+
+
+def _divide_no_nan(x1, x2):
+    safe = torch.where(x2 == 0, torch.ones_like(x2), x2)
+    return torch.where(x2 == 0, torch.zeros_like(x1), x1 / safe)
+
+
+def _isclose(cfg, ctx):
+    equal_nan = Values(cfg, ctx).bool("equal_nan", False)
+
+    def isclose(x1, x2, rtol=1e-5, atol=1e-8):
+        a, b = torch.as_tensor(x1), torch.as_tensor(x2)
+        dtype = torch.promote_types(a.dtype, b.dtype)
+        a, b = a.to(dtype), b.to(dtype)
+        if not dtype.is_floating_point:
+            return a == b
+        return torch.isclose(a, b, rtol=float(rtol), atol=float(atol), equal_nan=equal_nan)
+    return isclose, f"equal_nan={equal_nan}"
+
+
+def _nan_to_num(cfg, ctx):
+    v = Values(cfg, ctx)
+    nan, posinf, neginf = v.float("nan", 0.0), v.float("posinf", None), v.float("neginf", None)
+    return (lambda x: torch.nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf)), f"nan={nan}"
+
+
+# -- reductions ---------------------------------------------------------------------------------
+
+def _nan_extreme(fill: float, pick):
+    """nanmax / nanmin: NaN ignored, NaN where a slice holds nothing else (integers: max / min)."""
+    def one(x, a, k):
+        if not x.is_floating_point():
+            return pick(x, dim=a, keepdim=k)
+        out = pick(torch.where(torch.isnan(x), torch.full_like(x, fill), x), dim=a, keepdim=k)
+        return torch.where(torch.isnan(x).all(dim=a, keepdim=k), torch.full_like(out, math.nan), out)
+    return one
+
+
+def _nanvar(x, axis, keepdims):
+    x = floating(x)
+    dims = _dims(axis, x)
+    valid = ~torch.isnan(x)
+    mean = torch.nansum(x, dim=dims, keepdim=True) / valid.sum(dim=dims, keepdim=True)
+    centered = torch.where(valid, x - mean, torch.zeros_like(x)).square()
+    return centered.sum(dim=dims, keepdim=keepdims) / valid.sum(dim=dims, keepdim=keepdims)
+
+
+def _dims(axis, x):
+    if axis is None:
+        return tuple(range(x.dim()))
+    return tuple(a % x.dim() for a in (axis if isinstance(axis, tuple) else (axis,)))
+
+
+def _whole(fn, name, floating_result=False):
+    """A reduction computed over all its axes at once (axis None: every axis), keepdims honoured."""
+    def build(cfg, ctx):
+        axis, keepdims = axes_arg(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
+
+        def reduce(x):
+            x = floating(x) if floating_result else torch.as_tensor(x)
+            return fn(x, axis, keepdims)
+        return reduce, f"{name} axis={axis} keepdims={keepdims}"
+    return build
+
+
+def _quantile_of(x, q, axis, method, keepdims, nan):
+    """NumPy's quantile over `axis` (a tuple: those axes together), q a number or a list."""
+    x = floating(x)
+    q = torch.as_tensor(q, dtype=x.dtype, device=x.device)
+    dims = _dims(axis, x)
+    others = [d for d in range(x.dim()) if d not in dims]
+    y = x.permute(*others, *dims).reshape([x.shape[d] for d in others] + [-1])
+    fn = torch.nanquantile if nan else torch.quantile
+    out = fn(y, q, dim=-1, interpolation=method)
+    if keepdims:
+        lead = 1 if q.dim() > 0 else 0
+        for d in sorted(dims):
+            out = out.unsqueeze(d + lead)
+    return out
+
+
+def _quantile(scale: float, nan: bool):
+    """Quantile (q in [0, 1]) and Percentile (q in [0, 100]: scale 100), and their NaN-aware forms."""
+    def build(cfg, ctx):
+        v = Values(cfg, ctx)
+        axis, keepdims = axes_arg(cfg, ctx), v.bool("keepdims", False)
+        method = v.str("method", "linear", choices=("linear", "lower", "higher", "midpoint", "nearest"))
+
+        def quantile(x, q):
+            q = torch.as_tensor(q, dtype=torch.float64) / scale
+            return _quantile_of(x, q, axis, method, keepdims, nan)
+        return quantile, f"axis={axis} method={method}"
+    return build
+
+
+def _median(nan: bool):
+    def build(cfg, ctx):
+        axis, keepdims = axes_arg(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
+        return (lambda x: _quantile_of(x, 0.5, axis, "linear", keepdims, nan)), f"axis={axis}"
+    return build
+
+
+def _average(cfg, ctx):
+    axis = axes_arg(cfg, ctx)
+    if isinstance(axis, tuple):
+        raise ctx.error("Average over several axes is not supported")
+
+    def average(x, weights=None):
+        x = floating(x)
+        if weights is None:
+            return x.mean() if axis is None else x.mean(dim=axis)
+        w = torch.as_tensor(weights, dtype=x.dtype, device=x.device)
+        if axis is None:
+            return (x * w).sum() / w.sum()
+        if w.dim() == 1 and x.dim() > 1:  # NumPy: 1-D weights lie along `axis`
+            shape = [1] * x.dim()
+            shape[axis] = -1
+            w = w.reshape(shape)
+            return (x * w).sum(dim=axis) / w.sum()
+        return (x * w).sum(dim=axis) / w.expand_as(x).sum(dim=axis)
+    return average, f"axis={axis}"
+
+
+def _count_nonzero(cfg, ctx):
+    axis = axes_arg(cfg, ctx)
+    return (lambda x: torch.count_nonzero(torch.as_tensor(x), dim=axis).to(torch.int32)), f"axis={axis}"
+
+
+# -- shapes -------------------------------------------------------------------------------------
+
+_PAD_MODES = ("constant", "reflect", "symmetric", "edge", "wrap")
+
+
+def _pad(cfg, ctx):
+    v = Values(cfg, ctx)
+    width = cfg.get("pad_width")
+    if isinstance(width, int) and not isinstance(width, bool):
+        width = [[width, width]]
+    if not isinstance(width, list) or not 0 < len(width) <= 8 or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e <= MAX_SIZE
+                                                        for e in p) for p in width):
+        raise ctx.error(f"config pad_width={str(width)[:60]!r}; expected a [before, after] pair of "
+                        "non-negative integers per axis")
+    mode = v.str("mode", "constant", choices=_PAD_MODES)
+
+    def pad(x, constant_values=None):
+        pairs = width * x.dim() if len(width) == 1 else width
+        if len(pairs) != x.dim():
+            raise ValueError(f"Pad pad_width has {len(pairs)} pairs for an input of rank {x.dim()}")
+        if mode == "constant":
+            flat = [e for p in reversed(pairs) for e in p]
+            return torch.nn.functional.pad(x, flat, value=0.0 if constant_values is None else float(constant_values))
+        if constant_values is not None:
+            raise ValueError("Pad constant_values is given with mode " + mode)
+        for d, (lo, hi) in enumerate(pairs):
+            x = _pad_axis(x, d, lo, hi, mode)
+        return x
+    return pad, f"pad_width={width} mode={mode}"
+
+
+def _pad_axis(x, d, lo, hi, mode):
+    """One axis padded as numpy.pad pads it (reflect without the edge, symmetric with it)."""
+    if lo == hi == 0:
+        return x
+    n = x.shape[d]
+    if mode == "edge":
+        idx = torch.arange(-lo, n + hi, device=x.device).clamp(0, n - 1)
+    elif mode == "wrap":
+        idx = torch.arange(-lo, n + hi, device=x.device) % n
+    else:
+        period = 2 * n - 2 if mode == "reflect" else 2 * n
+        if period <= 0:
+            idx = torch.zeros(n + lo + hi, dtype=torch.long, device=x.device)
+        else:
+            i = torch.arange(-lo, n + hi, device=x.device) % period
+            idx = torch.where(i < n, i, period - i - (0 if mode == "reflect" else 1))
+    return x.index_select(d, idx)
+
+
+def _shape_list(cfg, ctx, key):
+    return Values(cfg, ctx).int_list(key, lo=-1, hi=MAX_SIZE)
+
+
+def _split(kind: str):
+    """Split / ArraySplit (axis from config), Hsplit / Vsplit / Dsplit (NumPy's axes): a number of
+    sections (Split: equal) or the indices to split before."""
+    def build(cfg, ctx):
+        sections = cfg.get("indices_or_sections")
+        if isinstance(sections, list):
+            sections = Values(cfg, ctx).int_list("indices_or_sections", lo=-MAX_SIZE, hi=MAX_SIZE)
+        else:
+            sections = Values(cfg, ctx).int("indices_or_sections", lo=1, hi=1 << 16)
+        axis = one_axis(cfg, ctx, 0) if kind in ("split", "array") else None
+
+        def split(x):
+            a = axis if axis is not None else {"v": 0, "d": 2}.get(kind, 1 if x.dim() > 1 else 0)
+            if kind != "array" and isinstance(sections, int) and x.shape[a] % sections:
+                raise ValueError(f"an axis of {x.shape[a]} does not split into {sections} equal sections")
+            return list(torch.tensor_split(x, sections, dim=a))
+        return split, f"{kind} {sections}"
+    return build
+
+
+def _take(cfg, ctx):
+    axis = axes_arg(cfg, ctx)
+    if isinstance(axis, tuple):
+        raise ctx.error("Take takes one axis")
+
+    def take(x, indices):
+        x = torch.as_tensor(x)
+        flat = x.reshape(-1) if axis is None else x
+        a = 0 if axis is None else axis % x.dim()
+        idx = torch.as_tensor(indices, device=x.device).long()
+        idx = torch.where(idx < 0, idx + flat.shape[a], idx)
+        out = flat.index_select(a, idx.reshape(-1))
+        return out.reshape(flat.shape[:a] + idx.shape + flat.shape[a + 1:])
+    return take, f"axis={axis}"
+
+
+def _take_along_axis(cfg, ctx):
+    axis = axes_arg(cfg, ctx)
+    if isinstance(axis, tuple):
+        raise ctx.error("TakeAlongAxis takes one axis")
+
+    def take(x, indices):
+        idx = torch.as_tensor(indices, device=x.device).long()
+        if axis is None:
+            x, idx, a = x.reshape(-1), idx.reshape(-1), 0
+        else:
+            a = axis % x.dim()
+            shape = list(torch.broadcast_shapes(tuple(s if d != a else 1 for d, s in enumerate(x.shape)),
+                                                tuple(s if d != a else 1 for d, s in enumerate(idx.shape))))
+            x = x.expand(*[s if d != a else x.shape[a] for d, s in enumerate(shape)])
+            idx = idx.expand(*[s if d != a else idx.shape[a] for d, s in enumerate(shape)])
+        idx = torch.where(idx < 0, idx + x.shape[a], idx)
+        return torch.gather(x, a, idx)
+    return take, f"axis={axis}"
+
+
+def _sort(indices: bool):
+    def build(cfg, ctx):
+        axis = axes_arg(cfg, ctx) if "axis" in cfg else -1
+        if isinstance(axis, tuple):
+            raise ctx.error("a sort takes one axis")
+
+        def sort(x):
+            x = torch.as_tensor(x)
+            if axis is None:
+                x = x.reshape(-1)
+            a = 0 if axis is None else axis
+            if indices:
+                return torch.argsort(x.to(torch.uint8) if x.dtype == torch.bool else x, dim=a, stable=True).to(torch.int32)
+            return torch.sort(x, dim=a, stable=True).values
+        return sort, f"axis={axis}"
+    return build
+
+
+def _tensordot(cfg, ctx):
+    axes = cfg.get("axes", 2)
+    if isinstance(axes, list):
+        if len(axes) != 2:
+            raise ctx.error(f"config axes={str(axes)[:60]!r}; expected an integer or two lists of axes")
+        axes = [Values({"a": a if isinstance(a, list) else [a]}, ctx).int_list("a", lo=-8, hi=8) for a in axes]
+    else:
+        axes = Values(cfg, ctx).int("axes", 2, lo=0, hi=8)
+    return (lambda x1, x2: _promoted(torch.tensordot, x1, x2, dims=axes)), f"axes={axes}"
+
+
+def _promoted(fn, x1, x2, **kw):
+    """fn on the two tensors in their promoted dtype, computed in floating point (torch's
+    products take no integers) and returned in that dtype, as Keras does."""
+    x1, x2 = torch.as_tensor(x1), torch.as_tensor(x2)
+    dtype = torch.promote_types(x1.dtype, x2.dtype)
+    compute = dtype if dtype.is_floating_point else torch.float32
+    return fn(x1.to(compute), x2.to(compute), **kw).to(dtype)
+
+
+def _dot(x1, x2):
+    if x1.dim() == 0 or x2.dim() == 0:
+        return x1 * x2
+    return torch.matmul(x1, x2)
+
+
+def _cross(cfg, ctx):
+    v = Values(cfg, ctx)
+    a, b, c = (v.int(k, -1, lo=-8, hi=8) for k in ("axisa", "axisb", "axisc"))
+    axis = cfg.get("axis")
+    if axis is not None:
+        a = b = c = v.int("axis", lo=-8, hi=8)
+
+    def cross(x1, x2):
+        x1, x2 = torch.movedim(x1, a, -1), torch.movedim(x2, b, -1)
+        if x1.shape[-1] == 2 or x2.shape[-1] == 2:
+            raise ValueError("Cross of 2-vectors is not supported")
+        x1, x2 = torch.broadcast_tensors(x1, x2)
+        return torch.movedim(_promoted(torch.linalg.cross, x1, x2, dim=-1), -1, c)
+    return cross, f"axes={a},{b},{c}"
+
+
+def _diff(cfg, ctx):
+    v = Values(cfg, ctx)
+    n, axis = v.int("n", 1, lo=0, hi=1 << 16), v.int("axis", -1, lo=-8, hi=8)
+    return (lambda a: torch.diff(a, n=n, dim=axis) if n else a), f"n={n} axis={axis}"
+
+
+def _append(cfg, ctx):
+    axis = axes_arg(cfg, ctx)
+    if isinstance(axis, tuple):
+        raise ctx.error("Append takes one axis")
+
+    def append(x1, x2):
+        x1, x2 = torch.as_tensor(x1), torch.as_tensor(x2)
+        dtype = torch.promote_types(x1.dtype, x2.dtype)
+        if axis is None:
+            return torch.cat([x1.reshape(-1).to(dtype), x2.reshape(-1).to(dtype)])
+        return torch.cat([x1.to(dtype), x2.to(dtype)], dim=axis)
+    return append, f"axis={axis}"
+
+
+def _full_like(cfg, ctx):
+    dtype = dtype_arg(cfg, ctx)
+
+    def full_like(x, fill_value):
+        fill = torch.as_tensor(fill_value, device=x.device)
+        return torch.zeros_like(x, dtype=dtype or x.dtype) + fill.to(dtype or x.dtype)
+    return full_like, f"dtype={dtype}"
+
+
+def _slice(cfg, ctx):
+    shape = _shape_list(cfg, ctx, "shape")
+
+    def slice_(inputs, start_indices):
+        start = [int(s) for s in (start_indices.tolist() if isinstance(start_indices, torch.Tensor) else start_indices)]
+        if len(start) != inputs.dim() or len(shape) != inputs.dim():
+            raise ValueError(f"Slice of a rank-{inputs.dim()} input with start {start} and shape {shape}")
+        for d, (s, n) in enumerate(zip(start, shape)):
+            size = inputs.shape[d] - s if n == -1 else n
+            inputs = inputs.narrow(d, s, size)
+        return inputs
+    return slice_, f"shape={shape}"
+
+
+def _select(condlist, choicelist, default=0):
+    out = torch.as_tensor(default)
+    for c, v in reversed(list(zip(condlist, choicelist))):
+        v = torch.as_tensor(v)
+        out = torch.where(torch.as_tensor(c).bool(), v, out.to(v.dtype) if not isinstance(default, torch.Tensor) else out)
+    return out
+
+
+def _digitize(x, bins):
+    x = torch.as_tensor(x)
+    bins = torch.as_tensor(bins, device=x.device)
+    return torch.bucketize(x.to(torch.uint8) if x.dtype == torch.bool else x, bins.to(x.dtype)
+                           if x.is_floating_point() else bins, right=True).to(torch.int32)
+
+
+def _k(name: str, fn):
+    """An operation with one integer config argument `name` (Tril / Triu k, Diag offsets)."""
+    def build(cfg, ctx):
+        k = Values(cfg, ctx).int(name, 0, lo=-MAX_SIZE, hi=MAX_SIZE)
+        return (lambda x: fn(x, k)), f"{name}={k}"
+    return build
+
+
+def _diagonal_of(fn):
+    def build(cfg, ctx):
+        v = Values(cfg, ctx)
+        offset, a1, a2 = v.int("offset", 0, lo=-MAX_SIZE, hi=MAX_SIZE), v.int("axis1", 0, lo=-8, hi=8), \
+            v.int("axis2", 1, lo=-8, hi=8)
+        return (lambda x: fn(torch.diagonal(x, offset=offset, dim1=a1, dim2=a2))), f"offset={offset} axes={a1},{a2}"
+    return build
+
+
+def _trace_sum(d):
+    """The diagonal's sum, in Keras's dtype (small integers and booleans summed as int32)."""
+    if d.dtype in (torch.bool, torch.int8, torch.int16, torch.uint8):
+        d = d.to(torch.int32)
+    return d.sum(-1)
+
+
+def _roll(cfg, ctx):
+    v = Values(cfg, ctx)
+    shift = cfg.get("shift")
+    shift = v.int_list("shift") if isinstance(shift, list) else v.int("shift", lo=-MAX_SIZE, hi=MAX_SIZE)
+    axis = axes_arg(cfg, ctx)
+    return (lambda x: torch.roll(x, shift, dims=axis)), f"shift={shift} axis={axis}"
+
+
+def _rot90(cfg, ctx):
+    v = Values(cfg, ctx)
+    k = v.int("k", 1, lo=-MAX_SIZE, hi=MAX_SIZE)
+    axes = v.int_list("axes", lo=-8, hi=8) if "axes" in cfg else [0, 1]
+    if len(axes) != 2 or axes[0] == axes[1]:
+        raise ctx.error(f"config axes={axes}; expected two different axes")
+    return (lambda array: torch.rot90(array, k, [a % array.dim() for a in axes])), f"k={k} axes={axes}"
+
+
+def _broadcast_to(cfg, ctx):
+    shape = _shape_list(cfg, ctx, "shape")
+    return (lambda x: torch.broadcast_to(x, shape)), f"shape={shape}"
+
+
+def _stacked(fn):
+    return lambda xs: fn([torch.as_tensor(x) for x in xs])
+
+
+NUMPY_OPS: Dict[str, Callable] = {
+    # elementwise
+    "Arcsinh": fixed(lambda x: torch.asinh(floating(x))), "Arccosh": fixed(lambda x: torch.acosh(floating(x))),
+    "Arctanh": fixed(lambda x: torch.atanh(floating(x))), "Cbrt": fixed(_cbrt),
+    "Deg2rad": fixed(lambda x: torch.deg2rad(floating(x))), "Rad2deg": fixed(lambda x: torch.rad2deg(floating(x))),
+    "Exp2": fixed(lambda x: torch.exp2(floating(x))), "Sinc": fixed(lambda x: torch.sinc(floating(x))),
+    "Trunc": fixed(lambda x: x if x.dtype == torch.bool else torch.trunc(x)), "Signbit": fixed(torch.signbit),
+    "Isneginf": fixed(torch.isneginf), "Isposinf": fixed(torch.isposinf), "Copy": fixed(torch.clone),
+    "StopGradient": fixed(torch.Tensor.detach), "NanToNum": _nan_to_num,
+    "Fliplr": fixed(lambda x: torch.flip(x, [1])), "Flipud": fixed(lambda x: torch.flip(x, [0])),
+    "Ravel": fixed(lambda x: x.reshape(-1)),
+    # two arguments
+    "Hypot": fixed(_both(torch.hypot)), "Logaddexp": fixed(_both(torch.logaddexp)),
+    "Logaddexp2": fixed(_both(torch.logaddexp2)), "Heaviside": fixed(_both(torch.heaviside)),
+    "Fmod": fixed(_both(torch.fmod, _same)), "Fmax": fixed(_both(torch.fmax, _same)), "Fmin": fixed(_both(torch.fmin, _same)),
+    "DivideNoNan": fixed(_both(_divide_no_nan)), "Isclose": _isclose,
+    "BitwiseAnd": fixed(_both(torch.bitwise_and, _same)), "BitwiseOr": fixed(_both(torch.bitwise_or, _same)),
+    "BitwiseXor": fixed(_both(torch.bitwise_xor, _same)), "BitwiseNot": fixed(torch.bitwise_not),
+    "BitwiseInvert": fixed(torch.bitwise_not),
+    "BitwiseLeftShift": fixed(_both(torch.bitwise_left_shift, _same)), "LeftShift": fixed(_both(torch.bitwise_left_shift, _same)),
+    "BitwiseRightShift": fixed(_both(torch.bitwise_right_shift, _same)),
+    "RightShift": fixed(_both(torch.bitwise_right_shift, _same)),
+    "Gcd": fixed(_both(torch.gcd, _same)), "Lcm": fixed(_both(torch.lcm, _same)),
+    "Kron": fixed(lambda x1, x2: _promoted(torch.kron, x1, x2)),
+    "Outer": fixed(lambda x1, x2: _promoted(torch.outer, x1.reshape(-1), x2.reshape(-1))),
+    "Inner": fixed(lambda x1, x2: _promoted(torch.inner, x1, x2)),
+    "Vdot": fixed(lambda x1, x2: _promoted(torch.dot, x1.reshape(-1), x2.reshape(-1))),
+    "Dot": fixed(lambda x1, x2: _promoted(_dot, x1, x2)), "Tensordot": _tensordot, "Cross": _cross,
+    "Digitize": fixed(_digitize),
+    # reductions
+    "Ptp": _whole(lambda x, a, k: x.amax(dim=_dims(a, x), keepdim=k) - x.amin(dim=_dims(a, x), keepdim=k), "ptp"),
+    "Nansum": reduction("nansum", lambda x, a, k=False: torch.nansum(x.to(torch.int32) if x.dtype in (
+        torch.bool, torch.int8, torch.int16, torch.uint8) else x, dim=a, keepdim=k)),
+    "Nanprod": reduction("nanprod", lambda x, a, k=False: torch.where(torch.isnan(x), torch.ones_like(x), x).prod(
+        dim=a, keepdim=k) if x.is_floating_point() else x.prod(dim=a, keepdim=k)),
+    "Nanmax": reduction("nanmax", _nan_extreme(-math.inf, torch.amax)),
+    "Nanmin": reduction("nanmin", _nan_extreme(math.inf, torch.amin)),
+    "Nanmean": _whole(lambda x, a, k: torch.nanmean(x, dim=_dims(a, x), keepdim=k), "nanmean", True),
+    "Nanvar": _whole(_nanvar, "nanvar", True),
+    "Nanstd": _whole(lambda x, a, k: torch.sqrt(_nanvar(x, a, k)), "nanstd", True),
+    "Median": _median(False), "Nanmedian": _median(True),
+    "Quantile": _quantile(1.0, False), "Percentile": _quantile(100.0, False),
+    "Nanquantile": _quantile(1.0, True), "Nanpercentile": _quantile(100.0, True),
+    "Average": _average, "CountNonzero": _count_nonzero,
+    # shapes, pieces and gathers
+    "Pad": _pad, "BroadcastTo": _broadcast_to, "Roll": _roll, "Rot90": _rot90,
+    "Tril": _k("k", torch.tril), "Triu": _k("k", torch.triu),
+    "Diag": _k("k", lambda x, k: torch.diag(x, k)), "Diagflat": _k("k", lambda x, k: torch.diagflat(x, k)),
+    "Diagonal": _diagonal_of(lambda d: d), "Trace": _diagonal_of(_trace_sum),
+    "Split": _split("split"), "ArraySplit": _split("array"), "Hsplit": _split("h"), "Vsplit": _split("v"),
+    "Dsplit": _split("d"),
+    "Unstack": lambda cfg, ctx: ((lambda x, a=one_axis(cfg, ctx, 0): list(torch.unbind(x, a))), "unstack"),
+    "Hstack": fixed(_stacked(torch.hstack)), "Vstack": fixed(_stacked(torch.vstack)),
+    "Dstack": fixed(_stacked(torch.dstack)),
+    "Take": _take, "TakeAlongAxis": _take_along_axis, "Sort": _sort(False), "Argsort": _sort(True),
+    "Diff": _diff, "Append": _append, "FullLike": _full_like, "Slice": _slice, "Select": fixed(_select),
+}
