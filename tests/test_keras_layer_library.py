@@ -594,6 +594,21 @@ OPS.update({
         keras.ops.tril(x, -1), keras.ops.triu(y, 2), keras.ops.diagonal(x, 1, 1, 2), keras.ops.trace(y, -1, 1, 2),
         keras.ops.pad(x, [[0, 0], [2, 3], [1, 0]], mode="reflect"), keras.ops.pad(y, [[0, 0], [1, 1], [0, 2]], constant_values=-1.0),
         keras.ops.broadcast_to(keras.ops.mean(x, axis=1, keepdims=True), (B, 5, 4))],
+    "more_numpy": lambda x, y: [
+        keras.ops.fabs(x), keras.ops.isnan(keras.ops.log(x)), keras.ops.isinf(x / keras.ops.round(y)), keras.ops.isfinite(y),
+        keras.ops.i0(x), keras.ops.real(x), keras.ops.conj(x), keras.ops.angle(y),
+        keras.ops.nanargmax(keras.ops.log(x), axis=1), keras.ops.nanargmin(keras.ops.log(y), axis=2, keepdims=True),
+        keras.ops.nancumsum(keras.ops.log(x), axis=1), keras.ops.nancumprod(keras.ops.log(y), axis=2),
+        keras.ops.trapezoid(x, dx=0.5, axis=1), keras.ops.trapezoid(y, x=[0.0, 1.0, 3.0, 4.5]),
+        keras.ops.isin(keras.ops.round(x), keras.ops.round(y[:, 0])), keras.ops.searchsorted(np.array([-1.0, 0.0, 0.5]), x[:, 0]),
+        keras.ops.vander(x[0, 0], 3), keras.ops.ldexp(x, keras.ops.cast(keras.ops.round(y * 2), "int32")),
+        *keras.ops.slogdet(keras.ops.matmul(keras.ops.transpose(x, (0, 2, 1)), y))],
+    "linalg_more": lambda x, y: [
+        keras.ops.linalg.cholesky(keras.ops.matmul(keras.ops.transpose(x, (0, 2, 1)), x) + 4.0 * keras.ops.eye(4)),
+        keras.ops.linalg.cholesky(keras.ops.matmul(keras.ops.transpose(y, (0, 2, 1)), y) + keras.ops.eye(4), upper=True),
+        keras.ops.linalg.pinv(x), keras.ops.linalg.solve_triangular(keras.ops.triu(y[:, :4]) + 3.0 * keras.ops.eye(4), x[:, 0]),
+        keras.ops.linalg.solve_triangular(keras.ops.tril(y[:, :4]) + 3.0 * keras.ops.eye(4), x[:, :4], lower=True),
+        keras.ops.cdist(x, y), keras.ops.in_top_k(keras.ops.argmax(y[:, 0], axis=-1), x[:, 0], 2)],
     # constant tensor arguments: NumPy arrays and Keras tensors in a call on Keras tensors
     "constants": lambda x, y: [x + np.arange(4, dtype="float32"), keras.ops.matmul(y, keras.ops.eye(4) * 2.0),
                                keras.ops.take(x, np.array([3, 0]), axis=2),
@@ -632,7 +647,11 @@ def test_recorded_operations_on_integers_images_and_attention(tmp_path):
         keras.ops.max_pool(img, 2), keras.ops.average_pool(img, (3, 2), strides=(2, 1)),
         keras.ops.max_pool(img, 3, 2, padding="same"), keras.ops.depth_to_space(img[..., :1] * keras.ops.ones((1, 1, 4)), 2),
         keras.ops.space_to_depth(img, 2), keras.ops.image.rgb_to_grayscale(img),
-        keras.ops.max_pool(keras.ops.transpose(img, (0, 3, 1, 2)), 2, data_format="channels_first")])
+        keras.ops.max_pool(keras.ops.transpose(img, (0, 3, 1, 2)), 2, data_format="channels_first"),
+        keras.ops.adaptive_average_pool(img, (3, 2)), keras.ops.adaptive_max_pool(img, (3, 3)),
+        keras.ops.image.resize(img, (5, 11)), keras.ops.image.resize(img, (4, 4), interpolation="nearest"),
+        keras.ops.image.crop_images(img, top_cropping=1, bottom_cropping=2, target_width=5, right_cropping=1),
+        keras.ops.image.pad_images(img, 1, 2, target_height=12, target_width=11)])
     check_model(model, rng.uniform(-1, 1, size=(B, 8, 8, 3)).astype("float32"), tmp_path, dtypes=True)
     q, k, v = keras.Input((6, 4, 8)), keras.Input((5, 2, 8)), keras.Input((5, 2, 8))
     model = keras.Model([q, k, v], [keras.ops.dot_product_attention(q, k, v), keras.ops.dot_product_attention(q, q, q, is_causal=True),

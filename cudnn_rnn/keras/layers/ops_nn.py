@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from .base import channels_last_format
 from .op_args import axes_arg, dtype_arg, fixed, one_axis
 from .ops_numpy import floating
-from .pooling import Pooling
+from .pooling import AdaptivePooling, Pooling
+from .preprocessing import Resizing
 from .values import MAX_SIZE, Values
 
 EPSILON = 1e-7  # keras.config.epsilon()
@@ -317,6 +318,101 @@ def _space(to_depth: bool):
     return build
 
 
+def _solve_triangular(a, b, lower):
+    if b.dim() == a.dim() - 1:
+        return torch.linalg.solve_triangular(a, b.unsqueeze(-1), upper=not lower).squeeze(-1)
+    return torch.linalg.solve_triangular(a, b, upper=not lower)
+
+
+def _cdist(x, y):
+    d = x.unsqueeze(-2) - y.unsqueeze(-3)
+    return torch.sqrt(torch.sum(d * d, dim=-1))
+
+
+def _in_top_k(cfg, ctx):
+    k = Values(cfg, ctx).int("k", lo=1, hi=MAX_SIZE)
+
+    def in_top_k(targets, predictions):
+        top = torch.topk(predictions, min(k, predictions.shape[-1])).values
+        at_target = torch.take_along_dim(predictions, targets.long()[:, None], dim=-1)
+        return torch.any(at_target >= top, dim=-1)  # (NaN scores are never in)
+    return in_top_k, f"k={k}"
+
+
+def _adaptive(average: bool):
+    def build(cfg, ctx):
+        size = cfg.get("output_size")
+        sizes = size if isinstance(size, list) else [size]
+        sizes = [Values({"output_size": e}, ctx).int("output_size", lo=1, hi=1 << 16) for e in sizes]
+        channels_last = channels_last_format(cfg, ctx)
+
+        def pool(inputs):
+            rank = inputs.dim() - 2
+            out = sizes * rank if len(sizes) == 1 else sizes
+            if len(out) != rank:
+                raise ValueError(f"output_size {size} for a {rank}-D pooling")
+            return AdaptivePooling(average, out, channels_last).apply(inputs)
+        return pool, f"output_size={size}"
+    return build
+
+
+def _resize(cfg, ctx):
+    v = Values(cfg, ctx)
+    size = v.int_list("size", lo=1, hi=1 << 16)
+    if len(size) != 2:
+        raise ctx.error(f"config size={size}; expected [height, width]")
+    interpolation = v.str("interpolation", "bilinear")
+    if interpolation not in ("bilinear", "nearest", "bicubic"):
+        raise ctx.error(f"Resize interpolation={interpolation[:40]!r} is not supported (bilinear, bicubic, nearest)")
+    if v.bool("pad_to_aspect_ratio", False) or v.bool("antialias", False):
+        raise ctx.error("Resize with pad_to_aspect_ratio or antialias is not supported")
+    module = Resizing(size[0], size[1], interpolation, v.bool("crop_to_aspect_ratio", False),
+                      channels_last_format(cfg, ctx))
+
+    def resize(images):
+        if images.dim() == 3:  # one image
+            return module.apply(images.unsqueeze(0)).squeeze(0)
+        return module.apply(images)
+    return resize, f"size={size} {interpolation}"
+
+
+def _image_window(crop: bool):
+    """CropImages / PadImages: the box from two of (start, end, target) per side, as Keras infers it."""
+    what = "cropping" if crop else "padding"
+
+    def build(cfg, ctx):
+        v = Values(cfg, ctx)
+        top, bottom, left, right = (v.int(f"{k}_{what}", None, lo=0, hi=MAX_SIZE) for k in ("top", "bottom", "left", "right"))
+        th, tw = v.int("target_height", None, lo=0, hi=MAX_SIZE), v.int("target_width", None, lo=0, hi=MAX_SIZE)
+        channels_last = channels_last_format(cfg, ctx)
+        for a, b, t in ((top, bottom, th), (left, right, tw)):
+            if sum(e is not None for e in (a, b, t)) != 2:
+                raise ctx.error(f"{what} needs two of the start, the end and the target size on each axis")
+
+        def sides(length, a, b, t):
+            if crop:
+                a = length - t - b if a is None else a
+                t = length - a - b if t is None else t
+                return a, t
+            a = t - b - length if a is None else a
+            b = t - a - length if b is None else b
+            return a, b
+
+        def window(images):
+            x = images if channels_last else images.movedim(-3, -1)
+            h, w = x.shape[-3], x.shape[-2]
+            (t0, t1), (l0, l1) = sides(h, top, bottom, th), sides(w, left, right, tw)
+            if min(t0, t1, l0, l1) < 0:
+                raise ValueError(f"{what} of an image {h}x{w} outside it")
+            if crop:
+                y = x[..., t0:t0 + t1, l0:l0 + l1, :]
+            else:
+                y = F.pad(x, [0, 0, l0, l1, t0, t1])
+            return y if channels_last else y.movedim(-1, -3)
+        return window, what
+    return build
+
+
 NN_OPS: Dict[str, Callable] = {
     # activations
     "Celu": _number("alpha", 1.0, lambda x, a: F.celu(x, alpha=a)),
@@ -331,6 +427,7 @@ NN_OPS: Dict[str, Callable] = {
     "OneHot": _encoding(False), "MultiHot": _encoding(True), "Moments": _moments,
     # pooling and attention
     "MaxPool": _pool(False), "AveragePool": _pool(True), "DotProductAttention": _attention,
+    "AdaptiveMaxPool": _adaptive(False), "AdaptiveAveragePool": _adaptive(True),
     # keras.ops.math
     "Logsumexp": _logsumexp, "TopK": _top_k, "ExtractSequences": _extract_sequences,
     "Erfinv": fixed(lambda x: torch.erfinv(floating(x))), "Erfc": fixed(lambda x: torch.erfc(floating(x))),
@@ -339,6 +436,16 @@ NN_OPS: Dict[str, Callable] = {
     # loading runs a model on are singular)
     "Norm": _norm, "Det": fixed(torch.linalg.det), "Inv": fixed(lambda x: torch.linalg.inv_ex(x).inverse),
     "Solve": fixed(lambda a, b: torch.linalg.solve_ex(a, b).result), "Logdet": fixed(torch.logdet),
+    "Cholesky": lambda cfg, ctx: ((lambda x, u=Values(cfg, ctx).bool("upper", False): torch.linalg.cholesky_ex(
+        x, upper=u).L), "cholesky"),
+    "Qr": lambda cfg, ctx: ((lambda x, m=Values(cfg, ctx).str("mode", "reduced", choices=("reduced", "complete")):
+                             list(torch.linalg.qr(x, mode=m))), "qr"),
+    "Pinv": lambda cfg, ctx: ((lambda x, r=Values(cfg, ctx).float("rcond", None, lo=0.0): torch.linalg.pinv(x, rtol=r)),
+                              "pinv"),
+    "SolveTriangular": lambda cfg, ctx: ((lambda a, b, lower=Values(cfg, ctx).bool("lower", False):
+                                          _solve_triangular(a, b, lower)), "solve_triangular"),
+    "CDist": fixed(_cdist), "InTopK": _in_top_k,
     # keras.ops.image
     "RGBToGrayscale": _rgb_to_grayscale, "DepthToSpace": _space(False), "SpaceToDepth": _space(True),
+    "Resize": _resize, "CropImages": _image_window(True), "PadImages": _image_window(False),
 }

@@ -451,6 +451,104 @@ def _stacked(fn):
     return lambda xs: fn([torch.as_tensor(x) for x in xs])
 
 
+def _nan_arg(fill: float, pick):
+    """nanargmax / nanargmin: NaN ignored; -1 where a slice is all NaN."""
+    def build(cfg, ctx):
+        axis, keepdims = axes_arg(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
+        if isinstance(axis, tuple):
+            raise ctx.error("an arg-reduction takes one axis")
+
+        def arg(x):
+            x = torch.as_tensor(x)
+            if axis is None:
+                x = x.reshape(-1)
+            a = 0 if axis is None else axis
+            k = keepdims and axis is not None
+            if not x.is_floating_point():
+                return pick(x, dim=a, keepdim=k).to(torch.int32)
+            found = pick(torch.where(torch.isnan(x), torch.full_like(x, fill), x), dim=a, keepdim=k).to(torch.int32)
+            return torch.where(torch.isnan(x).all(dim=a, keepdim=k), torch.full_like(found, -1), found)
+        return arg, f"axis={axis}"
+    return build
+
+
+def _nan_cumulative(fill: float, fn):
+    """nancumsum / nancumprod: NaN counted as `fill` (0 for the sum, 1 for the product)."""
+    def build(cfg, ctx):
+        axis, dtype = axes_arg(cfg, ctx), dtype_arg(cfg, ctx)
+        if isinstance(axis, tuple):
+            raise ctx.error("a cumulative operation takes one axis")
+
+        def cumulative(x):
+            x = torch.as_tensor(x)
+            if x.is_floating_point():
+                x = torch.where(torch.isnan(x), torch.full_like(x, fill), x)
+            if dtype is not None:
+                x = x.to(dtype)
+            elif x.dtype in (torch.bool, torch.int8, torch.int16, torch.uint8):
+                x = x.to(torch.int32)
+            return fn(x.reshape(-1), 0) if axis is None else fn(x, axis)
+        return cumulative, f"axis={axis}"
+    return build
+
+
+def _trapezoid(cfg, ctx):
+    v = Values(cfg, ctx)
+    axis, dx = v.int("axis", -1, lo=-8, hi=8), v.float("dx", 1.0)
+    points = cfg.get("x")
+    if points is not None:
+        if not isinstance(points, list) or not 0 < len(points) <= MAX_SIZE or not all(
+                isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) for p in points):
+            raise ctx.error(f"config x={str(points)[:60]!r}; expected a list of sample points")
+        points = torch.tensor(points, dtype=torch.float64)
+
+    def trapezoid(y):
+        y = floating(y)
+        if points is not None:
+            return torch.trapezoid(y, x=points.to(y.dtype), dim=axis)
+        return torch.trapezoid(y, dx=dx, dim=axis)
+    return trapezoid, f"axis={axis}"
+
+
+def _isin(cfg, ctx):
+    v = Values(cfg, ctx)
+    unique, invert = v.bool("assume_unique", False), v.bool("invert", False)
+
+    def isin(x1, x2):
+        a, b = torch.as_tensor(x1), torch.as_tensor(x2, device=torch.as_tensor(x1).device)
+        dtype = torch.promote_types(a.dtype, b.dtype)
+        if dtype == torch.bool:
+            dtype = torch.int32
+        return torch.isin(a.to(dtype), b.to(dtype), assume_unique=unique, invert=invert)
+    return isin, f"invert={invert}"
+
+
+def _searchsorted(cfg, ctx):
+    side = Values(cfg, ctx).str("side", "left", choices=("left", "right"))
+
+    def searchsorted(sorted_sequence, values):
+        seq = torch.as_tensor(sorted_sequence)
+        if seq.dim() != 1:
+            raise ValueError(f"SearchSorted needs a 1-D sorted sequence, not shape {tuple(seq.shape)}")
+        vals = torch.as_tensor(values, device=seq.device)
+        dtype = torch.promote_types(seq.dtype, vals.dtype)
+        return torch.searchsorted(seq.to(dtype), vals.to(dtype), side=side).to(torch.int32)
+    return searchsorted, f"side={side}"
+
+
+def _vander(cfg, ctx):
+    v = Values(cfg, ctx)
+    n = v.int("N", None, lo=0, hi=1 << 16)
+    increasing = v.bool("increasing", False)
+    return (lambda x: torch.vander(x, N=n, increasing=increasing)), f"N={n} increasing={increasing}"
+
+
+def _real_angle(x):
+    """numpy.angle of real numbers: pi where negative, else 0 (NaN stays NaN)."""
+    x = floating(x)
+    return torch.where(x < 0, torch.full_like(x, math.pi), torch.zeros_like(x)) + x * 0
+
+
 NUMPY_OPS: Dict[str, Callable] = {
     # elementwise
     "Arcsinh": fixed(lambda x: torch.asinh(floating(x))), "Arccosh": fixed(lambda x: torch.acosh(floating(x))),
@@ -461,7 +559,12 @@ NUMPY_OPS: Dict[str, Callable] = {
     "Isneginf": fixed(torch.isneginf), "Isposinf": fixed(torch.isposinf), "Copy": fixed(torch.clone),
     "StopGradient": fixed(torch.Tensor.detach), "NanToNum": _nan_to_num,
     "Fliplr": fixed(lambda x: torch.flip(x, [1])), "Flipud": fixed(lambda x: torch.flip(x, [0])),
-    "Ravel": fixed(lambda x: x.reshape(-1)),
+    "Ravel": fixed(lambda x: x.reshape(-1)), "Fabs": fixed(lambda x: torch.abs(floating(x))),
+    "Isnan": fixed(torch.isnan), "Isinf": fixed(torch.isinf), "Isfinite": fixed(torch.isfinite),
+    "I0": fixed(lambda x: torch.special.i0(floating(x))),
+    # the complex-number functions, on the real tensors a graph of real layers carries
+    "Real": fixed(torch.clone), "Conj": fixed(torch.clone), "Conjugate": fixed(torch.clone),
+    "Imag": fixed(torch.zeros_like), "Angle": fixed(_real_angle),
     # two arguments
     "Hypot": fixed(_both(torch.hypot)), "Logaddexp": fixed(_both(torch.logaddexp)),
     "Logaddexp2": fixed(_both(torch.logaddexp2)), "Heaviside": fixed(_both(torch.heaviside)),
@@ -495,6 +598,11 @@ NUMPY_OPS: Dict[str, Callable] = {
     "Quantile": _quantile(1.0, False), "Percentile": _quantile(100.0, False),
     "Nanquantile": _quantile(1.0, True), "Nanpercentile": _quantile(100.0, True),
     "Average": _average, "CountNonzero": _count_nonzero,
+    "Nanargmax": _nan_arg(-math.inf, torch.argmax), "Nanargmin": _nan_arg(math.inf, torch.argmin),
+    "Nancumsum": _nan_cumulative(0.0, torch.cumsum), "Nancumprod": _nan_cumulative(1.0, torch.cumprod),
+    "Trapezoid": _trapezoid, "IsIn": _isin, "SearchSorted": _searchsorted, "Vander": _vander,
+    "Slogdet": fixed(lambda x: list(torch.linalg.slogdet(x))),
+    "Ldexp": fixed(lambda x1, x2: floating(x1) * torch.pow(2.0, torch.as_tensor(x2).to(floating(x1).dtype))),
     # shapes, pieces and gathers
     "Pad": _pad, "BroadcastTo": _broadcast_to, "Roll": _roll, "Rot90": _rot90,
     "Tril": _k("k", torch.tril), "Triu": _k("k", torch.triu),
