@@ -1,7 +1,9 @@
 """Writes docs/keras-layers.md: every layer class in keras.layers (the Keras installed here) with
 what load_keras does with it: converted (and by which file of cudnn_rnn/keras/layers/), converted
-inside RNN / Bidirectional, or refused and why. tests/test_keras_layer_table.py fails when Keras
-has a class the table does not place, or when the committed page differs from what this writes.
+inside RNN / Bidirectional, or refused and why; then every operation class of keras.ops (what a
+functional graph records for a keras.ops call) and whether it converts.
+tests/test_keras_layer_table.py fails when Keras has a class the table does not place, or when
+the committed page differs from what this writes.
 
     bash scripts/env.sh python scripts/keras_layer_table.py
 """
@@ -47,6 +49,40 @@ def rows() -> list:
     return out
 
 
+# keras.ops classes refused for a reason of their own (the others: not converted yet)
+_OPS_REFUSED = {
+    **{n: "it calls Python functions, which a file does not hold" for n in (
+        "AssociativeScan", "Cond", "ForiLoop", "JVP", "Map", "Scan", "Switch", "VectorizedMap", "WhileLoop")},
+    **{n: "its result is complex (a graph here carries real tensors)" for n in (
+        "Eig", "FFT", "FFT2", "IFFT2", "IRFFT", "ISTFT", "Polar", "RFFT", "STFT", "ViewAsComplex", "ViewAsReal")},
+    **{n: "its output's shape depends on the values" for n in ("Nonzero", "Unique")},
+    **{n: "it draws random numbers" for n in ("ElasticTransform",)},
+    "ConvTranspose": "Keras 3.15 cannot run it (its call fails on every backend)",
+}
+_OPS_MODULES = ("numpy", "core", "nn", "math", "linalg", "image")
+
+
+def operation_rows() -> list:
+    """(class, keras.ops module, status, where or why) for every operation class of keras.ops."""
+    import importlib
+
+    from keras.src.ops.operation import Operation
+
+    from cudnn_rnn.keras.layers.ops import OP_FILES
+
+    out = []
+    for module in _OPS_MODULES:
+        mod = importlib.import_module(f"keras.src.ops.{module}")
+        for name, cls in sorted(vars(mod).items()):
+            if not (inspect.isclass(cls) and issubclass(cls, Operation) and cls.__module__ == mod.__name__):
+                continue
+            if name in OP_FILES:
+                out.append((name, module, "converted", f"`layers/{OP_FILES[name]}.py`"))
+            else:
+                out.append((name, module, "refused", _OPS_REFUSED.get(name, "not converted yet")))
+    return out
+
+
 def page() -> str:
     import keras
 
@@ -79,6 +115,20 @@ def page() -> str:
         "EfficientNet (v1, v2), ConvNeXt and tf.keras's RegNet. A class of one of those names from another module "
         "is the model's own, and needs a builder.",
     ]
+    ops = operation_rows()
+    lines += [
+        "",
+        "## Operations",
+        "",
+        f"A functional model records each `keras.ops` call (and each Python operator on a Keras tensor: `x + y`, "
+        f"`x[:, -1]`) as an operation class. Of the {len(ops)} classes of `keras.ops` in Keras {keras.__version__}, "
+        f"{sum(1 for r in ops if r[2] == 'converted')} convert, with their keyword arguments, constant arrays and "
+        "several outputs; a refused one stops the load naming it.",
+        "",
+        "| operation | keras.ops module | status | where / why |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| `{name}` | {module} | {status} | {note} |" for name, module, status, note in ops]
     return "\n".join(lines) + "\n"
 
 

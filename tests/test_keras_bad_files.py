@@ -734,3 +734,34 @@ def test_hostile_tensorflow_call_arguments(tmp_path, old, new, message):
     with pytest.raises(ConversionError, match=message) as e:
         load_keras(p)
     assert str(p) in str(e.value)
+
+
+OPERATIONS = os.path.join(DATA, "k3_operations.keras")
+
+
+@pytest.mark.parametrize("old,new,message", [
+    # constant tensor arguments (Keras writes their values): numbers of a known dtype only
+    ('"value": [5, 0, 2], "dtype": "int64"', '"value": [5, "a", 2], "dtype": "int64"', "is not an array of numbers"),
+    ('"value": [5, 0, 2], "dtype": "int64"', '"value": [[5, 0], [2]], "dtype": "int64"', "is not an array of numbers"),
+    ('"value": [5, 0, 2], "dtype": "int64"', '"value": [5, 0, 2], "dtype": "complex64"', "expected one of"),
+    ('"value": [5, 0, 2], "dtype": "int64"', '"value": [5, 0, 99], "dtype": "int64"', "does not run"),
+    ('"value": [0.0, 0.1', '"value": [NaN, 0.1', "not finite"),
+    ('"value": [5, 0, 2], "dtype": "int64"', '"value": ' + str([[0] * 1100] * 1000) + ', "dtype": "int64"', "too large"),
+    # a keyword argument the operation does not take
+    ('"kwargs": {"weights": {', '"kwargs": {"bogus": 1, "weights": {', r"keyword arguments \['bogus', 'weights'\]"),
+])
+def test_hostile_operation_arguments(tmp_path, old, new, message):
+    p = tmp_path / "o.keras"
+
+    def edit(name, data):
+        if name != "config.json":
+            return data
+        text = data.decode()
+        assert old in text
+        return text.replace(old, new, 1).encode()
+
+    _rewrite_zip(OPERATIONS, p, edit)
+    with pytest.raises(ConversionError, match=message) as e:
+        load_keras(p)
+    assert str(p) in str(e.value)
+

@@ -51,6 +51,8 @@ CASES = [
     ("k3_applications_layers", "k3_applications_layers.h5", None),
     ("tfk_applications_layers", "tfk_applications_layers.h5", None),
     ("tfk_applications_layers", "tfk_applications_layers.keras", None),
+    ("k3_operations", "k3_operations.keras", None),
+    ("k3_operations", "k3_operations.h5", None),
 ]
 
 # Outputs in which Keras computes NaN on purpose: tf.keras 2's masked GlobalAveragePooling1D

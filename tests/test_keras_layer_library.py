@@ -651,7 +651,14 @@ def test_recorded_operations_on_integers_images_and_attention(tmp_path):
         keras.ops.adaptive_average_pool(img, (3, 2)), keras.ops.adaptive_max_pool(img, (3, 3)),
         keras.ops.image.resize(img, (5, 11)), keras.ops.image.resize(img, (4, 4), interpolation="nearest"),
         keras.ops.image.crop_images(img, top_cropping=1, bottom_cropping=2, target_width=5, right_cropping=1),
-        keras.ops.image.pad_images(img, 1, 2, target_height=12, target_width=11)])
+        keras.ops.image.pad_images(img, 1, 2, target_height=12, target_width=11),
+        # convolutions by constant kernels (Keras writes the arrays)
+        keras.ops.conv(img, np.linspace(-1, 1, 3 * 3 * 3 * 2, dtype="float32").reshape(3, 3, 3, 2), 2, "same"),
+        keras.ops.conv(img, np.linspace(-1, 1, 2 * 2 * 3 * 3, dtype="float32").reshape(2, 2, 3, 3), 1, "valid",
+                       dilation_rate=2),
+        keras.ops.depthwise_conv(img, np.linspace(-1, 1, 3 * 3 * 3 * 2, dtype="float32").reshape(3, 3, 3, 2), 1, "same"),
+        keras.ops.separable_conv(img, np.linspace(-1, 1, 2 * 2 * 3, dtype="float32").reshape(2, 2, 3, 1),
+                                 np.linspace(-1, 1, 3 * 4, dtype="float32").reshape(1, 1, 3, 4), 2, "valid")])
     check_model(model, rng.uniform(-1, 1, size=(B, 8, 8, 3)).astype("float32"), tmp_path, dtypes=True)
     q, k, v = keras.Input((6, 4, 8)), keras.Input((5, 2, 8)), keras.Input((5, 2, 8))
     model = keras.Model([q, k, v], [keras.ops.dot_product_attention(q, k, v), keras.ops.dot_product_attention(q, q, q, is_causal=True),

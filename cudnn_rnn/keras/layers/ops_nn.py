@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import channels_last_format
+from .convolution import Convolution
 from .op_args import axes_arg, dtype_arg, fixed, one_axis
 from .ops_numpy import floating
 from .pooling import AdaptivePooling, Pooling
@@ -90,8 +91,10 @@ def _normalize(cfg, ctx):
 
 
 def _trailing(axes, x) -> bool:
-    """Whether the sorted axes are consecutive: Keras's torch backend then calls F.layer_norm /
-    F.rms_norm over them (they end the shape where Keras computes with torch; else moments)."""
+    """Whether the sorted axes are consecutive and end the shape: F.layer_norm / F.rms_norm then
+    compute what Keras computes (its torch backend calls them; its other backends compute the
+    same statistics). Elsewhere, and for a scale that broadcasts (a per-sample one), the formula
+    Keras writes out."""
     axes = sorted(a % x.dim() for a in axes)
     return axes == list(range(axes[0], axes[-1] + 1)) and axes[-1] == x.dim() - 1
 
@@ -106,8 +109,9 @@ def _rms_norm(cfg, ctx):
 
     def rms_norm(x, scale=None):
         dtype, x = x.dtype, x.to(torch.promote_types(x.dtype, torch.float32))
-        if _trailing(axes, x):
-            out = F.rms_norm(x, tuple(x.shape[a] for a in sorted(axes)), scale, eps)
+        shape = tuple(x.shape[a] for a in sorted(axes))
+        if _trailing(axes, x) and (scale is None or tuple(scale.shape) == shape):
+            out = F.rms_norm(x, shape, scale, eps)
         else:
             out = x * torch.rsqrt(torch.mean(x * x, dim=axes, keepdim=True) + eps)
             out = out if scale is None else out * scale
@@ -129,7 +133,8 @@ def _layer_norm(cfg, ctx):
         if rms:
             out = x * torch.rsqrt(x.var(dim=dims, keepdim=True, unbiased=False) + eps)
             out = out if gamma is None else out * fit(gamma)
-        elif _trailing(dims, x):
+        elif _trailing(dims, x) and all(w is None or tuple(w.shape) == tuple(x.shape[d] for d in dims)
+                                        for w in (gamma, beta)):
             out = F.layer_norm(x, tuple(x.shape[d] for d in dims), gamma, beta, eps)
         else:
             mean = x.mean(dim=dims, keepdim=True)
@@ -413,6 +418,48 @@ def _image_window(crop: bool):
     return build
 
 
+def _conv(kind: str):
+    """Conv (grouped where the kernel's input channels divide the input's), DepthwiseConv and
+    SeparableConv with Keras's kernel layouts ((*k, in / groups, out); (*k, in, multiplier)), the
+    kernels the call's tensors or constant arrays. (Keras 3.15 cannot run its ConvTranspose
+    operation: it is not converted.)"""
+    def build(cfg, ctx):
+        v = Values(cfg, ctx)
+        padding = v.str("padding", "valid", choices=("valid", "same") if kind != "conv" else ("valid", "same", "causal"))
+        channels_last = channels_last_format(cfg, ctx)
+        strides, dilation = cfg.get("strides", 1), cfg.get("dilation_rate", 1)
+
+        def ints(value, key, rank):
+            values = value if isinstance(value, list) else [value] * rank
+            if len(values) != rank:
+                raise ValueError(f"{key}={value} for a {rank}-D convolution")
+            return tuple(Values({key: e}, ctx).int(key, lo=1, hi=1 << 16) for e in values)
+
+        def conv(inputs, kernel, pointwise_kernel=None):
+            rank = inputs.dim() - 2
+            order = (rank + 1, rank, *range(rank))
+            s, d = ints(strides, "strides", rank), ints(dilation, "dilation_rate", rank)
+            channels = inputs.shape[-1] if channels_last else inputs.shape[1]
+            kernel = kernel.to(inputs.dtype)
+            if kind in ("depthwise", "separable"):  # (*k, in, m) -> (in * m, 1, *k)
+                weight = kernel.reshape(*kernel.shape[:rank], 1, -1).permute(*order)
+                point = None if pointwise_kernel is None else pointwise_kernel.to(inputs.dtype).permute(*order)
+                module = Convolution(kind, weight, None, s, padding, d, channels, _identity, channels_last,
+                                     pointwise=point)
+            else:
+                if channels % kernel.shape[-2]:
+                    raise ValueError(f"the kernel's {kernel.shape[-2]} input channels do not divide the input's {channels}")
+                module = Convolution("conv", kernel.permute(*order), None, s, padding, d, channels // kernel.shape[-2],
+                                     _identity, channels_last)
+            return module.apply(inputs)
+        return conv, f"{kind} padding={padding}"
+    return build
+
+
+def _identity(x):
+    return x
+
+
 NN_OPS: Dict[str, Callable] = {
     # activations
     "Celu": _number("alpha", 1.0, lambda x, a: F.celu(x, alpha=a)),
@@ -428,6 +475,7 @@ NN_OPS: Dict[str, Callable] = {
     # pooling and attention
     "MaxPool": _pool(False), "AveragePool": _pool(True), "DotProductAttention": _attention,
     "AdaptiveMaxPool": _adaptive(False), "AdaptiveAveragePool": _adaptive(True),
+    "Conv": _conv("conv"), "DepthwiseConv": _conv("depthwise"), "SeparableConv": _conv("separable"),
     # keras.ops.math
     "Logsumexp": _logsumexp, "TopK": _top_k, "ExtractSequences": _extract_sequences,
     "Erfinv": fixed(lambda x: torch.erfinv(floating(x))), "Erfc": fixed(lambda x: torch.erfc(floating(x))),
