@@ -35,6 +35,7 @@ import itertools
 import inspect
 import logging
 import os
+import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -521,8 +522,18 @@ TRANSLATIONS = {torch.ops.cudnn_rnn.rnn_forward.default: rnn_forward_to_onnx,
 
 
 def refusal(error: BaseException) -> Optional[OnnxExportError]:
-    """Our OnnxExportError inside an error torch.onnx.export raised, if that is what it is."""
-    return next((e for e in error_chain(error) if isinstance(e, OnnxExportError)), None)
+    """Our OnnxExportError inside an error torch.onnx.export raised, if that is what it is; or
+    one naming the torch operator that torch's exporter has no ONNX translation for (a matrix
+    inverse, a stable sort: what some Keras operations compute with)."""
+    ours = next((e for e in error_chain(error) if isinstance(e, OnnxExportError)), None)
+    if ours is not None:
+        return ours
+    for e in error_chain(error):
+        found = re.search(r"No ONNX function found for <OpOverload\(op='([\w.]+)'", str(e))
+        if found:
+            return OnnxExportError(f"torch's ONNX exporter has no translation for {found.group(1)}, which the model "
+                                   "computes (its .pt2 export can run it)")
+    return None
 
 
 def _takes_varargs_only(model: torch.nn.Module) -> bool:

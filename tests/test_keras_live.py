@@ -121,6 +121,28 @@ def test_cli_inspect_convert_verify(tmp_path):
     assert out.returncode == 2 and "missing.keras: cannot be opened" in out.stderr
 
 
+def test_cli_serves_recorded_keras_operations(tmp_path):
+    """The keras.ops fixture (statistics, sorting, attention, pooling, linear algebra around an
+    LSTM, written by Keras on TensorFlow) exports to .pt2 over any batch and computes Keras's
+    outputs; ONNX is refused in one line naming the torch operator torch's exporter lacks (the
+    matrix inverse), without a traceback."""
+    data = os.path.join(ROOT, "tests", "fixtures", "data")
+    out = _cli("convert", os.path.join(data, "k3_operations.keras"), str(tmp_path / "m.pt2"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    program = torch.export.load(str(tmp_path / "m.pt2")).module()
+    ref = np.load(os.path.join(data, "k3_operations.npz"))
+    x = torch.as_tensor(ref["input_0"])
+    got = program(torch.cat([x, x]))  # (a batch the export did not see)
+    outputs = sorted((k for k in ref.files if k.startswith("output_")), key=lambda k: int(k.split("_")[1]))
+    assert len(got) == len(outputs)
+    for a, name in zip(got, outputs):
+        want = ref[name]
+        np.testing.assert_allclose(a.detach().numpy(), np.concatenate([want, want]), rtol=1e-4, atol=1e-5, err_msg=name)
+    out = _cli("convert", os.path.join(data, "k3_operations.keras"), str(tmp_path / "m.onnx"))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "has no translation for aten.linalg_inv_ex" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_cli_says_what_failed_and_what_to_pass(tmp_path):
     data = os.path.join(ROOT, "tests", "fixtures", "data")
     # Keras 3 cannot load this tf.keras 2 file: the oracle's failure is named, no traceback

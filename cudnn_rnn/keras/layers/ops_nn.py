@@ -99,6 +99,12 @@ def _trailing(axes, x) -> bool:
     return axes == list(range(axes[0], axes[-1] + 1)) and axes[-1] == x.dim() - 1
 
 
+def _shaped(w, shape) -> bool:
+    """w's shape is `shape` (the rank first: a per-sample weight is told apart without comparing
+    the batch size, which an export keeps free)."""
+    return w.dim() == len(shape) and tuple(w.shape) == tuple(shape)
+
+
 def _norm_axes(cfg, ctx):
     axis = axes_arg(cfg, ctx)
     return [-1] if axis is None else list(axis) if isinstance(axis, tuple) else [axis]
@@ -110,7 +116,7 @@ def _rms_norm(cfg, ctx):
     def rms_norm(x, scale=None):
         dtype, x = x.dtype, x.to(torch.promote_types(x.dtype, torch.float32))
         shape = tuple(x.shape[a] for a in sorted(axes))
-        if _trailing(axes, x) and (scale is None or tuple(scale.shape) == shape):
+        if _trailing(axes, x) and (scale is None or _shaped(scale, shape)):
             out = F.rms_norm(x, shape, scale, eps)
         else:
             out = x * torch.rsqrt(torch.mean(x * x, dim=axes, keepdim=True) + eps)
@@ -133,8 +139,7 @@ def _layer_norm(cfg, ctx):
         if rms:
             out = x * torch.rsqrt(x.var(dim=dims, keepdim=True, unbiased=False) + eps)
             out = out if gamma is None else out * fit(gamma)
-        elif _trailing(dims, x) and all(w is None or tuple(w.shape) == tuple(x.shape[d] for d in dims)
-                                        for w in (gamma, beta)):
+        elif _trailing(dims, x) and all(w is None or _shaped(w, tuple(x.shape[d] for d in dims)) for w in (gamma, beta)):
             out = F.layer_norm(x, tuple(x.shape[d] for d in dims), gamma, beta, eps)
         else:
             mean = x.mean(dim=dims, keepdim=True)

@@ -110,14 +110,36 @@ def _whole(fn, name, floating_result=False):
 
 
 def _quantile_of(x, q, axis, method, keepdims, nan):
-    """NumPy's quantile over `axis` (a tuple: those axes together), q a number or a list."""
+    """NumPy's quantile over `axis` (a tuple: those axes together), q a number or a list: the
+    sorted values read at q * (n - 1) as torch.quantile reads them, computed from a sort and a
+    gather (torch.quantile fixes the length in an export). nan: NaN left out (n per slice; all
+    NaN gives NaN); else a slice holding NaN gives NaN."""
     x = floating(x)
     q = torch.as_tensor(q, dtype=x.dtype, device=x.device)
     dims = _dims(axis, x)
     others = [d for d in range(x.dim()) if d not in dims]
     y = x.permute(*others, *dims).reshape([x.shape[d] for d in others] + [-1])
-    fn = torch.nanquantile if nan else torch.quantile
-    out = fn(y, q, dim=-1, interpolation=method)
+    ordered = torch.sort(y, dim=-1).values  # NaN last
+    missing = torch.isnan(y)
+    count = (~missing).sum(-1, keepdim=True) if nan else None
+    last = (count - 1).to(x.dtype) if nan else torch.full_like(y[..., :1], y.shape[-1] - 1)
+    ranks = q.reshape(-1).double() * last.double()  # [..., Q] (in float64, as torch.quantile rounds them)
+    below, above = ranks.floor(), ranks.ceil()
+    if method == "lower":
+        above = below
+    elif method == "higher":
+        below = above
+    elif method == "nearest":
+        below = above = ranks.round()
+
+    def at(rank):
+        return torch.gather(ordered, -1, rank.clamp(min=0).long().expand(*ordered.shape[:-1], rank.shape[-1]))
+    low, high = at(below), at(above)
+    weight = torch.full_like(ranks, 0.5) if method == "midpoint" else ranks - below
+    out = torch.lerp(low, high, weight.to(x.dtype).expand_as(low))
+    empty = (count == 0) if nan else missing.any(-1, keepdim=True)
+    out = torch.where(empty, torch.full_like(out, math.nan), out)
+    out = out.movedim(-1, 0) if q.dim() > 0 else out.squeeze(-1)
     if keepdims:
         lead = 1 if q.dim() > 0 else 0
         for d in sorted(dims):
@@ -296,7 +318,7 @@ def _sort(indices: bool):
             a = 0 if axis is None else axis
             if indices:
                 return torch.argsort(x.to(torch.uint8) if x.dtype == torch.bool else x, dim=a, stable=True).to(torch.int32)
-            return torch.sort(x, dim=a, stable=True).values
+            return torch.sort(x, dim=a).values  # (the values: any sort; ONNX takes no stable one)
         return sort, f"axis={axis}"
     return build
 
