@@ -16,7 +16,9 @@ from here, never from registry.py.
     conv_recurrent  ConvLSTM1D/2D/3D and their Bidirectional
     attention       Attention, AdditiveAttention, MultiHeadAttention
     wrappers        TimeDistributed of any of these
-    ops             the Keras operations a functional graph records (not layers: build_op)
+    ops             the Keras operations a functional graph records (not layers: build_op), with
+                    ops_numpy and ops_nn
+    ops_tf          tf.keras 2's recorded TensorFlow calls (TFOpLambda, SlicingOpLambda)
     applications    the classes keras.applications defines outside keras.layers (LayerScale, ...)
     custom          the user's own classes (load_keras(..., custom_layers=...))
 
@@ -26,7 +28,8 @@ shape checks) are what the families share.
 from __future__ import annotations
 
 from . import (activations, applications, attention, audio, conv_recurrent, convolution, core, merging,  # noqa: F401
-               normalization, ops, pooling, preprocessing, recurrent, regularization, shape, wrappers)
+               normalization, ops, ops_tf, pooling, preprocessing, recurrent, regularization, shape,
+               wrappers)
 from .registry import BUILDERS, HOLDS_WEIGHTS
 
 __all__ = ["BUILDERS", "HOLDS_WEIGHTS"]

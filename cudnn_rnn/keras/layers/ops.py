@@ -1,10 +1,7 @@
 """The Keras 3 operations a functional graph records (keras.ops calls on Keras tensors, and the
 Python operators on them: `x + y` is Add, `x[:, -1]` is GetItem): build_op makes an Op module of
 one. They are not layers, so they are not in BUILDERS; load.py builds them with build_op.
-
-tf.keras 2.x records TensorFlow calls as TFOpLambda / SlicingOpLambda layers (a function name
-such as "math.reduce_sum" and its arguments, no code): those in _TF_FUNCTIONS are built with
-TensorFlow's semantics (a layer builder, build_tf_call), every other is refused by name.
+(tf.keras 2's recorded TensorFlow calls are layers: ops_tf.py.)
 
 An operation's constructor arguments (axis, keepdims, newshape, ...) are its config, read with
 Values; its call arguments are the call's positional arguments as written (Call.args: tensors,
@@ -24,11 +21,10 @@ from torch import nn
 
 from ..graph.spec import LayerSpec, TensorArg
 from .activations import keras_relu
-from .op_args import (DTYPES, arg_reduction, as_tensor_like, axes_arg, dtype_arg, fixed, one_axis, over_axes, pair,
-                      reduction)
+from .op_args import arg_reduction, as_tensor_like, axes_arg, dtype_arg, fixed, one_axis, pair, reduction
 from .ops_nn import NN_OPS
 from .ops_numpy import NUMPY_OPS
-from .registry import BuildContext, builder
+from .registry import BuildContext
 from .values import MAX_SIZE, Values
 
 
@@ -47,8 +43,8 @@ class Op(nn.Module):
 
     def forward(self, inputs, masks):
         consts = [getattr(self, f"constant_{i}") for i in range(self.n_constants)]
-        args = [_fill(a, inputs, consts) for a in self.template] if self.template else list(inputs)
-        out = self.fn(*args, **{k: _fill(v, inputs, consts) for k, v in self.keywords.items()})
+        args = [fill_arguments(a, inputs, consts) for a in self.template] if self.template else list(inputs)
+        out = self.fn(*args, **{k: fill_arguments(v, inputs, consts) for k, v in self.keywords.items()})
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
         return outs, [None] * len(outs)
 
@@ -63,20 +59,20 @@ class ConstantArg:
     index: int
 
 
-def _fill(value, inputs, constants=()):
+def fill_arguments(value, inputs, constants=()):
     if isinstance(value, TensorArg):
         return inputs[value.index]
     if isinstance(value, ConstantArg):
         return constants[value.index]
     if isinstance(value, list):
-        return [_fill(v, inputs, constants) for v in value]
+        return [fill_arguments(v, inputs, constants) for v in value]
     if isinstance(value, dict) and value.get("class_name") == "__slice__":
         c = value.get("config") or {}
         return slice(c.get("start"), c.get("stop"), c.get("step"))
     return value
 
 
-def _get_item(x, key):
+def get_item(x, key):
     """x[key] with Keras's serialized key: an index, a slice (any step: `x[:, ::-1]`), None (a new
     axis), Ellipsis or a tuple of these."""
     def one(k):
@@ -285,7 +281,7 @@ _OPS: Dict[str, Callable] = {
     "Cumsum": _cumulative(torch.cumsum), "Cumprod": _cumulative(torch.cumprod),
     # shape and indexing
     "Reshape": _reshape, "Transpose": _transpose, "Squeeze": _squeeze, "ExpandDims": _expand_dims,
-    "Concatenate": _concatenate, "Stack": _stack, "GetItem": fixed(_get_item),
+    "Concatenate": _concatenate, "Stack": _stack, "GetItem": fixed(get_item),
     "Flip": lambda cfg, ctx: ((lambda x, a=axes_arg(cfg, ctx): torch.flip(x, list(range(x.dim())) if a is None else
                                                                       list(a) if isinstance(a, tuple) else [a])), "flip"),
     "Repeat": _repeat, "Tile": _tile, "Einsum": _einsum,
@@ -312,7 +308,7 @@ def build_op(spec: LayerSpec, ctx: "BuildContext") -> nn.Module:
         raise ctx.error(f"Keras operation {spec.module[:60]}.{spec.class_name[:60]} is not supported "
                         f"(supported: {', '.join(sorted(_OPS))})")
     call = spec.calls[0] if spec.calls else None
-    _check_constants(call.args if call else [], ctx)
+    check_constants(call.args if call else [], ctx)
     constants: List[torch.Tensor] = []
     template = _hoist(call.args, constants, ctx) if call else []
     keywords = _hoist(_keywords(call, ctx), constants, ctx) if call else {}
@@ -365,15 +361,15 @@ def _keywords(call, ctx) -> dict:
             continue
         if name in ("mask", "initial_state"):
             raise ctx.error(f"an operation called with {name}= is not supported")
-        _check_constants(value, ctx)
+        check_constants(value, ctx)
         out[name] = value
     return out
 
 
-_MAX_ARGUMENTS = 1 << 12  # a list argument's length (the config's JSON limits bound it anyway)
+MAX_ARGUMENTS = 1 << 12  # a list argument's length (the config's JSON limits bound it anyway)
 
 
-def _check_constants(value, ctx, depth=0) -> None:
+def check_constants(value, ctx, depth=0) -> None:
     """A recorded call's constant arguments: finite numbers (integers within 2^62), booleans,
     None, slices of integers, Ellipsis, and lists of these, nested a few deep (a hostile file's
     arguments go no further)."""
@@ -390,10 +386,10 @@ def _check_constants(value, ctx, depth=0) -> None:
             raise ctx.error(f"the constant operand {value!r} is out of range")
         return
     if isinstance(value, list):
-        if len(value) > _MAX_ARGUMENTS:
-            raise ctx.error(f"the operation has more than {_MAX_ARGUMENTS} arguments")
+        if len(value) > MAX_ARGUMENTS:
+            raise ctx.error(f"the operation has more than {MAX_ARGUMENTS} arguments")
         for v in value:
-            _check_constants(v, ctx, depth + 1)
+            check_constants(v, ctx, depth + 1)
         return
     if isinstance(value, dict) and value.get("class_name") in ("__ellipsis__", "__tensor__", "__numpy__"):
         return  # (a constant tensor is checked as it is read: _hoist)
@@ -404,231 +400,3 @@ def _check_constants(value, ctx, depth=0) -> None:
                 raise ctx.error(f"a slice bound {str(e)[:40]!r} is not an integer")
         return
     raise ctx.error(f"the operation argument {str(value)[:60]!r} is not supported")
-
-
-# ---------------------------------------------------------------------------------------------
-# tf.keras 2.x: TensorFlow calls recorded as TFOpLambda / SlicingOpLambda layers
-# ---------------------------------------------------------------------------------------------
-def _tf_axes(axis):
-    if axis is None or isinstance(axis, int):
-        return axis
-    return tuple(axis)
-
-
-def _tf_slice(spec):
-    """A SlicingOpLambda slice_spec entry: {start, stop, step} is a slice, {"class_name":
-    "__ellipsis__"} an Ellipsis, None a new axis."""
-    if isinstance(spec, dict) and spec.get("class_name") == "__ellipsis__":
-        return Ellipsis
-    if isinstance(spec, dict):
-        return slice(spec.get("start"), spec.get("stop"), spec.get("step"))
-    if spec == "..." or spec == "Ellipsis":
-        return Ellipsis
-    return spec
-
-
-def _tf_getitem(tensor, slice_spec):
-    spec = slice_spec if isinstance(slice_spec, list) else [slice_spec]
-    return _get_item(tensor, [_tf_slice(s) for s in spec])  # (negative steps: h[:, ::-1])
-
-
-def _tf_transpose(a, perm=None, conjugate=False):
-    return a.permute(*(perm if perm is not None else reversed(range(a.dim()))))
-
-
-def _tf_squeeze(input, axis=None, squeeze_dims=None):  # noqa: A002 - TensorFlow's argument name
-    axis = axis if axis is not None else squeeze_dims
-    if axis is None:
-        return input.squeeze()
-    axes = axis if isinstance(axis, (list, tuple)) else [axis]
-    return input.squeeze(tuple(a % input.dim() for a in axes))
-
-
-def _tf_l2_normalize(x, axis=None, epsilon=1e-12, dim=None):
-    axis = _tf_axes(axis if axis is not None else dim)
-    dims = tuple(range(x.dim())) if axis is None else axis
-    return x * torch.rsqrt(torch.clamp((x * x).sum(dim=dims, keepdim=True), min=epsilon))
-
-
-def _tf_cast(x, dtype):
-    if dtype not in DTYPES:
-        raise ValueError(f"tf.cast to {str(dtype)[:40]!r} is not supported")
-    return x.to(DTYPES[dtype])
-
-
-def _tf_unary(fn):
-    return lambda x: fn(x)
-
-
-def _tf_dims(axis, x):
-    return [a % x.dim() for a in (axis if isinstance(axis, (list, tuple)) else [axis])]
-
-
-def _tf_gather(params, indices, validate_indices=None, axis=None, batch_dims=0):
-    if batch_dims:
-        raise ValueError("tf.gather with batch_dims is not supported")
-    axis = 0 if axis is None else axis % params.dim()
-    index = torch.as_tensor(indices, dtype=torch.long, device=params.device)
-    out = params.index_select(axis, index.reshape(-1))
-    return out.reshape(params.shape[:axis] + index.shape + params.shape[axis + 1:])
-
-
-def _tf_cumsum(x, axis=0, exclusive=False, reverse=False):
-    dim = axis % x.dim()
-    y = x.flip(dim) if reverse else x
-    if exclusive:  # each sum without its own element: the sums of y shifted one step
-        y = torch.cat([torch.zeros_like(y.narrow(dim, 0, 1)), y.narrow(dim, 0, y.shape[dim] - 1)], dim)
-    out = y.cumsum(dim)
-    return out.flip(dim) if reverse else out
-
-
-def _tf_pad(tensor, paddings, mode="CONSTANT", constant_values=0):
-    if str(mode).upper() != "CONSTANT":
-        raise ValueError(f"tf.pad with mode={str(mode)[:20]!r} is not supported (CONSTANT is)")
-    flat = [int(p) for pair in reversed(list(paddings)) for p in pair]  # F.pad: last dimension first
-    return F.pad(tensor, flat, value=constant_values)
-
-
-def _tf_where(condition, x=None, y=None):
-    if x is None or y is None:
-        raise ValueError("tf.where with one argument (the indices form) is not supported")
-    like = x if isinstance(x, torch.Tensor) else y
-    return torch.where(as_tensor_like(condition, like).bool(), as_tensor_like(x, y), as_tensor_like(y, x))
-
-
-def _tf_split(value, num_or_size_splits, axis=0, num=None):
-    dim = axis % value.dim()
-    if isinstance(num_or_size_splits, int):
-        return list(value.chunk(num_or_size_splits, dim))
-    sizes = list(num_or_size_splits)
-    if sizes.count(-1) == 1:  # one size left to be inferred
-        sizes[sizes.index(-1)] = value.shape[dim] - sum(s for s in sizes if s != -1)
-    return list(value.split(sizes, dim))
-
-
-_TF_FUNCTIONS: Dict[str, Callable] = {
-    **{f"{p}reduce_{n}": over_axes(f) for p in ("math.", "") for n, f in (
-        ("sum", lambda x, a, k: x.sum(dim=a, keepdim=k)), ("mean", lambda x, a, k: x.mean(dim=a, keepdim=k)),
-        ("max", lambda x, a, k: x.amax(dim=a, keepdim=k)), ("min", lambda x, a, k: x.amin(dim=a, keepdim=k)),
-        ("prod", lambda x, a, k: x.prod(dim=a, keepdim=k)), ("any", lambda x, a, k: x.bool().any(dim=a, keepdim=k)),
-        ("all", lambda x, a, k: x.bool().all(dim=a, keepdim=k)),
-        ("std", lambda x, a, k: x.std(dim=a, keepdim=k, unbiased=False)),
-        ("variance", lambda x, a, k: x.var(dim=a, keepdim=k, unbiased=False)),
-        ("logsumexp", lambda x, a, k: torch.logsumexp(x, dim=a, keepdim=k)))},
-    "concat": lambda values, axis: torch.cat(list(values), dim=axis),
-    "stack": lambda values, axis=0: torch.stack(list(values), dim=axis),
-    "expand_dims": lambda input, axis: input.unsqueeze(axis if axis >= 0 else input.dim() + 1 + axis),  # noqa: A002
-    "squeeze": _tf_squeeze, "compat.v1.squeeze": _tf_squeeze,
-    "reshape": lambda tensor, shape: tensor.reshape(list(shape)),
-    "transpose": _tf_transpose, "compat.v1.transpose": _tf_transpose,
-    "tile": lambda input, multiples: input.repeat(*multiples),  # noqa: A002
-    "cast": _tf_cast, "dtypes.cast": _tf_cast,
-    "__operators__.getitem": _tf_getitem,
-    "__operators__.add": pair(operator.add), "math.add": pair(operator.add),
-    "math.subtract": pair(operator.sub), "math.multiply": pair(operator.mul),
-    "math.truediv": pair(operator.truediv), "math.divide": pair(operator.truediv),
-    "math.pow": pair(torch.pow), "math.maximum": pair(torch.maximum),
-    "math.minimum": pair(torch.minimum), "math.squared_difference": pair(lambda a, b: (a - b) ** 2),
-    "math.equal": pair(torch.eq), "math.not_equal": pair(torch.ne), "__operators__.eq": pair(torch.eq),
-    "__operators__.ne": pair(torch.ne), "math.greater": pair(torch.gt),
-    "math.greater_equal": pair(torch.ge), "math.less": pair(torch.lt), "math.less_equal": pair(torch.le),
-    "math.logical_and": pair(torch.logical_and), "math.logical_or": pair(torch.logical_or),
-    "linalg.matmul": lambda a, b, transpose_a=False, transpose_b=False: torch.matmul(
-        a.transpose(-1, -2) if transpose_a else a, b.transpose(-1, -2) if transpose_b else b),
-    **{name: _tf_unary(fn) for name, fn in (
-        ("math.negative", torch.neg), ("math.abs", torch.abs), ("math.exp", torch.exp), ("math.log", torch.log),
-        ("math.sqrt", torch.sqrt), ("math.rsqrt", torch.rsqrt), ("math.square", torch.square), ("math.tanh", torch.tanh),
-        ("nn.tanh", torch.tanh), ("math.sigmoid", torch.sigmoid), ("nn.sigmoid", torch.sigmoid), ("nn.relu", F.relu),
-        ("nn.relu6", F.relu6), ("nn.elu", F.elu), ("nn.selu", F.selu), ("math.softplus", F.softplus),
-        ("nn.softplus", F.softplus), ("nn.silu", F.silu), ("nn.swish", F.silu), ("math.erf", torch.erf),
-        ("math.log_sigmoid", F.logsigmoid), ("math.logical_not", torch.logical_not))},
-    "nn.gelu": lambda features, approximate=False: F.gelu(features, approximate="tanh" if approximate else "none"),
-    "nn.softmax": lambda logits, axis=None: F.softmax(logits, dim=-1 if axis is None else axis),
-    "math.softmax": lambda logits, axis=None: F.softmax(logits, dim=-1 if axis is None else axis),
-    "nn.log_softmax": lambda logits, axis=None: F.log_softmax(logits, dim=-1 if axis is None else axis),
-    "math.l2_normalize": _tf_l2_normalize, "nn.l2_normalize": _tf_l2_normalize,
-    "clip_by_value": lambda t, clip_value_min, clip_value_max: torch.clamp(t, clip_value_min, clip_value_max),
-    **{name: _tf_unary(fn) for name, fn in (
-        ("math.floor", torch.floor), ("math.ceil", torch.ceil), ("math.round", torch.round), ("math.sign", torch.sign),
-        ("math.log1p", torch.log1p), ("math.expm1", torch.expm1), ("math.reciprocal", torch.reciprocal),
-        ("math.sin", torch.sin), ("math.cos", torch.cos), ("math.softsign", F.softsign), ("nn.softsign", F.softsign))},
-    "nn.leaky_relu": lambda features, alpha=0.2: F.leaky_relu(features, alpha),
-    "math.floordiv": pair(torch.floor_divide), "compat.v1.floor_div": pair(torch.floor_divide),
-    "math.floormod": pair(torch.remainder),
-    "reverse": lambda tensor, axis: tensor.flip(_tf_dims(axis, tensor)),
-    "gather": _tf_gather, "compat.v1.gather": _tf_gather,
-    "math.cumsum": _tf_cumsum, "cumsum": _tf_cumsum,
-    "pad": _tf_pad, "compat.v1.pad": _tf_pad,
-    "where": _tf_where, "compat.v1.where": _tf_where, "where_v2": _tf_where,
-    "unstack": lambda value, num=None, axis=0: list(value.unbind(axis % value.dim())),
-    "split": _tf_split,
-}
-TF_FUNCTIONS = frozenset(_TF_FUNCTIONS)
-
-
-class TFCall(nn.Module):
-    """A recorded TensorFlow call: fn(first argument, **keyword arguments), the tensors among the
-    keyword arguments taken from the inputs that follow the positional ones (model.py's order)."""
-
-    def __init__(self, function: str, fn: Callable, template: list, constants: dict, tensor_names: List[str]):
-        super().__init__()
-        self.function, self.fn, self.template = function, fn, template
-        self.constants, self.tensor_names = constants, tensor_names
-
-    def forward(self, inputs, masks):
-        n = len(inputs) - len(self.tensor_names)
-        kwargs = dict(self.constants)
-        kwargs.update({name: inputs[n + i] for i, name in enumerate(self.tensor_names)})
-        out = self.fn(*[_fill(a, inputs[:n]) for a in self.template], **kwargs)
-        outs = out if isinstance(out, list) else [out]  # tf.unstack / tf.split: one output per piece
-        return outs, [None] * len(outs)
-
-    def extra_repr(self):
-        return f"tf.{self.function}"
-
-
-def _check_tf_value(value, ctx, depth=0):
-    if isinstance(value, str):
-        if len(value) > 40:
-            raise ctx.error(f"the argument {value[:40]!r}... is too long")
-        return
-    if isinstance(value, dict):
-        if value.get("class_name") == "__ellipsis__":
-            return
-        if set(value) - {"start", "stop", "step"}:
-            raise ctx.error(f"the argument {str(value)[:60]!r} is not supported")
-        _check_constants({"class_name": "__slice__", "config": value}, ctx, depth)
-        return
-    if isinstance(value, list):
-        if len(value) > _MAX_ARGUMENTS or depth > 4:
-            raise ctx.error("the call's arguments are too large")
-        for v in value:
-            _check_tf_value(v, ctx, depth + 1)
-        return
-    _check_constants(value, ctx, depth)
-
-
-def build_tf_call(cfg, ctx):
-    function = Values(cfg, ctx).str("function")
-    fn = _TF_FUNCTIONS.get(function)
-    if fn is None:
-        raise ctx.error(f"the TensorFlow call tf.{function[:60]} (a {ctx.spec.class_name} layer) is not supported; "
-                        f"supported: {', '.join('tf.' + f for f in sorted(_TF_FUNCTIONS))}")
-    if len(ctx.spec.calls) != 1:
-        raise ctx.error(f"a {ctx.spec.class_name} layer called {len(ctx.spec.calls)} times is not supported")
-    call = ctx.spec.calls[0]
-    tensor_names = call.tensor_kwargs()
-    constants = {k: v for k, v in call.kwargs.items() if k not in tensor_names and k != "name"}
-    for value in constants.values():
-        _check_tf_value(value, ctx)
-    try:
-        inspect.signature(fn).bind(None, **{k: None for k in list(constants) + tensor_names})
-    except TypeError:
-        raise ctx.error(f"tf.{function} is called with arguments {sorted(constants) + tensor_names} that it does "
-                        "not take here") from None
-    for value in call.constants:
-        _check_tf_value(value, ctx)
-    return TFCall(function, fn, call.args or [TensorArg(0)], constants, tensor_names)
-
-
-builder("TFOpLambda", "SlicingOpLambda", weights=False)(build_tf_call)

@@ -1,0 +1,397 @@
+"""tf.keras 2.x's recorded TensorFlow calls: a TFOpLambda / SlicingOpLambda layer holds a function
+name such as "math.reduce_sum" and its arguments, no code. Those in _TF_FUNCTIONS are built with
+TensorFlow's semantics (build_tf_call, the layer builder); every other is refused by name."""
+from __future__ import annotations
+
+import inspect
+import operator
+from typing import Callable, Dict, List
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..graph.spec import TensorArg
+from .op_args import DTYPES, as_tensor_like, over_axes, pair
+from .ops import MAX_ARGUMENTS, check_constants, fill_arguments, get_item
+from .registry import builder
+from .values import Values
+
+
+def _tf_axes(axis):
+    if axis is None or isinstance(axis, int):
+        return axis
+    return tuple(axis)
+
+
+def _tf_slice(spec):
+    """A SlicingOpLambda slice_spec entry: {start, stop, step} is a slice, {"class_name":
+    "__ellipsis__"} an Ellipsis, None a new axis."""
+    if isinstance(spec, dict) and spec.get("class_name") == "__ellipsis__":
+        return Ellipsis
+    if isinstance(spec, dict):
+        return slice(spec.get("start"), spec.get("stop"), spec.get("step"))
+    if spec == "..." or spec == "Ellipsis":
+        return Ellipsis
+    return spec
+
+
+def _tf_getitem(tensor, slice_spec):
+    spec = slice_spec if isinstance(slice_spec, list) else [slice_spec]
+    return get_item(tensor, [_tf_slice(s) for s in spec])  # (negative steps: h[:, ::-1])
+
+
+def _tf_transpose(a, perm=None, conjugate=False):
+    return a.permute(*(perm if perm is not None else reversed(range(a.dim()))))
+
+
+def _tf_squeeze(input, axis=None, squeeze_dims=None):  # noqa: A002 - TensorFlow's argument name
+    axis = axis if axis is not None else squeeze_dims
+    if axis is None:
+        return input.squeeze()
+    axes = axis if isinstance(axis, (list, tuple)) else [axis]
+    return input.squeeze(tuple(a % input.dim() for a in axes))
+
+
+def _tf_l2_normalize(x, axis=None, epsilon=1e-12, dim=None):
+    axis = _tf_axes(axis if axis is not None else dim)
+    dims = tuple(range(x.dim())) if axis is None else axis
+    return x * torch.rsqrt(torch.clamp((x * x).sum(dim=dims, keepdim=True), min=epsilon))
+
+
+def _tf_cast(x, dtype):
+    if dtype not in DTYPES:
+        raise ValueError(f"tf.cast to {str(dtype)[:40]!r} is not supported")
+    return x.to(DTYPES[dtype])
+
+
+def _tf_unary(fn):
+    return lambda x: fn(x)
+
+
+def _tf_dims(axis, x):
+    return [a % x.dim() for a in (axis if isinstance(axis, (list, tuple)) else [axis])]
+
+
+def _tf_gather(params, indices, validate_indices=None, axis=None, batch_dims=0):
+    if batch_dims:
+        raise ValueError("tf.gather with batch_dims is not supported")
+    axis = 0 if axis is None else axis % params.dim()
+    index = torch.as_tensor(indices, dtype=torch.long, device=params.device)
+    out = params.index_select(axis, index.reshape(-1))
+    return out.reshape(params.shape[:axis] + index.shape + params.shape[axis + 1:])
+
+
+def _tf_cumsum(x, axis=0, exclusive=False, reverse=False):
+    dim = axis % x.dim()
+    y = x.flip(dim) if reverse else x
+    if exclusive:  # each sum without its own element: the sums of y shifted one step
+        y = torch.cat([torch.zeros_like(y.narrow(dim, 0, 1)), y.narrow(dim, 0, y.shape[dim] - 1)], dim)
+    out = y.cumsum(dim)
+    return out.flip(dim) if reverse else out
+
+
+def _tf_pad(tensor, paddings, mode="CONSTANT", constant_values=0):
+    if str(mode).upper() != "CONSTANT":
+        raise ValueError(f"tf.pad with mode={str(mode)[:20]!r} is not supported (CONSTANT is)")
+    flat = [int(p) for pair in reversed(list(paddings)) for p in pair]  # F.pad: last dimension first
+    return F.pad(tensor, flat, value=constant_values)
+
+
+def _tf_where(condition, x=None, y=None):
+    if x is None or y is None:
+        raise ValueError("tf.where with one argument (the indices form) is not supported")
+    like = x if isinstance(x, torch.Tensor) else y
+    return torch.where(as_tensor_like(condition, like).bool(), as_tensor_like(x, y), as_tensor_like(y, x))
+
+
+def _tf_split(value, num_or_size_splits, axis=0, num=None):
+    dim = axis % value.dim()
+    if isinstance(num_or_size_splits, int):
+        return list(value.chunk(num_or_size_splits, dim))
+    sizes = list(num_or_size_splits)
+    if sizes.count(-1) == 1:  # one size left to be inferred
+        sizes[sizes.index(-1)] = value.shape[dim] - sum(s for s in sizes if s != -1)
+    return list(value.split(sizes, dim))
+
+
+def _tf_dtype(name, default):
+    if name is None:
+        return DTYPES[default]
+    if name not in DTYPES:
+        raise ValueError(f"dtype {str(name)[:40]!r} is not supported")
+    return DTYPES[name]
+
+
+def _tf_arg(pick):
+    """tf.math.argmax / argmin: axis None is axis 0 (TensorFlow's default); int64 unless output_type."""
+    def arg(input, axis=None, output_type=None, dimension=None):  # noqa: A002 - TensorFlow's argument names
+        axis = axis if axis is not None else dimension
+        return pick(input, dim=0 if axis is None else axis).to(_tf_dtype(output_type, "int64"))
+    return arg
+
+
+def _tf_top_k(input, k=1, sorted=True):  # noqa: A002
+    values, indices = torch.topk(input, k, dim=-1, sorted=True)
+    return [values, indices.to(torch.int32)]
+
+
+def _tf_one_hot(indices, depth, on_value=None, off_value=None, axis=None, dtype=None):
+    dtype = _tf_dtype(dtype, "float32")
+    ids = torch.as_tensor(indices).long()
+    inside = (ids >= 0) & (ids < depth)  # (TensorFlow: other ids give off_value everywhere)
+    hot = F.one_hot(ids.clamp(0, max(depth - 1, 0)), depth).bool() & inside.unsqueeze(-1)
+    on = torch.as_tensor(1 if on_value is None else on_value, dtype=dtype)
+    off = torch.as_tensor(0 if off_value is None else off_value, dtype=dtype)
+    out = torch.where(hot, on, off)
+    return out if axis is None or axis == -1 else out.movedim(-1, axis)
+
+
+def _tf_count_nonzero(input, axis=None, keepdims=None, dtype=None):  # noqa: A002
+    dims = tuple(range(input.dim())) if axis is None else tuple(_tf_dims(axis, input))
+    return (input != 0).sum(dim=dims, keepdim=bool(keepdims)).to(_tf_dtype(dtype, "int64"))
+
+
+def _tf_cumprod(x, axis=0, exclusive=False, reverse=False):
+    dim = axis % x.dim()
+    y = x.flip(dim) if reverse else x
+    if exclusive:  # each product without its own element
+        y = torch.cat([torch.ones_like(y.narrow(dim, 0, 1)), y.narrow(dim, 0, y.shape[dim] - 1)], dim)
+    out = y.cumprod(dim)
+    return out.flip(dim) if reverse else out
+
+
+def _tf_no_nan(fn, zero_where):
+    """TensorFlow's *_no_nan and x*log(y) family: 0 wherever `zero_where(x, y)`, whatever fn gives."""
+    def call(x, y):
+        a, b = as_tensor_like(x, y), as_tensor_like(y, x)
+        zero = zero_where(a, b)
+        return torch.where(zero, torch.zeros((), dtype=a.dtype, device=a.device), fn(a, torch.where(zero, torch.ones_like(b), b)))
+    return call
+
+
+def _tf_norm(tensor, ord="euclidean", axis=None, keepdims=None):  # noqa: A002
+    dims = tuple(range(tensor.dim())) if axis is None else tuple(_tf_dims(axis, tensor))
+    keep = bool(keepdims)
+    if ord in ("euclidean", "fro") or (ord == 2 and len(dims) == 1):
+        return torch.sqrt((tensor * tensor).sum(dim=dims, keepdim=keep))
+    if len(dims) == 1 and isinstance(ord, (int, float)) and not isinstance(ord, bool) and ord >= 1:
+        return torch.linalg.vector_norm(tensor, ord=ord, dim=dims, keepdim=keep)
+    raise ValueError(f"tf.norm with ord={str(ord)[:20]!r} over {len(dims)} axes is not supported")
+
+
+def _tf_bias_add(value, bias, data_format=None):
+    b = torch.as_tensor(bias, dtype=value.dtype, device=value.device)
+    if data_format is not None and str(data_format).startswith("NC"):
+        return value + b.reshape(-1, *([1] * (value.dim() - 2)))
+    return value + b
+
+
+def _tf_band_part(input, num_lower, num_upper):  # noqa: A002
+    rows, cols = input.shape[-2], input.shape[-1]
+    i = torch.arange(rows, device=input.device)[:, None]
+    j = torch.arange(cols, device=input.device)[None, :]
+    keep = ((num_lower < 0) | (i - j <= num_lower)) & ((num_upper < 0) | (j - i <= num_upper))
+    return torch.where(keep, input, torch.zeros((), dtype=input.dtype, device=input.device))
+
+
+def _tf_repeat(input, repeats, axis=None):  # noqa: A002
+    r = torch.as_tensor(repeats, device=input.device) if isinstance(repeats, list) else repeats
+    if axis is None:
+        return input.reshape(-1).repeat_interleave(r)
+    return input.repeat_interleave(r, dim=axis)
+
+
+def _tf_sequence_mask(lengths, maxlen=None, dtype=None):
+    lengths = torch.as_tensor(lengths)
+    n = int(lengths.max()) if maxlen is None else int(maxlen)
+    out = torch.arange(n, device=lengths.device) < lengths.unsqueeze(-1)
+    return out.to(_tf_dtype(dtype, "bool"))
+
+
+def _tf_sort(values, axis=-1, direction="ASCENDING"):
+    return torch.sort(values, dim=axis, descending=str(direction).upper() == "DESCENDING").values
+
+
+def _tf_argsort(values, axis=-1, direction="ASCENDING", stable=False):
+    return torch.argsort(values, dim=axis, descending=str(direction).upper() == "DESCENDING", stable=True).to(torch.int32)
+
+
+def _tf_slice_op(input_, begin, size):
+    out = input_
+    for d, (b, n) in enumerate(zip(begin, size)):
+        out = out.narrow(d, int(b), out.shape[d] - int(b) if int(n) == -1 else int(n))
+    return out
+
+
+def _tf_clip_by_norm(t, clip_norm, axes=None):
+    dims = tuple(range(t.dim())) if axes is None else tuple(_tf_dims(axes, t))
+    norm = torch.sqrt((t * t).sum(dim=dims, keepdim=True))
+    return t * clip_norm / torch.maximum(norm, torch.as_tensor(clip_norm, dtype=t.dtype, device=t.device))
+
+
+def _tf_matmul(a, b, transpose_a=False, transpose_b=False, adjoint_a=False, adjoint_b=False, a_is_sparse=False,
+               b_is_sparse=False):
+    """tf.linalg.matmul on real tensors (an adjoint is the transpose; the sparsity hints change nothing)."""
+    return torch.matmul(a.transpose(-1, -2) if transpose_a or adjoint_a else a,
+                        b.transpose(-1, -2) if transpose_b or adjoint_b else b)
+
+
+def _tf_matvec(a, b, transpose_a=False, adjoint_a=False, a_is_sparse=False, b_is_sparse=False):
+    m = a.transpose(-1, -2) if transpose_a or adjoint_a else a
+    return torch.matmul(m, b.unsqueeze(-1)).squeeze(-1)
+
+
+_TF_FUNCTIONS: Dict[str, Callable] = {
+    **{f"{p}reduce_{n}": over_axes(f) for p in ("math.", "") for n, f in (
+        ("sum", lambda x, a, k: x.sum(dim=a, keepdim=k)), ("mean", lambda x, a, k: x.mean(dim=a, keepdim=k)),
+        ("max", lambda x, a, k: x.amax(dim=a, keepdim=k)), ("min", lambda x, a, k: x.amin(dim=a, keepdim=k)),
+        ("prod", lambda x, a, k: x.prod(dim=a, keepdim=k)), ("any", lambda x, a, k: x.bool().any(dim=a, keepdim=k)),
+        ("all", lambda x, a, k: x.bool().all(dim=a, keepdim=k)),
+        ("std", lambda x, a, k: x.std(dim=a, keepdim=k, unbiased=False)),
+        ("variance", lambda x, a, k: x.var(dim=a, keepdim=k, unbiased=False)),
+        ("logsumexp", lambda x, a, k: torch.logsumexp(x, dim=a, keepdim=k)))},
+    "concat": lambda values, axis: torch.cat(list(values), dim=axis),
+    "stack": lambda values, axis=0: torch.stack(list(values), dim=axis),
+    "expand_dims": lambda input, axis: input.unsqueeze(axis if axis >= 0 else input.dim() + 1 + axis),  # noqa: A002
+    "squeeze": _tf_squeeze, "compat.v1.squeeze": _tf_squeeze,
+    "reshape": lambda tensor, shape: tensor.reshape(list(shape)),
+    "transpose": _tf_transpose, "compat.v1.transpose": _tf_transpose,
+    "tile": lambda input, multiples: input.repeat(*multiples),  # noqa: A002
+    "cast": _tf_cast, "dtypes.cast": _tf_cast,
+    "__operators__.getitem": _tf_getitem,
+    "__operators__.add": pair(operator.add), "math.add": pair(operator.add),
+    "math.subtract": pair(operator.sub), "math.multiply": pair(operator.mul),
+    "math.truediv": pair(operator.truediv), "math.divide": pair(operator.truediv),
+    "math.pow": pair(torch.pow), "math.maximum": pair(torch.maximum),
+    "math.minimum": pair(torch.minimum), "math.squared_difference": pair(lambda a, b: (a - b) ** 2),
+    "math.equal": pair(torch.eq), "math.not_equal": pair(torch.ne), "__operators__.eq": pair(torch.eq),
+    "__operators__.ne": pair(torch.ne), "math.greater": pair(torch.gt),
+    "math.greater_equal": pair(torch.ge), "math.less": pair(torch.lt), "math.less_equal": pair(torch.le),
+    "math.logical_and": pair(torch.logical_and), "math.logical_or": pair(torch.logical_or),
+    "linalg.matmul": _tf_matmul,
+    **{name: _tf_unary(fn) for name, fn in (
+        ("math.negative", torch.neg), ("math.abs", torch.abs), ("math.exp", torch.exp), ("math.log", torch.log),
+        ("math.sqrt", torch.sqrt), ("math.rsqrt", torch.rsqrt), ("math.square", torch.square), ("math.tanh", torch.tanh),
+        ("nn.tanh", torch.tanh), ("math.sigmoid", torch.sigmoid), ("nn.sigmoid", torch.sigmoid), ("nn.relu", F.relu),
+        ("nn.relu6", F.relu6), ("nn.elu", F.elu), ("nn.selu", F.selu), ("math.softplus", F.softplus),
+        ("nn.softplus", F.softplus), ("nn.silu", F.silu), ("nn.swish", F.silu), ("math.erf", torch.erf),
+        ("math.log_sigmoid", F.logsigmoid), ("math.logical_not", torch.logical_not))},
+    "nn.gelu": lambda features, approximate=False: F.gelu(features, approximate="tanh" if approximate else "none"),
+    "nn.softmax": lambda logits, axis=None: F.softmax(logits, dim=-1 if axis is None else axis),
+    "math.softmax": lambda logits, axis=None: F.softmax(logits, dim=-1 if axis is None else axis),
+    "nn.log_softmax": lambda logits, axis=None: F.log_softmax(logits, dim=-1 if axis is None else axis),
+    "math.l2_normalize": _tf_l2_normalize, "nn.l2_normalize": _tf_l2_normalize,
+    "clip_by_value": lambda t, clip_value_min, clip_value_max: torch.clamp(t, clip_value_min, clip_value_max),
+    **{name: _tf_unary(fn) for name, fn in (
+        ("math.floor", torch.floor), ("math.ceil", torch.ceil), ("math.round", torch.round), ("math.sign", torch.sign),
+        ("math.log1p", torch.log1p), ("math.expm1", torch.expm1), ("math.reciprocal", torch.reciprocal),
+        ("math.sin", torch.sin), ("math.cos", torch.cos), ("math.softsign", F.softsign), ("nn.softsign", F.softsign))},
+    "nn.leaky_relu": lambda features, alpha=0.2: F.leaky_relu(features, alpha),
+    "math.floordiv": pair(torch.floor_divide), "compat.v1.floor_div": pair(torch.floor_divide),
+    "math.floormod": pair(torch.remainder),
+    "reverse": lambda tensor, axis: tensor.flip(_tf_dims(axis, tensor)),
+    "gather": _tf_gather, "compat.v1.gather": _tf_gather,
+    "math.cumsum": _tf_cumsum, "cumsum": _tf_cumsum,
+    "pad": _tf_pad, "compat.v1.pad": _tf_pad,
+    "where": _tf_where, "compat.v1.where": _tf_where, "where_v2": _tf_where,
+    "unstack": lambda value, num=None, axis=0: list(value.unbind(axis % value.dim())),
+    "split": _tf_split,
+    "math.argmax": _tf_arg(torch.argmax), "argmax": _tf_arg(torch.argmax),
+    "math.argmin": _tf_arg(torch.argmin), "argmin": _tf_arg(torch.argmin),
+    "math.top_k": _tf_top_k, "nn.top_k": _tf_top_k, "one_hot": _tf_one_hot,
+    "math.is_nan": _tf_unary(torch.isnan), "math.is_inf": _tf_unary(torch.isinf),
+    "math.is_finite": _tf_unary(torch.isfinite),
+    **{f"math.{name}": _tf_unary(fn) for name, fn in (
+        ("atan", torch.atan), ("asin", torch.asin), ("acos", torch.acos), ("tan", torch.tan), ("sinh", torch.sinh),
+        ("cosh", torch.cosh), ("asinh", torch.asinh), ("acosh", torch.acosh), ("atanh", torch.atanh),
+        ("erfc", torch.erfc), ("erfinv", torch.erfinv), ("lgamma", torch.lgamma), ("digamma", torch.digamma))},
+    "math.atan2": lambda y, x: torch.atan2(as_tensor_like(y, x), as_tensor_like(x, y)),
+    "math.count_nonzero": _tf_count_nonzero, "math.cumprod": _tf_cumprod, "cumprod": _tf_cumprod,
+    "math.logical_xor": pair(torch.logical_xor),
+    "math.divide_no_nan": _tf_no_nan(torch.div, lambda x, y: y == 0),
+    "math.multiply_no_nan": _tf_no_nan(torch.mul, lambda x, y: y == 0),
+    "math.xlogy": _tf_no_nan(lambda x, y: x * torch.log(y), lambda x, y: x == 0),
+    "math.xdivy": _tf_no_nan(torch.div, lambda x, y: x == 0),
+    "math.reduce_euclidean_norm": over_axes(lambda x, a, k: torch.sqrt((x * x).sum(dim=a, keepdim=k))),
+    "math.add_n": lambda inputs: sum(list(inputs)[1:], list(inputs)[0]),
+    "norm": _tf_norm, "compat.v1.norm": _tf_norm, "linalg.norm": _tf_norm,
+    "nn.bias_add": _tf_bias_add, "linalg.band_part": _tf_band_part,
+    "linalg.diag_part": lambda input: torch.diagonal(input, dim1=-2, dim2=-1),  # noqa: A002
+    "linalg.trace": lambda x: torch.diagonal(x, dim1=-2, dim2=-1).sum(-1), "linalg.matvec": _tf_matvec,
+    "identity": lambda input: input, "stop_gradient": lambda input: input.detach(),  # noqa: A002
+    "ones_like": lambda input, dtype=None: torch.ones_like(input, dtype=None if dtype is None else _tf_dtype(dtype, "")),
+    "zeros_like": lambda input, dtype=None: torch.zeros_like(input, dtype=None if dtype is None else _tf_dtype(dtype, "")),
+    "repeat": _tf_repeat, "sequence_mask": _tf_sequence_mask, "sort": _tf_sort, "argsort": _tf_argsort,
+    "roll": lambda input, shift, axis: torch.roll(input, shift, dims=axis), "slice": _tf_slice_op,  # noqa: A002
+    "clip_by_norm": _tf_clip_by_norm,
+}
+TF_FUNCTIONS = frozenset(_TF_FUNCTIONS)
+
+
+class TFCall(nn.Module):
+    """A recorded TensorFlow call: fn(first argument, **keyword arguments), the tensors among the
+    keyword arguments taken from the inputs that follow the positional ones (model.py's order)."""
+
+    def __init__(self, function: str, fn: Callable, template: list, constants: dict, tensor_names: List[str]):
+        super().__init__()
+        self.function, self.fn, self.template = function, fn, template
+        self.constants, self.tensor_names = constants, tensor_names
+
+    def forward(self, inputs, masks):
+        n = len(inputs) - len(self.tensor_names)
+        kwargs = dict(self.constants)
+        kwargs.update({name: inputs[n + i] for i, name in enumerate(self.tensor_names)})
+        out = self.fn(*[fill_arguments(a, inputs[:n]) for a in self.template], **kwargs)
+        outs = out if isinstance(out, list) else [out]  # tf.unstack / tf.split: one output per piece
+        return outs, [None] * len(outs)
+
+    def extra_repr(self):
+        return f"tf.{self.function}"
+
+
+def _check_tf_value(value, ctx, depth=0):
+    if isinstance(value, str):
+        if len(value) > 40:
+            raise ctx.error(f"the argument {value[:40]!r}... is too long")
+        return
+    if isinstance(value, dict):
+        if value.get("class_name") == "__ellipsis__":
+            return
+        if set(value) - {"start", "stop", "step"}:
+            raise ctx.error(f"the argument {str(value)[:60]!r} is not supported")
+        check_constants({"class_name": "__slice__", "config": value}, ctx, depth)
+        return
+    if isinstance(value, list):
+        if len(value) > MAX_ARGUMENTS or depth > 4:
+            raise ctx.error("the call's arguments are too large")
+        for v in value:
+            _check_tf_value(v, ctx, depth + 1)
+        return
+    check_constants(value, ctx, depth)
+
+
+def build_tf_call(cfg, ctx):
+    function = Values(cfg, ctx).str("function")
+    fn = _TF_FUNCTIONS.get(function)
+    if fn is None:
+        raise ctx.error(f"the TensorFlow call tf.{function[:60]} (a {ctx.spec.class_name} layer) is not supported; "
+                        f"supported: {', '.join('tf.' + f for f in sorted(_TF_FUNCTIONS))}")
+    if len(ctx.spec.calls) != 1:
+        raise ctx.error(f"a {ctx.spec.class_name} layer called {len(ctx.spec.calls)} times is not supported")
+    call = ctx.spec.calls[0]
+    tensor_names = call.tensor_kwargs()
+    constants = {k: v for k, v in call.kwargs.items() if k not in tensor_names and k != "name"}
+    for value in constants.values():
+        _check_tf_value(value, ctx)
+    try:
+        inspect.signature(fn).bind(None, **{k: None for k in list(constants) + tensor_names})
+    except TypeError:
+        raise ctx.error(f"tf.{function} is called with arguments {sorted(constants) + tensor_names} that it does "
+                        "not take here") from None
+    for value in call.constants:
+        _check_tf_value(value, ctx)
+    return TFCall(function, fn, call.args or [TensorArg(0)], constants, tensor_names)
+
+
+builder("TFOpLambda", "SlicingOpLambda", weights=False)(build_tf_call)
