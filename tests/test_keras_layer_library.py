@@ -533,7 +533,8 @@ OPS = {  # a functional model recording keras.ops calls and Python operators on 
     "reductions": lambda x, y: [keras.ops.mean(x, axis=1), keras.ops.sum(x, axis=[1, 2], keepdims=True),
                                 keras.ops.max(y, axis=-1), keras.ops.min(x), keras.ops.std(x, axis=2),
                                 keras.ops.var(y, axis=1, keepdims=True), keras.ops.argmax(x, axis=-1),
-                                keras.ops.prod(y, axis=2)],
+                                keras.ops.prod(y, axis=2), keras.ops.std(x, axis=(1, 2)),
+                                keras.ops.var(y, axis=[1, 2], keepdims=True), keras.ops.std(y)],
     "shape": lambda x, y: [keras.ops.reshape(x, (-1, 20)), keras.ops.transpose(x, (0, 2, 1)),
                            keras.ops.expand_dims(x, 1), keras.ops.squeeze(keras.ops.expand_dims(y, -1), -1),
                            keras.ops.concatenate([x, y], axis=-1), keras.ops.stack([x, y], axis=1),
@@ -639,9 +640,12 @@ def test_recorded_operations_on_integers_images_and_attention(tmp_path):
         keras.ops.left_shift(keras.ops.abs(a), 2), keras.ops.right_shift(keras.ops.abs(b), 1), keras.ops.gcd(a, b),
         keras.ops.lcm(a, b), keras.ops.one_hot(a, 6), keras.ops.one_hot(keras.ops.abs(b), 6, axis=1),
         keras.ops.multi_hot(keras.ops.abs(a), 6), keras.ops.hypot(a, b), keras.ops.exp2(a), keras.ops.cbrt(b),
-        keras.ops.isclose(a, b), keras.ops.digitize(a, np.array([-1, 0, 2], "int32"))])
-    check_model(model, [rng.randint(-3, 6, size=(B, 5, 4)).astype("int32") for _ in range(2)], tmp_path, exact=True,
-                dtypes=True)
+        keras.ops.isclose(a, b), keras.ops.digitize(a, np.array([-1, 0, 2], "int32")),
+        # the core operations on integers: Keras's result dtypes
+        keras.ops.mean(a, axis=1), keras.ops.sum(a, axis=1), keras.ops.prod(b, axis=2), keras.ops.std(a, axis=1),
+        keras.ops.var(b, axis=(1, 2)), keras.ops.cumsum(a, axis=1), keras.ops.cumprod(b, axis=2), keras.ops.clip(a, -1, 2),
+        keras.ops.round(b), keras.ops.floor(a), keras.ops.ceil(b), keras.ops.sum(a > 0, axis=1)])
+    check_model(model, [rng.randint(-3, 6, size=(B, 5, 4)).astype("int32") for _ in range(2)], tmp_path, dtypes=True)
     img = keras.Input((8, 8, 3))
     model = keras.Model(img, [
         keras.ops.max_pool(img, 2), keras.ops.average_pool(img, (3, 2), strides=(2, 1)),

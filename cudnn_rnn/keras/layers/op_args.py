@@ -88,9 +88,35 @@ def fixed(fn, name=""):
     """An operation without constructor arguments of its own."""
     return lambda cfg, ctx: (fn, name)
 
+
 def one_axis(cfg, ctx, default=None):
     axis = axes_arg(cfg, ctx)
     axis = default if axis is None else axis
     if not isinstance(axis, int):
         raise ctx.error(f"config axis={str(cfg.get('axis'))[:40]}; expected one axis")
     return axis
+
+
+def floating(x):
+    """x as Keras's floating functions take it: integers and booleans as float32."""
+    x = torch.as_tensor(x)
+    return x if x.is_floating_point() else x.to(torch.float32)
+
+
+def all_axes(axis, x) -> tuple:
+    """An axis, a tuple of them or (None) every axis, as a tuple of non-negative axes of x."""
+    if axis is None:
+        return tuple(range(x.dim()))
+    return tuple(a % x.dim() for a in (axis if isinstance(axis, tuple) else (axis,)))
+
+
+def whole_reduction(fn, name, floating_result=False):
+    """A reduction computed over all its axes at once (axis None: every axis), keepdims honoured."""
+    def build(cfg, ctx):
+        axis, keepdims = axes_arg(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
+
+        def reduce(x):
+            x = floating(x) if floating_result else torch.as_tensor(x)
+            return fn(x, axis, keepdims)
+        return reduce, f"{name} axis={axis} keepdims={keepdims}"
+    return build

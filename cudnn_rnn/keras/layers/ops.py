@@ -21,7 +21,8 @@ from torch import nn
 
 from ..graph.spec import LayerSpec, TensorArg
 from .activations import keras_relu
-from .op_args import arg_reduction, as_tensor_like, axes_arg, dtype_arg, fixed, one_axis, pair, reduction
+from .op_args import (all_axes, arg_reduction, as_tensor_like, axes_arg, dtype_arg, fixed, one_axis, pair, reduction,
+                      whole_reduction)
 from .ops_nn import NN_OPS
 from .ops_numpy import NUMPY_OPS
 from .registry import BuildContext
@@ -160,7 +161,38 @@ def _expand_dims(cfg, ctx):
 def _clip(cfg, ctx):
     v = Values(cfg, ctx)
     lo, hi = v.float("x_min", None), v.float("x_max", None)
-    return (lambda x: torch.clamp(x, lo, hi)), f"[{lo}, {hi}]"
+    # integer bounds keep an integer tensor's dtype, as Keras's clip does
+    lo, hi = (int(b) if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool) else b
+              for b, k in ((lo, "x_min"), (hi, "x_max")))
+    return (lambda x: torch.clamp(x.to(torch.int32) if x.dtype == torch.bool else x, lo, hi)), f"[{lo}, {hi}]"
+
+
+def _integer_sum(x):
+    """The dtype Keras sums and multiplies in: booleans and small integers as int32, others as they are."""
+    return x.to(torch.int32) if x.dtype in (torch.bool, torch.uint8, torch.int8, torch.int16) else x
+
+
+def _keeping_dtype(fn):
+    """fn(x, axis, keepdims) in x's dtype after _integer_sum (torch's integer sums are int64)."""
+    def reduce(x, a, k=False):
+        x = _integer_sum(x)
+        return fn(x, a, k).to(x.dtype)
+    return reduce
+
+
+def _round(cfg, ctx):
+    decimals = Values(cfg, ctx).int("decimals", 0, lo=-16, hi=16)
+
+    def round_(x):
+        if x.is_floating_point():
+            return torch.round(x, decimals=decimals)
+        return torch.round(x.to(torch.float32), decimals=decimals).to(x.dtype)  # (as Keras: in float32, back)
+    return round_, f"decimals={decimals}"
+
+
+def _float_rounding(fn):
+    """Floor / Ceil: an integer or boolean input comes out float32, as in Keras."""
+    return lambda x: fn(x if x.is_floating_point() else x.to(torch.float32))
 
 
 def _cast(cfg, ctx):
@@ -217,8 +249,12 @@ def _concatenate(cfg, ctx):
 
 def _cumulative(fn):
     def build(cfg, ctx):
-        axis = axes_arg(cfg, ctx)
-        return (lambda x: fn(x.reshape(-1), 0) if axis is None else fn(x, axis)), f"axis={axis}"
+        axis, dtype = axes_arg(cfg, ctx), dtype_arg(cfg, ctx)
+
+        def cumulative(x):
+            x = x.to(dtype) if dtype is not None else x.to(torch.int32) if x.dtype == torch.bool else x
+            return (fn(x.reshape(-1), 0) if axis is None else fn(x, axis)).to(x.dtype)
+        return cumulative, f"axis={axis}"
     return build
 
 
@@ -244,14 +280,13 @@ _OPS: Dict[str, Callable] = {
     "Abs": fixed(torch.abs), "Absolute": fixed(torch.abs), "Negative": fixed(torch.neg),
     "Exp": fixed(torch.exp), "Expm1": fixed(torch.expm1), "Log": fixed(torch.log), "Log1p": fixed(torch.log1p),
     "Log2": fixed(torch.log2), "Log10": fixed(torch.log10), "Sqrt": fixed(torch.sqrt), "Rsqrt": fixed(torch.rsqrt),
-    "Square": fixed(torch.square), "Sign": fixed(torch.sign), "Floor": fixed(torch.floor),
-    "Ceil": fixed(torch.ceil), "Reciprocal": fixed(torch.reciprocal), "Sin": fixed(torch.sin),
+    "Square": fixed(torch.square), "Sign": fixed(torch.sign), "Floor": fixed(_float_rounding(torch.floor)),
+    "Ceil": fixed(_float_rounding(torch.ceil)), "Reciprocal": fixed(torch.reciprocal), "Sin": fixed(torch.sin),
     "Cos": fixed(torch.cos), "Tan": fixed(torch.tan), "Arcsin": fixed(torch.asin), "Arccos": fixed(torch.acos),
     "Arctan": fixed(torch.atan), "Sinh": fixed(torch.sinh), "Cosh": fixed(torch.cosh), "Tanh": fixed(torch.tanh),
     "Erf": fixed(torch.erf), "IsNan": fixed(torch.isnan), "IsInf": fixed(torch.isinf),
     "IsFinite": fixed(torch.isfinite),
-    "Round": lambda cfg, ctx: ((lambda x, d=Values(cfg, ctx).int("decimals", 0, lo=-16, hi=16): torch.round(x, decimals=d)),
-                               "round"),
+    "Round": _round,
     "Clip": _clip, "Where": fixed(lambda c, a, b: torch.where(as_tensor_like(c, a).bool(), as_tensor_like(a, b), as_tensor_like(b, a))),
     # activations (keras.src.ops.nn)
     "Relu": fixed(F.relu), "Relu6": fixed(F.relu6), "Sigmoid": fixed(torch.sigmoid), "Softplus": fixed(F.softplus),
@@ -265,17 +300,18 @@ _OPS: Dict[str, Callable] = {
         x, s, None, 0.0)), "leaky_relu"),
     "Softmax": _softmax_like(F.softmax), "LogSoftmax": _softmax_like(F.log_softmax),
     # reductions
-    "Sum": reduction("sum", lambda x, a, k=False: x.sum(dim=a, keepdim=k)),
-    "Mean": reduction("mean", lambda x, a, k=False: x.mean(dim=a, keepdim=k)),
+    "Sum": reduction("sum", _keeping_dtype(lambda x, a, k: x.sum(dim=a, keepdim=k))),
+    "Mean": whole_reduction(lambda x, a, k: x.mean(dim=all_axes(a, x), keepdim=k), "mean", True),
     "Max": reduction("max", lambda x, a, k=False: x.amax(dim=a, keepdim=k)),
     "Min": reduction("min", lambda x, a, k=False: x.amin(dim=a, keepdim=k)),
     "Amax": reduction("max", lambda x, a, k=False: x.amax(dim=a, keepdim=k)),
     "Amin": reduction("min", lambda x, a, k=False: x.amin(dim=a, keepdim=k)),
-    "Prod": reduction("prod", lambda x, a, k=False: x.prod(dim=a, keepdim=k)),
+    "Prod": reduction("prod", _keeping_dtype(lambda x, a, k: x.prod(dim=a, keepdim=k))),
     "Any": reduction("any", lambda x, a, k=False: x.bool().any(dim=a, keepdim=k)),
     "All": reduction("all", lambda x, a, k=False: x.bool().all(dim=a, keepdim=k)),
-    "Std": reduction("std", lambda x, a, k=False: x.std(dim=a, keepdim=k, unbiased=False)),
-    "Var": reduction("var", lambda x, a, k=False: x.var(dim=a, keepdim=k, unbiased=False)),
+    # (over all their axes at once: a variance of variances is not the variance)
+    "Std": whole_reduction(lambda x, a, k: x.std(dim=all_axes(a, x), keepdim=k, unbiased=False), "std", True),
+    "Var": whole_reduction(lambda x, a, k: x.var(dim=all_axes(a, x), keepdim=k, unbiased=False), "var", True),
     "Argmax": arg_reduction(lambda x, a, k: x.argmax(dim=a, keepdim=k).to(torch.int32)),
     "Argmin": arg_reduction(lambda x, a, k: x.argmin(dim=a, keepdim=k).to(torch.int32)),
     "Cumsum": _cumulative(torch.cumsum), "Cumprod": _cumulative(torch.cumprod),

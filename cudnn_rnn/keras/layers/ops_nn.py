@@ -13,8 +13,7 @@ import torch.nn.functional as F
 
 from .base import channels_last_format
 from .convolution import Convolution
-from .op_args import axes_arg, dtype_arg, fixed, one_axis
-from .ops_numpy import floating
+from .op_args import axes_arg, dtype_arg, fixed, floating, one_axis
 from .pooling import AdaptivePooling, Pooling
 from .preprocessing import Resizing
 from .values import MAX_SIZE, Values

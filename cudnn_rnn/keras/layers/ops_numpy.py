@@ -12,14 +12,8 @@ from typing import Callable, Dict
 
 import torch
 
-from .op_args import axes_arg, dtype_arg, fixed, one_axis, reduction
+from .op_args import all_axes, axes_arg, dtype_arg, fixed, floating, one_axis, reduction, whole_reduction
 from .values import MAX_SIZE, Values
-
-
-def floating(x):
-    """x as Keras's floating functions take it: integers and booleans as float32."""
-    x = torch.as_tensor(x)
-    return x if x.is_floating_point() else x.to(torch.float32)
 
 
 def _both(fn, cast=floating):
@@ -84,29 +78,11 @@ def _nan_extreme(fill: float, pick):
 
 def _nanvar(x, axis, keepdims):
     x = floating(x)
-    dims = _dims(axis, x)
+    dims = all_axes(axis, x)
     valid = ~torch.isnan(x)
     mean = torch.nansum(x, dim=dims, keepdim=True) / valid.sum(dim=dims, keepdim=True)
     centered = torch.where(valid, x - mean, torch.zeros_like(x)).square()
     return centered.sum(dim=dims, keepdim=keepdims) / valid.sum(dim=dims, keepdim=keepdims)
-
-
-def _dims(axis, x):
-    if axis is None:
-        return tuple(range(x.dim()))
-    return tuple(a % x.dim() for a in (axis if isinstance(axis, tuple) else (axis,)))
-
-
-def _whole(fn, name, floating_result=False):
-    """A reduction computed over all its axes at once (axis None: every axis), keepdims honoured."""
-    def build(cfg, ctx):
-        axis, keepdims = axes_arg(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
-
-        def reduce(x):
-            x = floating(x) if floating_result else torch.as_tensor(x)
-            return fn(x, axis, keepdims)
-        return reduce, f"{name} axis={axis} keepdims={keepdims}"
-    return build
 
 
 def _quantile_of(x, q, axis, method, keepdims, nan):
@@ -116,7 +92,7 @@ def _quantile_of(x, q, axis, method, keepdims, nan):
     NaN gives NaN); else a slice holding NaN gives NaN."""
     x = floating(x)
     q = torch.as_tensor(q, dtype=x.dtype, device=x.device)
-    dims = _dims(axis, x)
+    dims = all_axes(axis, x)
     others = [d for d in range(x.dim()) if d not in dims]
     y = x.permute(*others, *dims).reshape([x.shape[d] for d in others] + [-1])
     ordered = torch.sort(y, dim=-1).values  # NaN last
@@ -606,16 +582,16 @@ NUMPY_OPS: Dict[str, Callable] = {
     "Dot": fixed(lambda x1, x2: _promoted(_dot, x1, x2)), "Tensordot": _tensordot, "Cross": _cross,
     "Digitize": fixed(_digitize),
     # reductions
-    "Ptp": _whole(lambda x, a, k: x.amax(dim=_dims(a, x), keepdim=k) - x.amin(dim=_dims(a, x), keepdim=k), "ptp"),
+    "Ptp": whole_reduction(lambda x, a, k: x.amax(dim=all_axes(a, x), keepdim=k) - x.amin(dim=all_axes(a, x), keepdim=k), "ptp"),
     "Nansum": reduction("nansum", lambda x, a, k=False: torch.nansum(x.to(torch.int32) if x.dtype in (
         torch.bool, torch.int8, torch.int16, torch.uint8) else x, dim=a, keepdim=k)),
     "Nanprod": reduction("nanprod", lambda x, a, k=False: torch.where(torch.isnan(x), torch.ones_like(x), x).prod(
         dim=a, keepdim=k) if x.is_floating_point() else x.prod(dim=a, keepdim=k)),
     "Nanmax": reduction("nanmax", _nan_extreme(-math.inf, torch.amax)),
     "Nanmin": reduction("nanmin", _nan_extreme(math.inf, torch.amin)),
-    "Nanmean": _whole(lambda x, a, k: torch.nanmean(x, dim=_dims(a, x), keepdim=k), "nanmean", True),
-    "Nanvar": _whole(_nanvar, "nanvar", True),
-    "Nanstd": _whole(lambda x, a, k: torch.sqrt(_nanvar(x, a, k)), "nanstd", True),
+    "Nanmean": whole_reduction(lambda x, a, k: torch.nanmean(x, dim=all_axes(a, x), keepdim=k), "nanmean", True),
+    "Nanvar": whole_reduction(_nanvar, "nanvar", True),
+    "Nanstd": whole_reduction(lambda x, a, k: torch.sqrt(_nanvar(x, a, k)), "nanstd", True),
     "Median": _median(False), "Nanmedian": _median(True),
     "Quantile": _quantile(1.0, False), "Percentile": _quantile(100.0, False),
     "Nanquantile": _quantile(1.0, True), "Nanpercentile": _quantile(100.0, True),
