@@ -52,8 +52,9 @@ def axes_arg(cfg, ctx, key="axis"):
 
 
 def over_axes(fn):
-    """fn(x, axis, keepdims) applied over an axis, a tuple of them, or (None) every axis: the
-    reductions of keras.ops and of TensorFlow alike."""
+    """fn(x, axis, keepdims) applied over an axis, a tuple of them (one at a time), or (None)
+    every axis: for the reductions that compose axis by axis (sum, max, any, ...; not std or
+    var: whole_reduction), of keras.ops and of TensorFlow alike."""
     def reduce(x, axis=None, keepdims=False):
         if axis is None:
             y = fn(x.reshape(-1), 0, False)

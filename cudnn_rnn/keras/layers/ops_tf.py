@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..graph.spec import TensorArg
-from .op_args import DTYPES, as_tensor_like, over_axes, pair
+from .op_args import DTYPES, all_axes, as_tensor_like, over_axes, pair
 from .ops import MAX_ARGUMENTS, check_constants, fill_arguments, get_item
 from .registry import builder
 from .values import Values
@@ -113,6 +113,13 @@ def _tf_split(value, num_or_size_splits, axis=0, num=None):
     if sizes.count(-1) == 1:  # one size left to be inferred
         sizes[sizes.index(-1)] = value.shape[dim] - sum(s for s in sizes if s != -1)
     return list(value.split(sizes, dim))
+
+
+def _tf_whole(fn):
+    """A TensorFlow reduction computed over its axes together (None: every axis)."""
+    def reduce(input_tensor, axis=None, keepdims=False):
+        return fn(input_tensor, all_axes(_tf_axes(axis), input_tensor), bool(keepdims))
+    return reduce
 
 
 def _tf_dtype(name, default):
@@ -248,9 +255,11 @@ _TF_FUNCTIONS: Dict[str, Callable] = {
         ("max", lambda x, a, k: x.amax(dim=a, keepdim=k)), ("min", lambda x, a, k: x.amin(dim=a, keepdim=k)),
         ("prod", lambda x, a, k: x.prod(dim=a, keepdim=k)), ("any", lambda x, a, k: x.bool().any(dim=a, keepdim=k)),
         ("all", lambda x, a, k: x.bool().all(dim=a, keepdim=k)),
-        ("std", lambda x, a, k: x.std(dim=a, keepdim=k, unbiased=False)),
-        ("variance", lambda x, a, k: x.var(dim=a, keepdim=k, unbiased=False)),
         ("logsumexp", lambda x, a, k: torch.logsumexp(x, dim=a, keepdim=k)))},
+    # (over all their axes at once: a variance of variances is not the variance)
+    **{f"{p}reduce_{n}": _tf_whole(f) for p in ("math.", "") for n, f in (
+        ("std", lambda x, dims, k: x.std(dim=dims, keepdim=k, unbiased=False)),
+        ("variance", lambda x, dims, k: x.var(dim=dims, keepdim=k, unbiased=False)))},
     "concat": lambda values, axis: torch.cat(list(values), dim=axis),
     "stack": lambda values, axis=0: torch.stack(list(values), dim=axis),
     "expand_dims": lambda input, axis: input.unsqueeze(axis if axis >= 0 else input.dim() + 1 + axis),  # noqa: A002
