@@ -1,7 +1,8 @@
 """Writes docs/keras-layers.md: every layer class in keras.layers (the Keras installed here) with
 what load_keras does with it: converted (and by which file of cudnn_rnn/keras/layers/), converted
 inside RNN / Bidirectional, or refused and why; then every operation class of keras.ops (what a
-functional graph records for a keras.ops call) and whether it converts.
+functional graph records for a keras.ops call) and whether it converts, and the TensorFlow
+functions whose tf.keras 2 recordings convert.
 tests/test_keras_layer_table.py fails when Keras has a class the table does not place, or when
 the committed page differs from what this writes.
 
@@ -129,6 +130,18 @@ def page() -> str:
         "|---|---|---|---|",
     ]
     lines += [f"| `{name}` | {module} | {status} | {note} |" for name, module, status, note in ops]
+    from cudnn_rnn.keras.layers.ops_tf import TF_FUNCTIONS
+
+    lines += [
+        "",
+        "## tf.keras 2's TensorFlow calls",
+        "",
+        "tf.keras 2 records a TensorFlow function called on Keras tensors as a `TFOpLambda` (or `SlicingOpLambda`) "
+        f"layer holding the function's name and arguments. These {len(TF_FUNCTIONS)} names convert, with "
+        "TensorFlow's semantics (`layers/ops_tf.py`); any other is refused by name:",
+        "",
+        ", ".join(f"`tf.{name}`" for name in sorted(TF_FUNCTIONS)) + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
