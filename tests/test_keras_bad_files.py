@@ -713,14 +713,27 @@ def test_keras_bfloat16_weight_loads_as_its_values(tmp_path):
 TF_OPS = os.path.join(DATA, "tfk_more_tf_ops.keras")
 
 
-@pytest.mark.parametrize("old,new,message", [
+OPERATIONS = os.path.join(DATA, "k3_operations.keras")
+
+
+@pytest.mark.parametrize("src,old,new,message", [
     # tf.keras's constant first argument belongs to recorded TensorFlow calls only
-    ('[["input_1", 0, 0, {}]]', '[["_CONSTANT_VALUE", -1, 2.0, {}]]', r"constant input 2.0 to a GRU layer"),
-    ('"_CONSTANT_VALUE", -1, 2.0', '"_CONSTANT_VALUE", -1, "' + "x" * 60 + '"', "too long"),
-    ('"_CONSTANT_VALUE", -1, 2.0', '"_CONSTANT_VALUE", -1, {"a": 1}', "not supported"),
-    ('"indices": [3, 0, 2]', '"indices": [3, 0, 99]', "does not run"),
+    (TF_OPS, '[["input_1", 0, 0, {}]]', '[["_CONSTANT_VALUE", -1, 2.0, {}]]', r"constant input 2.0 to a GRU layer"),
+    (TF_OPS, '"_CONSTANT_VALUE", -1, 2.0', '"_CONSTANT_VALUE", -1, "' + "x" * 60 + '"', "too long"),
+    (TF_OPS, '"_CONSTANT_VALUE", -1, 2.0', '"_CONSTANT_VALUE", -1, {"a": 1}', "not supported"),
+    (TF_OPS, '"indices": [3, 0, 2]', '"indices": [3, 0, 99]', "does not run"),
+    # constant tensor arguments (Keras writes their values): numbers of a known dtype only
+    (OPERATIONS, '"value": [5, 0, 2], "dtype": "int64"', '"value": [5, "a", 2], "dtype": "int64"', "is not an array of numbers"),
+    (OPERATIONS, '"value": [5, 0, 2], "dtype": "int64"', '"value": [[5, 0], [2]], "dtype": "int64"', "is not an array of numbers"),
+    (OPERATIONS, '"value": [5, 0, 2], "dtype": "int64"', '"value": [5, 0, 2], "dtype": "complex64"', "expected one of"),
+    (OPERATIONS, '"value": [5, 0, 2], "dtype": "int64"', '"value": [5, 0, 99], "dtype": "int64"', "does not run"),
+    (OPERATIONS, '"value": [0.0, 0.1', '"value": [NaN, 0.1', "not finite"),
+    (OPERATIONS, '"value": [5, 0, 2], "dtype": "int64"', '"value": ' + str([[0] * 1100] * 1000) + ', "dtype": "int64"', "too large"),
+    # a keyword argument the operation does not take
+    (OPERATIONS, '"kwargs": {"weights": {', '"kwargs": {"bogus": 1, "weights": {', r"keyword arguments \['bogus', 'weights'\]"),
 ])
-def test_hostile_tensorflow_call_arguments(tmp_path, old, new, message):
+def test_hostile_call_arguments(tmp_path, src, old, new, message):
+    """Recorded calls' arguments as a hostile file writes them: each refused naming the file."""
     p = tmp_path / "c.keras"
 
     def edit(name, data):
@@ -730,38 +743,7 @@ def test_hostile_tensorflow_call_arguments(tmp_path, old, new, message):
         assert old in text
         return text.replace(old, new, 1).encode()
 
-    _rewrite_zip(TF_OPS, p, edit)
+    _rewrite_zip(src, p, edit)
     with pytest.raises(ConversionError, match=message) as e:
         load_keras(p)
     assert str(p) in str(e.value)
-
-
-OPERATIONS = os.path.join(DATA, "k3_operations.keras")
-
-
-@pytest.mark.parametrize("old,new,message", [
-    # constant tensor arguments (Keras writes their values): numbers of a known dtype only
-    ('"value": [5, 0, 2], "dtype": "int64"', '"value": [5, "a", 2], "dtype": "int64"', "is not an array of numbers"),
-    ('"value": [5, 0, 2], "dtype": "int64"', '"value": [[5, 0], [2]], "dtype": "int64"', "is not an array of numbers"),
-    ('"value": [5, 0, 2], "dtype": "int64"', '"value": [5, 0, 2], "dtype": "complex64"', "expected one of"),
-    ('"value": [5, 0, 2], "dtype": "int64"', '"value": [5, 0, 99], "dtype": "int64"', "does not run"),
-    ('"value": [0.0, 0.1', '"value": [NaN, 0.1', "not finite"),
-    ('"value": [5, 0, 2], "dtype": "int64"', '"value": ' + str([[0] * 1100] * 1000) + ', "dtype": "int64"', "too large"),
-    # a keyword argument the operation does not take
-    ('"kwargs": {"weights": {', '"kwargs": {"bogus": 1, "weights": {', r"keyword arguments \['bogus', 'weights'\]"),
-])
-def test_hostile_operation_arguments(tmp_path, old, new, message):
-    p = tmp_path / "o.keras"
-
-    def edit(name, data):
-        if name != "config.json":
-            return data
-        text = data.decode()
-        assert old in text
-        return text.replace(old, new, 1).encode()
-
-    _rewrite_zip(OPERATIONS, p, edit)
-    with pytest.raises(ConversionError, match=message) as e:
-        load_keras(p)
-    assert str(p) in str(e.value)
-

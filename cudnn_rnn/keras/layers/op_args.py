@@ -90,6 +90,19 @@ def fixed(fn, name=""):
     return lambda cfg, ctx: (fn, name)
 
 
+def axis_or_none(cfg, ctx, key="axis", default=None):
+    """One axis, or None (the operation reads the flattened input), from config `key`."""
+    axis = axes_arg(cfg, ctx, key) if key in cfg else default
+    if isinstance(axis, tuple):
+        raise ctx.error(f"config {key}={str(cfg.get(key))[:40]}; the operation takes one axis")
+    return axis
+
+
+def along(x, axis):
+    """(x, dimension): x flattened and 0 where axis is None, else x and the axis."""
+    return (x.reshape(-1), 0) if axis is None else (x, axis)
+
+
 def one_axis(cfg, ctx, default=None):
     axis = axes_arg(cfg, ctx)
     axis = default if axis is None else axis

@@ -12,7 +12,8 @@ from typing import Callable, Dict
 
 import torch
 
-from .op_args import all_axes, axes_arg, dtype_arg, fixed, floating, one_axis, reduction, whole_reduction
+from .op_args import (all_axes, along, axes_arg, axis_or_none, dtype_arg, fixed, floating, one_axis, reduction,
+                      whole_reduction)
 from .values import MAX_SIZE, Values
 
 
@@ -145,9 +146,7 @@ def _median(nan: bool):
 
 
 def _average(cfg, ctx):
-    axis = axes_arg(cfg, ctx)
-    if isinstance(axis, tuple):
-        raise ctx.error("Average over several axes is not supported")
+    axis = axis_or_none(cfg, ctx)
 
     def average(x, weights=None):
         x = floating(x)
@@ -246,14 +245,12 @@ def _split(kind: str):
 
 
 def _take(cfg, ctx):
-    axis = axes_arg(cfg, ctx)
-    if isinstance(axis, tuple):
-        raise ctx.error("Take takes one axis")
+    axis = axis_or_none(cfg, ctx)
 
     def take(x, indices):
         x = torch.as_tensor(x)
-        flat = x.reshape(-1) if axis is None else x
-        a = 0 if axis is None else axis % x.dim()
+        flat, a = along(x, axis)
+        a %= flat.dim()
         idx = torch.as_tensor(indices, device=x.device).long()
         idx = torch.where(idx < 0, idx + flat.shape[a], idx)
         out = flat.index_select(a, idx.reshape(-1))
@@ -262,9 +259,7 @@ def _take(cfg, ctx):
 
 
 def _take_along_axis(cfg, ctx):
-    axis = axes_arg(cfg, ctx)
-    if isinstance(axis, tuple):
-        raise ctx.error("TakeAlongAxis takes one axis")
+    axis = axis_or_none(cfg, ctx)
 
     def take(x, indices):
         idx = torch.as_tensor(indices, device=x.device).long()
@@ -283,15 +278,11 @@ def _take_along_axis(cfg, ctx):
 
 def _sort(indices: bool):
     def build(cfg, ctx):
-        axis = axes_arg(cfg, ctx) if "axis" in cfg else -1
-        if isinstance(axis, tuple):
-            raise ctx.error("a sort takes one axis")
+        axis = axis_or_none(cfg, ctx, default=-1)
 
         def sort(x):
             x = torch.as_tensor(x)
-            if axis is None:
-                x = x.reshape(-1)
-            a = 0 if axis is None else axis
+            x, a = along(x, axis)
             if indices:
                 return torch.argsort(x.to(torch.uint8) if x.dtype == torch.bool else x, dim=a, stable=True).to(torch.int32)
             return torch.sort(x, dim=a).values  # (the values: any sort; ONNX takes no stable one)
@@ -348,9 +339,7 @@ def _diff(cfg, ctx):
 
 
 def _append(cfg, ctx):
-    axis = axes_arg(cfg, ctx)
-    if isinstance(axis, tuple):
-        raise ctx.error("Append takes one axis")
+    axis = axis_or_none(cfg, ctx)
 
     def append(x1, x2):
         x1, x2 = torch.as_tensor(x1), torch.as_tensor(x2)
@@ -452,15 +441,11 @@ def _stacked(fn):
 def _nan_arg(fill: float, pick):
     """nanargmax / nanargmin: NaN ignored; -1 where a slice is all NaN."""
     def build(cfg, ctx):
-        axis, keepdims = axes_arg(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
-        if isinstance(axis, tuple):
-            raise ctx.error("an arg-reduction takes one axis")
+        axis, keepdims = axis_or_none(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
 
         def arg(x):
             x = torch.as_tensor(x)
-            if axis is None:
-                x = x.reshape(-1)
-            a = 0 if axis is None else axis
+            x, a = along(x, axis)
             k = keepdims and axis is not None
             if not x.is_floating_point():
                 return pick(x, dim=a, keepdim=k).to(torch.int32)
@@ -473,9 +458,7 @@ def _nan_arg(fill: float, pick):
 def _nan_cumulative(fill: float, fn):
     """nancumsum / nancumprod: NaN counted as `fill` (0 for the sum, 1 for the product)."""
     def build(cfg, ctx):
-        axis, dtype = axes_arg(cfg, ctx), dtype_arg(cfg, ctx)
-        if isinstance(axis, tuple):
-            raise ctx.error("a cumulative operation takes one axis")
+        axis, dtype = axis_or_none(cfg, ctx), dtype_arg(cfg, ctx)
 
         def cumulative(x):
             x = torch.as_tensor(x)
