@@ -609,7 +609,15 @@ OPS.update({
         keras.ops.linalg.cholesky(keras.ops.matmul(keras.ops.transpose(y, (0, 2, 1)), y) + keras.ops.eye(4), upper=True),
         keras.ops.linalg.pinv(x), keras.ops.linalg.solve_triangular(keras.ops.triu(y[:, :4]) + 3.0 * keras.ops.eye(4), x[:, 0]),
         keras.ops.linalg.solve_triangular(keras.ops.tril(y[:, :4]) + 3.0 * keras.ops.eye(4), x[:, :4], lower=True),
-        keras.ops.cdist(x, y), keras.ops.in_top_k(keras.ops.argmax(y[:, 0], axis=-1), x[:, 0], 2)],
+        keras.ops.cdist(x, y), keras.ops.in_top_k(keras.ops.argmax(y[:, 0], axis=-1), x[:, 0], 2),
+        # losses computed in the graph, per sample
+        keras.ops.binary_crossentropy(keras.ops.sigmoid(y), keras.ops.sigmoid(x)),
+        keras.ops.binary_crossentropy(keras.ops.sigmoid(y), x, from_logits=True),
+        keras.ops.categorical_crossentropy(keras.ops.softmax(y), keras.ops.softmax(x)),
+        keras.ops.categorical_crossentropy(keras.ops.softmax(y, axis=1), x, from_logits=True, axis=1),
+        keras.ops.sparse_categorical_crossentropy(keras.ops.argmax(y, axis=-1), keras.ops.softmax(x)),
+        keras.ops.sparse_categorical_crossentropy(keras.ops.argmax(y, axis=-1), x, from_logits=True),
+        *keras.ops.meshgrid(x[0, 0], y[0, :, 0]), *keras.ops.meshgrid(x[0, 0], y[0, :, 0], indexing="ij")],
     # constant tensor arguments: NumPy arrays and Keras tensors in a call on Keras tensors
     "constants": lambda x, y: [x + np.arange(4, dtype="float32"), keras.ops.matmul(y, keras.ops.eye(4) * 2.0),
                                keras.ops.take(x, np.array([3, 0]), axis=2),

@@ -464,6 +464,39 @@ def _identity(x):
     return x
 
 
+def _crossentropy(kind: str):
+    """BinaryCrossentropy, CategoricalCrossentropy, SparseCategoricalCrossentropy, per sample (no
+    reduction), as Keras computes them: probabilities clipped to [epsilon, 1 - epsilon] (and
+    renormalized over the classes), or logits through log-sigmoid / log-softmax."""
+    def build(cfg, ctx):
+        v = Values(cfg, ctx)
+        logits, axis = v.bool("from_logits", False), v.int("axis", -1, lo=-8, hi=8)
+
+        def binary(target, output):
+            if logits:
+                return F.binary_cross_entropy_with_logits(output, target.to(output.dtype), reduction="none")
+            p = output.clamp(EPSILON, 1.0 - EPSILON)
+            return F.binary_cross_entropy(p, target.to(output.dtype), reduction="none")
+
+        def log_probabilities(output):
+            if logits:
+                return F.log_softmax(output, dim=axis)
+            p = output / output.sum(dim=axis, keepdim=True)
+            return torch.log(p.clamp(EPSILON, 1.0 - EPSILON))
+
+        def categorical(target, output):
+            return -(target.to(output.dtype) * log_probabilities(output)).sum(dim=axis)
+
+        def sparse(target, output):
+            target = target.long()
+            if target.dim() == output.dim() and target.shape[axis] == 1:
+                target = target.squeeze(axis)
+            logp = log_probabilities(output).movedim(axis, -1)
+            return -torch.gather(logp, -1, target.unsqueeze(-1)).squeeze(-1)
+        return {"binary": binary, "categorical": categorical, "sparse": sparse}[kind], f"from_logits={logits}"
+    return build
+
+
 NN_OPS: Dict[str, Callable] = {
     # activations
     "Celu": _number("alpha", 1.0, lambda x, a: F.celu(x, alpha=a)),
@@ -480,6 +513,8 @@ NN_OPS: Dict[str, Callable] = {
     "MaxPool": _pool(False), "AveragePool": _pool(True), "DotProductAttention": _attention,
     "AdaptiveMaxPool": _adaptive(False), "AdaptiveAveragePool": _adaptive(True),
     "Conv": _conv("conv"), "DepthwiseConv": _conv("depthwise"), "SeparableConv": _conv("separable"),
+    "BinaryCrossentropy": _crossentropy("binary"), "CategoricalCrossentropy": _crossentropy("categorical"),
+    "SparseCategoricalCrossentropy": _crossentropy("sparse"),
     # keras.ops.math
     "Logsumexp": _logsumexp, "TopK": _top_k, "ExtractSequences": _extract_sequences,
     "Erfinv": fixed(lambda x: torch.erfinv(floating(x))), "Erfc": fixed(lambda x: torch.erfc(floating(x))),

@@ -582,6 +582,8 @@ NUMPY_OPS: Dict[str, Callable] = {
     "Nanargmax": _nan_arg(-math.inf, torch.argmax), "Nanargmin": _nan_arg(math.inf, torch.argmin),
     "Nancumsum": _nan_cumulative(0.0, torch.cumsum), "Nancumprod": _nan_cumulative(1.0, torch.cumprod),
     "Trapezoid": _trapezoid, "IsIn": _isin, "SearchSorted": _searchsorted, "Vander": _vander,
+    "Meshgrid": lambda cfg, ctx: ((lambda *x, i=Values(cfg, ctx).str("indexing", "xy", choices=("xy", "ij")):
+                                   list(torch.meshgrid(*x, indexing=i))), "meshgrid"),
     "Slogdet": fixed(lambda x: list(torch.linalg.slogdet(x))),
     "Ldexp": fixed(lambda x1, x2: floating(x1) * torch.pow(2.0, torch.as_tensor(x2).to(floating(x1).dtype))),
     # shapes, pieces and gathers
