@@ -684,6 +684,21 @@ def test_recorded_operations_on_integers_images_and_attention(tmp_path):
 
 
 @pytest.mark.keras
+def test_recorded_operations_masks_and_layer_autocast(tmp_path):
+    """A cast to the dtype a tensor has returns that tensor, whose Keras mask goes with it (the
+    LSTM after it skips the padding); a cast to another dtype gives a tensor without one; and a
+    layer casts a float16 tensor an operation made to its own dtype (Keras's autocast)."""
+    tokens = keras.Input((7,), dtype="int32")
+    e = layers.Embedding(10, 4, mask_zero=True)(tokens)
+    model = keras.Model(tokens, [layers.LSTM(3)(keras.ops.cast(e, "float32")), layers.GRU(2)(keras.ops.convert_to_tensor(e)),
+                                 layers.LSTM(3)(keras.ops.cast(e, "float16")), layers.LSTM(2)(e * 1.0),
+                                 layers.Dense(2)(keras.ops.cast(e, "float16"))])
+    x = np.random.RandomState(4).randint(1, 10, (3, 7)).astype("int32")
+    x[0, :3], x[1, 4:] = 0, 0
+    check_model(model, x, tmp_path, dtypes=True)
+
+
+@pytest.mark.keras
 @pytest.mark.parametrize("mode", ["symmetric", "edge", "wrap", "reflect"])
 def test_recorded_pad_modes_against_numpy(mode, tmp_path):
     """numpy.pad is the reference (Keras's torch backend pads "symmetric" as "edge")."""

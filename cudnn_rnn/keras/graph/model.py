@@ -45,6 +45,11 @@ class KerasModel(nn.Module):
         self.masks_dropped = self._masks_dropped(spec, self.schedule) if keras3 else [()] * len(self.schedule)
         self._floating = self._parameter_dtype()
         self._cast_inputs = [v is None for v in self.input_vocabularies()]
+        # per scheduled call, whether Keras casts its floating inputs to the layer's compute dtype
+        # (a layer's autocast; recorded operations and tf.keras's TFOpLambda take tensors as they are)
+        no_autocast = {layer.name for layer in spec.layers
+                       if layer.is_op or layer.class_name in ("TFOpLambda", "SlicingOpLambda")}
+        self._autocast = [name not in no_autocast for name, *_ in self.schedule]
 
     @staticmethod
     def _schedule(spec: ModelSpec, path) -> List[Tuple[str, str, int, list, Optional[list]]]:
@@ -140,9 +145,13 @@ class KerasModel(nn.Module):
 
         name, xs = "", []
         try:
-            for (name, key, call, refs, mask_refs), dropped in zip(self.schedule, self.masks_dropped):
+            for (name, key, call, refs, mask_refs), dropped, autocast in zip(self.schedule, self.masks_dropped,
+                                                                             self._autocast):
                 got = [fetch(r) for r in refs]
                 xs = [t for t, _ in got]
+                if autocast and floating is not None:  # (a tensor an operation cast to another float dtype)
+                    xs = [x.to(floating) if isinstance(x, Tensor) and x.is_floating_point() and x.dtype != floating
+                          else x for x in xs]
                 ms = [m for _, m in got]
                 for j in dropped:
                     ms[j] = None

@@ -47,7 +47,9 @@ class Op(nn.Module):
         args = [fill_arguments(a, inputs, consts) for a in self.template] if self.template else list(inputs)
         out = self.fn(*args, **{k: fill_arguments(v, inputs, consts) for k, v in self.keywords.items()})
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
-        return outs, [None] * len(outs)
+        # Keras attaches a mask to a tensor object: an operation that returns its input itself (a
+        # cast to the dtype it has) passes that input's mask on; any other output has none
+        return outs, [next((m for x, m in zip(inputs, masks or []) if o is x), None) for o in outs]
 
     def extra_repr(self):
         return self.description

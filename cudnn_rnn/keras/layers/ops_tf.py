@@ -328,7 +328,8 @@ _TF_FUNCTIONS: Dict[str, Callable] = {
     "nn.bias_add": _tf_bias_add, "linalg.band_part": _tf_band_part,
     "linalg.diag_part": lambda input: torch.diagonal(input, dim1=-2, dim2=-1),  # noqa: A002
     "linalg.trace": lambda x: torch.diagonal(x, dim1=-2, dim2=-1).sum(-1), "linalg.matvec": _tf_matvec,
-    "identity": lambda input: input, "stop_gradient": lambda input: input.detach(),  # noqa: A002
+    # (tf.identity gives a new tensor, which no mask follows)
+    "identity": lambda input: input.view_as(input), "stop_gradient": lambda input: input.detach(),  # noqa: A002
     "ones_like": lambda input, dtype=None: torch.ones_like(input, dtype=None if dtype is None else _tf_dtype(dtype, "")),
     "zeros_like": lambda input, dtype=None: torch.zeros_like(input, dtype=None if dtype is None else _tf_dtype(dtype, "")),
     "repeat": _tf_repeat, "sequence_mask": _tf_sequence_mask, "sort": _tf_sort, "argsort": _tf_argsort,
@@ -353,7 +354,9 @@ class TFCall(nn.Module):
         kwargs.update({name: inputs[n + i] for i, name in enumerate(self.tensor_names)})
         out = self.fn(*[fill_arguments(a, inputs[:n]) for a in self.template], **kwargs)
         outs = out if isinstance(out, list) else [out]  # tf.unstack / tf.split: one output per piece
-        return outs, [None] * len(outs)
+        # tf.keras keeps a mask on the tensor object: a call that returns its input itself (tf.cast
+        # to the dtype it has) passes that input's mask on
+        return outs, [next((m for x, m in zip(inputs, masks or []) if o is x), None) for o in outs]
 
     def extra_repr(self):
         return f"tf.{self.function}"
