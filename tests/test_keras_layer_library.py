@@ -692,7 +692,8 @@ def test_recorded_operations_masks_and_layer_autocast(tmp_path):
     e = layers.Embedding(10, 4, mask_zero=True)(tokens)
     model = keras.Model(tokens, [layers.LSTM(3)(keras.ops.cast(e, "float32")), layers.GRU(2)(keras.ops.convert_to_tensor(e)),
                                  layers.LSTM(3)(keras.ops.cast(e, "float16")), layers.LSTM(2)(e * 1.0),
-                                 layers.Dense(2)(keras.ops.cast(e, "float16"))])
+                                 layers.Dense(2)(keras.ops.cast(e, "float16")), layers.GRU(2)(keras.ops.real(e)),
+                                 layers.GRU(2)(keras.ops.conj(e)), layers.GRU(2)(keras.ops.copy(e))])
     x = np.random.RandomState(4).randint(1, 10, (3, 7)).astype("int32")
     x[0, :3], x[1, 4:] = 0, 0
     check_model(model, x, tmp_path, dtypes=True)

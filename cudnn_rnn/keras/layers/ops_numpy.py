@@ -543,8 +543,9 @@ NUMPY_OPS: Dict[str, Callable] = {
     "Ravel": fixed(lambda x: x.reshape(-1)), "Fabs": fixed(lambda x: torch.abs(floating(x))),
     "Isnan": fixed(torch.isnan), "Isinf": fixed(torch.isinf), "Isfinite": fixed(torch.isfinite),
     "I0": fixed(lambda x: torch.special.i0(floating(x))),
-    # the complex-number functions, on the real tensors a graph of real layers carries
-    "Real": fixed(torch.clone), "Conj": fixed(torch.clone), "Conjugate": fixed(torch.clone),
+    # the complex-number functions, on the real tensors a graph of real layers carries (real and
+    # conj return a real input itself, in torch and TensorFlow, and its Keras mask goes with it)
+    "Real": fixed(_same), "Conj": fixed(_same), "Conjugate": fixed(_same),
     "Imag": fixed(torch.zeros_like), "Angle": fixed(_real_angle),
     # two arguments
     "Hypot": fixed(_both(torch.hypot)), "Logaddexp": fixed(_both(torch.logaddexp)),
