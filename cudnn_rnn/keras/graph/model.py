@@ -46,9 +46,11 @@ class KerasModel(nn.Module):
         self._floating = self._parameter_dtype()
         self._cast_inputs = [v is None for v in self.input_vocabularies()]
         # per scheduled call, whether Keras casts its floating inputs to the layer's compute dtype
-        # (a layer's autocast; recorded operations and tf.keras's TFOpLambda take tensors as they are)
+        # (a layer's autocast). Not: recorded operations and tf.keras's TFOpLambda, which take
+        # tensors as they are; the layers that read ids (Keras converts nothing for them); nested
+        # models, whose own layers (and input casts) decide
         no_autocast = {layer.name for layer in spec.layers
-                       if layer.is_op or layer.class_name in ("TFOpLambda", "SlicingOpLambda")}
+                       if layer.is_op or layer.class_name in _NO_AUTOCAST or layer.model is not None}
         self._autocast = [name not in no_autocast for name, *_ in self.schedule]
 
     @staticmethod
@@ -269,6 +271,10 @@ class KerasModel(nn.Module):
         version = getattr(self, "keras_version", None)
         return (f"'{self.name}': {len(self.layers)} layers, {params:,} parameters, inputs {inputs}"
                 + (f", from Keras {version}" if version else ""))
+
+
+_NO_AUTOCAST = frozenset(("TFOpLambda", "SlicingOpLambda", "Embedding", "ReversibleEmbedding", "CategoryEncoding",
+                          "IntegerLookup", "StringLookup", "Hashing", "HashedCrossing", "TextVectorization"))
 
 
 def _vocabulary_of(spec: ModelSpec, source: Ref) -> Optional[int]:
