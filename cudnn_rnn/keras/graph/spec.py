@@ -172,7 +172,11 @@ def _parse_calls(entry: dict, path) -> List[Call]:
                     args.append(TensorArg(len(inputs) - 1))
                 if len(item) > 3 and isinstance(item[3], dict):
                     for k, v in item[3].items():
-                        if isinstance(v, list) and v and all(_is_node_item(r) for r in v):  # initial_state refs
+                        if entry.get("class_name") in ("TFOpLambda", "SlicingOpLambda"):
+                            # a TensorFlow call's keyword argument: tensors anywhere in it (y=t,
+                            # shape=[tf.shape(x)[0], -1]) become inputs, TensorArg in its place
+                            kwargs[k] = _tensor_args(v, inputs, path, k)
+                        elif isinstance(v, list) and v and all(_is_node_item(r) for r in v):  # initial_state refs
                             kwargs[k] = [_ref(r, path, f"the {k} argument") for r in v]
                         elif _is_node_item(v):
                             kwargs[k] = [_ref(v, path, f"the {k} argument")]
@@ -183,6 +187,17 @@ def _parse_calls(entry: dict, path) -> List[Call]:
         else:
             raise ConversionError(path, f"malformed inbound node {str(node)[:200]}", _layer_name(entry))
     return calls
+
+
+def _tensor_args(value, inputs: list, path, key: str, depth: int = 0):
+    """value with each Keras 2 reference in it (nested in lists) appended to `inputs` and
+    replaced by its TensorArg."""
+    if _is_node_item(value):
+        inputs.append(_ref(value, path, f"the {key} argument"))
+        return TensorArg(len(inputs) - 1)
+    if isinstance(value, list) and depth < 4:
+        return [_tensor_args(v, inputs, path, key, depth + 1) for v in value]
+    return value
 
 
 def _is_node_item(value) -> bool:

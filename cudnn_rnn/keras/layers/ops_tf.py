@@ -38,7 +38,33 @@ def _tf_slice(spec):
 
 def _tf_getitem(tensor, slice_spec):
     spec = slice_spec if isinstance(slice_spec, list) else [slice_spec]
+    if isinstance(tensor, tuple):  # tf.shape(x)[0], tf.shape(x)[1:]: a size, or sizes
+        if len(spec) != 1 or not isinstance(_tf_slice(spec[0]), (int, slice)):
+            raise ValueError(f"a shape indexed by {str(slice_spec)[:40]} is not supported")
+        return tensor[_tf_slice(spec[0])]
     return get_item(tensor, [_tf_slice(s) for s in spec])  # (negative steps: h[:, ::-1])
+
+
+def _tf_shape(input, out_type=None):  # noqa: A002 - TensorFlow's argument name
+    """tf.shape: the sizes as a tuple of (symbolic) integers (one output; a list would be several),
+    which reshape, tile, broadcast_to, zeros and arithmetic take as they are (an export keeps the
+    batch and length free)."""
+    if out_type not in (None, "int32", "int64"):
+        raise ValueError(f"tf.shape with out_type={str(out_type)[:20]!r} is not supported")
+    return tuple(input.shape)
+
+
+def _tf_filled(value: float):
+    """tf.zeros / tf.ones of a shape (sizes, some from tf.shape) and a dtype (float32 by default),
+    on the model's device (TFCall passes it)."""
+    def filled(shape, dtype=None, device=None):
+        sizes = [shape] if not isinstance(shape, (list, tuple)) else list(shape)
+        return torch.full(sizes, value, dtype=_tf_dtype(dtype, "float32"), device=device)
+    _MADE_FROM_SIZES.add(filled)
+    return filled
+
+
+_MADE_FROM_SIZES: set = set()
 
 
 def _tf_transpose(a, perm=None, conjugate=False):
@@ -62,6 +88,8 @@ def _tf_l2_normalize(x, axis=None, epsilon=1e-12, dim=None):
 def _tf_cast(x, dtype):
     if dtype not in DTYPES:
         raise ValueError(f"tf.cast to {str(dtype)[:40]!r} is not supported")
+    if not isinstance(x, torch.Tensor):  # a size from tf.shape
+        return torch.full((), x, dtype=DTYPES[dtype])
     return x.to(DTYPES[dtype])
 
 
@@ -335,6 +363,8 @@ _TF_FUNCTIONS: Dict[str, Callable] = {
     "repeat": _tf_repeat, "sequence_mask": _tf_sequence_mask, "sort": _tf_sort, "argsort": _tf_argsort,
     "roll": lambda input, shift, axis: torch.roll(input, shift, dims=axis), "slice": _tf_slice_op,  # noqa: A002
     "clip_by_norm": _tf_clip_by_norm,
+    "shape": _tf_shape, "compat.v1.shape": _tf_shape, "zeros": _tf_filled(0.0), "ones": _tf_filled(1.0),
+    "broadcast_to": lambda input, shape: torch.broadcast_to(input, list(shape)),  # noqa: A002
 }
 TF_FUNCTIONS = frozenset(_TF_FUNCTIONS)
 
@@ -347,11 +377,15 @@ class TFCall(nn.Module):
         super().__init__()
         self.function, self.fn, self.template = function, fn, template
         self.constants, self.tensor_names = constants, tensor_names
+        # where a call that makes a tensor from sizes alone (tf.zeros) puts it: the model's device
+        self.register_buffer("anchor", torch.empty(0), persistent=False)
 
     def forward(self, inputs, masks):
         n = len(inputs) - len(self.tensor_names)
-        kwargs = dict(self.constants)
+        kwargs = {k: fill_arguments(v, inputs[:n]) for k, v in self.constants.items()}
         kwargs.update({name: inputs[n + i] for i, name in enumerate(self.tensor_names)})
+        if self.fn in _MADE_FROM_SIZES:
+            kwargs["device"] = self.anchor.device
         out = self.fn(*[fill_arguments(a, inputs[:n]) for a in self.template], **kwargs)
         outs = out if isinstance(out, list) else [out]  # tf.unstack / tf.split: one output per piece
         # tf.keras keeps a mask on the tensor object: a call that returns its input itself (tf.cast
