@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import operator
-from typing import Callable, Dict, List
+from typing import Callable, Dict
 
 import torch
 import torch.nn.functional as F
@@ -370,23 +370,21 @@ TF_FUNCTIONS = frozenset(_TF_FUNCTIONS)
 
 
 class TFCall(nn.Module):
-    """A recorded TensorFlow call: fn(first argument, **keyword arguments), the tensors among the
-    keyword arguments taken from the inputs that follow the positional ones (model.py's order)."""
+    """A recorded TensorFlow call: fn(first argument, **keyword arguments), the tensors in either
+    (anywhere in a list: shape=[tf.shape(x)[0], -1]) taken from the inputs by their TensorArg
+    (spec.py reads them so)."""
 
-    def __init__(self, function: str, fn: Callable, template: list, constants: dict, tensor_names: List[str]):
+    def __init__(self, function: str, fn: Callable, template: list, constants: dict):
         super().__init__()
-        self.function, self.fn, self.template = function, fn, template
-        self.constants, self.tensor_names = constants, tensor_names
+        self.function, self.fn, self.template, self.constants = function, fn, template, constants
         # where a call that makes a tensor from sizes alone (tf.zeros) puts it: the model's device
         self.register_buffer("anchor", torch.empty(0), persistent=False)
 
     def forward(self, inputs, masks):
-        n = len(inputs) - len(self.tensor_names)
-        kwargs = {k: fill_arguments(v, inputs[:n]) for k, v in self.constants.items()}
-        kwargs.update({name: inputs[n + i] for i, name in enumerate(self.tensor_names)})
+        kwargs = {k: fill_arguments(v, inputs) for k, v in self.constants.items()}
         if self.fn in _MADE_FROM_SIZES:
             kwargs["device"] = self.anchor.device
-        out = self.fn(*[fill_arguments(a, inputs[:n]) for a in self.template], **kwargs)
+        out = self.fn(*[fill_arguments(a, inputs) for a in self.template], **kwargs)
         outs = out if isinstance(out, list) else [out]  # tf.unstack / tf.split: one output per piece
         # tf.keras keeps a mask on the tensor object: a call that returns its input itself (tf.cast
         # to the dtype it has) passes that input's mask on
@@ -426,18 +424,17 @@ def build_tf_call(cfg, ctx):
     if len(ctx.spec.calls) != 1:
         raise ctx.error(f"a {ctx.spec.class_name} layer called {len(ctx.spec.calls)} times is not supported")
     call = ctx.spec.calls[0]
-    tensor_names = call.tensor_kwargs()
-    constants = {k: v for k, v in call.kwargs.items() if k not in tensor_names and k != "name"}
+    constants = {k: v for k, v in call.kwargs.items() if k != "name"}
     for value in constants.values():
         _check_tf_value(value, ctx)
     try:
-        inspect.signature(fn).bind(None, **{k: None for k in list(constants) + tensor_names})
+        inspect.signature(fn).bind(None, **{k: None for k in constants})
     except TypeError:
-        raise ctx.error(f"tf.{function} is called with arguments {sorted(constants) + tensor_names} that it does "
-                        "not take here") from None
+        raise ctx.error(f"tf.{function} is called with arguments {sorted(constants)} that it does not take here") \
+            from None
     for value in call.constants:
         _check_tf_value(value, ctx)
-    return TFCall(function, fn, call.args or [TensorArg(0)], constants, tensor_names)
+    return TFCall(function, fn, call.args or [TensorArg(0)], constants)
 
 
 builder("TFOpLambda", "SlicingOpLambda", weights=False)(build_tf_call)
