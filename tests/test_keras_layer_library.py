@@ -684,6 +684,18 @@ def test_recorded_operations_on_integers_images_and_attention(tmp_path):
 
 
 @pytest.mark.keras
+def test_recorded_attention_with_a_mask_argument_is_refused_by_name(tmp_path):
+    """The graph reads a call's mask= as a layer's mask, so keras.ops.dot_product_attention(...,
+    mask=m) is refused naming it rather than run without the mask."""
+    from cudnn_rnn.keras import ConversionError
+
+    q, m = keras.Input((5, 2, 4)), keras.Input((2, 5, 5), dtype="bool")
+    keras.Model([q, m], keras.ops.dot_product_attention(q, q, q, mask=m)).save(tmp_path / "m.keras")
+    with pytest.raises(ConversionError, match=r"dot_product_attention.*mask= is not supported"):
+        load_keras(tmp_path / "m.keras")
+
+
+@pytest.mark.keras
 def test_recorded_operations_masks_and_layer_autocast(tmp_path):
     """A cast to the dtype a tensor has returns that tensor, whose Keras mask goes with it (the
     LSTM after it skips the padding); a cast to another dtype gives a tensor without one; and a

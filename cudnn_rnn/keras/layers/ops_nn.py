@@ -237,8 +237,9 @@ def _attention(cfg, ctx):
     causal = v.bool("is_causal", False)
     cap = v.float("attn_logits_soft_cap", None, lo=0.0)
 
-    def attention(query, key, value, bias=None, mask=None, scale=None):
-        # [batch, time, heads, depth], as keras.ops takes it (a 3-D input has no heads axis)
+    def attention(query, key, value, bias=None, scale=None):
+        # [batch, time, heads, depth], as keras.ops takes it (a 3-D input has no heads axis); a
+        # mask= argument is refused by build_op (the graph reads mask= as a layer's mask)
         three = query.dim() == 3
         if three:
             query, key, value = query.unsqueeze(2), key.unsqueeze(2), value.unsqueeze(2)
