@@ -652,7 +652,8 @@ def test_recorded_operations_on_integers_images_and_attention(tmp_path):
         # the core operations on integers: Keras's result dtypes
         keras.ops.mean(a, axis=1), keras.ops.sum(a, axis=1), keras.ops.prod(b, axis=2), keras.ops.std(a, axis=1),
         keras.ops.var(b, axis=(1, 2)), keras.ops.cumsum(a, axis=1), keras.ops.cumprod(b, axis=2), keras.ops.clip(a, -1, 2),
-        keras.ops.round(b), keras.ops.floor(a), keras.ops.ceil(b), keras.ops.sum(a > 0, axis=1)])
+        keras.ops.round(b), keras.ops.floor(a), keras.ops.ceil(b), keras.ops.sum(a > 0, axis=1),
+        keras.ops.nansum(a, axis=2), keras.ops.nanprod(b, axis=1), keras.ops.trace(a, axis1=1, axis2=2)])
     check_model(model, [rng.randint(-3, 6, size=(B, 5, 4)).astype("int32") for _ in range(2)], tmp_path, dtypes=True)
     img = keras.Input((8, 8, 3))
     model = keras.Model(img, [

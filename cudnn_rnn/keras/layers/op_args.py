@@ -1,6 +1,7 @@
 """The arguments of recorded Keras operations, read from their configs: dtypes, axes and the
-shared builders (an operation without arguments, a reduction over axes, an arg-reduction) that
-ops.py, ops_numpy.py and ops_nn.py build their tables from."""
+shared builders (an operation without arguments, a reduction over axes, an arg-reduction), and
+the dtype and gather rules they share, that ops.py, ops_numpy.py, ops_nn.py and ops_tf.py build
+their tables from."""
 from __future__ import annotations
 
 from typing import Optional
@@ -77,11 +78,10 @@ def reduction(name, fn):
 
 
 def arg_reduction(fn):
+    """fn(x, axis, keepdims) over one axis, or over the flattened input (axis None)."""
     def build(cfg, ctx):
-        axis, keepdims = axes_arg(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
-        if isinstance(axis, tuple):
-            raise ctx.error("an arg-reduction takes one axis")
-        return (lambda x: fn(x.reshape(-1), 0, False) if axis is None else fn(x, axis, keepdims)), f"axis={axis}"
+        axis, keepdims = axis_or_none(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
+        return (lambda x: fn(*along(x, axis), keepdims and axis is not None)), f"axis={axis}"
     return build
 
 
@@ -125,12 +125,36 @@ def all_axes(axis, x) -> tuple:
 
 
 def whole_reduction(fn, name, floating_result=False):
-    """A reduction computed over all its axes at once (axis None: every axis), keepdims honoured."""
+    """fn(x, dims, keepdims) over all its axes at once (axis None: every axis), dims a tuple of
+    non-negative axes."""
     def build(cfg, ctx):
         axis, keepdims = axes_arg(cfg, ctx), Values(cfg, ctx).bool("keepdims", False)
 
         def reduce(x):
             x = floating(x) if floating_result else torch.as_tensor(x)
-            return fn(x, axis, keepdims)
+            return fn(x, all_axes(axis, x), keepdims)
         return reduce, f"{name} axis={axis} keepdims={keepdims}"
     return build
+
+
+def summable(x):
+    """x in the dtype Keras sums, multiplies and accumulates in: booleans and small integers as
+    int32, others as they are (torch would take int64)."""
+    return x.to(torch.int32) if x.dtype in (torch.bool, torch.uint8, torch.int8, torch.int16) else x
+
+
+def in_summable_dtype(fn):
+    """fn(x, axis, keepdims) on summable(x), its result in that dtype (sum, prod and their NaN
+    forms)."""
+    def reduce(x, a, k=False):
+        x = summable(x)
+        return fn(x, a, k).to(x.dtype)
+    return reduce
+
+
+def gather(x, indices, axis: int):
+    """x's slices at `indices` (any shape, non-negative) along axis: the indices' shape in place of
+    that axis (keras.ops.take, tf.gather)."""
+    index = torch.as_tensor(indices, dtype=torch.long, device=x.device)
+    out = x.index_select(axis, index.reshape(-1))
+    return out.reshape(x.shape[:axis] + index.shape + x.shape[axis + 1:])

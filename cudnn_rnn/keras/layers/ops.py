@@ -21,8 +21,8 @@ from torch import nn
 
 from ..graph.spec import LayerSpec, TensorArg
 from .activations import keras_relu
-from .op_args import (all_axes, arg_reduction, as_tensor_like, axes_arg, dtype_arg, fixed, one_axis, pair, reduction,
-                      whole_reduction)
+from .op_args import (arg_reduction, as_tensor_like, axes_arg, dtype_arg, fixed, floating, in_summable_dtype, one_axis, pair,
+                      reduction, summable, whole_reduction)
 from .ops_nn import NN_OPS
 from .ops_numpy import NUMPY_OPS
 from .registry import BuildContext
@@ -169,19 +169,6 @@ def _clip(cfg, ctx):
     return (lambda x: torch.clamp(x.to(torch.int32) if x.dtype == torch.bool else x, lo, hi)), f"[{lo}, {hi}]"
 
 
-def _integer_sum(x):
-    """The dtype Keras sums and multiplies in: booleans and small integers as int32, others as they are."""
-    return x.to(torch.int32) if x.dtype in (torch.bool, torch.uint8, torch.int8, torch.int16) else x
-
-
-def _keeping_dtype(fn):
-    """fn(x, axis, keepdims) in x's dtype after _integer_sum (torch's integer sums are int64)."""
-    def reduce(x, a, k=False):
-        x = _integer_sum(x)
-        return fn(x, a, k).to(x.dtype)
-    return reduce
-
-
 def _round(cfg, ctx):
     decimals = Values(cfg, ctx).int("decimals", 0, lo=-16, hi=16)
 
@@ -194,7 +181,7 @@ def _round(cfg, ctx):
 
 def _float_rounding(fn):
     """Floor / Ceil: an integer or boolean input comes out float32, as in Keras."""
-    return lambda x: fn(x if x.is_floating_point() else x.to(torch.float32))
+    return lambda x: fn(floating(x))
 
 
 def _cast(cfg, ctx):
@@ -254,7 +241,7 @@ def _cumulative(fn):
         axis, dtype = axes_arg(cfg, ctx), dtype_arg(cfg, ctx)
 
         def cumulative(x):
-            x = x.to(dtype) if dtype is not None else x.to(torch.int32) if x.dtype == torch.bool else x
+            x = x.to(dtype) if dtype is not None else summable(x) if x.dtype == torch.bool else x
             return (fn(x.reshape(-1), 0) if axis is None else fn(x, axis)).to(x.dtype)
         return cumulative, f"axis={axis}"
     return build
@@ -302,18 +289,18 @@ _OPS: Dict[str, Callable] = {
         x, s, None, 0.0)), "leaky_relu"),
     "Softmax": _softmax_like(F.softmax), "LogSoftmax": _softmax_like(F.log_softmax),
     # reductions
-    "Sum": reduction("sum", _keeping_dtype(lambda x, a, k: x.sum(dim=a, keepdim=k))),
-    "Mean": whole_reduction(lambda x, a, k: x.mean(dim=all_axes(a, x), keepdim=k), "mean", True),
+    "Sum": reduction("sum", in_summable_dtype(lambda x, a, k: x.sum(dim=a, keepdim=k))),
+    "Mean": whole_reduction(lambda x, dims, k: x.mean(dim=dims, keepdim=k), "mean", True),
     "Max": reduction("max", lambda x, a, k=False: x.amax(dim=a, keepdim=k)),
     "Min": reduction("min", lambda x, a, k=False: x.amin(dim=a, keepdim=k)),
     "Amax": reduction("max", lambda x, a, k=False: x.amax(dim=a, keepdim=k)),
     "Amin": reduction("min", lambda x, a, k=False: x.amin(dim=a, keepdim=k)),
-    "Prod": reduction("prod", _keeping_dtype(lambda x, a, k: x.prod(dim=a, keepdim=k))),
+    "Prod": reduction("prod", in_summable_dtype(lambda x, a, k: x.prod(dim=a, keepdim=k))),
     "Any": reduction("any", lambda x, a, k=False: x.bool().any(dim=a, keepdim=k)),
     "All": reduction("all", lambda x, a, k=False: x.bool().all(dim=a, keepdim=k)),
     # (over all their axes at once: a variance of variances is not the variance)
-    "Std": whole_reduction(lambda x, a, k: x.std(dim=all_axes(a, x), keepdim=k, unbiased=False), "std", True),
-    "Var": whole_reduction(lambda x, a, k: x.var(dim=all_axes(a, x), keepdim=k, unbiased=False), "var", True),
+    "Std": whole_reduction(lambda x, dims, k: x.std(dim=dims, keepdim=k, unbiased=False), "std", True),
+    "Var": whole_reduction(lambda x, dims, k: x.var(dim=dims, keepdim=k, unbiased=False), "var", True),
     "Argmax": arg_reduction(lambda x, a, k: x.argmax(dim=a, keepdim=k).to(torch.int32)),
     "Argmin": arg_reduction(lambda x, a, k: x.argmin(dim=a, keepdim=k).to(torch.int32)),
     "Cumsum": _cumulative(torch.cumsum), "Cumprod": _cumulative(torch.cumprod),

@@ -16,7 +16,7 @@ from .convolution import Convolution
 from .op_args import axes_arg, dtype_arg, fixed, floating, one_axis
 from .pooling import AdaptivePooling, Pooling
 from .preprocessing import Resizing
-from .values import MAX_SIZE, Values
+from .values import MAX_SIZE, Values, int_tuple
 
 EPSILON = 1e-7  # keras.config.epsilon()
 
@@ -213,22 +213,18 @@ def _batch_norm(cfg, ctx):
 def _pool(average: bool):
     def build(cfg, ctx):
         v = Values(cfg, ctx)
-        size, strides = cfg.get("pool_size"), cfg.get("strides")
         padding = v.str("padding", "valid", choices=("valid", "same"))
         channels_last = channels_last_format(cfg, ctx)
-
-        def ints(value, key, rank):
-            values = value if isinstance(value, list) else [value] * rank
-            if len(values) != rank:
-                raise ValueError(f"{key}={value} for a {rank}-D pooling")
-            return tuple(Values({key: e}, ctx).int(key, lo=1, hi=1 << 16) for e in values)
+        by_rank = {}  # the pooling module of each input rank, made on its first call
 
         def pool(inputs):
             rank = inputs.dim() - 2
-            p = ints(size, "pool_size", rank)
-            s = p if strides is None else ints(strides, "strides", rank)
-            return Pooling(average, p, s, padding, channels_last).apply(inputs)
-        return pool, f"pool_size={size} strides={strides} padding={padding}"
+            if rank not in by_rank:
+                size = int_tuple(v, "pool_size", rank, None)
+                by_rank[rank] = Pooling(average, size, int_tuple(v, "strides", rank, list(size)), padding,
+                                        channels_last)
+            return by_rank[rank].apply(inputs)
+        return pool, f"pool_size={cfg.get('pool_size')} strides={cfg.get('strides')} padding={padding}"
     return build
 
 
@@ -432,18 +428,11 @@ def _conv(kind: str):
         v = Values(cfg, ctx)
         padding = v.str("padding", "valid", choices=("valid", "same") if kind != "conv" else ("valid", "same", "causal"))
         channels_last = channels_last_format(cfg, ctx)
-        strides, dilation = cfg.get("strides", 1), cfg.get("dilation_rate", 1)
-
-        def ints(value, key, rank):
-            values = value if isinstance(value, list) else [value] * rank
-            if len(values) != rank:
-                raise ValueError(f"{key}={value} for a {rank}-D convolution")
-            return tuple(Values({key: e}, ctx).int(key, lo=1, hi=1 << 16) for e in values)
 
         def conv(inputs, kernel, pointwise_kernel=None):
             rank = inputs.dim() - 2
             order = (rank + 1, rank, *range(rank))
-            s, d = ints(strides, "strides", rank), ints(dilation, "dilation_rate", rank)
+            s, d = int_tuple(v, "strides", rank, 1), int_tuple(v, "dilation_rate", rank, 1)
             channels = inputs.shape[-1] if channels_last else inputs.shape[1]
             kernel = kernel.to(inputs.dtype)
             if kind in ("depthwise", "separable"):  # (*k, in, m) -> (in * m, 1, *k)

@@ -12,8 +12,8 @@ from typing import Callable, Dict
 
 import torch
 
-from .op_args import (all_axes, along, axes_arg, axis_or_none, dtype_arg, fixed, floating, one_axis, reduction,
-                      whole_reduction)
+from .op_args import (all_axes, along, axes_arg, axis_or_none, dtype_arg, fixed, floating, gather, in_summable_dtype,
+                      one_axis, reduction, summable, whole_reduction)
 from .values import MAX_SIZE, Values
 
 
@@ -77,9 +77,7 @@ def _nan_extreme(fill: float, pick):
     return one
 
 
-def _nanvar(x, axis, keepdims):
-    x = floating(x)
-    dims = all_axes(axis, x)
+def _nanvar(x, dims, keepdims):
     valid = ~torch.isnan(x)
     mean = torch.nansum(x, dim=dims, keepdim=True) / valid.sum(dim=dims, keepdim=True)
     centered = torch.where(valid, x - mean, torch.zeros_like(x)).square()
@@ -248,13 +246,10 @@ def _take(cfg, ctx):
     axis = axis_or_none(cfg, ctx)
 
     def take(x, indices):
-        x = torch.as_tensor(x)
-        flat, a = along(x, axis)
+        flat, a = along(torch.as_tensor(x), axis)
         a %= flat.dim()
-        idx = torch.as_tensor(indices, device=x.device).long()
-        idx = torch.where(idx < 0, idx + flat.shape[a], idx)
-        out = flat.index_select(a, idx.reshape(-1))
-        return out.reshape(flat.shape[:a] + idx.shape + flat.shape[a + 1:])
+        idx = torch.as_tensor(indices, device=flat.device).long()
+        return gather(flat, torch.where(idx < 0, idx + flat.shape[a], idx), a)
     return take, f"axis={axis}"
 
 
@@ -407,9 +402,8 @@ def _diagonal_of(fn):
 
 def _trace_sum(d):
     """The diagonal's sum, in Keras's dtype (small integers and booleans summed as int32)."""
-    if d.dtype in (torch.bool, torch.int8, torch.int16, torch.uint8):
-        d = d.to(torch.int32)
-    return d.sum(-1)
+    d = summable(d)
+    return d.sum(-1).to(d.dtype)
 
 
 def _roll(cfg, ctx):
@@ -464,10 +458,7 @@ def _nan_cumulative(fill: float, fn):
             x = torch.as_tensor(x)
             if x.is_floating_point():
                 x = torch.where(torch.isnan(x), torch.full_like(x, fill), x)
-            if dtype is not None:
-                x = x.to(dtype)
-            elif x.dtype in (torch.bool, torch.int8, torch.int16, torch.uint8):
-                x = x.to(torch.int32)
+            x = x.to(dtype) if dtype is not None else summable(x)
             return fn(x.reshape(-1), 0) if axis is None else fn(x, axis)
         return cumulative, f"axis={axis}"
     return build
@@ -566,14 +557,13 @@ NUMPY_OPS: Dict[str, Callable] = {
     "Dot": fixed(lambda x1, x2: _promoted(_dot, x1, x2)), "Tensordot": _tensordot, "Cross": _cross,
     "Digitize": fixed(_digitize),
     # reductions
-    "Ptp": whole_reduction(lambda x, a, k: x.amax(dim=all_axes(a, x), keepdim=k) - x.amin(dim=all_axes(a, x), keepdim=k), "ptp"),
-    "Nansum": reduction("nansum", lambda x, a, k=False: torch.nansum(x.to(torch.int32) if x.dtype in (
-        torch.bool, torch.int8, torch.int16, torch.uint8) else x, dim=a, keepdim=k)),
-    "Nanprod": reduction("nanprod", lambda x, a, k=False: torch.where(torch.isnan(x), torch.ones_like(x), x).prod(
-        dim=a, keepdim=k) if x.is_floating_point() else x.prod(dim=a, keepdim=k)),
+    "Ptp": whole_reduction(lambda x, dims, k: x.amax(dim=dims, keepdim=k) - x.amin(dim=dims, keepdim=k), "ptp"),
+    "Nansum": reduction("nansum", in_summable_dtype(lambda x, a, k: torch.nansum(x, dim=a, keepdim=k))),
+    "Nanprod": reduction("nanprod", in_summable_dtype(lambda x, a, k: torch.where(
+        torch.isnan(x), torch.ones_like(x), x).prod(dim=a, keepdim=k) if x.is_floating_point() else x.prod(dim=a, keepdim=k))),
     "Nanmax": reduction("nanmax", _nan_extreme(-math.inf, torch.amax)),
     "Nanmin": reduction("nanmin", _nan_extreme(math.inf, torch.amin)),
-    "Nanmean": whole_reduction(lambda x, a, k: torch.nanmean(x, dim=all_axes(a, x), keepdim=k), "nanmean", True),
+    "Nanmean": whole_reduction(lambda x, dims, k: torch.nanmean(x, dim=dims, keepdim=k), "nanmean", True),
     "Nanvar": whole_reduction(_nanvar, "nanvar", True),
     "Nanstd": whole_reduction(lambda x, a, k: torch.sqrt(_nanvar(x, a, k)), "nanstd", True),
     "Median": _median(False), "Nanmedian": _median(True),

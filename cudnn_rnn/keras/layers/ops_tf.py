@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..graph.spec import TensorArg
-from .op_args import DTYPES, all_axes, as_tensor_like, over_axes, pair
+from .op_args import DTYPES, all_axes, as_tensor_like, gather, over_axes, pair
 from .ops import MAX_ARGUMENTS, check_constants, fill_arguments, get_item
 from .registry import builder
 from .values import Values
@@ -86,11 +86,10 @@ def _tf_l2_normalize(x, axis=None, epsilon=1e-12, dim=None):
 
 
 def _tf_cast(x, dtype):
-    if dtype not in DTYPES:
-        raise ValueError(f"tf.cast to {str(dtype)[:40]!r} is not supported")
+    dtype = _tf_dtype(dtype, "float32")
     if not isinstance(x, torch.Tensor):  # a size from tf.shape
-        return torch.full((), x, dtype=DTYPES[dtype])
-    return x.to(DTYPES[dtype])
+        return torch.full((), x, dtype=dtype)
+    return x.to(dtype)
 
 
 def _tf_unary(fn):
@@ -104,19 +103,20 @@ def _tf_dims(axis, x):
 def _tf_gather(params, indices, validate_indices=None, axis=None, batch_dims=0):
     if batch_dims:
         raise ValueError("tf.gather with batch_dims is not supported")
-    axis = 0 if axis is None else axis % params.dim()
-    index = torch.as_tensor(indices, dtype=torch.long, device=params.device)
-    out = params.index_select(axis, index.reshape(-1))
-    return out.reshape(params.shape[:axis] + index.shape + params.shape[axis + 1:])
+    return gather(params, indices, 0 if axis is None else axis % params.dim())
 
 
-def _tf_cumsum(x, axis=0, exclusive=False, reverse=False):
-    dim = axis % x.dim()
-    y = x.flip(dim) if reverse else x
-    if exclusive:  # each sum without its own element: the sums of y shifted one step
-        y = torch.cat([torch.zeros_like(y.narrow(dim, 0, 1)), y.narrow(dim, 0, y.shape[dim] - 1)], dim)
-    out = y.cumsum(dim)
-    return out.flip(dim) if reverse else out
+def _tf_cumulative(fn, identity: float):
+    """tf.math.cumsum / cumprod: exclusive (each without its own element: y shifted one step
+    behind `identity`) and reverse."""
+    def cumulative(x, axis=0, exclusive=False, reverse=False):
+        dim = axis % x.dim()
+        y = x.flip(dim) if reverse else x
+        if exclusive:
+            y = torch.cat([torch.full_like(y.narrow(dim, 0, 1), identity), y.narrow(dim, 0, y.shape[dim] - 1)], dim)
+        out = fn(y, dim)
+        return out.flip(dim) if reverse else out
+    return cumulative
 
 
 def _tf_pad(tensor, paddings, mode="CONSTANT", constant_values=0):
@@ -183,17 +183,8 @@ def _tf_one_hot(indices, depth, on_value=None, off_value=None, axis=None, dtype=
 
 
 def _tf_count_nonzero(input, axis=None, keepdims=None, dtype=None):  # noqa: A002
-    dims = tuple(range(input.dim())) if axis is None else tuple(_tf_dims(axis, input))
+    dims = all_axes(_tf_axes(axis), input)
     return (input != 0).sum(dim=dims, keepdim=bool(keepdims)).to(_tf_dtype(dtype, "int64"))
-
-
-def _tf_cumprod(x, axis=0, exclusive=False, reverse=False):
-    dim = axis % x.dim()
-    y = x.flip(dim) if reverse else x
-    if exclusive:  # each product without its own element
-        y = torch.cat([torch.ones_like(y.narrow(dim, 0, 1)), y.narrow(dim, 0, y.shape[dim] - 1)], dim)
-    out = y.cumprod(dim)
-    return out.flip(dim) if reverse else out
 
 
 def _tf_no_nan(fn, zero_where):
@@ -206,7 +197,7 @@ def _tf_no_nan(fn, zero_where):
 
 
 def _tf_norm(tensor, ord="euclidean", axis=None, keepdims=None):  # noqa: A002
-    dims = tuple(range(tensor.dim())) if axis is None else tuple(_tf_dims(axis, tensor))
+    dims = all_axes(_tf_axes(axis), tensor)
     keep = bool(keepdims)
     if ord in ("euclidean", "fro") or (ord == 2 and len(dims) == 1):
         return torch.sqrt((tensor * tensor).sum(dim=dims, keepdim=keep))
@@ -260,7 +251,7 @@ def _tf_slice_op(input_, begin, size):
 
 
 def _tf_clip_by_norm(t, clip_norm, axes=None):
-    dims = tuple(range(t.dim())) if axes is None else tuple(_tf_dims(axes, t))
+    dims = all_axes(_tf_axes(axes), t)
     norm = torch.sqrt((t * t).sum(dim=dims, keepdim=True))
     return t * clip_norm / torch.maximum(norm, torch.as_tensor(clip_norm, dtype=t.dtype, device=t.device))
 
@@ -329,7 +320,7 @@ _TF_FUNCTIONS: Dict[str, Callable] = {
     "math.floormod": pair(torch.remainder),
     "reverse": lambda tensor, axis: tensor.flip(_tf_dims(axis, tensor)),
     "gather": _tf_gather, "compat.v1.gather": _tf_gather,
-    "math.cumsum": _tf_cumsum, "cumsum": _tf_cumsum,
+    "math.cumsum": _tf_cumulative(torch.cumsum, 0), "cumsum": _tf_cumulative(torch.cumsum, 0),
     "pad": _tf_pad, "compat.v1.pad": _tf_pad,
     "where": _tf_where, "compat.v1.where": _tf_where, "where_v2": _tf_where,
     "unstack": lambda value, num=None, axis=0: list(value.unbind(axis % value.dim())),
@@ -344,7 +335,8 @@ _TF_FUNCTIONS: Dict[str, Callable] = {
         ("cosh", torch.cosh), ("asinh", torch.asinh), ("acosh", torch.acosh), ("atanh", torch.atanh),
         ("erfc", torch.erfc), ("erfinv", torch.erfinv), ("lgamma", torch.lgamma), ("digamma", torch.digamma))},
     "math.atan2": lambda y, x: torch.atan2(as_tensor_like(y, x), as_tensor_like(x, y)),
-    "math.count_nonzero": _tf_count_nonzero, "math.cumprod": _tf_cumprod, "cumprod": _tf_cumprod,
+    "math.count_nonzero": _tf_count_nonzero, "math.cumprod": _tf_cumulative(torch.cumprod, 1),
+    "cumprod": _tf_cumulative(torch.cumprod, 1),
     "math.logical_xor": pair(torch.logical_xor),
     "math.divide_no_nan": _tf_no_nan(torch.div, lambda x, y: y == 0),
     "math.multiply_no_nan": _tf_no_nan(torch.mul, lambda x, y: y == 0),
