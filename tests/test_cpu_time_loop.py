@@ -521,7 +521,7 @@ def machine_default():
 
 @needs_packed
 def test_intel_rule_runs_small_calls_on_the_packed_kernel(machine_default):
-    """On Intel at the AVX-512 level (csrc/cpu/gemm_engine.h) GEMMs of K x N >= 2^18 run BLAS
+    """On Intel (csrc/cpu/gemm_engine.h) GEMMs of K x N >= 2^18 run BLAS
     from 8 rows (the forward recurrent products: 8 rows a step over more than one step), the
     packed kernel for fewer rows or one step; below 2^18 the packed kernel."""
     machine_default("blas_from_size")

@@ -224,7 +224,7 @@ void register_testing(pybind11::module_& m) {
   m.def("cpu_brgemm", &cpu::brgemm_available, "whether this torch has cpublas::brgemm for float32");
   m.def("override_machine_default", &cpu::override_machine_default,
         "choose the float32 GEMM engines from now on as a machine whose default is 'packed', 'blas' or "
-        "'blas_from_size' (Intel at the AVX-512 level) would; '' for this machine's default");
+        "'blas_from_size' (Intel) would; '' for this machine's default");
   m.def("override_cpu_gemm_engine", &cpu::override_gemm_engine,
         "run the CPU GEMMs on 'packed', 'brgemm' or 'blas' from now on ('' for the chosen engine)");
   m.def("cpu_packed_gemm_avx512", &cpu::packed_gemm_avx512_available,

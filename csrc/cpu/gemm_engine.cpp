@@ -1,7 +1,6 @@
 #include "cpu/gemm_engine.h"
 
 #include <ATen/native/CPUBlas.h>
-#include <ATen/Version.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -29,10 +28,9 @@ enum class Default { Packed, Blas, BlasFromSize };
 Default machine_default() {
   if (!packed_gemm_available()) return Default::Blas;
 #if defined(__x86_64__) && defined(__GNUC__)
-  // ATen's level (ATEN_CPU_CAPABILITY lowers it) stands for what the libraries may use.
-  const std::string level = at::get_cpu_capability();  // "DEFAULT", "AVX2", "AVX512", ...
-  const bool avx512 = level.rfind("AVX512", 0) == 0;
-  if (__builtin_cpu_is("intel") && avx512) return Default::BlasFromSize;
+  // MKL's own kernels run on Intel at both of its levels (AVX-512, and AVX2 where ATen's level or
+  // MKL_ENABLE_INSTRUCTIONS lowers it); elsewhere MKL runs generic AVX2 code.
+  if (__builtin_cpu_is("intel")) return Default::BlasFromSize;
 #endif
   return Default::Packed;
 }

@@ -11,10 +11,12 @@
 //           GEMM API where torch exports it (cpu/rnn_cpu.cpp)
 // CUDNN_RNN_CPU_GEMM=packed|brgemm|blas picks one for every GEMM (read once). The default follows
 // the machine and the GEMM, as measured by benchmarks/run.py and benchmarks/grid.py
-// (docs/guides/performance.md): on Intel CPUs at ATen's AVX-512 level (ATEN_CPU_CAPABILITY=avx2
-// lowers it) BLAS for the GEMMs whose operand B has at least 2^18 elements (K x N), where MKL's
-// packed AVX-512 GEMM is level with the packed kernel's AVX-512 build or ahead (fastrnns: level;
-// PTB's B=20: 1.1x; it beat the AVX2 build by 1.2-1.55x), and the packed kernel below that, where
+// (docs/guides/performance.md): on Intel CPUs BLAS for the GEMMs whose operand B has at least
+// 2^18 elements (K x N), where MKL's packed AVX-512 GEMM is level with the packed kernel's AVX-512
+// build or ahead (fastrnns: level; PTB's B=20: 1.1x; it beat the AVX2 build by 1.2-1.55x), and
+// where MKL's AVX2 kernels beat the packed kernel's AVX2 build at ATen's AVX2 level (Intel Xeon,
+// family 6 model 106, LSTM T=50, B=32-128: H=512-1024 1.05-1.27x torch.nn against 0.89-1.07x,
+// forward+backward at H=256 1.19-1.35x against 1.08-1.22x), and the packed kernel below that, where
 // it wins (the masked Keras-typical B=32, H=64 workload: BLAS 1.03-1.16x slower). GEMMs of fewer
 // than kBlasMinRows rows (the forward recurrent products of a call with fewer batch rows, the
 // input projection and gradient of fewer T x B rows) and the recurrent products of one-step calls
@@ -46,7 +48,7 @@ GemmEngine float_gemm_engine(int64_t k, int64_t n, int64_t rows = -1);
 // `batch` rows a step and `time` steps.
 GemmEngine float_recurrent_engine(int64_t k, int64_t n, int64_t batch, int64_t time);
 // Tests only: choose from now on as on a machine whose default is `name` ('packed', 'blas' or
-// 'blas_from_size': Intel at the AVX-512 level; the packed kernel must run here), or "" for this
+// 'blas_from_size': Intel; the packed kernel must run here), or "" for this
 // machine's again. Not while a call runs: a call reads the choice more than once.
 void override_machine_default(const std::string& name);
 // The engine of a large float32 GEMM (what benchmarks report).
