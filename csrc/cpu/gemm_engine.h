@@ -15,8 +15,8 @@
 // 2^18 elements (K x N), where MKL's packed AVX-512 GEMM is level with the packed kernel's AVX-512
 // build or ahead (fastrnns: level; PTB's B=20: 1.1x; it beat the AVX2 build by 1.2-1.55x), and
 // where MKL's AVX2 kernels beat the packed kernel's AVX2 build at ATen's AVX2 level (Intel Xeon,
-// family 6 model 106, LSTM T=50, B=32-128: H=512-1024 1.05-1.27x torch.nn against 0.89-1.07x,
-// forward+backward at H=256 1.19-1.35x against 1.08-1.22x), and the packed kernel below that, where
+// family 6 model 106, LSTM T=50, B=32-128: H=512-1024 forward+backward 1.05-1.34x torch.nn
+// against 0.89-1.08x, at H=256 1.19-1.44x against 1.08-1.28x), and the packed kernel below that, where
 // it wins (the masked Keras-typical B=32, H=64 workload: BLAS 1.03-1.16x slower). GEMMs of fewer
 // than kBlasMinRows rows (the forward recurrent products of a call with fewer batch rows, the
 // input projection and gradient of fewer T x B rows) and the recurrent products of one-step calls
