@@ -69,6 +69,7 @@ BASES = [
     # keras.applications' own classes (LayerScale, StochasticDepth, CustomScaleLayer), both Kerases
     ("k3-applications", "k3_applications_layers.keras", None, "k3_applications_layers.npz", "keras"),
     ("k3-operations", "k3_operations.keras", None, "k3_operations.npz", "keras"),
+    ("k3-updates-transforms", "k3_updates_transforms.keras", None, "k3_updates_transforms.npz", "keras"),
     ("legacy-tf-calls", "tfk_tf_calls.h5", None, "tfk_tf_calls.npz", "keras"),
     ("legacy-applications", "tfk_applications_layers.h5", None, "tfk_applications_layers.npz", "keras"),
     # the weights tree as tf.keras 2.13-2.15 wrote it on Windows (groups at the root, named with

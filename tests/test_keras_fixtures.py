@@ -53,6 +53,8 @@ CASES = [
     ("tfk_applications_layers", "tfk_applications_layers.keras", None),
     ("k3_operations", "k3_operations.keras", None),
     ("k3_operations", "k3_operations.h5", None),
+    ("k3_updates_transforms", "k3_updates_transforms.keras", None),
+    ("k3_updates_transforms", "k3_updates_transforms.h5", None),
     ("tfk_tf_calls", "tfk_tf_calls.h5", None),
     ("tfk_tf_calls", "tfk_tf_calls.keras", None),
 ]

@@ -618,6 +618,33 @@ OPS.update({
         keras.ops.sparse_categorical_crossentropy(keras.ops.argmax(y, axis=-1), keras.ops.softmax(x)),
         keras.ops.sparse_categorical_crossentropy(keras.ops.argmax(y, axis=-1), x, from_logits=True),
         *keras.ops.meshgrid(x[0, 0], y[0, :, 0]), *keras.ops.meshgrid(x[0, 0], y[0, :, 0], indexing="ij")],
+    "updates_transforms": lambda x, y: [
+        keras.ops.slice_update(x, [0, 1, 1], y[:, :2, :2]), keras.ops.scatter_update(x, [[0, 1, 1], [1, 2, 3]], [5.0, 6.0]),
+        keras.ops.scatter_update(x, [[0, 1], [1, 4], [0, 1]], np.arange(12, dtype="float32").reshape(3, 4), reduction="add"),
+        keras.ops.scatter_update(x, [[1, 2, 3], [1, 2, 3], [0, 0, 0]], [0.5, -0.2, 9.0], reduction="max"),
+        keras.ops.scatter([[0, 1], [2, 3], [0, 1]], y[0, 0, :3], (4, 4)),
+        keras.ops.saturate_cast(x * 300, "uint8"), keras.ops.saturate_cast(x * 3e9, "int32"),
+        keras.ops.saturate_cast(y * 200, "int8"),
+        keras.ops.segment_sum(x[0], np.array([0, 0, 1, 3, -1]), num_segments=4),
+        keras.ops.segment_max(y[1], np.array([2, 0, 0, 2, 2]), num_segments=4),
+        keras.ops.segment_min(x[1], np.array([1, 1, 0, 3, 0]), num_segments=3),
+        keras.ops.segment_prod(y[0], np.array([0, 2, 2, 2, 0]), num_segments=3),
+        *keras.ops.fft((x, y)), *keras.ops.fft2((x, y)), *keras.ops.ifft2((y, x)), *keras.ops.rfft(x, 6),
+        *keras.ops.rfft(y), keras.ops.irfft((x, y), 6), keras.ops.irfft((x, y))],
+    "numpy_linalg_more": lambda x, y: [
+        keras.ops.psnr(x, y, 2.0), keras.ops.isreal(x), keras.ops.nextafter(x, y), keras.ops.corrcoef(x[0]),
+        keras.ops.correlate(x[0, :, 0], y[0, :, 1]), keras.ops.correlate(x[0, :, 0], y[0, :3, 1], mode="same"),
+        keras.ops.correlate(x[1, :, 2], y[0, :3, 1], mode="full"), keras.ops.allclose(x, y), keras.ops.allclose(x, x + 1e-9),
+        x * keras.ops.size(x), *keras.ops.unravel_index(keras.ops.argmax(keras.ops.reshape(x, (-1, 20)), axis=1), (5, 4)),
+        keras.ops.view(x, "int32"), keras.ops.unfold(keras.ops.reshape(x, (-1, 1, 5, 4)), 2),
+        keras.ops.unfold(keras.ops.reshape(y, (-1, 2, 5, 2)), (2, 3), dilation=1, padding=1, stride=(1, 2)),
+        keras.ops.fold(keras.ops.unfold(keras.ops.reshape(x, (-1, 1, 5, 4)), 2), (5, 4), 2),
+        *keras.ops.linalg.eigh(keras.ops.matmul(keras.ops.transpose(x, (0, 2, 1)), x)), *keras.ops.linalg.svd(x),
+        keras.ops.linalg.svd(y, compute_uv=False), *keras.ops.linalg.svd(y, full_matrices=False),
+        keras.ops.linalg.lstsq(x[0], y[0]), keras.ops.linalg.lstsq(y[1], x[1], rcond=0.1),
+        keras.ops.linalg.cholesky_inverse(keras.ops.linalg.cholesky(
+            keras.ops.matmul(keras.ops.transpose(x, (0, 2, 1)), x) + 4.0 * keras.ops.eye(4))),
+        *keras.ops.linalg.lu_factor(x[:, :4])],
     # constant tensor arguments: NumPy arrays and Keras tensors in a call on Keras tensors
     "constants": lambda x, y: [x + np.arange(4, dtype="float32"), keras.ops.matmul(y, keras.ops.eye(4) * 2.0),
                                keras.ops.take(x, np.array([3, 0]), axis=2),
@@ -682,6 +709,30 @@ def test_recorded_operations_on_integers_images_and_attention(tmp_path):
     model = keras.Model([m, r], [keras.ops.linalg.det(m), keras.ops.linalg.inv(m), keras.ops.linalg.solve(m, r)])
     check_model(model, [rng.uniform(-1, 1, size=(B, 4, 4)).astype("float32") + 3 * np.eye(4, dtype="float32"),
                         rng.uniform(-1, 1, size=(B, 4, 2)).astype("float32")], tmp_path, dtypes=True)
+
+
+@pytest.mark.keras
+def test_recorded_colour_spaces_and_patches(tmp_path):
+    rng = np.random.RandomState(6)
+    img = keras.Input((8, 8, 3))
+    first = keras.ops.transpose(img, (0, 3, 1, 2))
+    model = keras.Model(img, [
+        keras.ops.image.rgb_to_hsv(img), keras.ops.image.hsv_to_rgb(img),
+        keras.ops.image.hsv_to_rgb(keras.ops.image.rgb_to_hsv(img)),
+        keras.ops.image.rgb_to_hsv(first, data_format="channels_first"),
+        keras.ops.image.hsv_to_rgb(first, data_format="channels_first"),
+        keras.ops.image.extract_patches(img, 2), keras.ops.image.extract_patches(img, (3, 2), strides=(2, 1), padding="same"),
+        keras.ops.image.extract_patches(img, 2, strides=1, dilation_rate=2),
+        keras.ops.image.extract_patches(first, 3, data_format="channels_first"),
+        # (Keras's torch backend blurs these two as Keras on TensorFlow does; the default layout, even
+        # kernels and Sobel's reflected borders are held against Keras on TensorFlow: fixture
+        # k3_updates_transforms)
+        keras.ops.image.gaussian_blur(img, (5, 5), (0.7, 1.3), data_format="channels_last"),
+        keras.ops.image.gaussian_blur(first, (3, 3), (1.5, 1.5), data_format="channels_first")])
+    images = rng.uniform(0, 1, size=(B, 8, 8, 3)).astype("float32")
+    images[0, :2] = 0.5  # grey pixels: hue and saturation 0
+    images[1, 0, 0] = [0.2, 0.9, 0.9]  # two channels at the maximum
+    check_model(model, images, tmp_path, dtypes=True)
 
 
 @pytest.mark.keras

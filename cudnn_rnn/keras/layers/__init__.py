@@ -17,7 +17,7 @@ from here, never from registry.py.
     attention       Attention, AdditiveAttention, MultiHeadAttention
     wrappers        TimeDistributed of any of these
     ops             the Keras operations a functional graph records (not layers: build_op), with
-                    ops_numpy and ops_nn
+                    ops_numpy, ops_nn and ops_math
     ops_tf          tf.keras 2's recorded TensorFlow calls (TFOpLambda, SlicingOpLambda)
     applications    the classes keras.applications defines outside keras.layers (LayerScale, ...)
     custom          the user's own classes (load_keras(..., custom_layers=...))

@@ -1,6 +1,6 @@
 """The arguments of recorded Keras operations, read from their configs: dtypes, axes and the
 shared builders (an operation without arguments, a reduction over axes, an arg-reduction), and
-the dtype and gather rules they share, that ops.py, ops_numpy.py, ops_nn.py and ops_tf.py build
+the dtype and gather rules they share, that ops.py, ops_numpy.py, ops_nn.py, ops_math.py and ops_tf.py build
 their tables from."""
 from __future__ import annotations
 

@@ -299,6 +299,117 @@ def _rgb_to_grayscale(cfg, ctx):
     return gray, f"channels_last={channels_last}"
 
 
+def _hsv(to_hsv: bool):
+    """RGBToHSV / HSVToRGB of float images, hue in [0, 1) (dm_pix's and TensorFlow's formulas:
+    hue from the largest channel, a grey pixel's hue and saturation 0)."""
+    def build(cfg, ctx):
+        channels_last = channels_last_format(cfg, ctx)
+
+        def rgb_to_hsv(images):
+            eps = torch.finfo(images.dtype).eps
+            images = torch.where(images.abs() < eps, torch.zeros_like(images), images)
+            r, g, b = images.unbind(dim=-1 if channels_last else -3)
+            value = torch.maximum(torch.maximum(r, g), b)
+            spread = value - torch.minimum(torch.minimum(r, g), b)
+            saturation = torch.where(value > 0, spread / torch.where(value > 0, value, 1.0), 0.0)
+            norm = 1.0 / (6.0 * torch.where(spread > 0, spread, 1.0))
+            hue = torch.where(value == g, norm * (b - r) + 2.0 / 6.0, norm * (r - g) + 4.0 / 6.0)
+            hue = torch.where(value == r, norm * (g - b), hue)
+            hue = torch.where(spread > 0, hue, 0.0) + (hue < 0.0).to(hue.dtype)
+            return torch.stack((hue, saturation, value), dim=-1 if channels_last else -3)
+
+        def hsv_to_rgb(images):
+            h, s, v = images.unbind(dim=-1 if channels_last else -3)
+            sector = torch.remainder(h, 1.0) * 6.0
+            weights = (torch.clip(torch.abs(sector - 3.0) - 1.0, 0.0, 1.0),
+                       torch.clip(2.0 - torch.abs(sector - 2.0), 0.0, 1.0),
+                       torch.clip(2.0 - torch.abs(sector - 4.0), 0.0, 1.0))
+            return torch.stack([v * ((1.0 - s) + s * w) for w in weights], dim=-1 if channels_last else -3)
+
+        def check(fn):
+            def run(images):
+                if images.dim() not in (3, 4) or not images.is_floating_point():
+                    raise ValueError(f"expected float images of rank 3 or 4, got {images.dtype} of shape "
+                                     f"{tuple(images.shape)}")
+                return fn(images)
+            return run
+        return check(rgb_to_hsv if to_hsv else hsv_to_rgb), f"channels_last={channels_last}"
+    return build
+
+
+def _nchw(images, channels_last, fn):
+    """fn on images as a [N, C, H, W] batch (a single [H, W, C] / [C, H, W] image as a batch of
+    one), its [N, C, H, W, ...] result back in the images' layout."""
+    if images.dim() not in (3, 4):
+        raise ValueError(f"expected images of rank 3 or 4, got shape {tuple(images.shape)}")
+    batched = images.dim() == 4
+    x = images if batched else images.unsqueeze(0)
+    out = fn(x.permute(0, 3, 1, 2) if channels_last else x)
+    if channels_last:
+        out = out.permute(0, 2, 3, 1, *range(4, out.dim()))
+    return out if batched else out.squeeze(0)
+
+
+def _gaussian_blur(cfg, ctx):
+    """A depthwise convolution by the product of two normalized Gaussians, zero padding "same"
+    (TensorFlow's split: the odd pixel after), as Keras on TensorFlow computes it: the
+    [size[1], size[0]] outer product laid out as [size[0], size[1]] rows."""
+    v = Values(cfg, ctx)
+    size = int_tuple(v, "kernel_size", 2, [3, 3])
+    sigma = cfg.get("sigma", [1.0, 1.0])
+    sigma = sigma if isinstance(sigma, list) else [sigma, sigma]
+    if len(sigma) != 2:
+        raise ctx.error(f"config sigma={str(sigma)[:40]!r}; expected 2 numbers")
+    sigma = [Values({"sigma": e}, ctx).float("sigma", lo=1e-6) for e in sigma]
+    channels_last = channels_last_format(cfg, ctx)
+
+    def gaussian(n, s, dtype, device):
+        t = torch.arange(n, dtype=dtype, device=device) - (n - 1) / 2
+        g = torch.exp(-0.5 * (t / s) ** 2)
+        return g / g.sum()
+
+    def blur(x):
+        gy, gx = gaussian(size[1], sigma[1], x.dtype, x.device), gaussian(size[0], sigma[0], x.dtype, x.device)
+        kernel = torch.outer(gy, gx).reshape(1, 1, size[0], size[1]).expand(x.shape[1], 1, size[0], size[1])
+        (h0, w0), (h1, w1) = ((k - 1) // 2 for k in size), (k - 1 - (k - 1) // 2 for k in size)
+        return F.conv2d(F.pad(x, (w0, w1, h0, h1)), kernel, groups=x.shape[1])
+    return (lambda images: _nchw(images, channels_last, blur)), f"kernel_size={size} sigma={sigma}"
+
+
+def _sobel_edges(cfg, ctx):
+    """[..., 2]: the vertical then the horizontal Sobel gradient of each channel, the borders
+    reflected (tf.image.sobel_edges, what Keras on TensorFlow computes; Keras's torch backend pads
+    with zeros instead)."""
+    channels_last = channels_last_format(cfg, ctx)
+
+    def sobel(x):
+        dy = torch.tensor([[-1.0, -2.0, -1.0], [0.0, 0.0, 0.0], [1.0, 2.0, 1.0]], dtype=x.dtype, device=x.device)
+        kernels = torch.stack((dy, dy.t())).unsqueeze(1).repeat(x.shape[1], 1, 1, 1)  # [2C, 1, 3, 3]
+        out = F.conv2d(F.pad(x, (1, 1, 1, 1), mode="reflect"), kernels, groups=x.shape[1])
+        return out.reshape(x.shape[0], x.shape[1], 2, *out.shape[2:]).permute(0, 1, 3, 4, 2)
+    return (lambda images: _nchw(images, channels_last, sobel)), f"channels_last={channels_last}"
+
+
+def _extract_patches(cfg, ctx):
+    """Each output pixel holds its size[0] x size[1] patch's pixels, rows then columns then
+    channels: a convolution by the identity (exact), with Conv's strides, dilation and padding.
+    (2-D patches; a 3-D size is refused.)"""
+    size = int_tuple(Values(cfg, ctx), "size", 2, None)
+    conv, _ = _conv("conv")({"padding": cfg.get("padding", "valid"), "strides": cfg.get("strides") or list(size),
+                             "dilation_rate": cfg.get("dilation_rate", 1), "data_format": cfg.get("data_format")}, ctx)
+    channels_last = channels_last_format(cfg, ctx)
+
+    def extract_patches(images):
+        batched = images.dim() == 4
+        images = images if batched else images.unsqueeze(0)
+        channels = images.shape[-1] if channels_last else images.shape[1]
+        depth = size[0] * size[1] * channels
+        eye = torch.eye(depth, dtype=images.dtype, device=images.device).reshape(size[0], size[1], channels, depth)
+        out = conv(images, eye)
+        return out if batched else out.squeeze(0)
+    return extract_patches, f"size={size}"
+
+
 def _space(to_depth: bool):
     """DepthToSpace / SpaceToDepth with TensorFlow's ordering (a block's rows, then its columns,
     then the channels)."""
@@ -487,6 +598,34 @@ def _crossentropy(kind: str):
     return build
 
 
+def _psnr(cfg, ctx):
+    max_val = Values(cfg, ctx).float("max_val", lo=0.0)
+
+    def psnr(x1, x2):
+        # one figure for the whole batch: the mean squared error over every element
+        mse = torch.mean((x1 - x2) ** 2)
+        return 20 * torch.log10(torch.as_tensor(max_val, dtype=x1.dtype)) - 10 * torch.log10(mse)
+    return psnr, f"max_val={max_val}"
+
+
+def _blocks(fold: bool):
+    """unfold / fold: sliding blocks of a [N, C, H, W] image, or an image from them."""
+    def build(cfg, ctx):
+        def pair(key, default, lo, hi=1 << 10):
+            value = cfg.get(key, default)
+            values = value if isinstance(value, list) else [value, value]
+            if len(values) != 2:
+                raise ctx.error(f"config {key}={str(value)[:40]!r}; expected an integer or 2 of them")
+            return tuple(Values({key: e}, ctx).int(key, lo=lo, hi=hi) for e in values)
+        args = dict(kernel_size=pair("kernel_size", None, 1), dilation=pair("dilation", 1, 1),
+                    padding=pair("padding", 0, 0), stride=pair("stride", 1, 1))
+        if fold:
+            size = pair("output_size", None, 1, 1 << 14)
+            return (lambda x: F.fold(x, size, **args)), f"output_size={size} {args}"
+        return (lambda x: F.unfold(x, **args)), str(args)
+    return build
+
+
 NN_OPS: Dict[str, Callable] = {
     # activations
     "Celu": _number("alpha", 1.0, lambda x, a: F.celu(x, alpha=a)),
@@ -506,7 +645,8 @@ NN_OPS: Dict[str, Callable] = {
     "BinaryCrossentropy": _crossentropy("binary"), "CategoricalCrossentropy": _crossentropy("categorical"),
     "SparseCategoricalCrossentropy": _crossentropy("sparse"),
     # keras.ops.math
-    "Logsumexp": _logsumexp, "TopK": _top_k, "ExtractSequences": _extract_sequences,
+    "Logsumexp": _logsumexp, "TopK": _top_k, "ExtractSequences": _extract_sequences, "PSNR": _psnr,
+    "Unfold": _blocks(False), "Fold": _blocks(True),
     "Erfinv": fixed(lambda x: torch.erfinv(floating(x))), "Erfc": fixed(lambda x: torch.erfc(floating(x))),
     # keras.ops.linalg
     # (a singular matrix gives what LAPACK computes, inf or NaN, not an error: the zeros that
@@ -525,4 +665,6 @@ NN_OPS: Dict[str, Callable] = {
     # keras.ops.image
     "RGBToGrayscale": _rgb_to_grayscale, "DepthToSpace": _space(False), "SpaceToDepth": _space(True),
     "Resize": _resize, "CropImages": _image_window(True), "PadImages": _image_window(False),
+    "RGBToHSV": _hsv(True), "HSVToRGB": _hsv(False), "ExtractPatches": _extract_patches,
+    "GaussianBlur": _gaussian_blur, "SobelEdges": _sobel_edges,
 }

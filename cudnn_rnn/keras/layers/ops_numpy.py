@@ -521,6 +521,68 @@ def _real_angle(x):
     return torch.where(x < 0, torch.full_like(x, math.pi), torch.zeros_like(x)) + x * 0
 
 
+def _allclose(cfg, ctx):
+    v = Values(cfg, ctx)
+    rtol, atol, equal_nan = v.float("rtol", 1e-5, lo=0.0), v.float("atol", 1e-8, lo=0.0), v.bool("equal_nan", False)
+    close, _ = _isclose({"equal_nan": equal_nan}, ctx)
+    return (lambda x1, x2: close(x1, x2, rtol, atol).all()), f"rtol={rtol} atol={atol} equal_nan={equal_nan}"
+
+
+def _nextafter(x1, x2):
+    """In float64, then in the dtype the two promote to (float32 for integers), as Keras computes
+    it: a float32 neighbour rounds back to x1."""
+    a, b = torch.as_tensor(x1), torch.as_tensor(x2)
+    dtype = torch.promote_types(a.dtype, b.dtype)
+    dtype = dtype if dtype.is_floating_point else torch.float32
+    return torch.nextafter(a.to(torch.float64), b.to(torch.float64)).to(dtype)
+
+
+def _corrcoef(x):
+    x = torch.as_tensor(x)
+    if x.dtype == torch.bool:
+        x = x.to(torch.float32)
+    elif x.dtype == torch.int64:
+        x = x.to(torch.float64)
+    return torch.corrcoef(x)
+
+
+def _correlate(cfg, ctx):
+    mode = Values(cfg, ctx).str("mode", "valid", choices=("valid", "same", "full"))
+
+    def correlate(x1, x2):
+        a, b = torch.as_tensor(x1), torch.as_tensor(x2)
+        dtype = torch.promote_types(a.dtype, b.dtype)
+        dtype = torch.float64 if dtype == torch.int64 else dtype if dtype in (
+            torch.bfloat16, torch.float16, torch.float64) else torch.float32
+        a, b = a.to(dtype), b.to(dtype)
+        n1, n2 = a.shape[-1], b.shape[-1]
+        lead = torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])
+        a, b = a.expand(lead + (n1,)).reshape(-1, n1), b.expand(lead + (n2,)).reshape(-1, n2)
+        # the full cross-correlation, one signal per group; then the centred window of the mode
+        out = torch.nn.functional.conv1d(a.unsqueeze(0), b.unsqueeze(1), padding=n2 - 1, groups=a.shape[0])
+        out = out.reshape(lead + (-1,))
+        if mode != "full":
+            keep = max(n1, n2) - min(n1, n2) + 1 if mode == "valid" else n1
+            start = (out.shape[-1] - keep) // 2
+            out = out[..., start:start + keep]
+        return torch.squeeze(out)
+    return correlate, f"mode={mode}"
+
+
+def _unravel_index(cfg, ctx):
+    shape = tuple(Values(cfg, ctx).int_list("shape", lo=1, hi=MAX_SIZE))
+
+    def unravel_index(indices):
+        indices = torch.as_tensor(indices)
+        return [i.to(indices.dtype) for i in torch.unravel_index(indices, shape)]
+    return unravel_index, f"shape={shape}"
+
+
+def _view(cfg, ctx):
+    dtype = dtype_arg(cfg, ctx)
+    return (lambda x: x if dtype is None else x.view(dtype)), f"dtype={dtype}"
+
+
 NUMPY_OPS: Dict[str, Callable] = {
     # elementwise
     "Arcsinh": fixed(lambda x: torch.asinh(floating(x))), "Arccosh": fixed(lambda x: torch.acosh(floating(x))),
@@ -588,5 +650,9 @@ NUMPY_OPS: Dict[str, Callable] = {
     "Hstack": fixed(_stacked(torch.hstack)), "Vstack": fixed(_stacked(torch.vstack)),
     "Dstack": fixed(_stacked(torch.dstack)),
     "Take": _take, "TakeAlongAxis": _take_along_axis, "Sort": _sort(False), "Argsort": _sort(True),
+    # predicates, statistics and views
+    "Isreal": fixed(lambda x: torch.isreal(torch.as_tensor(x))), "AllClose": _allclose, "Nextafter": fixed(_nextafter),
+    "Corrcoef": fixed(_corrcoef), "Correlate": _correlate, "UnravelIndex": _unravel_index, "View": _view,
+    "Size": fixed(lambda x: torch.scalar_tensor(x.numel(), dtype=torch.int32, device=x.device)),
     "Diff": _diff, "Append": _append, "FullLike": _full_like, "Slice": _slice, "Select": fixed(_select),
 }

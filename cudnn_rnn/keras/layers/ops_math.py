@@ -1,0 +1,182 @@
+"""keras.ops's updates (keras.src.ops.core: slice_update, scatter_update, scatter,
+saturate_cast), Fourier transforms and segment reductions (keras.src.ops.math) and matrix
+decompositions (keras.src.ops.linalg). Each entry of MATH_OPS is a builder (config, context) ->
+(function, description); the function takes the call's arguments by the names Keras's `call`
+gives them. A complex result comes out as Keras gives it: a (real, imaginary) pair of float
+tensors."""
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Callable, Dict
+
+import torch
+
+from .op_args import dtype_arg, fixed
+from .values import MAX_SIZE, Values
+
+
+def _index_tensor(value, like: torch.Tensor) -> torch.Tensor:
+    """An index argument (a recorded list or a tensor) as int64 beside `like`."""
+    return torch.as_tensor(value, device=like.device).to(torch.int64)
+
+
+def _slice_update(inputs, start_indices, updates):
+    """inputs with updates written from start_indices on (one start per axis)."""
+    updates = torch.as_tensor(updates, device=inputs.device)
+    starts = [int(s) for s in start_indices]
+    if len(starts) != updates.dim():
+        raise ValueError(f"slice_update: {len(starts)} start indices for updates of rank {updates.dim()}")
+    out = inputs.clone()
+    out[tuple(builtins.slice(s, s + n) for s, n in zip(starts, updates.shape))] = updates.to(inputs.dtype)
+    return out
+
+
+def _scatter_update(cfg, ctx):
+    reduction = Values(cfg, ctx).str("reduction", None, choices=("add", "max", "min", "mul"))
+
+    def scatter_update(inputs, indices, updates):
+        index = tuple(_index_tensor(indices, inputs).t())
+        updates = torch.as_tensor(updates, device=inputs.device).to(inputs.dtype)
+        out = inputs.clone()
+        if reduction is None:
+            out[index] = updates
+        elif reduction == "add":
+            out.index_put_(index, updates, accumulate=True)
+        else:  # one index row at a time, in order, as Keras applies them
+            combine = {"max": torch.maximum, "min": torch.minimum, "mul": torch.mul}[reduction]
+            rows = torch.stack(index, 1)
+            for i in range(rows.shape[0]):
+                at = tuple(rows[i])
+                out[at] = combine(out[at], updates[i])
+        return out
+    return scatter_update, f"reduction={reduction}"
+
+
+def _scatter(cfg, ctx):
+    shape = tuple(Values(cfg, ctx).int_list("shape", lo=1, hi=MAX_SIZE))
+    if math.prod(shape) > MAX_SIZE:
+        raise ctx.error(f"config shape={list(shape)}: more than {MAX_SIZE} elements")
+
+    def scatter(indices, values):
+        values = torch.as_tensor(values)
+        index = _index_tensor(indices, values)
+        depth = index.shape[-1]
+        out = torch.zeros(shape, dtype=values.dtype, device=values.device)
+        # values at repeated indices add up
+        out.index_put_(tuple(index.reshape(-1, depth).t()), values.reshape((-1,) + shape[depth:]), accumulate=True)
+        return out
+    return scatter, f"shape={shape}"
+
+
+def _limits(dtype: torch.dtype):
+    if dtype == torch.bool:
+        return 0, 1
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    return info.min, info.max
+
+
+def _saturate_cast(cfg, ctx):
+    dtype = dtype_arg(cfg, ctx)
+    if dtype is None:
+        raise ctx.error("config has no dtype")
+
+    def saturate_cast(x):
+        # The bounds in x's dtype, nudged toward zero where they left the target's range as
+        # Keras compares them: both in x's dtype, so float32's bound for int32 rounds to 2^31,
+        # is kept, and casts to -2^31 (Keras's result on x86 too).
+        (in_lo, in_hi), (out_lo, out_hi) = _limits(x.dtype), _limits(dtype)
+
+        def bound(value, limit, outside):
+            b, lim = torch.tensor(value).to(x.dtype), torch.tensor(limit).to(x.dtype)
+            return torch.nextafter(b, torch.zeros_like(b)) if outside(b, lim) else b
+        lo = bound(builtins.max(in_lo, out_lo), out_lo, torch.lt)
+        hi = bound(builtins.min(in_hi, out_hi), out_hi, torch.gt)
+        return torch.clamp(x, lo.item(), hi.item()).to(dtype)
+    return saturate_cast, f"dtype={dtype}"
+
+
+def _segment(kind: str):
+    """segment_sum / max / min / prod over the first axis: ids outside [0, num_segments) are
+    dropped; an empty segment holds 0 (sum), 1 (prod) or the extreme (max: -inf for floats, the
+    lowest integer; min: +inf or the highest, as Keras's JAX and torch backends give)."""
+    def build(cfg, ctx):
+        count = Values(cfg, ctx).int("num_segments", None, lo=1)
+
+        def segment(data, segment_ids):
+            ids = _index_tensor(segment_ids, data)
+            n = count if count is not None else int(ids.max()) + 1
+            ids = torch.where((ids >= 0) & (ids < n), ids, n)  # n: dropped
+            index = ids.reshape((-1,) + (1,) * (data.dim() - 1)).expand_as(data)
+            if kind == "sum":
+                out = torch.zeros((n + 1,) + tuple(data.shape[1:]), dtype=data.dtype, device=data.device)
+                return out.scatter_add(0, index, data)[:n]
+            lo, hi = (-torch.inf, torch.inf) if data.is_floating_point() else _limits(data.dtype)
+            fill = {"max": lo, "min": hi, "prod": 1}[kind]
+            out = torch.full((n + 1,) + tuple(data.shape[1:]), fill, dtype=data.dtype, device=data.device)
+            return out.scatter_reduce(0, index, data, {"max": "amax", "min": "amin", "prod": "prod"}[kind])[:n]
+        return segment, f"num_segments={count}"
+    return build
+
+
+def _complex(x) -> torch.Tensor:
+    if not isinstance(x, (list, tuple)) or len(x) != 2:
+        raise ValueError("expected a (real, imaginary) pair of tensors")
+    real, imag = (torch.as_tensor(t) for t in x)
+    if real.shape != imag.shape or not real.is_floating_point() or not imag.is_floating_point():
+        raise ValueError("expected a (real, imaginary) pair of float tensors of one shape")
+    return torch.complex(real, imag.to(real.dtype))
+
+
+def _pair(z: torch.Tensor) -> list:
+    return [z.real, z.imag]
+
+
+def _fft_length(cfg, ctx):
+    return Values(cfg, ctx).int("fft_length", None, lo=1, hi=1 << 24)
+
+
+def _lstsq(cfg, ctx):
+    rcond = Values(cfg, ctx).float("rcond", None, lo=0.0)
+
+    def lstsq(a, b):
+        if rcond is None:
+            return torch.linalg.lstsq(a, b).solution
+        if a.device.type != "cpu":  # (no SVD driver off the CPU: NumPy's cut-off through pinv)
+            return torch.linalg.pinv(a, rtol=rcond) @ b
+        return torch.linalg.lstsq(a, b, rcond=rcond, driver="gelsd").solution
+    return lstsq, f"rcond={rcond}"
+
+
+def _svd(cfg, ctx):
+    v = Values(cfg, ctx)
+    full, uv = v.bool("full_matrices", True), v.bool("compute_uv", True)
+
+    def svd(x):
+        return list(torch.linalg.svd(x, full_matrices=full)) if uv else torch.linalg.svdvals(x)
+    return svd, f"full_matrices={full} compute_uv={uv}"
+
+
+def _lu_factor(x):
+    lu, pivots, _ = torch.linalg.lu_factor_ex(x)  # (a singular matrix: LAPACK's factors, no error)
+    return [lu, (pivots - 1).to(torch.int32)]  # pivots from 0, as LAPACK's from 1 are not
+
+
+MATH_OPS: Dict[str, Callable] = {
+    # keras.ops.core
+    "SliceUpdate": fixed(_slice_update), "ScatterUpdate": _scatter_update, "Scatter": _scatter,
+    "SaturateCast": _saturate_cast,
+    # keras.ops.math
+    "SegmentSum": _segment("sum"), "SegmentMax": _segment("max"), "SegmentMin": _segment("min"),
+    "SegmentProd": _segment("prod"),
+    "FFT": fixed(lambda x: _pair(torch.fft.fft(_complex(x)))),
+    "FFT2": fixed(lambda x: _pair(torch.fft.fft2(_complex(x)))),
+    "IFFT2": fixed(lambda x: _pair(torch.fft.ifft2(_complex(x)))),
+    "RFFT": lambda cfg, ctx: ((lambda x, n=_fft_length(cfg, ctx): _pair(torch.fft.rfft(x, n=n, dim=-1))), "rfft"),
+    "IRFFT": lambda cfg, ctx: ((lambda x, n=_fft_length(cfg, ctx): torch.fft.irfft(_complex(x), n=n, dim=-1)), "irfft"),
+    # keras.ops.linalg
+    "Eigh": fixed(lambda x: list(torch.linalg.eigh(x))), "SVD": _svd, "Lstsq": _lstsq,
+    "CholeskyInverse": lambda cfg, ctx: ((lambda x, u=Values(cfg, ctx).bool("upper", False):
+                                          torch.cholesky_inverse(x, upper=u)), "cholesky_inverse"),
+    "LuFactor": fixed(_lu_factor),
+}
