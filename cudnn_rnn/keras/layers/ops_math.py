@@ -99,7 +99,8 @@ def _saturate_cast(cfg, ctx):
 def _segment(kind: str):
     """segment_sum / max / min / prod over the first axis: ids outside [0, num_segments) are
     dropped; an empty segment holds 0 (sum), 1 (prod) or the extreme (max: -inf for floats, the
-    lowest integer; min: +inf or the highest, as Keras's JAX and torch backends give)."""
+    lowest integer; min: +inf or the highest), as Keras's JAX and torch backends give. (Its
+    TensorFlow backend fills the dtype's lowest / highest finite value and raises on such ids.)"""
     def build(cfg, ctx):
         count = Values(cfg, ctx).int("num_segments", None, lo=1)
 
@@ -158,8 +159,11 @@ def _svd(cfg, ctx):
 
 
 def _lu_factor(x):
-    lu, pivots, _ = torch.linalg.lu_factor_ex(x)  # (a singular matrix: LAPACK's factors, no error)
-    return [lu, (pivots - 1).to(torch.int32)]  # pivots from 0, as LAPACK's from 1 are not
+    """LU in one matrix and the row swaps as LAPACK records them, counted from 0 (Keras's JAX and
+    torch backends; its TensorFlow backend gives the permutation instead, of one matrix only). A
+    singular matrix gives LAPACK's factors, not an error."""
+    lu, pivots, _ = torch.linalg.lu_factor_ex(x)
+    return [lu, (pivots - 1).to(torch.int32)]
 
 
 MATH_OPS: Dict[str, Callable] = {

@@ -565,7 +565,7 @@ def _correlate(cfg, ctx):
             keep = max(n1, n2) - min(n1, n2) + 1 if mode == "valid" else n1
             start = (out.shape[-1] - keep) // 2
             out = out[..., start:start + keep]
-        return torch.squeeze(out)
+        return out  # (a one-element "valid" result keeps its axis, as NumPy's and Keras on TensorFlow's)
     return correlate, f"mode={mode}"
 
 
