@@ -71,6 +71,7 @@ BASES = [
     ("k3-operations", "k3_operations.keras", None, "k3_operations.npz", "keras"),
     ("k3-updates-transforms", "k3_updates_transforms.keras", None, "k3_updates_transforms.npz", "keras"),
     ("legacy-tf-calls", "tfk_tf_calls.h5", None, "tfk_tf_calls.npz", "keras"),
+    ("legacy-tf-gathers-losses", "tfk_tf_gathers_losses.h5", None, "tfk_tf_gathers_losses.npz", "keras"),
     ("legacy-applications", "tfk_applications_layers.h5", None, "tfk_applications_layers.npz", "keras"),
     # the weights tree as tf.keras 2.13-2.15 wrote it on Windows (groups at the root, named with
     # backslashes): made from k3_sequential.keras when the seeds are prepared

@@ -57,6 +57,8 @@ CASES = [
     ("k3_updates_transforms", "k3_updates_transforms.h5", None),
     ("tfk_tf_calls", "tfk_tf_calls.h5", None),
     ("tfk_tf_calls", "tfk_tf_calls.keras", None),
+    ("tfk_tf_gathers_losses", "tfk_tf_gathers_losses.h5", None),
+    ("tfk_tf_gathers_losses", "tfk_tf_gathers_losses.keras", None),
 ]
 
 # Outputs in which Keras computes NaN on purpose: tf.keras 2's masked GlobalAveragePooling1D

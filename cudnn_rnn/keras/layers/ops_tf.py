@@ -268,6 +268,82 @@ def _tf_matvec(a, b, transpose_a=False, adjoint_a=False, a_is_sparse=False, b_is
     return torch.matmul(m, b.unsqueeze(-1)).squeeze(-1)
 
 
+def _tf_range(start, limit=None, delta=1, dtype=None, device=None):
+    """tf.range: [0, start) without a limit; int32 from integers, float32 where one is a float."""
+    if limit is None:
+        start, limit = 0, start
+    floats = any(isinstance(v, float) or (isinstance(v, torch.Tensor) and v.is_floating_point())
+                 for v in (start, limit, delta))
+    return torch.arange(start, limit, delta, dtype=_tf_dtype(dtype, "float32" if floats else "int32"), device=device)
+
+
+def _tf_fill(dims, value, layout=None, device=None):
+    """tf.fill: value's dtype (a Python float is float32, an int int32)."""
+    v = torch.as_tensor(value)
+    dtype = torch.float32 if isinstance(value, float) else torch.int32 if isinstance(value, int) and not isinstance(
+        value, bool) else v.dtype
+    return torch.full(tuple(int(d) for d in dims), v.item() if v.dim() == 0 else value, dtype=dtype, device=device)
+
+
+_MADE_FROM_SIZES.update((_tf_range, _tf_fill))
+
+
+def _tf_index(indices, like):
+    """The last axis of tf.gather_nd / tensor_scatter_nd_* indices as a tuple of index tensors."""
+    return tuple(torch.as_tensor(indices, device=like.device).long().unbind(-1))
+
+
+def _tf_gather_nd(params, indices, batch_dims=0, bad_indices_policy=""):
+    if batch_dims:
+        raise ValueError("tf.gather_nd with batch_dims is not supported")
+    return params[_tf_index(indices, params)]
+
+
+def _tf_scatter_nd(add: bool):
+    """tf.tensor_scatter_nd_update / _add: tensor with updates written to (added at) the indices."""
+    def scatter(tensor, indices, updates, bad_indices_policy=""):
+        out = tensor.clone()
+        out.index_put_(_tf_index(indices, tensor), torch.as_tensor(updates, device=tensor.device).to(tensor.dtype),
+                       accumulate=add)
+        return out
+    return scatter
+
+
+def _tf_embedding_lookup(params, ids, partition_strategy="mod", validate_indices=True, max_norm=None):
+    if not isinstance(params, torch.Tensor) or max_norm is not None:
+        raise ValueError("tf.nn.embedding_lookup of partitioned params or with max_norm is not supported")
+    return params[torch.as_tensor(ids, device=params.device).long()]
+
+
+def _tf_sigmoid_cross_entropy(labels, logits=None):
+    """max(x, 0) - x z + log(1 + exp(-|x|)), TensorFlow's stable form."""
+    z = torch.as_tensor(labels, device=logits.device).to(logits.dtype)
+    return torch.clamp(logits, min=0) - logits * z + torch.log1p(torch.exp(-logits.abs()))
+
+
+def _tf_softmax_cross_entropy(labels, logits=None, axis=-1, dim=None):
+    axis = dim if dim is not None else axis
+    return -(torch.as_tensor(labels).to(logits.dtype) * F.log_softmax(logits, dim=axis)).sum(dim=axis)
+
+
+def _tf_sparse_softmax_cross_entropy(labels, logits=None):
+    index = torch.as_tensor(labels, device=logits.device).long().unsqueeze(-1)
+    return -torch.gather(F.log_softmax(logits, dim=-1), -1, index).squeeze(-1)
+
+
+def _tf_rgb_to_grayscale(images):
+    """TensorFlow's weights (0.2989, 0.587, 0.114), integer images computed in float32 and rounded back."""
+    x = images if images.is_floating_point() else images.to(torch.float32)
+    gray = (x * torch.tensor([0.2989, 0.587, 0.114], dtype=x.dtype, device=x.device)).sum(-1, keepdim=True)
+    return gray if images.is_floating_point() else torch.round(gray).to(images.dtype)
+
+
+def _tf_linalg_diag(diagonal, k=0, num_rows=-1, num_cols=-1, padding_value=0, align="RIGHT_LEFT"):
+    if k != 0 or num_rows != -1 or num_cols != -1 or padding_value != 0:
+        raise ValueError("tf.linalg.diag with k, num_rows, num_cols or padding_value is not supported")
+    return torch.diag_embed(diagonal)
+
+
 _TF_FUNCTIONS: Dict[str, Callable] = {
     **{f"{p}reduce_{n}": over_axes(f) for p in ("math.", "") for n, f in (
         ("sum", lambda x, a, k: x.sum(dim=a, keepdim=k)), ("mean", lambda x, a, k: x.mean(dim=a, keepdim=k)),
@@ -357,6 +433,19 @@ _TF_FUNCTIONS: Dict[str, Callable] = {
     "clip_by_norm": _tf_clip_by_norm,
     "shape": _tf_shape, "compat.v1.shape": _tf_shape, "zeros": _tf_filled(0.0), "ones": _tf_filled(1.0),
     "broadcast_to": lambda input, shape: torch.broadcast_to(input, list(shape)),  # noqa: A002
+    "range": _tf_range, "fill": _tf_fill, "gather_nd": _tf_gather_nd, "compat.v1.gather_nd": _tf_gather_nd,
+    "tensor_scatter_nd_update": _tf_scatter_nd(False), "tensor_scatter_nd_add": _tf_scatter_nd(True),
+    "math.scalar_mul": lambda scalar, x: scalar * x, "compat.v1.math.scalar_mul": lambda scalar, x: scalar * x,
+    "nn.embedding_lookup": _tf_embedding_lookup, "compat.v1.nn.embedding_lookup": _tf_embedding_lookup,
+    "nn.sigmoid_cross_entropy_with_logits": _tf_sigmoid_cross_entropy,
+    "compat.v1.nn.sigmoid_cross_entropy_with_logits": _tf_sigmoid_cross_entropy,
+    "nn.softmax_cross_entropy_with_logits": _tf_softmax_cross_entropy,
+    "compat.v1.nn.softmax_cross_entropy_with_logits_v2": _tf_softmax_cross_entropy,
+    "nn.sparse_softmax_cross_entropy_with_logits": _tf_sparse_softmax_cross_entropy,
+    "compat.v1.nn.sparse_softmax_cross_entropy_with_logits": _tf_sparse_softmax_cross_entropy,
+    "image.rgb_to_grayscale": _tf_rgb_to_grayscale, "linalg.det": lambda input: torch.linalg.det(input),  # noqa: A002
+    "linalg.inv": lambda input, adjoint=False: torch.linalg.inv_ex(input.transpose(-1, -2) if adjoint else input).inverse,  # noqa: A002,E501
+    "linalg.diag": _tf_linalg_diag, "linalg.matrix_transpose": lambda a, conjugate=False: a.transpose(-1, -2),
 }
 TF_FUNCTIONS = frozenset(_TF_FUNCTIONS)
 
