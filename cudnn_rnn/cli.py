@@ -129,6 +129,18 @@ def _refused_lengths(args, error: BaseException, what: str) -> bool:
     return True
 
 
+def _eager_failure(model, inputs):
+    """Why the model does not run on these inputs (one line), or None where it does."""
+    try:
+        with torch.no_grad():
+            model(*inputs)
+        return None
+    except Exception as e:  # noqa: BLE001 - a layer's own error, told in one line
+        return " ".join(str(e).split())[:300]
+    finally:
+        model.reset_states()
+
+
 def cmd_convert(args) -> int:
     import os
 
@@ -179,6 +191,15 @@ def cmd_convert(args) -> int:
 
         def example(minimum):
             return tuple(model.example_inputs(time=max(5, 2 * minimum), any_length=args.any_length))
+
+        if free:  # a model that runs at no length but the declared one (a reshape to a fixed size)
+            failure = _eager_failure(model, example(shortest))
+            if failure is not None:
+                advice = "export it at the lengths the file declares (without --any-length)" if args.any_length \
+                    else "its layers hold at particular lengths only"
+                print(f"cudnn-rnn: {args.out}: cannot be exported for any length: the model does not run on "
+                      f"{max(5, 2 * shortest)} steps ({failure}); {advice}", file=sys.stderr)
+                return 2
 
     if args.out.endswith(".onnx"):
         from .onnx import OnnxExportError, export

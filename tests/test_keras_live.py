@@ -385,7 +385,8 @@ def test_cli_any_length_keeps_state_inputs_and_refuses_length_bound_models(tmp_p
     tf_keras's stacked-cells fixture keep their sizes (they were given a free second dimension,
     and the export failed), and the program matches the eager model at three lengths. A model that
     splits the time axis into halves (tf.split(h, 2, axis=1)) holds at even lengths only: convert
-    says so, for .pt2 and for .onnx (whose exporter fell back to a fixed length without a word)."""
+    says so, for .pt2 and for .onnx (whose exporter fell back to a fixed length without a word); one
+    that runs at its declared length only says that."""
     import onnxruntime as ort
 
     data = os.path.join(ROOT, "tests", "fixtures", "data")
@@ -413,6 +414,19 @@ def test_cli_any_length_keeps_state_inputs_and_refuses_length_bound_models(tmp_p
         assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
         assert "cannot be exported" in out.stderr and "particular lengths only" in out.stderr, out.stderr[-2000:]
         assert "Traceback" not in out.stderr
+    # one that runs at its declared length only (a reshape to T * 4 values): one line, no traceback;
+    # at that length it exports, its batch free (tf.fill of tf.shape's sizes keeps them symbolic)
+    bound = os.path.join(data, "tfk_tf_gathers_losses.h5")
+    out = _cli("convert", bound, str(tmp_path / "bound.pt2"), "--any-length")
+    assert out.returncode == 2 and "does not run on" in out.stderr and "without --any-length" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    out = _cli("convert", bound, str(tmp_path / "bound.pt2"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    program, model = torch.export.load(str(tmp_path / "bound.pt2")).module(), load_keras(bound)
+    xs = [torch.rand(5, 6, 4) * 2 - 1, torch.randint(0, 24, (5, 6))]
+    with torch.no_grad():
+        for g, w in zip(program(*xs), model(*xs)):
+            np.testing.assert_allclose(g.detach().numpy(), w.numpy(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.keras

@@ -282,7 +282,7 @@ def _tf_fill(dims, value, layout=None, device=None):
     v = torch.as_tensor(value)
     dtype = torch.float32 if isinstance(value, float) else torch.int32 if isinstance(value, int) and not isinstance(
         value, bool) else v.dtype
-    return torch.full(tuple(int(d) for d in dims), v.item() if v.dim() == 0 else value, dtype=dtype, device=device)
+    return torch.full(tuple(dims), v.item() if v.dim() == 0 else value, dtype=dtype, device=device)  # (sizes stay symbolic)
 
 
 _MADE_FROM_SIZES.update((_tf_range, _tf_fill))
