@@ -137,6 +137,33 @@ def _fft_length(cfg, ctx):
     return Values(cfg, ctx).int("fft_length", None, lo=1, hi=1 << 24)
 
 
+def _stft(cfg, ctx):
+    """Short-time Fourier transform of the last axis, as Keras on TensorFlow computes it: frames of
+    sequence_length samples every sequence_stride, a Hann or Hamming window (or none) centred in
+    fft_length, the signal reflected by fft_length // 2 at each end where center; [real,
+    imaginary], [..., frames, bins]."""
+    v = Values(cfg, ctx)
+    length, stride = v.int("sequence_length", lo=1, hi=1 << 16), v.int("sequence_stride", lo=1, hi=1 << 16)
+    n_fft, center = v.int("fft_length", lo=1, hi=1 << 16), v.bool("center", True)
+    window = v.str("window", None, choices=("hann", "hamming"))
+    if n_fft < length:
+        raise ctx.error(f"config fft_length={n_fft} is shorter than sequence_length={length}")
+
+    def stft(x):
+        if x.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"stft takes float32 or float64 signals, got {x.dtype}")
+        # a - b cos(2 pi n / N): N the length where it is even (periodic), one less where it is
+        # odd, as TensorFlow's windows are (Keras's torch backend makes odd ones periodic too)
+        a, b = {"hann": (0.5, 0.5), "hamming": (0.54, 0.46), None: (1.0, 0.0)}[window]
+        n = torch.arange(length, dtype=x.dtype, device=x.device)
+        win = a - b * torch.cos(2 * math.pi * n / (length - length % 2)) if length > 1 else torch.ones_like(n)
+        z = torch.stft(x.reshape(-1, x.shape[-1]), n_fft=n_fft, hop_length=stride, win_length=length, window=win,
+                       center=center, return_complex=True)
+        z = z.reshape(x.shape[:-1] + z.shape[-2:]).transpose(-2, -1)
+        return _pair(z)
+    return stft, f"sequence_length={length} sequence_stride={stride} fft_length={n_fft} window={window}"
+
+
 def _lstsq(cfg, ctx):
     rcond = Values(cfg, ctx).float("rcond", None, lo=0.0)
 
@@ -177,6 +204,7 @@ MATH_OPS: Dict[str, Callable] = {
     "FFT2": fixed(lambda x: _pair(torch.fft.fft2(_complex(x)))),
     "IFFT2": fixed(lambda x: _pair(torch.fft.ifft2(_complex(x)))),
     "RFFT": lambda cfg, ctx: ((lambda x, n=_fft_length(cfg, ctx): _pair(torch.fft.rfft(x, n=n, dim=-1))), "rfft"),
+    "STFT": _stft,
     "IRFFT": lambda cfg, ctx: ((lambda x, n=_fft_length(cfg, ctx): torch.fft.irfft(_complex(x), n=n, dim=-1)), "irfft"),
     # keras.ops.linalg
     "Eigh": fixed(lambda x: list(torch.linalg.eigh(x))), "SVD": _svd, "Lstsq": _lstsq,
