@@ -16,6 +16,9 @@ from .op_args import dtype_arg, fixed
 from .values import MAX_SIZE, Values
 
 
+_MAX_RESULT = 1 << 26  # values of a result whose size a config or a constant sets
+
+
 def _index_tensor(value, like: torch.Tensor) -> torch.Tensor:
     """An index argument (a recorded list or a tensor) as int64 beside `like`."""
     return torch.as_tensor(value, device=like.device).to(torch.int64)
@@ -106,7 +109,9 @@ def _segment(kind: str):
 
         def segment(data, segment_ids):
             ids = _index_tensor(segment_ids, data)
-            n = count if count is not None else int(ids.max()) + 1
+            n = count if count is not None else int(ids.max()) + 1 if ids.numel() else 0
+            if (n + 1) * data[0].numel() > _MAX_RESULT:
+                raise ValueError(f"segment_{kind} into {n} segments: more than {_MAX_RESULT} values")
             ids = torch.where((ids >= 0) & (ids < n), ids, n)  # n: dropped
             index = ids.reshape((-1,) + (1,) * (data.dim() - 1)).expand_as(data)
             if kind == "sum":
@@ -134,7 +139,7 @@ def _pair(z: torch.Tensor) -> list:
 
 
 def _fft_length(cfg, ctx):
-    return Values(cfg, ctx).int("fft_length", None, lo=1, hi=1 << 24)
+    return Values(cfg, ctx).int("fft_length", None, lo=1, hi=1 << 16)
 
 
 def _stft(cfg, ctx):

@@ -356,6 +356,8 @@ def _gaussian_blur(cfg, ctx):
     [size[1], size[0]] outer product laid out as [size[0], size[1]] rows."""
     v = Values(cfg, ctx)
     size = int_tuple(v, "kernel_size", 2, [3, 3])
+    if max(size) > 128:
+        raise ctx.error(f"config kernel_size={list(size)}; expected at most 128 a side")
     sigma = cfg.get("sigma", [1.0, 1.0])
     sigma = sigma if isinstance(sigma, list) else [sigma, sigma]
     if len(sigma) != 2:
@@ -404,6 +406,8 @@ def _extract_patches(cfg, ctx):
         images = images if batched else images.unsqueeze(0)
         channels = images.shape[-1] if channels_last else images.shape[1]
         depth = size[0] * size[1] * channels
+        if depth > 1 << 12:
+            raise ValueError(f"patches of {size[0]} x {size[1]} x {channels} values: at most {1 << 12} are supported")
         eye = torch.eye(depth, dtype=images.dtype, device=images.device).reshape(size[0], size[1], channels, depth)
         out = conv(images, eye)
         return out if batched else out.squeeze(0)
@@ -608,6 +612,9 @@ def _psnr(cfg, ctx):
     return psnr, f"max_val={max_val}"
 
 
+_MAX_BLOCKS = 1 << 26  # values of an unfold's result
+
+
 def _blocks(fold: bool):
     """unfold / fold: sliding blocks of a [N, C, H, W] image, or an image from them."""
     def build(cfg, ctx):
@@ -620,9 +627,16 @@ def _blocks(fold: bool):
         args = dict(kernel_size=pair("kernel_size", None, 1), dilation=pair("dilation", 1, 1),
                     padding=pair("padding", 0, 0), stride=pair("stride", 1, 1))
         if fold:
-            size = pair("output_size", None, 1, 1 << 14)
+            size = pair("output_size", None, 1, 1 << 12)
             return (lambda x: F.fold(x, size, **args)), f"output_size={size} {args}"
-        return (lambda x: F.unfold(x, **args)), str(args)
+
+        def unfold(x):
+            (kh, kw), (ph, pw) = args["kernel_size"], args["padding"]
+            rows, cols = (x.shape[-2] + 2 * ph) // args["stride"][0] + 1, (x.shape[-1] + 2 * pw) // args["stride"][1] + 1
+            if x.numel() // max(1, x.shape[-2] * x.shape[-1]) * kh * kw * rows * cols > _MAX_BLOCKS:
+                raise ValueError(f"unfold {args}: more than {_MAX_BLOCKS} values")
+            return F.unfold(x, **args)
+        return unfold, str(args)
     return build
 
 
