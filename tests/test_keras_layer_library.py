@@ -647,7 +647,9 @@ OPS.update({
         keras.ops.linalg.lstsq(x[0], y[0]), keras.ops.linalg.lstsq(y[1], x[1], rcond=0.1),
         keras.ops.linalg.cholesky_inverse(keras.ops.linalg.cholesky(
             keras.ops.matmul(keras.ops.transpose(x, (0, 2, 1)), x) + 4.0 * keras.ops.eye(4))),
-        *keras.ops.linalg.lu_factor(x[:, :4])],
+        *keras.ops.linalg.lu_factor(x[:, :4]), keras.ops.linalg.matrix_rank(x),
+        keras.ops.linalg.matrix_rank(keras.ops.matmul(x, keras.ops.transpose(x, (0, 2, 1)))),
+        keras.ops.linalg.matrix_rank(y, tol=0.5)],
     # constant tensor arguments: NumPy arrays and Keras tensors in a call on Keras tensors
     "constants": lambda x, y: [x + np.arange(4, dtype="float32"), keras.ops.matmul(y, keras.ops.eye(4) * 2.0),
                                keras.ops.take(x, np.array([3, 0]), axis=2),

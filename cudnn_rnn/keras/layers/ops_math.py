@@ -216,4 +216,7 @@ MATH_OPS: Dict[str, Callable] = {
     "CholeskyInverse": lambda cfg, ctx: ((lambda x, u=Values(cfg, ctx).bool("upper", False):
                                           torch.cholesky_inverse(x, upper=u)), "cholesky_inverse"),
     "LuFactor": fixed(_lu_factor),
+    # (singular values above tol, or by default above max(m, n) * eps * the largest)
+    "MatrixRank": lambda cfg, ctx: ((lambda x, tol=Values(cfg, ctx).float("tol", None, lo=0.0):
+                                     torch.linalg.matrix_rank(x, atol=tol).to(torch.int32)), "matrix_rank"),
 }
