@@ -612,7 +612,7 @@ def _psnr(cfg, ctx):
     return psnr, f"max_val={max_val}"
 
 
-_MAX_BLOCKS = 1 << 26  # values of an unfold's result
+_MAX_BLOCKS = 1 << 26  # values of an unfold's result, a sample
 
 
 def _blocks(fold: bool):
@@ -633,8 +633,8 @@ def _blocks(fold: bool):
         def unfold(x):
             (kh, kw), (ph, pw) = args["kernel_size"], args["padding"]
             rows, cols = (x.shape[-2] + 2 * ph) // args["stride"][0] + 1, (x.shape[-1] + 2 * pw) // args["stride"][1] + 1
-            if x.numel() // max(1, x.shape[-2] * x.shape[-1]) * kh * kw * rows * cols > _MAX_BLOCKS:
-                raise ValueError(f"unfold {args}: more than {_MAX_BLOCKS} values")
+            if x.shape[-3] * kh * kw * rows * cols > _MAX_BLOCKS:  # (a sample's: the batch stays free)
+                raise ValueError(f"unfold {args}: more than {_MAX_BLOCKS} values a sample")
             return F.unfold(x, **args)
         return unfold, str(args)
     return build
