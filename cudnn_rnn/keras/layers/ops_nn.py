@@ -414,28 +414,30 @@ def _extract_patches(cfg, ctx):
     return extract_patches, f"size={size}"
 
 
+def depth_to_space(x, b: int, last: bool):
+    """TensorFlow's ordering: a block's rows, then its columns, then the channels."""
+    if not last:
+        x = x.permute(0, 2, 3, 1)
+    n, h, w, c = x.shape
+    x = x.reshape(n, h, w, b, b, c // (b * b)).permute(0, 1, 3, 2, 4, 5).reshape(n, h * b, w * b, c // (b * b))
+    return x if last else x.permute(0, 3, 1, 2)
+
+
+def space_to_depth(x, b: int, last: bool):
+    if not last:
+        x = x.permute(0, 2, 3, 1)
+    n, h, w, c = x.shape
+    x = x.reshape(n, h // b, b, w // b, b, c).permute(0, 1, 3, 2, 4, 5).reshape(n, h // b, w // b, b * b * c)
+    return x if last else x.permute(0, 3, 1, 2)
+
+
 def _space(to_depth: bool):
-    """DepthToSpace / SpaceToDepth with TensorFlow's ordering (a block's rows, then its columns,
-    then the channels)."""
+    """DepthToSpace / SpaceToDepth with TensorFlow's ordering."""
     def build(cfg, ctx):
         b = Values(cfg, ctx).int("block_size", lo=1, hi=1 << 10)
         last = Values(cfg, ctx).str("data_format", "channels_last", choices=("channels_last", "channels_first"))
-        last = last == "channels_last"
-
-        def depth_to_space(x):
-            if not last:
-                x = x.permute(0, 2, 3, 1)
-            n, h, w, c = x.shape
-            x = x.reshape(n, h, w, b, b, c // (b * b)).permute(0, 1, 3, 2, 4, 5).reshape(n, h * b, w * b, c // (b * b))
-            return x if last else x.permute(0, 3, 1, 2)
-
-        def space_to_depth(x):
-            if not last:
-                x = x.permute(0, 2, 3, 1)
-            n, h, w, c = x.shape
-            x = x.reshape(n, h // b, b, w // b, b, c).permute(0, 1, 3, 2, 4, 5).reshape(n, h // b, w // b, b * b * c)
-            return x if last else x.permute(0, 3, 1, 2)
-        return (space_to_depth if to_depth else depth_to_space), f"block_size={b}"
+        fn = space_to_depth if to_depth else depth_to_space
+        return (lambda x, last=last == "channels_last": fn(x, b, last)), f"block_size={b}"
     return build
 
 

@@ -14,6 +14,8 @@ from torch import nn
 from ..graph.spec import TensorArg
 from .op_args import DTYPES, all_axes, as_tensor_like, gather, over_axes, pair
 from .ops import MAX_ARGUMENTS, check_constants, fill_arguments, get_item
+from .ops_nn import depth_to_space, space_to_depth
+from .preprocessing import Resizing
 from .registry import builder
 from .values import Values
 
@@ -344,6 +346,30 @@ def _tf_linalg_diag(diagonal, k=0, num_rows=-1, num_cols=-1, padding_value=0, al
     return torch.diag_embed(diagonal)
 
 
+def _tf_image_resize(images, size, method="bilinear", preserve_aspect_ratio=False, antialias=False):
+    """tf.image.resize (TensorFlow 2's: half-pixel centres), bilinear or nearest, no antialiasing;
+    nearest keeps the images' dtype, bilinear gives float32 as TensorFlow does."""
+    if method not in ("bilinear", "nearest") or preserve_aspect_ratio or antialias:
+        raise ValueError(f"tf.image.resize with method={str(method)[:20]!r}, preserve_aspect_ratio or antialias is "
+                         "not supported (bilinear, nearest)")
+    height, width = int(size[0]), int(size[1])
+    if not (0 < height <= 1 << 14 and 0 < width <= 1 << 14):
+        raise ValueError(f"tf.image.resize to {height} x {width}: expected sizes in [1, {1 << 14}]")
+    x = images if images.dim() == 4 else images.unsqueeze(0)
+    out = Resizing(height, width, method, False, True).apply(x)
+    out = out.to(images.dtype) if method == "nearest" else out.to(torch.float32) if not images.is_floating_point() else out
+    return out if images.dim() == 4 else out.squeeze(0)
+
+
+def _tf_space(fn):
+    """tf.nn.depth_to_space / space_to_depth, NHWC (or NCHW)."""
+    def space(input, block_size, data_format="NHWC"):  # noqa: A002 - TensorFlow's argument name
+        if data_format not in ("NHWC", "NCHW"):
+            raise ValueError(f"data_format={str(data_format)[:20]!r} is not supported (NHWC, NCHW)")
+        return fn(input, int(block_size), data_format == "NHWC")
+    return space
+
+
 _TF_FUNCTIONS: Dict[str, Callable] = {
     **{f"{p}reduce_{n}": over_axes(f) for p in ("math.", "") for n, f in (
         ("sum", lambda x, a, k: x.sum(dim=a, keepdim=k)), ("mean", lambda x, a, k: x.mean(dim=a, keepdim=k)),
@@ -446,6 +472,8 @@ _TF_FUNCTIONS: Dict[str, Callable] = {
     "image.rgb_to_grayscale": _tf_rgb_to_grayscale, "linalg.det": lambda input: torch.linalg.det(input),  # noqa: A002
     "linalg.inv": lambda input, adjoint=False: torch.linalg.inv_ex(input.transpose(-1, -2) if adjoint else input).inverse,  # noqa: A002,E501
     "linalg.diag": _tf_linalg_diag, "linalg.matrix_transpose": lambda a, conjugate=False: a.transpose(-1, -2),
+    "image.resize": _tf_image_resize, "nn.depth_to_space": _tf_space(depth_to_space),
+    "nn.space_to_depth": _tf_space(space_to_depth),
 }
 TF_FUNCTIONS = frozenset(_TF_FUNCTIONS)
 
