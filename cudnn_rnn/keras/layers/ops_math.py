@@ -24,6 +24,21 @@ def _index_tensor(value, like: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(value, device=like.device).to(torch.int64)
 
 
+def index_tuple(indices, like: torch.Tensor) -> tuple:
+    """[..., k] indices (each row one element's or slice's position in the first k axes) as the k
+    index tensors of advanced indexing."""
+    return tuple(_index_tensor(indices, like).unbind(-1))
+
+
+def put(inputs, indices, updates, accumulate: bool):
+    """inputs with updates written to (accumulate: added at) the positions of indices
+    (keras.ops.scatter_update, tf.tensor_scatter_nd_update / _add)."""
+    out = inputs.clone()
+    out.index_put_(index_tuple(indices, inputs), torch.as_tensor(updates, device=inputs.device).to(inputs.dtype),
+                   accumulate=accumulate)
+    return out
+
+
 def _slice_update(inputs, start_indices, updates):
     """inputs with updates written from start_indices on (one start per axis)."""
     updates = torch.as_tensor(updates, device=inputs.device)
@@ -39,19 +54,16 @@ def _scatter_update(cfg, ctx):
     reduction = Values(cfg, ctx).str("reduction", None, choices=("add", "max", "min", "mul"))
 
     def scatter_update(inputs, indices, updates):
-        index = tuple(_index_tensor(indices, inputs).t())
+        if reduction in (None, "add"):
+            return put(inputs, indices, updates, reduction == "add")
+        # one index row at a time, in order, as Keras applies them
+        combine = {"max": torch.maximum, "min": torch.minimum, "mul": torch.mul}[reduction]
+        rows = _index_tensor(indices, inputs)
         updates = torch.as_tensor(updates, device=inputs.device).to(inputs.dtype)
         out = inputs.clone()
-        if reduction is None:
-            out[index] = updates
-        elif reduction == "add":
-            out.index_put_(index, updates, accumulate=True)
-        else:  # one index row at a time, in order, as Keras applies them
-            combine = {"max": torch.maximum, "min": torch.minimum, "mul": torch.mul}[reduction]
-            rows = torch.stack(index, 1)
-            for i in range(rows.shape[0]):
-                at = tuple(rows[i])
-                out[at] = combine(out[at], updates[i])
+        for i in range(rows.shape[0]):
+            at = tuple(rows[i])
+            out[at] = combine(out[at], updates[i])
         return out
     return scatter_update, f"reduction={reduction}"
 
@@ -64,11 +76,9 @@ def _scatter(cfg, ctx):
     def scatter(indices, values):
         values = torch.as_tensor(values)
         index = _index_tensor(indices, values)
-        depth = index.shape[-1]
-        out = torch.zeros(shape, dtype=values.dtype, device=values.device)
         # values at repeated indices add up
-        out.index_put_(tuple(index.reshape(-1, depth).t()), values.reshape((-1,) + shape[depth:]), accumulate=True)
-        return out
+        return put(torch.zeros(shape, dtype=values.dtype, device=values.device), index,
+                   values.reshape(index.shape[:-1] + shape[index.shape[-1]:]), True)
     return scatter, f"shape={shape}"
 
 
@@ -84,18 +94,24 @@ def _saturate_cast(cfg, ctx):
     if dtype is None:
         raise ctx.error("config has no dtype")
 
-    def saturate_cast(x):
+    bounds = {}  # per input dtype
+
+    def bounds_for(in_dtype):
         # The bounds in x's dtype, nudged toward zero where they left the target's range as
         # Keras compares them: both in x's dtype, so float32's bound for int32 rounds to 2^31,
         # is kept, and casts to -2^31 (Keras's result on x86 too).
-        (in_lo, in_hi), (out_lo, out_hi) = _limits(x.dtype), _limits(dtype)
+        (in_lo, in_hi), (out_lo, out_hi) = _limits(in_dtype), _limits(dtype)
 
         def bound(value, limit, outside):
-            b, lim = torch.tensor(value).to(x.dtype), torch.tensor(limit).to(x.dtype)
-            return torch.nextafter(b, torch.zeros_like(b)) if outside(b, lim) else b
-        lo = bound(builtins.max(in_lo, out_lo), out_lo, torch.lt)
-        hi = bound(builtins.min(in_hi, out_hi), out_hi, torch.gt)
-        return torch.clamp(x, lo.item(), hi.item()).to(dtype)
+            b, lim = torch.tensor(value).to(in_dtype), torch.tensor(limit).to(in_dtype)
+            return (torch.nextafter(b, torch.zeros_like(b)) if outside(b, lim) else b).item()
+        return bound(builtins.max(in_lo, out_lo), out_lo, torch.lt), bound(builtins.min(in_hi, out_hi), out_hi, torch.gt)
+
+    def saturate_cast(x):
+        if x.dtype not in bounds:
+            bounds[x.dtype] = bounds_for(x.dtype)
+        lo, hi = bounds[x.dtype]
+        return torch.clamp(x, lo, hi).to(dtype)
     return saturate_cast, f"dtype={dtype}"
 
 

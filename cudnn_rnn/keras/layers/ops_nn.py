@@ -11,7 +11,7 @@ from typing import Callable, Dict
 import torch
 import torch.nn.functional as F
 
-from .base import channels_last_format
+from .base import channels_last_format, to_channels_first
 from .convolution import Convolution
 from .op_args import axes_arg, dtype_arg, fixed, floating, one_axis
 from .pooling import AdaptivePooling, Pooling
@@ -343,8 +343,7 @@ def _nchw(images, channels_last, fn):
     if images.dim() not in (3, 4):
         raise ValueError(f"expected images of rank 3 or 4, got shape {tuple(images.shape)}")
     batched = images.dim() == 4
-    x = images if batched else images.unsqueeze(0)
-    out = fn(x.permute(0, 3, 1, 2) if channels_last else x)
+    out = fn(to_channels_first(images if batched else images.unsqueeze(0), channels_last))
     if channels_last:
         out = out.permute(0, 2, 3, 1, *range(4, out.dim()))
     return out if batched else out.squeeze(0)

@@ -528,13 +528,10 @@ def _allclose(cfg, ctx):
     return (lambda x1, x2: close(x1, x2, rtol, atol).all()), f"rtol={rtol} atol={atol} equal_nan={equal_nan}"
 
 
-def _nextafter(x1, x2):
-    """In float64, then in the dtype the two promote to (float32 for integers), as Keras computes
-    it: a float32 neighbour rounds back to x1."""
-    a, b = torch.as_tensor(x1), torch.as_tensor(x2)
-    dtype = torch.promote_types(a.dtype, b.dtype)
-    dtype = dtype if dtype.is_floating_point else torch.float32
-    return torch.nextafter(a.to(torch.float64), b.to(torch.float64)).to(dtype)
+def _nextafter(a, b):
+    """In float64, then in the dtype the two promote to (float32 for integers: _both), as Keras
+    computes it: a float32 neighbour rounds back to x1."""
+    return torch.nextafter(a.to(torch.float64), b.to(torch.float64)).to(a.dtype)
 
 
 def _corrcoef(x):
@@ -651,7 +648,7 @@ NUMPY_OPS: Dict[str, Callable] = {
     "Dstack": fixed(_stacked(torch.dstack)),
     "Take": _take, "TakeAlongAxis": _take_along_axis, "Sort": _sort(False), "Argsort": _sort(True),
     # predicates, statistics and views
-    "Isreal": fixed(lambda x: torch.isreal(torch.as_tensor(x))), "AllClose": _allclose, "Nextafter": fixed(_nextafter),
+    "Isreal": fixed(lambda x: torch.isreal(torch.as_tensor(x))), "AllClose": _allclose, "Nextafter": fixed(_both(_nextafter)),
     "Corrcoef": fixed(_corrcoef), "Correlate": _correlate, "UnravelIndex": _unravel_index, "View": _view,
     "Size": fixed(lambda x: torch.scalar_tensor(x.numel(), dtype=torch.int32, device=x.device)),
     "Diff": _diff, "Append": _append, "FullLike": _full_like, "Slice": _slice, "Select": fixed(_select),

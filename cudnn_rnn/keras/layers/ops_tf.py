@@ -14,6 +14,7 @@ from torch import nn
 from ..graph.spec import TensorArg
 from .op_args import DTYPES, all_axes, as_tensor_like, gather, over_axes, pair
 from .ops import MAX_ARGUMENTS, check_constants, fill_arguments, get_item
+from .ops_math import index_tuple, put
 from .ops_nn import depth_to_space, space_to_depth
 from .preprocessing import Resizing
 from .registry import builder
@@ -290,31 +291,21 @@ def _tf_fill(dims, value, layout=None, device=None):
 _MADE_FROM_SIZES.update((_tf_range, _tf_fill))
 
 
-def _tf_index(indices, like):
-    """The last axis of tf.gather_nd / tensor_scatter_nd_* indices as a tuple of index tensors."""
-    return tuple(torch.as_tensor(indices, device=like.device).long().unbind(-1))
-
-
 def _tf_gather_nd(params, indices, batch_dims=0, bad_indices_policy=""):
     if batch_dims:
         raise ValueError("tf.gather_nd with batch_dims is not supported")
-    return params[_tf_index(indices, params)]
+    return params[index_tuple(indices, params)]
 
 
 def _tf_scatter_nd(add: bool):
     """tf.tensor_scatter_nd_update / _add: tensor with updates written to (added at) the indices."""
-    def scatter(tensor, indices, updates, bad_indices_policy=""):
-        out = tensor.clone()
-        out.index_put_(_tf_index(indices, tensor), torch.as_tensor(updates, device=tensor.device).to(tensor.dtype),
-                       accumulate=add)
-        return out
-    return scatter
+    return lambda tensor, indices, updates, bad_indices_policy="": put(tensor, indices, updates, add)
 
 
 def _tf_embedding_lookup(params, ids, partition_strategy="mod", validate_indices=True, max_norm=None):
     if not isinstance(params, torch.Tensor) or max_norm is not None:
         raise ValueError("tf.nn.embedding_lookup of partitioned params or with max_norm is not supported")
-    return params[torch.as_tensor(ids, device=params.device).long()]
+    return gather(params, ids, 0)
 
 
 def _tf_sigmoid_cross_entropy(labels, logits=None):
