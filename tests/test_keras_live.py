@@ -258,6 +258,52 @@ def test_nested_model_output_read_by_a_layer_and_returned(inner_kind, tmp_path):
             np.testing.assert_allclose(y.numpy(), e, atol=1e-5, rtol=1e-5, err_msg=f"{suffix} output {i}")
 
 
+def _sequential_lists(case):
+    if case == "state-last":
+        return keras.Sequential([keras.Input((T, 4)), layers.Masking(0.0), layers.LSTM(3, return_state=True)])
+    if case == "bi-none-then-merge":
+        return keras.Sequential([keras.Input((T, 4)), layers.Masking(0.0),
+                                 layers.Bidirectional(layers.GRU(3, return_sequences=True), merge_mode=None),
+                                 layers.Concatenate(), layers.SimpleRNN(2)])
+    if case == "bi-state-last":
+        return keras.Sequential([keras.Input((T, 4)), layers.Bidirectional(layers.LSTM(3, return_state=True))])
+    inner = keras.Sequential([keras.Input((T, 4)), layers.Masking(0.0),
+                              layers.GRU(3, return_sequences=True, return_state=True)], name="inner")
+    x = keras.Input((T, 4))
+    seq, state = inner(x)
+    return keras.Model(x, layers.Dense(2)(layers.Concatenate()([layers.GlobalAveragePooling1D()(seq), state])))
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("case", ["state-last", "bi-none-then-merge", "bi-state-last", "nested"])
+def test_sequential_passes_a_layers_list_to_the_next(case, tmp_path):
+    """A Sequential hands a layer's whole result to the next layer: after an RNN with
+    return_state or a Bidirectional with merge_mode=None that is a list (every element read by
+    the next layer, or all returned). Keras 3 files, and save_keras of the model loaded from the
+    legacy .h5, reloaded by Keras."""
+    rng = np.random.RandomState(12)
+    model = _sequential_lists(case)
+    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
+    x = rng.uniform(-1, 1, (B, T, 4)).astype("float32")
+    x[1, 4:] = 0
+    expected = model(x)
+    expected = [keras.ops.convert_to_numpy(t) for t in (expected if isinstance(expected, (list, tuple)) else [expected])]
+    for suffix in (".keras", ".h5"):
+        model.save(tmp_path / f"m{suffix}")
+        ours = load_keras(tmp_path / f"m{suffix}")
+        cudnn_rnn.save_keras(ours, tmp_path / "back.keras")
+        back = keras.saving.load_model(tmp_path / "back.keras", compile=False)(x)
+        with torch.no_grad():
+            ys = ours(torch.as_tensor(x))
+        ys = ys if isinstance(ys, list) else [ys]
+        back = back if isinstance(back, (list, tuple)) else [back]
+        assert len(ys) == len(expected) == len(back), suffix
+        for i, (y, b, e) in enumerate(zip(ys, back, expected)):
+            np.testing.assert_allclose(y.numpy(), e, atol=1e-5, rtol=1e-5, err_msg=f"{suffix} output {i}")
+            np.testing.assert_allclose(keras.ops.convert_to_numpy(b), e, atol=1e-6, rtol=1e-6,
+                                       err_msg=f"{suffix} written back, output {i}")
+
+
 def test_keras_2_2_4_defaults_to_hard_sigmoid_gates(tmp_path):
     """Keras <= 2.2.4 configs may omit recurrent_activation, whose default then was hard_sigmoid
     (Keras 2's 0.2x + 0.5): such a file loads as the same file with the key written out."""

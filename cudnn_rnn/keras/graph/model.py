@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from ..._export_shapes import is_sequence
 from ..errors import ConversionError
-from .spec import ModelSpec, Ref, keras_run_order, tensor_refs
+from .spec import EVERY_OUTPUT, ModelSpec, Ref, keras_run_order, tensor_refs
 from ..errors import few
 
 
@@ -141,15 +141,15 @@ class KerasModel(nn.Module):
         for k, (ref, x) in enumerate(zip(self.input_refs, inputs)):
             env[(ref[0], ref[1])] = ([x], [masks[k] if masks else None])
 
-        def fetch(ref):
+        def fetch(ref):  # [(tensor, mask)]: one, or every output of the call (a Sequential's list)
             outs, ms = env[(ref[0], ref[1])]
-            return outs[ref[2]], ms[ref[2]]
+            return list(zip(outs, ms)) if ref[2] == EVERY_OUTPUT else [(outs[ref[2]], ms[ref[2]])]
 
         name, xs = "", []
         try:
             for (name, key, call, refs, mask_refs), dropped, autocast in zip(self.schedule, self.masks_dropped,
                                                                              self._autocast):
-                got = [fetch(r) for r in refs]
+                got = [g for r in refs for g in fetch(r)]
                 xs = [t for t, _ in got]
                 if autocast and floating is not None:  # (a tensor an operation cast to another float dtype)
                     xs = [x.to(floating) if isinstance(x, Tensor) and x.is_floating_point() and x.dtype != floating
@@ -159,7 +159,7 @@ class KerasModel(nn.Module):
                     ms[j] = None
                 if mask_refs is not None:  # an explicit mask=, or a list of them (Attention: [query, value])
                     for j, r in enumerate(mask_refs[: len(ms)]):
-                        ms[j] = fetch(r)[0] if r is not None else None
+                        ms[j] = fetch(r)[0][0] if r is not None else None
                 if not name_failures:
                     outs, out_masks = self.layers[key](xs, ms)
                 else:
@@ -173,7 +173,7 @@ class KerasModel(nn.Module):
             if named is e:
                 raise
             raise named from e
-        results = [fetch(r) for r in self.output_refs]
+        results = [g for r in self.output_refs for g in fetch(r)]
         return [t for t, _ in results], [m for _, m in results]
 
     def example_inputs(self, batch: int = 2, time: int = 5, any_length: bool = False) -> List[Tensor]:

@@ -20,7 +20,12 @@ MODEL_CLASSES = ("Sequential", "Functional", "Model")
 class Ref:
     layer: str
     call: int = 0
-    output: int = 0
+    output: int = 0  # EVERY_OUTPUT: all of the call's outputs, in order
+
+
+# A Sequential passes a layer's whole result to the next layer: where that is a list (an RNN with
+# return_state, a Bidirectional with merge_mode=None), the next layer reads every element of it.
+EVERY_OUTPUT = -1
 
 
 @dataclass(frozen=True)
@@ -295,9 +300,23 @@ def _parse_sequential(body, path) -> ModelSpec:
         calls = [] if entry.get("class_name") == "InputLayer" else [Call([prev])]
         spec = _layer_spec(entry, path, calls)
         layers.append(spec)
-        prev = Ref(spec.name)
+        prev = Ref(spec.name, 0, EVERY_OUTPUT if _returns_list(spec.class_name, spec.config) else 0)
     _unique_names(layers, path)
-    return ModelSpec(_name(body, "sequential"), "Sequential", layers, [Ref(layers[0].name)], [prev])
+    return ModelSpec(_name(body, "sequential"), "Sequential", layers, [Ref(layers[0].name)], [prev],
+                     single_output=prev.output != EVERY_OUTPUT)
+
+
+def _returns_list(class_name: str, config) -> bool:
+    """Whether a layer of this config returns a list when called (keras/src/layers/rnn/rnn.py,
+    bidirectional.py): an RNN with return_state, a Bidirectional with merge_mode=None or around
+    one."""
+    if not isinstance(config, dict):
+        return False
+    if class_name == "Bidirectional":
+        inner = config.get("layer")
+        inner = inner.get("config") if isinstance(inner, dict) else None
+        return config.get("merge_mode", "concat") is None or (isinstance(inner, dict) and inner.get("return_state") is True)
+    return config.get("return_state") is True
 
 
 def _name(body: dict, default: str) -> str:

@@ -36,6 +36,24 @@ def _rnn_config(layer: rnn_layers._RNNBase, name: str, return_sequences: bool, r
                 go_backwards=go_backwards, unroll=False)
 
 
+# Where Keras 3 finds its model classes (registered_name as its .keras files record it). Its
+# legacy .h5 configs omit "module", which keras.saving.load_model needs to read a .keras archive.
+_MODEL_MODULES = {"Sequential": ("keras", None), "Functional": ("keras.src.models.functional", "Functional")}
+
+
+def _with_model_modules(entry):
+    """A copy of a config in which every model (the whole one, nested ones) names its module."""
+    if isinstance(entry, list):
+        return [_with_model_modules(e) for e in entry]
+    if not isinstance(entry, dict):
+        return entry
+    out = {k: _with_model_modules(v) for k, v in entry.items()}
+    known = _MODEL_MODULES.get(entry.get("class_name"))
+    if known is not None and "module" not in entry and isinstance(entry.get("config"), dict):
+        out["module"], out["registered_name"] = known
+    return out
+
+
 _CLASS = {"lstm": "LSTM", "gru": "GRU", "simple_rnn": "SimpleRNN"}
 
 
@@ -120,7 +138,7 @@ def save_keras(module: nn.Module, path: Union[str, os.PathLike]) -> None:
         if not module.keras_version or not str(module.keras_version).startswith("3"):
             raise ConversionError(path, f"the model came from Keras {module.keras_version or '?'}; only models loaded "
                                         "from Keras 3 files (or cudnn_rnn layers) can be written back")
-        config, groups = module.keras_config, _model_groups(module, module.spec)
+        config, groups = _with_model_modules(module.keras_config), _model_groups(module, module.spec)
     elif isinstance(module, (rnn_layers._RNNBase, rnn_layers.Bidirectional)):
         config, groups = _layers_model(module, path)
     else:
