@@ -267,6 +267,17 @@ def _sequential_lists(case):
                                  layers.Concatenate(), layers.SimpleRNN(2)])
     if case == "bi-state-last":
         return keras.Sequential([keras.Input((T, 4)), layers.Bidirectional(layers.LSTM(3, return_state=True))])
+    if case == "sequential-in-sequential":
+        inner = keras.Sequential([keras.Input((T, 4)), layers.Masking(0.0), layers.GRU(3, return_state=True)], name="inner")
+        return keras.Sequential([keras.Input((T, 4)), inner, layers.Concatenate(), layers.Dense(2)])
+    if case == "functional-in-sequential":
+        x = keras.Input((T, 4))
+        h = layers.LSTM(2, return_sequences=True)(x)
+        inner = keras.Model(x, [layers.GlobalAveragePooling1D()(h), layers.Flatten()(h)], name="inner")
+        return keras.Sequential([keras.Input((T, 4)), inner, layers.Concatenate(), layers.Dense(2)])
+    if case == "sequential-in-sequential-last":
+        inner = keras.Sequential([keras.Input((T, 4)), layers.LSTM(3, return_state=True)], name="inner")
+        return keras.Sequential([keras.Input((T, 4)), inner])
     inner = keras.Sequential([keras.Input((T, 4)), layers.Masking(0.0),
                               layers.GRU(3, return_sequences=True, return_state=True)], name="inner")
     x = keras.Input((T, 4))
@@ -275,11 +286,13 @@ def _sequential_lists(case):
 
 
 @pytest.mark.keras
-@pytest.mark.parametrize("case", ["state-last", "bi-none-then-merge", "bi-state-last", "nested"])
+@pytest.mark.parametrize("case", ["state-last", "bi-none-then-merge", "bi-state-last", "nested",
+                                  "sequential-in-sequential", "functional-in-sequential",
+                                  "sequential-in-sequential-last"])
 def test_sequential_passes_a_layers_list_to_the_next(case, tmp_path):
     """A Sequential hands a layer's whole result to the next layer: after an RNN with
-    return_state or a Bidirectional with merge_mode=None that is a list (every element read by
-    the next layer, or all returned). Keras 3 files, and save_keras of the model loaded from the
+    return_state, a Bidirectional with merge_mode=None or a nested model with several outputs that
+    is a list (every element read by the next layer, or all returned). Keras 3 files, and save_keras of the model loaded from the
     legacy .h5, reloaded by Keras."""
     rng = np.random.RandomState(12)
     model = _sequential_lists(case)

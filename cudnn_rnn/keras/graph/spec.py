@@ -300,16 +300,19 @@ def _parse_sequential(body, path) -> ModelSpec:
         calls = [] if entry.get("class_name") == "InputLayer" else [Call([prev])]
         spec = _layer_spec(entry, path, calls)
         layers.append(spec)
-        prev = Ref(spec.name, 0, EVERY_OUTPUT if _returns_list(spec.class_name, spec.config) else 0)
+        prev = Ref(spec.name, 0, EVERY_OUTPUT if _returns_list(spec) else 0)
     _unique_names(layers, path)
     return ModelSpec(_name(body, "sequential"), "Sequential", layers, [Ref(layers[0].name)], [prev],
                      single_output=prev.output != EVERY_OUTPUT)
 
 
-def _returns_list(class_name: str, config) -> bool:
-    """Whether a layer of this config returns a list when called (keras/src/layers/rnn/rnn.py,
-    bidirectional.py): an RNN with return_state, a Bidirectional with merge_mode=None or around
-    one."""
+def _returns_list(layer: LayerSpec) -> bool:
+    """Whether a layer returns a list when called (keras/src/layers/rnn/rnn.py, bidirectional.py):
+    an RNN with return_state, a Bidirectional with merge_mode=None or around one, a nested model
+    with several outputs (or a Sequential ending in such a layer)."""
+    if layer.model is not None:
+        return not layer.model.single_output or len(layer.model.outputs) > 1
+    class_name, config = layer.class_name, layer.config
     if not isinstance(config, dict):
         return False
     if class_name == "Bidirectional":
