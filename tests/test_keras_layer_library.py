@@ -622,6 +622,8 @@ OPS.update({
         keras.ops.slice_update(x, [0, 1, 1], y[:, :2, :2]), keras.ops.scatter_update(x, [[0, 1, 1], [1, 2, 3]], [5.0, 6.0]),
         keras.ops.scatter_update(x, [[0, 1], [1, 4], [0, 1]], np.arange(12, dtype="float32").reshape(3, 4), reduction="add"),
         keras.ops.scatter_update(x, [[1, 2, 3], [1, 2, 3], [0, 0, 0]], [0.5, -0.2, 9.0], reduction="max"),
+        keras.ops.scatter_update(x, [[1, 2], [-1, 0], [1, 2]], y[0, :3], reduction="min"),
+        keras.ops.scatter_update(x, [[0, 1, 1], [1, 2, 3], [0, 1, 1]], [2.0, -3.0, 0.5], reduction="mul"),
         keras.ops.scatter([[0, 1], [2, 3], [0, 1]], y[0, 0, :3], (4, 4)),
         keras.ops.saturate_cast(x * 300, "uint8"), keras.ops.saturate_cast(x * 3e9, "int32"),
         keras.ops.saturate_cast(y * 200, "int8"),

@@ -50,20 +50,30 @@ def _slice_update(inputs, start_indices, updates):
     return out
 
 
+_SCATTER_REDUCE = {"max": "amax", "min": "amin", "mul": "prod"}
+
+
 def _scatter_update(cfg, ctx):
     reduction = Values(cfg, ctx).str("reduction", None, choices=("add", "max", "min", "mul"))
 
     def scatter_update(inputs, indices, updates):
         if reduction in (None, "add"):
             return put(inputs, indices, updates, reduction == "add")
-        # one index row at a time, in order, as Keras applies them
-        combine = {"max": torch.maximum, "min": torch.minimum, "mul": torch.mul}[reduction]
+        # Keras applies the index rows one at a time, in order; scatter_reduce_ does the same
+        # over the first k axes as one (each row's flat position), the rest of each slice alike
+        # (the sizes and strides from the shape's numbers, which torch.export keeps symbolic)
         rows = _index_tensor(indices, inputs)
-        updates = torch.as_tensor(updates, device=inputs.device).to(inputs.dtype)
-        out = inputs.clone()
-        for i in range(rows.shape[0]):
-            at = tuple(rows[i])
-            out[at] = combine(out[at], updates[i])
+        k, rest = rows.shape[-1], inputs.shape[rows.shape[-1]:]
+        strides = [1] * k
+        for j in range(k - 2, -1, -1):
+            strides[j] = strides[j + 1] * inputs.shape[j + 1]
+        sizes, strides = (torch.stack([torch.as_tensor(v, device=rows.device) for v in values])
+                          for values in (inputs.shape[:k], strides))
+        rows = torch.where(rows < 0, rows + sizes, rows)  # negative positions count from the end
+        src = torch.as_tensor(updates, device=inputs.device).to(inputs.dtype).reshape((-1,) + rest)
+        index = (rows * strides).sum(-1).reshape((-1,) + (1,) * len(rest)).expand(src.shape)
+        out = inputs.clone(memory_format=torch.contiguous_format)
+        out.flatten(0, k - 1).scatter_reduce_(0, index, src, _SCATTER_REDUCE[reduction])
         return out
     return scatter_update, f"reduction={reduction}"
 
