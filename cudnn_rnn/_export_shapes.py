@@ -8,7 +8,7 @@ specialises size-1 dimensions) is met by raising the minimum until the guard hol
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, List
+from typing import Callable, Iterator, List, Optional
 
 
 def error_chain(error: BaseException) -> Iterator[BaseException]:
@@ -64,38 +64,64 @@ def _restricts(value: str) -> bool:
     return not value.startswith("Dim(") and (value.isdigit() or any(op in value for op in "*+-/%"))
 
 
-def export_from_length(export: Callable, shapes_from: Callable, shortest: int, longest_minimum: int):
+def export_from_length(export: Callable, shapes_from: Callable, shortest: int, longest_minimum: int,
+                       probe: Optional[Callable] = None):
     """export(shapes_from(minimum), minimum) for the fewest minimum length whose range holds every
     guard of the trace: from ``shortest`` on, doubling up to ``longest_minimum``, then halving the
     gap to the last one that failed. Returns the export's result and the minimum it took (the
-    export run last is that one's: an exporter may write a file)."""
+    export run last is that one's: an exporter may write a file).
 
-    def attempt(minimum):
-        return with_refined_shapes(lambda shapes: export(shapes, minimum), shapes_from(minimum))
+    ``probe`` (same arguments): a cheaper export whose refusal at every minimum ends the search
+    (torch.export's, for the ONNX exporter, which runs it and falls back to exports that do not
+    prove the shapes at each try). Where ``export`` fails at the first minimum, the probe searches
+    the longer ones first; where it holds at none, its refusal is raised, else ``export`` searches
+    on."""
+    first = max(2, shortest)  # torch.export specialises lengths 0 and 1
+    if probe is None or 2 * first > longest_minimum:
+        return _fewest_minimum(export, shapes_from, first, longest_minimum)
+    try:
+        return _attempt(export, shapes_from, first), first
+    except Exception as e:  # noqa: BLE001
+        if not _refused(e):
+            raise
+    try:
+        _fewest_minimum(probe, shapes_from, 2 * first, longest_minimum)
+    except Exception as e:  # noqa: BLE001 - a probe failing otherwise than over the lengths says nothing
+        if _refused(e):
+            raise
+    return _fewest_minimum(export, shapes_from, 2 * first, longest_minimum, failed=first)
 
-    def refused(error):  # a guard over the range: a longer minimum may hold it
-        return "Constraints violated" in _text(error)
 
-    minimum, failed = max(2, shortest), None  # torch.export specialises lengths 0 and 1
+def _refused(error: BaseException) -> bool:
+    """A guard over the range: a longer minimum may hold it."""
+    return "Constraints violated" in _text(error)
+
+
+def _attempt(export: Callable, shapes_from: Callable, minimum: int):
+    return with_refined_shapes(lambda shapes: export(shapes, minimum), shapes_from(minimum))
+
+
+def _fewest_minimum(export: Callable, shapes_from: Callable, minimum: int, longest_minimum: int, failed=None):
+    """The search of export_from_length from ``minimum`` on (``failed``: a shorter one that failed)."""
     while True:
         try:
-            result = attempt(minimum)
+            result = _attempt(export, shapes_from, minimum)
             break
         except Exception as e:  # noqa: BLE001
-            if 2 * minimum > longest_minimum or not refused(e):
+            if 2 * minimum > longest_minimum or not _refused(e):
                 raise
             failed, minimum = minimum, 2 * minimum
     last_ok = True
     while failed is not None and minimum - failed > 1:
         middle = (failed + minimum) // 2
         try:
-            result, minimum, last_ok = attempt(middle), middle, True
+            result, minimum, last_ok = _attempt(export, shapes_from, middle), middle, True
         except Exception as e:  # noqa: BLE001
-            if not refused(e):
+            if not _refused(e):
                 raise
             failed, last_ok = middle, False
     if not last_ok:
-        result = attempt(minimum)
+        result = _attempt(export, shapes_from, minimum)
     return result, minimum
 
 

@@ -207,7 +207,8 @@ def cmd_convert(args) -> int:
         _say(args, "exporting to ONNX (dynamic batch and time)")
         try:
             _, minimum = export_from_length(lambda shapes, m: export(model, example(m), args.out, dynamic_shapes=shapes),
-                                            shapes_from, shortest, 1024)
+                                            shapes_from, shortest, 1024, probe=lambda shapes, m: torch.export.export(
+                                                model, example(m), dynamic_shapes=shapes))
         except OnnxExportError as e:
             print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX: {e}", file=sys.stderr)
             return 2
