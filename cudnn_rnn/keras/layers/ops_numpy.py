@@ -122,12 +122,16 @@ def _quantile_of(x, q, axis, method, keepdims, nan):
     return out
 
 
-def _quantile(scale: float, nan: bool):
-    """Quantile (q in [0, 1]) and Percentile (q in [0, 100]: scale 100), and their NaN-aware forms."""
+def _quantile(scale: float, nan: bool, reads_method: bool = True):
+    """Quantile (q in [0, 1]) and Percentile (q in [0, 100]: scale 100), and their NaN-aware forms.
+    reads_method False: Keras's recorded Quantile interpolates linearly whatever its method says
+    (keras.src.ops.numpy.Quantile.call passes none to the backend, on every backend), and so does
+    the converted one."""
     def build(cfg, ctx):
         v = Values(cfg, ctx)
         axis, keepdims = axes_arg(cfg, ctx), v.bool("keepdims", False)
         method = v.str("method", "linear", choices=("linear", "lower", "higher", "midpoint", "nearest"))
+        method = method if reads_method else "linear"
 
         def quantile(x, q):
             q = torch.as_tensor(q, dtype=torch.float64) / scale
@@ -626,7 +630,7 @@ NUMPY_OPS: Dict[str, Callable] = {
     "Nanvar": whole_reduction(_nanvar, "nanvar", True),
     "Nanstd": whole_reduction(lambda x, a, k: torch.sqrt(_nanvar(x, a, k)), "nanstd", True),
     "Median": _median(False), "Nanmedian": _median(True),
-    "Quantile": _quantile(1.0, False), "Percentile": _quantile(100.0, False),
+    "Quantile": _quantile(1.0, False, reads_method=False), "Percentile": _quantile(100.0, False),
     "Nanquantile": _quantile(1.0, True), "Nanpercentile": _quantile(100.0, True),
     "Average": _average, "CountNonzero": _count_nonzero,
     "Nanargmax": _nan_arg(-math.inf, torch.argmax), "Nanargmin": _nan_arg(math.inf, torch.argmin),
