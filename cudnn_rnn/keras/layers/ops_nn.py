@@ -15,7 +15,7 @@ from .base import channels_last_format, to_channels_first
 from .convolution import Convolution
 from .op_args import axes_arg, dtype_arg, fixed, floating, one_axis
 from .pooling import AdaptivePooling, Pooling
-from .preprocessing import Resizing
+from .preprocessing import Resizing, aspect_padding
 from .values import MAX_SIZE, Values, int_tuple
 
 EPSILON = 1e-7  # keras.config.epsilon()
@@ -486,10 +486,10 @@ def _resize(cfg, ctx):
     interpolation = v.str("interpolation", "bilinear")
     if interpolation not in ("bilinear", "nearest", "bicubic"):
         raise ctx.error(f"Resize interpolation={interpolation[:40]!r} is not supported (bilinear, bicubic, nearest)")
-    if v.bool("pad_to_aspect_ratio", False) or v.bool("antialias", False):
-        raise ctx.error("Resize with pad_to_aspect_ratio or antialias is not supported")
+    if v.bool("antialias", False):
+        raise ctx.error("Resize with antialias is not supported")
     module = Resizing(size[0], size[1], interpolation, v.bool("crop_to_aspect_ratio", False),
-                      channels_last_format(cfg, ctx))
+                      channels_last_format(cfg, ctx), *aspect_padding(cfg, ctx))
 
     def resize(images):
         if images.dim() == 3:  # one image

@@ -93,23 +93,32 @@ class Standardize(_Single):
 class Resizing(_Single):
     """keras.layers.Resizing: bilinear or bicubic (half-pixel, no antialiasing; bicubic as Keras's
     torch backend computes it, see shape.py) or nearest (half-pixel),
-    after a centred crop to the target's aspect ratio with crop_to_aspect_ratio."""
+    after a centred crop to the target's aspect ratio with crop_to_aspect_ratio, or with
+    pad_to_aspect_ratio after padding to it with ``fill`` (the same whole number of rows or columns
+    on both sides, as Keras's backends pad: one fewer than the aspect ratio asks where that is odd)."""
 
     keeps_mask = False
 
-    def __init__(self, height: int, width: int, interpolation: str, crop: bool, channels_last: bool):
+    def __init__(self, height: int, width: int, interpolation: str, crop: bool, channels_last: bool,
+                 pad: bool = False, fill: float = 0.0):
         super().__init__()
         self.size, self.interpolation, self.crop, self.channels_last = (height, width), interpolation, crop, channels_last
+        self.pad, self.fill = pad, fill
 
     def apply(self, x):
         h = to_channels_first(x, self.channels_last)
+        th, tw = self.size
         if self.crop:
             height, width = h.shape[-2], h.shape[-1]
-            th, tw = self.size
             ch = max(min(height, int(float(width * th) / tw)), 1)
             cw = max(min(width, int(float(height * tw) / th)), 1)
             h = h[..., int(float(height - ch) / 2):int(float(height - ch) / 2) + ch,
                   int(float(width - cw) / 2):int(float(width - cw) / 2) + cw]
+        elif self.pad:
+            height, width = h.shape[-2], h.shape[-1]
+            top = int(float(max(height, int(float(width * th) / tw)) - height) / 2)
+            left = int(float(max(width, int(float(height * tw) / th)) - width) / 2)
+            h = torch.nn.functional.pad(h if h.is_floating_point() else h.float(), (left, left, top, top), value=self.fill)
         mode = "nearest-exact" if self.interpolation == "nearest" else self.interpolation
         y = torch.nn.functional.interpolate(h.float() if not h.is_floating_point() else h, size=self.size, mode=mode,
                                             align_corners=None if mode == "nearest-exact" else False, antialias=False)
@@ -275,10 +284,19 @@ def build_resizing(cfg, ctx):
     if interpolation not in ("bilinear", "nearest", "bicubic"):
         raise ctx.error(f"Resizing interpolation={interpolation[:40]!r} is not supported (bilinear, bicubic, nearest; "
                         "Keras's torch backend refuses the Lanczos filters too)")
-    if v.bool("pad_to_aspect_ratio", False) or v.bool("antialias", False):
-        raise ctx.error("Resizing with pad_to_aspect_ratio or antialias is not supported")
+    if v.bool("antialias", False):
+        raise ctx.error("Resizing with antialias is not supported")
     return Resizing(v.int("height", lo=1), v.int("width", lo=1), interpolation, v.bool("crop_to_aspect_ratio", False),
-                    channels_last_format(cfg, ctx))
+                    channels_last_format(cfg, ctx), *aspect_padding(cfg, ctx))
+
+
+def aspect_padding(cfg, ctx):
+    """(pad, fill) of Keras's resize: pad_to_aspect_ratio and its constant fill_value."""
+    v = Values(cfg, ctx)
+    pad = v.bool("pad_to_aspect_ratio", False)
+    if pad and v.str("fill_mode", "constant") != "constant":
+        raise ctx.error("pad_to_aspect_ratio with fill_mode other than 'constant' (Keras supports only that)")
+    return pad, v.float("fill_value", 0.0) if pad else 0.0
 
 
 class Keras2RandomCrop(Resizing):
