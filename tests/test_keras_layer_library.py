@@ -507,7 +507,7 @@ def test_resizing_and_spectral_normalization(seed, tmp_path):
     fmt = ["channels_last", "channels_first"][seed % 2]
     layer = layers.Resizing(int(rng.randint(2, 9)), int(rng.randint(2, 9)), data_format=fmt,
                             interpolation=["bilinear", "nearest", "bicubic"][seed % 3], crop_to_aspect_ratio=bool(seed % 3 == 0),
-                            pad_to_aspect_ratio=bool(seed % 3 == 1), fill_value=0.25)
+                            pad_to_aspect_ratio=bool(seed % 3 == 1), fill_value=0.25, antialias=bool(seed % 2 == 0))
     check_against_keras(layer, [(6, 7, 3) if fmt == "channels_last" else (3, 6, 7)], rng, tmp_path)
     inner = layers.Dense(3, activation="tanh") if seed % 2 else layers.Conv2D(2, 3, padding="same")
     sn = layers.SpectralNormalization(inner, power_iterations=int(rng.randint(1, 3)))
@@ -703,6 +703,9 @@ def test_recorded_operations_on_integers_images_and_attention(tmp_path):
         # padded to the aspect ratio: columns (13 asked, an odd count: 6 on each side), then rows
         keras.ops.image.resize(img, (3, 8), pad_to_aspect_ratio=True, fill_value=0.5),
         keras.ops.image.resize(img, (9, 4), pad_to_aspect_ratio=True, interpolation="bicubic"),
+        # antialiased (TensorFlow and torch weigh alike): down, and up in bicubic
+        keras.ops.image.resize(img, (3, 5), antialias=True),
+        keras.ops.image.resize(img, (11, 13), interpolation="bicubic", antialias=True),
         keras.ops.image.crop_images(img, top_cropping=1, bottom_cropping=2, target_width=5, right_cropping=1),
         keras.ops.image.pad_images(img, 1, 2, target_height=12, target_width=11),
         # convolutions by constant kernels (Keras writes the arrays)

@@ -486,10 +486,8 @@ def _resize(cfg, ctx):
     interpolation = v.str("interpolation", "bilinear")
     if interpolation not in ("bilinear", "nearest", "bicubic"):
         raise ctx.error(f"Resize interpolation={interpolation[:40]!r} is not supported (bilinear, bicubic, nearest)")
-    if v.bool("antialias", False):
-        raise ctx.error("Resize with antialias is not supported")
     module = Resizing(size[0], size[1], interpolation, v.bool("crop_to_aspect_ratio", False),
-                      channels_last_format(cfg, ctx), *aspect_padding(cfg, ctx))
+                      channels_last_format(cfg, ctx), *aspect_padding(cfg, ctx), antialias=v.bool("antialias", False))
 
     def resize(images):
         if images.dim() == 3:  # one image
