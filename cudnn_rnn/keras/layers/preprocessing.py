@@ -91,8 +91,8 @@ class Standardize(_Single):
 
 
 class Resizing(_Single):
-    """keras.layers.Resizing: bilinear or bicubic (half-pixel, no antialiasing; bicubic as Keras's
-    torch backend computes it, see shape.py) or nearest (half-pixel),
+    """keras.layers.Resizing: bilinear or bicubic (half-pixel; bicubic without antialiasing as
+    Keras's torch backend computes it, see shape.py) or nearest (half-pixel),
     after a centred crop to the target's aspect ratio with crop_to_aspect_ratio, or with
     pad_to_aspect_ratio after padding to it with ``fill`` (the same whole number of rows or columns
     on both sides, as Keras's backends pad: one fewer than the aspect ratio asks where that is odd).
