@@ -110,6 +110,7 @@ class Resizing(_Single):
 
     def apply(self, x):
         h = to_channels_first(x, self.channels_last)
+        h = h if h.is_floating_point() else h.float()
         th, tw = self.size
         if self.crop:
             height, width = h.shape[-2], h.shape[-1]
@@ -121,9 +122,9 @@ class Resizing(_Single):
             height, width = h.shape[-2], h.shape[-1]
             top = int(float(max(height, int(float(width * th) / tw)) - height) / 2)
             left = int(float(max(width, int(float(height * tw) / th)) - width) / 2)
-            h = torch.nn.functional.pad(h if h.is_floating_point() else h.float(), (left, left, top, top), value=self.fill)
+            h = torch.nn.functional.pad(h, (left, left, top, top), value=self.fill)
         mode = "nearest-exact" if self.interpolation == "nearest" else self.interpolation
-        y = torch.nn.functional.interpolate(h.float() if not h.is_floating_point() else h, size=self.size, mode=mode,
+        y = torch.nn.functional.interpolate(h, size=self.size, mode=mode,
                                             align_corners=None if mode == "nearest-exact" else False,
                                             antialias=self.antialias)
         return from_channels_first(y, self.channels_last)
