@@ -229,6 +229,36 @@ def test_nested_models_and_shared_layers(tmp_path):
 
 
 @pytest.mark.keras
+def test_time_distributed_model_and_frozen_nested_batch_norm(tmp_path):
+    """TimeDistributed of a whole Sequential (BatchNormalization, a frozen convolution) and a
+    frozen functional base with BatchNormalization as a nested model: .keras and legacy .h5 (which
+    lists a nested model's trainable weights first), and save_keras's file read back by Keras."""
+    rng = np.random.RandomState(13)
+    frame = keras.Sequential([keras.Input((6, 6, 2)), layers.Conv2D(3, 3, padding="same"), layers.BatchNormalization(),
+                              layers.Conv2D(4, 1), layers.GlobalAveragePooling2D()])
+    frame.layers[0].trainable = False
+    i = keras.Input((6, 6, 2))
+    base = keras.Model(i, layers.Dense(3)(layers.Flatten()(layers.BatchNormalization()(layers.Conv2D(2, 3)(i)))))
+    base.trainable = False
+    video, image = keras.Input((T, 6, 6, 2)), keras.Input((6, 6, 2))
+    out = layers.Concatenate()([layers.GRU(4)(layers.TimeDistributed(frame)(video)), base(image)])
+    model = keras.Model([video, image], out)
+    model.set_weights([rng.uniform(0.5, 1.5, w.shape).astype("float32") if "variance" in v.path
+                       else rng.uniform(-0.6, 0.6, w.shape).astype("float32") for v, w in zip(model.weights, model.get_weights())])
+    xs = [rng.uniform(-1, 1, (B, T, 6, 6, 2)).astype("float32"), rng.uniform(-1, 1, (B, 6, 6, 2)).astype("float32")]
+    expected = keras.ops.convert_to_numpy(model(xs))
+    for suffix in (".keras", ".h5"):
+        model.save(tmp_path / f"m{suffix}")
+        ours = load_keras(tmp_path / f"m{suffix}")
+        with torch.no_grad():
+            y = ours(*[torch.as_tensor(x) for x in xs]).numpy()
+        np.testing.assert_allclose(y, expected, atol=1e-5, rtol=1e-5, err_msg=suffix)
+    cudnn_rnn.save_keras(ours, tmp_path / "back.keras")
+    back = keras.models.load_model(tmp_path / "back.keras")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(back(xs)), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.keras
 @pytest.mark.parametrize("inner_kind", ["functional", "sequential"])
 def test_nested_model_output_read_by_a_layer_and_returned(inner_kind, tmp_path):
     """Keras 3 numbers a nested Functional model's calls from 0 where a layer reads them and from

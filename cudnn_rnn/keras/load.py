@@ -289,6 +289,18 @@ def _declared_dtype(spec: ModelSpec) -> torch.dtype:
     return torch.float64 if names and all(n == "float64" for n in names) else torch.float32
 
 
+def _nested_builder(path: str, version, dtype, where: str, custom: Mapping[str, Callable]) -> Callable:
+    """BuildContext.nested for a layer at `where`: a model its wrapper holds (TimeDistributed of a
+    per-frame CNN), parsed, its classes checked and built like a nested model."""
+
+    def build(serialized: dict, weights) -> NestedModel:
+        spec = parse_model(serialized, path)
+        _check_classes(spec, custom, path)
+        return NestedModel(_build(spec, path, version, weights.child_source(spec), dtype, where, None, custom))
+
+    return build
+
+
 def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, where: str, progress,
            custom: Mapping[str, Callable]) -> KerasModel:
     modules = {}
@@ -300,7 +312,8 @@ def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, whe
             modules[layer.name] = NestedModel(_build(layer.model, path, version, child, dtype, f"{where}/{layer.name}",
                                                      progress, custom))
             continue
-        ctx = BuildContext(path, version, layer, source.for_layer(layer), dtype)
+        ctx = BuildContext(path, version, layer, source.for_layer(layer), dtype,
+                           nested=_nested_builder(path, version, dtype, f"{where}/{layer.name}", custom))
         if _is_op(layer, custom):
             modules[layer.name] = build_op(layer, ctx)
             continue

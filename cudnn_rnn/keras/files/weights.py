@@ -38,8 +38,9 @@ class LayerWeights(abc.ABC):
         """Arrays per group, in Keras order, shapes checked against `shapes` where given."""
 
     @abc.abstractmethod
-    def child_source(self, spec: ModelSpec) -> "WeightSource":
-        """Where a nested model held by this layer finds its layers' weights."""
+    def child_source(self, spec: ModelSpec, sub: str = "") -> "WeightSource":
+        """Where a nested model held by this layer finds its layers' weights; `sub`: the model's
+        sub-path below the layer where a wrapper holds it (TimeDistributed's "layer")."""
 
     def vocabulary(self) -> Optional[List[str]]:
         """The lines of the layer's vocabulary asset (a .keras file's
@@ -100,8 +101,8 @@ class _Keras3Layer(LayerWeights):
                         for key, exp in zip(keys, expected)])
         return out
 
-    def child_source(self, spec: ModelSpec) -> "WeightSource":
-        return Keras3Source(self.kf, spec, prefix=self.path, index=self.index)
+    def child_source(self, spec: ModelSpec, sub: str = "") -> "WeightSource":
+        return Keras3Source(self.kf, spec, prefix="/".join(p for p in (self.path, sub) if p), index=self.index)
 
     def vocabulary(self):
         text = self.kf.assets.get(f"assets/{self.path}/vocabulary.txt")
@@ -173,20 +174,69 @@ class _FlatLayer(LayerWeights):
             i += count
         return out
 
-    def child_source(self, spec: ModelSpec) -> "WeightSource":
-        return _PoolSource(self.kf, self.datasets, self.where)
+    def child_source(self, spec: ModelSpec, sub: str = "") -> "WeightSource":
+        return _PoolSource(self.kf, self.datasets, self.where, spec)  # (one flat list, wrapped or not)
 
     def take_all(self):
         return [check_array(self.kf.path, name, array, self.layer) for name, array in self.datasets]
 
 
-class _PoolSource(WeightSource):
-    """A nested model's weights in a legacy file: one flat list, taken layer by layer in order."""
+_NOT_LAYERS = ("dtype", "initializer", "regularizer", "constraint")  # config keys of serialized non-layers
 
-    def __init__(self, kf, datasets, where):
+
+def _serialized_names(value, out: set, depth: int = 0) -> set:
+    """The names of every layer serialized inside a config (a wrapper's layer, a model's
+    layers, theirs in turn)."""
+    if depth > 64:
+        return out
+    if isinstance(value, dict):
+        inner = value.get("config")
+        if isinstance(value.get("class_name"), str) and isinstance(inner, dict) and isinstance(inner.get("name"), str):
+            out.add(inner["name"])
+        for k, v in value.items():
+            if not str(k).endswith(_NOT_LAYERS):
+                _serialized_names(v, out, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _serialized_names(v, out, depth + 1)
+    return out
+
+
+def _by_layer_name(datasets, spec: Optional[ModelSpec]) -> Optional[Dict[str, list]]:
+    """A nested model's flat list split by the layer each weight name starts with, or None where
+    the names do not tell. Keras writes a nested model's weights trainable ones first, then the
+    rest (a BatchNormalization's moving statistics, every weight of a frozen layer), each part in
+    layer order, and names each weight `<layer>/<variable>` (tf.keras: `:0` after, and sometimes
+    an enclosing scope before): the names put them back with their layers. A name is read at its
+    first part that names a layer of the model, or a layer inside one (a wrapper's, a nested
+    model's), which counts for the model's layer holding it."""
+    if spec is None:
+        return None
+    owner: Dict[str, Optional[str]] = {}
+    for layer in spec.layers:
+        for name in _serialized_names(layer.config, {layer.name}):
+            owner[name] = layer.name if owner.get(name, layer.name) == layer.name else None  # None: two claim it
+    out: Dict[str, list] = {}
+    for name, array in datasets:
+        parts = str(name).split("/")
+        found = next((owner[p] for p in parts[:-1] if p in owner), None)
+        if found is None:
+            return None
+        out.setdefault(found, []).append((name, array))
+    return out
+
+
+class _PoolSource(WeightSource):
+    """A nested model's weights in a legacy file: one flat list, split by weight name where the
+    names tell (_by_layer_name), else taken layer by layer in order."""
+
+    def __init__(self, kf, datasets, where, spec: Optional[ModelSpec] = None):
         self.kf, self.datasets, self.where, self.pos = kf, datasets, where, 0
+        self.by_name = _by_layer_name(datasets, spec)
 
     def for_layer(self, layer: LayerSpec) -> LayerWeights:
+        if self.by_name is not None:
+            return _FlatLayer(self.kf, layer.name, self.by_name.get(layer.name, []), self.where)
         source = self
 
         class _Slice(LayerWeights):
@@ -198,7 +248,7 @@ class _PoolSource(WeightSource):
                 source.pos += n
                 return _FlatLayer(source.kf, layer.name, chunk, source.where).take(groups, shapes)
 
-            def child_source(self, spec):
+            def child_source(self, spec, sub=""):
                 return source
 
             def take_all(self):
@@ -251,8 +301,8 @@ class RecordingSource(WeightSource):
                 records.setdefault(key, []).append([[np.asarray(a) for a in g] for g in got])
                 return got
 
-            def child_source(self, spec):
-                return RecordingSource(inner.child_source(spec), records, f"{key}/")
+            def child_source(self, spec, sub=""):
+                return RecordingSource(inner.child_source(spec, sub), records, f"{key}/")
 
             def take_all(self):
                 got = inner.take_all()
@@ -305,7 +355,7 @@ class ReplaySource(WeightSource):
                 source.used[key] = i + 1
                 return [[np.asarray(a) for a in g] for g in got]
 
-            def child_source(self, spec):
+            def child_source(self, spec, sub=""):
                 return ReplaySource(source.records, source.path, f"{key}/")
 
             def vocabulary(self):

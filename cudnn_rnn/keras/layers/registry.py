@@ -107,6 +107,10 @@ class BuildContext:
     spec: LayerSpec
     weights: LayerWeights
     dtype: torch.dtype = torch.float32
+    # Builds a model a wrapper holds: (its serialized config {"class_name", "config"}, its
+    # weights: a LayerWeights whose child_source finds them) -> a module of the graph call
+    # protocol (load.py gives it; None where no model may be nested).
+    nested: Optional[Callable[[dict, object], nn.Module]] = None
 
     @property
     def keras_major(self) -> int:

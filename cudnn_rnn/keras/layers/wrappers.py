@@ -9,7 +9,7 @@ from torch import nn
 
 from ..errors import ConversionError
 from ..files.weights import LayerWeights
-from ..graph.spec import LayerSpec
+from ..graph.spec import MODEL_CLASSES, LayerSpec
 from .registry import BUILDERS, BuildContext, builder, holds_weights, keras_groups, layer_config_of
 
 
@@ -37,7 +37,7 @@ class TimeDistributed(nn.Module):
 
 
 class _SubWeights:
-    """The weights of a wrapped layer, addressed below the wrapper (Keras 3 sub-path)."""
+    """The weights of a wrapped layer (or model), addressed below the wrapper (Keras 3 sub-path)."""
 
     def __init__(self, outer: LayerWeights, sub: str):
         self.outer, self.sub = outer, sub
@@ -45,13 +45,18 @@ class _SubWeights:
     def take(self, groups, shapes=None):
         return self.outer.take([("/".join(p for p in (self.sub, s) if p), n) for s, n in groups], shapes)
 
+    def child_source(self, spec, sub=""):
+        return self.outer.child_source(spec, "/".join(p for p in (self.sub, sub) if p))
 
-def _inner(cfg, ctx, wrapper: str):
+
+def _inner(cfg, ctx, wrapper: str, models: bool = False):
+    """(class, config, spec) of the wrapped layer; models: a Sequential or Functional model may be
+    wrapped (built by ctx.nested)."""
     try:
         cls, inner_cfg = layer_config_of(cfg.get("layer"))
     except ValueError as e:
         raise ctx.error(f"{wrapper}: {e}") from None
-    if cls not in BUILDERS:
+    if cls not in BUILDERS and not (models and cls in MODEL_CLASSES):
         raise ctx.error(f"{wrapper}({cls[:100]}): the layer class {cls[:100]!r} is not supported")
     if not isinstance(inner_cfg, dict):
         raise ctx.error(f"{wrapper}: the wrapped layer's config is not a JSON object")
@@ -68,7 +73,11 @@ def _inner_holds_weights(cfg) -> bool:
 
 @builder("TimeDistributed", weights=_inner_holds_weights)
 def build_time_distributed(cfg, ctx):
-    cls, inner_cfg, inner_spec = _inner(cfg, ctx, "TimeDistributed")
+    cls, inner_cfg, inner_spec = _inner(cfg, ctx, "TimeDistributed", models=True)
+    if cls in MODEL_CLASSES:  # a per-frame CNN as a model of its own: built as a nested model
+        if ctx.nested is None:
+            raise ctx.error(f"TimeDistributed({cls}): a wrapped model is not supported here")
+        return TimeDistributed(ctx.nested({"class_name": cls, "config": inner_cfg}, _SubWeights(ctx.weights, "layer")))
     inner_ctx = BuildContext(ctx.path, ctx.keras_version, inner_spec, _SubWeights(ctx.weights, "layer"), ctx.dtype)
     return TimeDistributed(BUILDERS[cls](inner_cfg, inner_ctx))
 
@@ -138,7 +147,7 @@ class _NoWeights(LayerWeights):
             raise self.ctx.error("a Pipeline of layers that hold weights is not supported")
         return [[] for _ in groups]
 
-    def child_source(self, spec):
+    def child_source(self, spec, sub=""):
         raise self.ctx.error("a Pipeline holding a model is not supported")
 
     def take_all(self):

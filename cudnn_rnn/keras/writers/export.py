@@ -19,6 +19,7 @@ from ..errors import ConversionError
 from ..graph.spec import ModelSpec, snake_case
 from ..graph.model import KerasModel, NestedModel
 from ..layers.registry import keras_groups
+from ..layers.wrappers import TimeDistributed
 
 KERAS_VERSION = "3.15.1"  # the format written (Keras 3 saving_lib layout)
 
@@ -102,6 +103,8 @@ def _model_groups(model: KerasModel, spec: ModelSpec, prefix: str = "") -> List[
         module = model.layers[layer.name.replace(".", "_")]
         if isinstance(module, NestedModel):
             groups += _model_groups(module.model, layer.model, path)
+        elif isinstance(module, TimeDistributed) and isinstance(module.layer, NestedModel):
+            groups += _model_groups(module.layer.model, module.layer.model.spec, f"{path}/layer")
         else:
             groups += [("/".join(p for p in (path, sub) if p), ws) for sub, ws in keras_groups(module)]
     return groups
