@@ -220,6 +220,26 @@ def test_weights_only_needs_architecture():
         load_keras(os.path.join(DATA, "k3_sequential.weights.h5"))
 
 
+def test_json_model_config_given_as_the_model(tmp_path):
+    """model.to_json()'s file holds no weights: as the model it is refused with what to do; as an
+    architecture it must be a UTF-8 Keras model config."""
+    arch = os.path.join(DATA, "tfk_sequential.json")
+    with pytest.raises(ConversionError, match=r"tfk_sequential.json: holds a model config \(JSON\) and no weights: "
+                                              r"load the weights file with this as its architecture"):
+        load_keras(arch)
+    weights = os.path.join(DATA, "tfk_sequential_weights.h5")
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b'{"class_name": "Sequential", "config": {"name": "\xff"}}')
+    with pytest.raises(ConversionError, match="bad.json: looks like a JSON model config but is not UTF-8 text"):
+        load_keras(weights, architecture=bad)
+    bad.write_text('{"config": {"layers": []}}')
+    with pytest.raises(ConversionError, match=r"bad.json: the JSON does not describe a Keras model \(no class_name\)"):
+        load_keras(weights, architecture=bad)
+    bad.write_text('{"class_name": "Sequential", "config": ')
+    with pytest.raises(ConversionError, match="bad.json: the model config is not valid JSON"):
+        load_keras(weights, architecture=bad)
+
+
 def test_legacy_weight_names_point_nowhere(tmp_path):
     p = tmp_path / "l.h5"
     shutil.copy(LEGACY, p)

@@ -99,6 +99,18 @@ def test_fixture_matches_keras(fixture, filename, architecture):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=f"output {i} of {filename}")
 
 
+def test_architecture_as_a_json_file():
+    """A weights-only legacy file with the architecture model.to_json() wrote, given as the JSON
+    file's path (the Keras 2 pairing of model.json and save_weights)."""
+    data = np.load(os.path.join(DATA, "tfk_sequential.npz"))
+    model = load_keras(os.path.join(DATA, "tfk_sequential_weights.h5"),
+                       architecture=os.path.join(DATA, "tfk_sequential.json"))
+    assert model.keras_version.startswith("2.")
+    with torch.no_grad():
+        out = model(torch.as_tensor(data["input_0"]))
+    np.testing.assert_allclose(out.numpy(), data["output_0"], atol=1e-5, rtol=1e-5)
+
+
 def test_converted_model_repr_gives_its_size():
     model = load_keras(os.path.join(DATA, "tfk_sequential.h5"))
     text = repr(model)

@@ -42,8 +42,9 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
         path (str or os.PathLike): a ``.keras`` archive, a full-model legacy ``.h5``, or a
             weights-only file (``.weights.h5``, legacy weights ``.h5``) with ``architecture``.
         architecture (str or dict, optional): for a weights-only file: a ``.keras`` / full ``.h5``
-            file, a model config dict (``model.get_config()`` wrapped as
-            ``{"class_name", "config"}``) or a JSON string of it. The Keras version it records
+            file, a ``.json`` file ``model.to_json()`` wrote, a model config dict
+            (``model.get_config()`` wrapped as ``{"class_name", "config"}``) or a JSON string of
+            it. The Keras version it records
             (``keras_version``) decides the layers' defaults and activations. Default: ``None``.
         dtype (torch.dtype, optional): of the converted parameters. Default: ``None``, the
             model's own: ``torch.float64`` where every layer that declares a floating dtype
@@ -376,7 +377,7 @@ def _input_spec(spec: ModelSpec, ref, path) -> tuple:
 
 
 def _architecture_config(architecture, path):
-    """(config, keras_version or None) from a config dict, a JSON string or a model file."""
+    """(config, keras_version or None) from a config dict, a JSON string, or a model or JSON file."""
     if isinstance(architecture, dict):
         version = architecture.get("keras_version")
         return architecture, version if isinstance(version, str) else None

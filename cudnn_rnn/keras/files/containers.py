@@ -143,7 +143,11 @@ def _keras_file(path: str, header: dict, blob: bytearray) -> KerasFile:
     from_zip = header.get("container") == "zip"
     what = "config.json" if from_zip else "the model config"
     config = load_json(path, header["config"], what) if header.get("config") is not None else None
-    if from_zip:
+    if header.get("container") == "json":  # model.to_json(): the version beside the config
+        if not isinstance(config, dict) or "class_name" not in config:
+            raise ConversionError(path, "the JSON does not describe a Keras model (no class_name)")
+        version = config.get("keras_version")
+    elif from_zip:
         if not isinstance(config, dict) or "class_name" not in config:
             raise ConversionError(path, "config.json does not describe a Keras object (no class_name)")
         metadata = load_json(path, header["metadata"], "metadata.json") if header.get("metadata") is not None else None

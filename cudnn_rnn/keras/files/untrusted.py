@@ -68,6 +68,8 @@ def parse(fobj, size: int, config_only: bool = False) -> Tuple[dict, bytearray]:
             return _parse_zip(fobj, size, config_only)
         if head.startswith(HDF5_MAGIC):
             return _H5(fobj, size).parse(config_only)
+        if _looks_like_json(fobj.read(64)):
+            return _parse_json_config(fobj, size, config_only)
         raise ParseError("is neither a .keras zip archive nor an HDF5 file (.h5 / .weights.h5)")
     except ParseError:
         raise
@@ -78,6 +80,25 @@ def parse(fobj, size: int, config_only: bool = False) -> Tuple[dict, bytearray]:
         raise ParseError("its structure nests too deeply") from None
     except Exception as e:  # noqa: BLE001 - the boundary: any library's failure is the file's
         raise ParseError(f"cannot be read ({type(e).__name__}: {_short(e)})") from None
+
+
+def _looks_like_json(start: bytes) -> bool:
+    return start.lstrip(b"\xef\xbb\xbf").lstrip(b" \t\r\n").startswith(b"{")
+
+
+def _parse_json_config(fobj, size: int, config_only: bool) -> Tuple[dict, bytearray]:
+    """A model config saved as JSON (`model.to_json()`): an architecture, no weights."""
+    if not config_only:
+        raise ParseError("holds a model config (JSON) and no weights: load the weights file with this as its "
+                         "architecture (load_keras(WEIGHTS, architecture=...))")
+    if size > MAX_CONFIG_BYTES:
+        raise ParseError(f"the model config exceeds {MAX_CONFIG_BYTES} bytes")
+    fobj.seek(0)
+    try:
+        text = fobj.read(MAX_CONFIG_BYTES + 1).decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ParseError("looks like a JSON model config but is not UTF-8 text") from None
+    return {"container": "json", "config": text, "layout": None}, bytearray()
 
 
 def _short(e: BaseException, limit: int = 300) -> str:
