@@ -24,6 +24,9 @@ CASES = [
     ("tfk_functional", "tfk_functional.h5", None),
     ("tfk_cudnn", "tfk_cudnn.h5", None),
     ("tfk_nested", "tfk_nested.h5", None),
+    ("tfk_bicubic", "tfk_bicubic.h5", None),
+    ("tfk_bicubic", "tfk_bicubic.keras", None),
+    ("k3_bicubic", "k3_bicubic.h5", None),
     ("tfk_frame_cnn", "tfk_frame_cnn.h5", None),
     ("tfk_frame_cnn", "tfk_frame_cnn.keras", None),
     ("k3_frame_cnn", "k3_frame_cnn.h5", None),
@@ -108,6 +111,22 @@ def test_architecture_as_a_json_file():
     assert model.keras_version.startswith("2.")
     with torch.no_grad():
         out = model(torch.as_tensor(data["input_0"]))
+    np.testing.assert_allclose(out.numpy(), data["output_0"], atol=1e-5, rtol=1e-5)
+
+
+def test_converted_file_keeps_the_backend(tmp_path):
+    """A converted .pt of a file TensorFlow's Keras wrote rebuilds its bicubic resizes as
+    TensorFlow's (the backend is kept beside the config)."""
+    from cudnn_rnn.keras import load_converted, save_converted
+
+    data = np.load(os.path.join(DATA, "tfk_bicubic.npz"))
+    model = load_keras(os.path.join(DATA, "tfk_bicubic.h5"))
+    assert model.keras_backend == "tensorflow"
+    save_converted(model, tmp_path / "m.pt")
+    back = load_converted(tmp_path / "m.pt")
+    assert back.keras_backend == "tensorflow"
+    with torch.no_grad():
+        out = back(torch.as_tensor(data["input_0"]))
     np.testing.assert_allclose(out.numpy(), data["output_0"], atol=1e-5, rtol=1e-5)
 
 

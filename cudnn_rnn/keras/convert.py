@@ -33,7 +33,8 @@ def save_converted(model: KerasModel, path: Union[str, os.PathLike]) -> None:
     weights = {name: [[[torch.as_tensor(a) for a in group] for group in take] for take in takes]
                for name, takes in model.keras_weights.items()}
     torch.save({"format": FORMAT, "keras_config": json.dumps(model.keras_config),
-                "keras_version": model.keras_version or "", "keras_weights": weights,
+                "keras_version": model.keras_version or "", "keras_backend": getattr(model, "keras_backend", None) or "",
+                "keras_weights": weights,
                 "state_dict": model.state_dict()}, path)
 
 
@@ -131,7 +132,9 @@ def load_converted(path: Union[str, os.PathLike], dtype: Optional[torch.dtype] =
     if dtype is None:
         saved = {t.dtype for t in state.values() if t.is_floating_point()}
         dtype = torch.float64 if saved == {torch.float64} else torch.float32
-    model = rebuild(config, data["keras_version"] or None, weights, dtype, path, custom_layers)
+    backend = data.get("keras_backend")  # (absent in files written before it was kept)
+    model = rebuild(config, data["keras_version"] or None, weights, dtype, path, custom_layers,
+                    backend if isinstance(backend, str) and backend else None)
     own = model.state_dict()
     if set(own) != set(state):
         extra, missing = sorted(set(state) - set(own)), sorted(set(own) - set(state))

@@ -73,14 +73,16 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
         torch.Size([2, 3])
     """
     kf = open_keras_file(path)
-    config, version = kf.config, kf.keras_version
+    config, version, backend = kf.config, kf.keras_version, kf.backend
     if architecture is not None:
         # the Keras that wrote the architecture defines its layers' defaults and activations
         # (a .weights.h5 records no version at all)
-        config, arch_version = _architecture_config(architecture, kf.path)
-        version = arch_version or version
+        config, arch_version, arch_backend = _architecture_config(architecture, kf.path)
+        version, backend = arch_version or version, backend or arch_backend
     if config is None:
         raise ConversionError(kf.path, "holds weights only; pass architecture= (a .keras / .h5 model file or a config)")
+    if backend is None and keras_major(version) == 2:  # Keras 2.3+ and tf.keras run on TensorFlow only
+        backend = "tensorflow"
     if keras_major(version) < 2:  # per-gate weights (W_i, U_i, ...), output_dim, inner_activation
         raise ConversionError(kf.path, f"was saved by Keras {str(version)[:20]}; Keras 1 files are not supported "
                                        "(Keras 2 and 3 are: load the model in Keras 2 and save it again)")
@@ -97,21 +99,26 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
             source.match_by_order([l.name for l in spec.layers if not _is_op(l, custom) and (
                 l.model is not None or find_builder(l.class_name, {}, custom) is not None or holds_weights(l.class_name, l.config))])
         records: dict = {}
-        model = _build(spec, kf.path, version, RecordingSource(source, records), dtype, spec.name, progress, custom)
+        model = _build(spec, kf.path, version, RecordingSource(source, records), dtype, spec.name, progress, custom,
+                       backend)
         model.keras_config, model.keras_version, model.keras_weights = config, version, records
+        model.keras_backend = backend
         return check_runs(model.eval(), kf.path)
 
 
 def rebuild(config: dict, keras_version: Optional[str], keras_weights: dict, dtype: torch.dtype = torch.float32,
-            where: str = "<converted>", custom_layers: Optional[Mapping[str, Callable]] = None) -> KerasModel:
-    """The model load_keras built, from what it recorded (config, version, weights); the same
-    custom_layers builders as load_keras was given, if any."""
+            where: str = "<converted>", custom_layers: Optional[Mapping[str, Callable]] = None,
+            keras_backend: Optional[str] = None) -> KerasModel:
+    """The model load_keras built, from what it recorded (config, version, backend, weights); the
+    same custom_layers builders as load_keras was given, if any."""
     custom = custom_builders(custom_layers)
     with _boundary(where):
         spec = parse_model(config, where)
         _check_classes(spec, custom, where)
-        model = _build(spec, where, keras_version, ReplaySource(keras_weights, where), dtype, spec.name, None, custom)
+        model = _build(spec, where, keras_version, ReplaySource(keras_weights, where), dtype, spec.name, None, custom,
+                       keras_backend)
         model.keras_config, model.keras_version, model.keras_weights = config, keras_version, keras_weights
+        model.keras_backend = keras_backend
         return check_runs(model.eval(), where)
 
 
@@ -290,20 +297,20 @@ def _declared_dtype(spec: ModelSpec) -> torch.dtype:
     return torch.float64 if names and all(n == "float64" for n in names) else torch.float32
 
 
-def _nested_builder(path: str, version, dtype, where: str, custom: Mapping[str, Callable]) -> Callable:
+def _nested_builder(path: str, version, dtype, where: str, custom: Mapping[str, Callable], backend) -> Callable:
     """BuildContext.nested for a layer at `where`: a model its wrapper holds (TimeDistributed of a
     per-frame CNN), parsed, its classes checked and built like a nested model."""
 
     def build(serialized: dict, weights) -> NestedModel:
         spec = parse_model(serialized, path)
         _check_classes(spec, custom, path)
-        return NestedModel(_build(spec, path, version, weights.child_source(spec), dtype, where, None, custom))
+        return NestedModel(_build(spec, path, version, weights.child_source(spec), dtype, where, None, custom, backend))
 
     return build
 
 
 def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, where: str, progress,
-           custom: Mapping[str, Callable]) -> KerasModel:
+           custom: Mapping[str, Callable], backend: Optional[str] = None) -> KerasModel:
     modules = {}
     for i, layer in enumerate(spec.layers):
         if progress is not None:
@@ -311,10 +318,11 @@ def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, whe
         if layer.model is not None:
             child = source.for_layer(layer).child_source(layer.model)
             modules[layer.name] = NestedModel(_build(layer.model, path, version, child, dtype, f"{where}/{layer.name}",
-                                                     progress, custom))
+                                                     progress, custom, backend))
             continue
         ctx = BuildContext(path, version, layer, source.for_layer(layer), dtype,
-                           nested=_nested_builder(path, version, dtype, f"{where}/{layer.name}", custom))
+                           nested=_nested_builder(path, version, dtype, f"{where}/{layer.name}", custom, backend),
+                           backend=backend)
         if _is_op(layer, custom):
             modules[layer.name] = build_op(layer, ctx)
             continue
@@ -377,17 +385,19 @@ def _input_spec(spec: ModelSpec, ref, path) -> tuple:
 
 
 def _architecture_config(architecture, path):
-    """(config, keras_version or None) from a config dict, a JSON string, or a model or JSON file."""
-    if isinstance(architecture, dict):
-        version = architecture.get("keras_version")
-        return architecture, version if isinstance(version, str) else None
+    """(config, keras_version or None, backend or None) from a config dict, a JSON string, or a
+    model or JSON file."""
     if isinstance(architecture, str) and architecture.lstrip().startswith("{"):
-        config = load_json(path, architecture, "the architecture JSON")
-        version = config.get("keras_version") if isinstance(config, dict) else None
-        return config, version if isinstance(version, str) else None
+        architecture = load_json(path, architecture, "the architecture JSON")
+        if not isinstance(architecture, dict):
+            return architecture, None, None  # (parse_model says what is wrong with it)
+    if isinstance(architecture, dict):
+        version, backend = architecture.get("keras_version"), architecture.get("backend")
+        return (architecture, version if isinstance(version, str) else None,
+                backend if isinstance(backend, str) else None)
     if isinstance(architecture, (str, os.PathLike)):
         arch = open_keras_file(architecture, config_only=True)
         if arch.config is None:
             raise ConversionError(architecture, "has no model config to take the architecture from")
-        return arch.config, arch.keras_version
+        return arch.config, arch.keras_version, arch.backend
     raise TypeError(f"architecture must be a path, a config dict or a JSON string; got {type(architecture).__name__}")

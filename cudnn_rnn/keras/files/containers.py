@@ -40,6 +40,8 @@ class KerasFile:
     config: Optional[Dict[str, Any]]
     keras_version: Optional[str]
     layout: Optional[str]
+    # the backend of the Keras that wrote it, where the file says (legacy .h5, model.to_json())
+    backend: Optional[str] = None
     arrays: Dict[str, np.ndarray] = field(default_factory=dict)
     groups: frozenset = frozenset()
     layer_names: List[str] = field(default_factory=list)
@@ -147,6 +149,7 @@ def _keras_file(path: str, header: dict, blob: bytearray) -> KerasFile:
         if not isinstance(config, dict) or "class_name" not in config:
             raise ConversionError(path, "the JSON does not describe a Keras model (no class_name)")
         version = config.get("keras_version")
+        header = dict(header, backend=config.get("backend"))
     elif from_zip:
         if not isinstance(config, dict) or "class_name" not in config:
             raise ConversionError(path, "config.json does not describe a Keras object (no class_name)")
@@ -156,7 +159,8 @@ def _keras_file(path: str, header: dict, blob: bytearray) -> KerasFile:
         version = header.get("keras_version")
     if version is not None and not isinstance(version, str):
         version = None
-    kf = KerasFile(path, config, version, header.get("layout"))
+    backend = header.get("backend")
+    kf = KerasFile(path, config, version, header.get("layout"), backend if isinstance(backend, str) else None)
     assets = header.get("assets") or {}
     if not isinstance(assets, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in assets.items()):
         raise ConversionError(path, "the parser's assets are malformed")

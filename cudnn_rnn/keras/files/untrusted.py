@@ -287,7 +287,8 @@ class _H5:
         root = self.file.id
         config = self._attr_text(root, "/", "model_config")
         version = self._attr_text(root, "/", "keras_version")
-        header = {"container": "h5", "config": config, "metadata": None, "keras_version": version}
+        header = {"container": "h5", "config": config, "metadata": None, "keras_version": version,
+                  "backend": self._backend(root, "/")}
         if config_only:
             header["layout"] = None
             return header, bytearray()
@@ -301,6 +302,8 @@ class _H5:
                 weights_root, where, legacy = model_weights, "model_weights", True
                 if version is None:
                     header["keras_version"] = self._attr_text(weights_root, where, "keras_version")
+                if header["backend"] is None:
+                    header["backend"] = self._backend(weights_root, where)
         if legacy:
             header.update(layout="legacy", **self._legacy(weights_root, where))
         else:
@@ -464,6 +467,15 @@ class _H5:
         if isinstance(value, str):
             return value
         raise ParseError(f"{what} is not text")
+
+    def _backend(self, oid, path: str) -> Optional[str]:
+        """The backend attribute Keras writes beside keras_version (informative: None where it
+        is missing or not one short string)."""
+        try:
+            text = self._attr_text(oid, path, "backend")
+        except ParseError:
+            return None
+        return text if text is not None and len(text) <= 40 else None
 
     def _attr_text(self, oid, path: str, name: str) -> Optional[str]:
         arr = self._attr_value(oid, path, name)

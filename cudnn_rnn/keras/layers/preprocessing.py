@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from .base import _Single, channels_last_format, from_channels_first, to_channels_first, without_mask_in_keras2
+from .shape import resize_image, tf_cubic
 from .registry import builder
 from .values import MAX_SIZE, Values
 
@@ -92,7 +93,7 @@ class Standardize(_Single):
 
 class Resizing(_Single):
     """keras.layers.Resizing: bilinear or bicubic (half-pixel; bicubic without antialiasing as
-    Keras's torch backend computes it, see shape.py) or nearest (half-pixel),
+    TensorFlow or Keras's torch backend computes it, tf_cubic: shape.py) or nearest (half-pixel),
     after a centred crop to the target's aspect ratio with crop_to_aspect_ratio, or with
     pad_to_aspect_ratio after padding to it with ``fill`` (the same whole number of rows or columns
     on both sides, as Keras's backends pad: one fewer than the aspect ratio asks where that is odd).
@@ -103,10 +104,11 @@ class Resizing(_Single):
     keeps_mask = False
 
     def __init__(self, height: int, width: int, interpolation: str, crop: bool, channels_last: bool,
-                 pad: bool = False, fill: float = 0.0, antialias: bool = False):
+                 pad: bool = False, fill: float = 0.0, antialias: bool = False, tf_cubic: bool = False):
         super().__init__()
         self.size, self.interpolation, self.crop, self.channels_last = (height, width), interpolation, crop, channels_last
         self.pad, self.fill, self.antialias = pad, fill, antialias and interpolation in ("bilinear", "bicubic")
+        self.tf_cubic = tf_cubic
 
     def apply(self, x):
         h = to_channels_first(x, self.channels_last)
@@ -123,10 +125,7 @@ class Resizing(_Single):
             top = int(float(max(height, int(float(width * th) / tw)) - height) / 2)
             left = int(float(max(width, int(float(height * tw) / th)) - width) / 2)
             h = torch.nn.functional.pad(h, (left, left, top, top), value=self.fill)
-        mode = "nearest-exact" if self.interpolation == "nearest" else self.interpolation
-        y = torch.nn.functional.interpolate(h, size=self.size, mode=mode,
-                                            align_corners=None if mode == "nearest-exact" else False,
-                                            antialias=self.antialias)
+        y = resize_image(h, self.size, self.interpolation, self.antialias, self.tf_cubic)
         return from_channels_first(y, self.channels_last)
 
 
@@ -290,7 +289,8 @@ def build_resizing(cfg, ctx):
         raise ctx.error(f"Resizing interpolation={interpolation[:40]!r} is not supported (bilinear, bicubic, nearest; "
                         "Keras's torch backend refuses the Lanczos filters too)")
     return Resizing(v.int("height", lo=1), v.int("width", lo=1), interpolation, v.bool("crop_to_aspect_ratio", False),
-                    channels_last_format(cfg, ctx), *aspect_padding(cfg, ctx), antialias=v.bool("antialias", False))
+                    channels_last_format(cfg, ctx), *aspect_padding(cfg, ctx), antialias=v.bool("antialias", False),
+                    tf_cubic=tf_cubic(ctx))
 
 
 def aspect_padding(cfg, ctx):

@@ -111,6 +111,9 @@ class BuildContext:
     # weights: a LayerWeights whose child_source finds them) -> a module of the graph call
     # protocol (load.py gives it; None where no model may be nested).
     nested: Optional[Callable[[dict, object], nn.Module]] = None
+    # The backend of the Keras that wrote the file, where the file says ("tensorflow", "jax",
+    # "torch"): where Keras's backends compute differently (bicubic resizes), its numbers.
+    backend: Optional[str] = None
 
     @property
     def keras_major(self) -> int:

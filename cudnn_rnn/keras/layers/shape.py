@@ -1,8 +1,11 @@
 """The shape layers: Flatten, Reshape, Permute, RepeatVector, Cropping1D/2D/3D, ZeroPadding1D/2D/3D,
 UpSampling1D/2D/3D (nearest; bilinear and bicubic for 2-D); their modules and their builders.
 
-Bicubic is Keras's on the torch backend (torch's cubic convolution, a = -0.75); TensorFlow's
-resize uses a = -0.5, so a model run by Keras on TensorFlow differs there. The Lanczos filters
+Bicubic (here, in Resizing and in a recorded image resize) is TensorFlow's where TensorFlow's
+Keras wrote the file (legacy .h5 and model.to_json() record the backend; tf.keras 2 runs on
+TensorFlow only: Keys's cubic, a = -0.5, renormalised at the borders) and Keras's on the torch
+backend otherwise (torch's cubic convolution, a = -0.75; a Keras 3 .keras file does not say which
+backend wrote it). The Lanczos filters
 are refused, as Keras's torch backend refuses them."""
 from __future__ import annotations
 
@@ -120,12 +123,64 @@ class Crop(_Single):
         return x
 
 
+def _keys_cubic_weights(n_in: int, n_out: int, device) -> torch.Tensor:
+    """[n_out, n_in]: TensorFlow's bicubic resize along one axis (ResizeBicubic with half-pixel
+    centres: Keys's cubic with a = -0.5, the fraction read from a 1024-entry table, taps outside
+    the image weighed 0 and the rest renormalised), in float32 as TensorFlow computes it."""
+    a = -0.5
+    loc = (torch.arange(n_out, dtype=torch.float32, device=device) + 0.5) * (float(n_in) / float(n_out)) - 0.5
+    floor = torch.floor(loc)
+    step = torch.round((loc - floor) * 1024.0)  # (the table's entry; round half to even, as lrintf)
+
+    def near(x):  # |d| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |d| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    t, u = step / 1024.0, (1024.0 - step) / 1024.0
+    w = torch.stack([far(t + 1), near(t), near(u), far(u + 1)], dim=1)
+    taps = floor.long().unsqueeze(1) + torch.arange(-1, 3, device=device)
+    inside = (taps >= 0) & (taps < n_in)
+    w = torch.where(inside, w, torch.zeros_like(w))
+    w = w / w.sum(dim=1, keepdim=True)
+    return torch.zeros(n_out, n_in, dtype=torch.float32, device=device).scatter_add_(1, taps.clamp(0, n_in - 1), w)
+
+
+def tf_bicubic_resize(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """x [N, C, H, W] resized as TensorFlow's tf.image.resize(method="bicubic") without
+    antialiasing computes it (float32). torch's bicubic (Keras's torch backend) uses a = -0.75 and
+    repeats the border pixels: 2e-3 apart on smooth images."""
+    rows = _keys_cubic_weights(x.shape[-2], size[0], x.device)
+    cols = _keys_cubic_weights(x.shape[-1], size[1], x.device)
+    return torch.matmul(torch.matmul(rows, x.float()), cols.t())
+
+
+def resize_image(x: torch.Tensor, size: Sequence[int], mode: str, antialias: bool = False,
+                 tf_cubic: bool = False) -> torch.Tensor:
+    """x [N, C, H, W] resized with half-pixel centres: nearest (Keras's: the nearest centre),
+    bilinear or bicubic (tf_cubic: TensorFlow's, else torch's)."""
+    if mode == "bicubic" and tf_cubic and not antialias:
+        return tf_bicubic_resize(x, size)
+    mode = "nearest-exact" if mode == "nearest" else mode
+    return F.interpolate(x, size=list(size), mode=mode, align_corners=None if mode == "nearest-exact" else False,
+                         antialias=antialias)
+
+
+def tf_cubic(ctx) -> bool:
+    """Whether bicubic resizes compute TensorFlow's numbers: TensorFlow's Keras wrote the file
+    (legacy .h5 and model.to_json() record the backend, tf.keras 2 has no other; Keras 3 .keras
+    files record none, and get torch's)."""
+    return ctx.backend == "tensorflow"
+
+
 class UpSampling(_Single):
     keeps_mask = False
 
-    def __init__(self, sizes: Sequence[int], channels_last: bool, interpolation: str):
+    def __init__(self, sizes: Sequence[int], channels_last: bool, interpolation: str, tf_cubic: bool = False):
         super().__init__()
         self.sizes, self.channels_last, self.interpolation = tuple(sizes), channels_last, interpolation
+        self.tf_cubic = tf_cubic
 
     def apply(self, x):
         if self.interpolation == "nearest":
@@ -133,11 +188,10 @@ class UpSampling(_Single):
             for d, n in enumerate(self.sizes):
                 x = torch.repeat_interleave(x, n, dim=first + d)
             return x
-        # bilinear / bicubic: half-pixel resizes without antialiasing (torch's align_corners=False)
+        # bilinear / bicubic: half-pixel resizes without antialiasing
         h = to_channels_first(x, self.channels_last)
         size = [s * n for s, n in zip(h.shape[2:], self.sizes)]
-        y = F.interpolate(h, size=size, mode=self.interpolation, align_corners=False, antialias=False)
-        return from_channels_first(y, self.channels_last)
+        return from_channels_first(resize_image(h, size, self.interpolation, tf_cubic=self.tf_cubic), self.channels_last)
 
 
 def _pairs(cfg, ctx, key: str, rank: int, default) -> Tuple[Tuple[int, int], ...]:
@@ -188,4 +242,4 @@ def build_up_sampling(cfg, ctx):
         if interpolation not in ("nearest", "bilinear", "bicubic"):
             raise ctx.error(f"UpSampling2D interpolation={interpolation[:40]!r} is not supported (nearest, bilinear, "
                             "bicubic; Keras's torch backend refuses the Lanczos filters too)")
-    return UpSampling(sizes, rank == 1 or channels_last_format(cfg, ctx), interpolation)
+    return UpSampling(sizes, rank == 1 or channels_last_format(cfg, ctx), interpolation, tf_cubic(ctx))

@@ -3,6 +3,8 @@ the wrapper with _SubWeights), SpectralNormalization (its stored kernel, at infe
 Pipeline (weightless layers in sequence); their modules and their builders."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 from torch import nn
@@ -10,7 +12,7 @@ from torch import nn
 from ..errors import ConversionError
 from ..files.weights import LayerWeights
 from ..graph.spec import MODEL_CLASSES, LayerSpec
-from .registry import BUILDERS, BuildContext, builder, holds_weights, keras_groups, layer_config_of
+from .registry import BUILDERS, builder, holds_weights, keras_groups, layer_config_of
 
 
 class TimeDistributed(nn.Module):
@@ -78,7 +80,7 @@ def build_time_distributed(cfg, ctx):
         if ctx.nested is None:
             raise ctx.error(f"TimeDistributed({cls}): a wrapped model is not supported here")
         return TimeDistributed(ctx.nested({"class_name": cls, "config": inner_cfg}, _SubWeights(ctx.weights, "layer")))
-    inner_ctx = BuildContext(ctx.path, ctx.keras_version, inner_spec, _SubWeights(ctx.weights, "layer"), ctx.dtype)
+    inner_ctx = replace(ctx, spec=inner_spec, weights=_SubWeights(ctx.weights, "layer"))
     return TimeDistributed(BUILDERS[cls](inner_cfg, inner_ctx))
 
 
@@ -130,7 +132,7 @@ class SpectralNormalization(nn.Module):
 def build_spectral_normalization(cfg, ctx):
     cls, inner_cfg, spec = _inner(cfg, ctx, "SpectralNormalization")
     weights = _WithOwn(ctx.weights, "layer")
-    inner = BUILDERS[cls](inner_cfg, BuildContext(ctx.path, ctx.keras_version, spec, weights, ctx.dtype))
+    inner = BUILDERS[cls](inner_cfg, replace(ctx, spec=spec, weights=weights))
     if weights.own is None or np.ndim(weights.own[-1]) != 2 or np.shape(weights.own[-1])[0] != 1:
         raise ctx.error("SpectralNormalization: expected its vector_u (1, units) beside the wrapped layer's weights")
     return SpectralNormalization(inner, torch.as_tensor(np.array(weights.own[-1]), dtype=ctx.dtype))
@@ -179,6 +181,5 @@ def build_pipeline(cfg, ctx):
         cls, inner_cfg, spec = _inner({"layer": entry}, ctx, "Pipeline")
         if holds_weights(cls, inner_cfg):
             raise ctx.error(f"Pipeline layer {i} ({cls[:60]}) holds weights: not supported in a Pipeline")
-        stages.append(BUILDERS[cls](inner_cfg, BuildContext(ctx.path, ctx.keras_version, spec, _NoWeights(ctx),
-                                                              ctx.dtype)))
+        stages.append(BUILDERS[cls](inner_cfg, replace(ctx, spec=spec, weights=_NoWeights(ctx), nested=None)))
     return Pipeline(stages)
