@@ -1,4 +1,5 @@
-"""Checkpoints written by real Keras 3, tf.keras 2.21 and tf_keras's CuDNN layers (made by
+"""Checkpoints written by real Keras 3 (on TensorFlow 2.21; k3jax_* on JAX 0.10.2), tf.keras 2.21
+and tf_keras's CuDNN layers (made by
 tests/fixtures/make_fixtures.py) load without TensorFlow or Keras and reproduce the outputs those
 frameworks computed, within 1e-5."""
 import os
@@ -27,6 +28,7 @@ CASES = [
     ("tfk_bicubic", "tfk_bicubic.h5", None),
     ("tfk_bicubic", "tfk_bicubic.keras", None),
     ("k3_bicubic", "k3_bicubic.h5", None),
+    ("k3jax_bicubic", "k3jax_bicubic.h5", None),
     ("tfk_frame_cnn", "tfk_frame_cnn.h5", None),
     ("tfk_frame_cnn", "tfk_frame_cnn.keras", None),
     ("k3_frame_cnn", "k3_frame_cnn.h5", None),

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import channels_last_format, to_channels_first
-from .shape import tf_cubic
+from .shape import cubic_of
 from .convolution import Convolution
 from .op_args import axes_arg, dtype_arg, fixed, floating, one_axis
 from .pooling import AdaptivePooling, Pooling
@@ -489,7 +489,7 @@ def _resize(cfg, ctx):
         raise ctx.error(f"Resize interpolation={interpolation[:40]!r} is not supported (bilinear, bicubic, nearest)")
     module = Resizing(size[0], size[1], interpolation, v.bool("crop_to_aspect_ratio", False),
                       channels_last_format(cfg, ctx), *aspect_padding(cfg, ctx), antialias=v.bool("antialias", False),
-                      tf_cubic=tf_cubic(ctx))
+                      cubic=cubic_of(ctx))
 
     def resize(images):
         if images.dim() == 3:  # one image

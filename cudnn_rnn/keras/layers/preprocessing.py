@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .base import _Single, channels_last_format, from_channels_first, to_channels_first, without_mask_in_keras2
-from .shape import resize_image, tf_cubic
+from .shape import cubic_of, resize_image
 from .registry import builder
 from .values import MAX_SIZE, Values
 
@@ -93,7 +93,7 @@ class Standardize(_Single):
 
 class Resizing(_Single):
     """keras.layers.Resizing: bilinear or bicubic (half-pixel; bicubic without antialiasing as
-    TensorFlow or Keras's torch backend computes it, tf_cubic: shape.py) or nearest (half-pixel),
+    TensorFlow, JAX or Keras's torch backend computes it, cubic: shape.py) or nearest (half-pixel),
     after a centred crop to the target's aspect ratio with crop_to_aspect_ratio, or with
     pad_to_aspect_ratio after padding to it with ``fill`` (the same whole number of rows or columns
     on both sides, as Keras's backends pad: one fewer than the aspect ratio asks where that is odd).
@@ -104,11 +104,11 @@ class Resizing(_Single):
     keeps_mask = False
 
     def __init__(self, height: int, width: int, interpolation: str, crop: bool, channels_last: bool,
-                 pad: bool = False, fill: float = 0.0, antialias: bool = False, tf_cubic: bool = False):
+                 pad: bool = False, fill: float = 0.0, antialias: bool = False, cubic: str = "torch"):
         super().__init__()
         self.size, self.interpolation, self.crop, self.channels_last = (height, width), interpolation, crop, channels_last
         self.pad, self.fill, self.antialias = pad, fill, antialias and interpolation in ("bilinear", "bicubic")
-        self.tf_cubic = tf_cubic
+        self.cubic = cubic
 
     def apply(self, x):
         h = to_channels_first(x, self.channels_last)
@@ -125,7 +125,7 @@ class Resizing(_Single):
             top = int(float(max(height, int(float(width * th) / tw)) - height) / 2)
             left = int(float(max(width, int(float(height * tw) / th)) - width) / 2)
             h = torch.nn.functional.pad(h, (left, left, top, top), value=self.fill)
-        y = resize_image(h, self.size, self.interpolation, self.antialias, self.tf_cubic)
+        y = resize_image(h, self.size, self.interpolation, self.antialias, self.cubic)
         return from_channels_first(y, self.channels_last)
 
 
@@ -290,7 +290,7 @@ def build_resizing(cfg, ctx):
                         "Keras's torch backend refuses the Lanczos filters too)")
     return Resizing(v.int("height", lo=1), v.int("width", lo=1), interpolation, v.bool("crop_to_aspect_ratio", False),
                     channels_last_format(cfg, ctx), *aspect_padding(cfg, ctx), antialias=v.bool("antialias", False),
-                    tf_cubic=tf_cubic(ctx))
+                    cubic=cubic_of(ctx))
 
 
 def aspect_padding(cfg, ctx):

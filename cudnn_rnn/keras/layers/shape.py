@@ -1,9 +1,9 @@
 """The shape layers: Flatten, Reshape, Permute, RepeatVector, Cropping1D/2D/3D, ZeroPadding1D/2D/3D,
 UpSampling1D/2D/3D (nearest; bilinear and bicubic for 2-D); their modules and their builders.
 
-Bicubic (here, in Resizing and in a recorded image resize) is TensorFlow's where TensorFlow's
-Keras wrote the file (legacy .h5 and model.to_json() record the backend; tf.keras 2 runs on
-TensorFlow only: Keys's cubic, a = -0.5, renormalised at the borders) and Keras's on the torch
+Bicubic (here, in Resizing and in a recorded image resize) is TensorFlow's or JAX's where that
+backend's Keras wrote the file (legacy .h5 and model.to_json() record the backend; tf.keras 2 runs
+on TensorFlow only: Keys's cubic, a = -0.5, renormalised at the borders) and Keras's on the torch
 backend otherwise (torch's cubic convolution, a = -0.75; a Keras 3 .keras file does not say which
 backend wrote it). The Lanczos filters
 are refused, as Keras's torch backend refuses them."""
@@ -123,14 +123,16 @@ class Crop(_Single):
         return x
 
 
-def _keys_cubic_weights(n_in: int, n_out: int, device) -> torch.Tensor:
-    """[n_out, n_in]: TensorFlow's bicubic resize along one axis (ResizeBicubic with half-pixel
-    centres: Keys's cubic with a = -0.5, the fraction read from a 1024-entry table, taps outside
-    the image weighed 0 and the rest renormalised), in float32 as TensorFlow computes it."""
+def _keys_cubic_weights(n_in: int, n_out: int, device, table: bool) -> torch.Tensor:
+    """[n_out, n_in]: a bicubic resize along one axis with half-pixel centres as TensorFlow's
+    ResizeBicubic and JAX's scale_and_translate compute it: Keys's cubic with a = -0.5, taps
+    outside the image weighed 0 and the rest renormalised, in float32; table: the fraction read
+    from TensorFlow's 1024-entry table (JAX evaluates it exactly)."""
     a = -0.5
     loc = (torch.arange(n_out, dtype=torch.float32, device=device) + 0.5) * (float(n_in) / float(n_out)) - 0.5
     floor = torch.floor(loc)
-    step = torch.round((loc - floor) * 1024.0)  # (the table's entry; round half to even, as lrintf)
+    # (the table's entry: round half to even, as lrintf)
+    step = torch.round((loc - floor) * 1024.0) if table else (loc - floor) * 1024.0
 
     def near(x):  # |d| <= 1
         return ((a + 2) * x - (a + 3)) * x * x + 1
@@ -147,40 +149,41 @@ def _keys_cubic_weights(n_in: int, n_out: int, device) -> torch.Tensor:
     return torch.zeros(n_out, n_in, dtype=torch.float32, device=device).scatter_add_(1, taps.clamp(0, n_in - 1), w)
 
 
-def tf_bicubic_resize(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """x [N, C, H, W] resized as TensorFlow's tf.image.resize(method="bicubic") without
-    antialiasing computes it (float32). torch's bicubic (Keras's torch backend) uses a = -0.75 and
-    repeats the border pixels: 2e-3 apart on smooth images."""
-    rows = _keys_cubic_weights(x.shape[-2], size[0], x.device)
-    cols = _keys_cubic_weights(x.shape[-1], size[1], x.device)
+def keys_bicubic_resize(x: torch.Tensor, size: Sequence[int], table: bool) -> torch.Tensor:
+    """x [N, C, H, W] resized as TensorFlow's tf.image.resize(method="bicubic") (table) or
+    jax.image.resize(method="bicubic") without antialiasing computes it (float32). torch's
+    bicubic (Keras's torch backend) uses a = -0.75 and repeats the border pixels: 2e-3 apart on
+    smooth images; TensorFlow's table and JAX's exact fraction, up to 5e-4."""
+    rows = _keys_cubic_weights(x.shape[-2], size[0], x.device, table)
+    cols = _keys_cubic_weights(x.shape[-1], size[1], x.device, table)
     return torch.matmul(torch.matmul(rows, x.float()), cols.t())
 
 
 def resize_image(x: torch.Tensor, size: Sequence[int], mode: str, antialias: bool = False,
-                 tf_cubic: bool = False) -> torch.Tensor:
+                 cubic: str = "torch") -> torch.Tensor:
     """x [N, C, H, W] resized with half-pixel centres: nearest (Keras's: the nearest centre),
-    bilinear or bicubic (tf_cubic: TensorFlow's, else torch's)."""
-    if mode == "bicubic" and tf_cubic and not antialias:
-        return tf_bicubic_resize(x, size)
+    bilinear or bicubic (cubic: whose, cubic_of)."""
+    if mode == "bicubic" and cubic in ("tensorflow", "jax") and not antialias:
+        return keys_bicubic_resize(x, size, table=cubic == "tensorflow")
     mode = "nearest-exact" if mode == "nearest" else mode
     return F.interpolate(x, size=list(size), mode=mode, align_corners=None if mode == "nearest-exact" else False,
                          antialias=antialias)
 
 
-def tf_cubic(ctx) -> bool:
-    """Whether bicubic resizes compute TensorFlow's numbers: TensorFlow's Keras wrote the file
-    (legacy .h5 and model.to_json() record the backend, tf.keras 2 has no other; Keras 3 .keras
-    files record none, and get torch's)."""
-    return ctx.backend == "tensorflow"
+def cubic_of(ctx) -> str:
+    """Whose bicubic resize a file's model computes: "tensorflow" or "jax" where the file says
+    that backend's Keras wrote it (legacy .h5 and model.to_json() record the backend, tf.keras 2
+    has no other), else "torch" (Keras 3 .keras files record none)."""
+    return ctx.backend if ctx.backend in ("tensorflow", "jax") else "torch"
 
 
 class UpSampling(_Single):
     keeps_mask = False
 
-    def __init__(self, sizes: Sequence[int], channels_last: bool, interpolation: str, tf_cubic: bool = False):
+    def __init__(self, sizes: Sequence[int], channels_last: bool, interpolation: str, cubic: str = "torch"):
         super().__init__()
         self.sizes, self.channels_last, self.interpolation = tuple(sizes), channels_last, interpolation
-        self.tf_cubic = tf_cubic
+        self.cubic = cubic
 
     def apply(self, x):
         if self.interpolation == "nearest":
@@ -191,7 +194,7 @@ class UpSampling(_Single):
         # bilinear / bicubic: half-pixel resizes without antialiasing
         h = to_channels_first(x, self.channels_last)
         size = [s * n for s, n in zip(h.shape[2:], self.sizes)]
-        return from_channels_first(resize_image(h, size, self.interpolation, tf_cubic=self.tf_cubic), self.channels_last)
+        return from_channels_first(resize_image(h, size, self.interpolation, cubic=self.cubic), self.channels_last)
 
 
 def _pairs(cfg, ctx, key: str, rank: int, default) -> Tuple[Tuple[int, int], ...]:
@@ -242,4 +245,4 @@ def build_up_sampling(cfg, ctx):
         if interpolation not in ("nearest", "bilinear", "bicubic"):
             raise ctx.error(f"UpSampling2D interpolation={interpolation[:40]!r} is not supported (nearest, bilinear, "
                             "bicubic; Keras's torch backend refuses the Lanczos filters too)")
-    return UpSampling(sizes, rank == 1 or channels_last_format(cfg, ctx), interpolation, tf_cubic(ctx))
+    return UpSampling(sizes, rank == 1 or channels_last_format(cfg, ctx), interpolation, cubic_of(ctx))
