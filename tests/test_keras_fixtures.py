@@ -28,7 +28,7 @@ CASES = [
     ("tfk_bicubic", "tfk_bicubic.h5", None),
     ("tfk_bicubic", "tfk_bicubic.keras", None),
     ("k3_bicubic", "k3_bicubic.h5", None),
-    ("k3jax_bicubic", "k3jax_bicubic.h5", None),
+    ("k3jax_image", "k3jax_image.h5", None),
     ("tfk_frame_cnn", "tfk_frame_cnn.h5", None),
     ("tfk_frame_cnn", "tfk_frame_cnn.keras", None),
     ("k3_frame_cnn", "k3_frame_cnn.h5", None),

@@ -380,14 +380,16 @@ def _gaussian_blur(cfg, ctx):
 
 def _sobel_edges(cfg, ctx):
     """[..., 2]: the vertical then the horizontal Sobel gradient of each channel, the borders
-    reflected (tf.image.sobel_edges, what Keras on TensorFlow computes; Keras's torch backend pads
-    with zeros instead)."""
+    reflected (tf.image.sobel_edges, what Keras on TensorFlow computes), or zero-padded where the
+    file says Keras on torch or JAX wrote it (their backends pad with zeros; a .keras file does
+    not say, and gets TensorFlow's)."""
     channels_last = channels_last_format(cfg, ctx)
+    zeros = ctx.backend in ("torch", "jax")
 
     def sobel(x):
         dy = torch.tensor([[-1.0, -2.0, -1.0], [0.0, 0.0, 0.0], [1.0, 2.0, 1.0]], dtype=x.dtype, device=x.device)
         kernels = torch.stack((dy, dy.t())).unsqueeze(1).repeat(x.shape[1], 1, 1, 1)  # [2C, 1, 3, 3]
-        out = F.conv2d(F.pad(x, (1, 1, 1, 1), mode="reflect"), kernels, groups=x.shape[1])
+        out = F.conv2d(F.pad(x, (1, 1, 1, 1), mode="constant" if zeros else "reflect"), kernels, groups=x.shape[1])
         return out.reshape(x.shape[0], x.shape[1], 2, *out.shape[2:]).permute(0, 1, 3, 4, 2)
     return (lambda images: _nchw(images, channels_last, sobel)), f"channels_last={channels_last}"
 
