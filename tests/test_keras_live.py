@@ -207,6 +207,19 @@ def test_our_layers_export_to_keras(make, tmp_path):
         np.testing.assert_allclose(a.detach().numpy(), keras.ops.convert_to_numpy(b), atol=1e-5, rtol=1e-5)
 
 
+def _matches_in_both_formats(model, xs, tmp_path):
+    """Saves `model` as .keras and legacy .h5, loads each: its outputs on xs within 1e-5 of
+    Keras's. (Keras's outputs, the model loaded from the .h5.)"""
+    expected = keras.ops.convert_to_numpy(model(xs))
+    for suffix in (".keras", ".h5"):
+        model.save(tmp_path / f"m{suffix}")
+        ours = load_keras(tmp_path / f"m{suffix}")
+        with torch.no_grad():
+            y = ours(*[torch.as_tensor(x) for x in xs]).numpy()
+        np.testing.assert_allclose(y, expected, atol=1e-5, rtol=1e-5, err_msg=suffix)
+    return expected, ours
+
+
 @pytest.mark.keras
 def test_nested_models_and_shared_layers(tmp_path):
     rng = np.random.RandomState(9)
@@ -219,13 +232,7 @@ def test_nested_models_and_shared_layers(tmp_path):
     model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
     xs = [rng.uniform(-1, 1, (B, T, 4)).astype("float32") for _ in range(2)]
     xs[0][1, 5:] = 0
-    expected = keras.ops.convert_to_numpy(model(xs))
-    for suffix in (".keras", ".h5"):
-        model.save(tmp_path / f"n{suffix}")
-        ours = load_keras(tmp_path / f"n{suffix}")
-        with torch.no_grad():
-            y = ours(*[torch.as_tensor(x) for x in xs]).numpy()
-        np.testing.assert_allclose(y, expected, atol=1e-5, rtol=1e-5, err_msg=suffix)
+    _matches_in_both_formats(model, xs, tmp_path)
 
 
 @pytest.mark.keras
@@ -246,13 +253,7 @@ def test_time_distributed_model_and_frozen_nested_batch_norm(tmp_path):
     model.set_weights([rng.uniform(0.5, 1.5, w.shape).astype("float32") if "variance" in v.path
                        else rng.uniform(-0.6, 0.6, w.shape).astype("float32") for v, w in zip(model.weights, model.get_weights())])
     xs = [rng.uniform(-1, 1, (B, T, 6, 6, 2)).astype("float32"), rng.uniform(-1, 1, (B, 6, 6, 2)).astype("float32")]
-    expected = keras.ops.convert_to_numpy(model(xs))
-    for suffix in (".keras", ".h5"):
-        model.save(tmp_path / f"m{suffix}")
-        ours = load_keras(tmp_path / f"m{suffix}")
-        with torch.no_grad():
-            y = ours(*[torch.as_tensor(x) for x in xs]).numpy()
-        np.testing.assert_allclose(y, expected, atol=1e-5, rtol=1e-5, err_msg=suffix)
+    expected, ours = _matches_in_both_formats(model, xs, tmp_path)
     cudnn_rnn.save_keras(ours, tmp_path / "back.keras")
     back = keras.models.load_model(tmp_path / "back.keras")
     np.testing.assert_allclose(keras.ops.convert_to_numpy(back(xs)), expected, atol=1e-5, rtol=1e-5)
