@@ -112,7 +112,8 @@ class BuildContext:
     # protocol (load.py gives it; None where no model may be nested).
     nested: Optional[Callable[[dict, object], nn.Module]] = None
     # The backend of the Keras that wrote the file, where the file says ("tensorflow", "jax",
-    # "torch"): where Keras's backends compute differently (bicubic resizes), its numbers.
+    # "torch"): where Keras's backends compute differently (bicubic resizes, Sobel's borders),
+    # its numbers.
     backend: Optional[str] = None
 
     @property
