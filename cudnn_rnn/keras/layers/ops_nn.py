@@ -12,11 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from .base import channels_last_format, to_channels_first
-from .shape import cubic_of
 from .convolution import Convolution
 from .op_args import axes_arg, dtype_arg, fixed, floating, one_axis
 from .pooling import AdaptivePooling, Pooling
-from .preprocessing import Resizing, aspect_padding
+from .preprocessing import resizing_of
 from .values import MAX_SIZE, Values, int_tuple
 
 EPSILON = 1e-7  # keras.config.epsilon()
@@ -486,18 +485,13 @@ def _resize(cfg, ctx):
     size = v.int_list("size", lo=1, hi=1 << 16)
     if len(size) != 2:
         raise ctx.error(f"config size={size}; expected [height, width]")
-    interpolation = v.str("interpolation", "bilinear")
-    if interpolation not in ("bilinear", "nearest", "bicubic"):
-        raise ctx.error(f"Resize interpolation={interpolation[:40]!r} is not supported (bilinear, bicubic, nearest)")
-    module = Resizing(size[0], size[1], interpolation, v.bool("crop_to_aspect_ratio", False),
-                      channels_last_format(cfg, ctx), *aspect_padding(cfg, ctx), antialias=v.bool("antialias", False),
-                      cubic=cubic_of(ctx))
+    module = resizing_of(cfg, ctx, size[0], size[1], "Resize")
 
     def resize(images):
         if images.dim() == 3:  # one image
             return module.apply(images.unsqueeze(0)).squeeze(0)
         return module.apply(images)
-    return resize, f"size={size} {interpolation}"
+    return resize, f"size={size} {module.interpolation}"
 
 
 def _image_window(crop: bool):

@@ -284,13 +284,19 @@ def build_category_encoding(cfg, ctx):
 @builder("Resizing", weights=False)
 def build_resizing(cfg, ctx):
     v = Values(cfg, ctx)
+    return resizing_of(cfg, ctx, v.int("height", lo=1), v.int("width", lo=1), "Resizing")
+
+
+def resizing_of(cfg, ctx, height: int, width: int, what: str) -> Resizing:
+    """The Resizing module of a Resizing layer's or a recorded image resize's config (they share
+    Keras's interpolation, crop, padding and antialias options)."""
+    v = Values(cfg, ctx)
     interpolation = v.str("interpolation", "bilinear")
     if interpolation not in ("bilinear", "nearest", "bicubic"):
-        raise ctx.error(f"Resizing interpolation={interpolation[:40]!r} is not supported (bilinear, bicubic, nearest; "
+        raise ctx.error(f"{what} interpolation={interpolation[:40]!r} is not supported (bilinear, bicubic, nearest; "
                         "Keras's torch backend refuses the Lanczos filters too)")
-    return Resizing(v.int("height", lo=1), v.int("width", lo=1), interpolation, v.bool("crop_to_aspect_ratio", False),
-                    channels_last_format(cfg, ctx), *aspect_padding(cfg, ctx), antialias=v.bool("antialias", False),
-                    cubic=cubic_of(ctx))
+    return Resizing(height, width, interpolation, v.bool("crop_to_aspect_ratio", False), channels_last_format(cfg, ctx),
+                    *aspect_padding(cfg, ctx), antialias=v.bool("antialias", False), cubic=cubic_of(ctx))
 
 
 def aspect_padding(cfg, ctx):
