@@ -554,17 +554,23 @@ def test_not_a_regular_file(tmp_path):
 
 
 def test_directories_and_saved_models_are_named(tmp_path):
-    """A directory, a TensorFlow SavedModel directory (tf.keras 2's default format) and a file of
-    one each get one error saying what they are and what to convert instead."""
+    """A directory that is not a SavedModel, and a SavedModel (or a file at its top) whose
+    keras_metadata.pb is not a SavedMetadata message, get one error saying what they are."""
     saved = tmp_path / "saved"
     (saved / "variables").mkdir(parents=True)
     for name in ("saved_model.pb", "keras_metadata.pb"):
         (saved / name).write_bytes(b"\x08\x01")
-    with pytest.raises(ConversionError, match=r"saved: is a TensorFlow SavedModel directory, .*model\.save\('model\.h5'\)"):
+    with pytest.raises(ConversionError, match=r"saved: keras_metadata.pb: a node has wire type 0; expected a length"):
         load_keras(saved)
     for name in ("saved_model.pb", "keras_metadata.pb"):
-        with pytest.raises(ConversionError, match=f"{name}: is part of a TensorFlow SavedModel"):
+        with pytest.raises(ConversionError, match=r"saved: keras_metadata.pb: a node has wire type 0"):
             load_keras(saved / name)
+    (saved / "keras_metadata.pb").write_bytes(b"\x0a\x05\x2a\x09")
+    with pytest.raises(ConversionError, match=r"saved: keras_metadata.pb: a field's length runs past its message"):
+        load_keras(saved)
+    (saved / "keras_metadata.pb").write_bytes(b"")
+    with pytest.raises(ConversionError, match=r"saved: keras_metadata.pb describes no root object"):
+        load_keras(saved)
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "model.keras").write_bytes(b"")

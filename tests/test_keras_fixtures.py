@@ -1,5 +1,6 @@
 """Checkpoints written by real Keras 3 (on TensorFlow 2.21; k3jax_* on JAX 0.10.2), tf.keras 2.21
-and tf_keras's CuDNN layers (made by
+(its .h5, .keras, SavedModel directories and TensorFlow weights checkpoints) and tf_keras's CuDNN
+layers (made by
 tests/fixtures/make_fixtures.py) load without TensorFlow or Keras and reproduce the outputs those
 frameworks computed, within 1e-5."""
 import os
@@ -68,6 +69,13 @@ CASES = [
     ("tfk_tf_calls", "tfk_tf_calls.keras", None),
     ("tfk_tf_gathers_losses", "tfk_tf_gathers_losses.h5", None),
     ("tfk_tf_gathers_losses", "tfk_tf_gathers_losses.keras", None),
+    # tf.keras 2's TensorFlow formats: SavedModel directories (with and without traced
+    # functions), a file at a SavedModel's top, a weights checkpoint by prefix and by .index
+    ("tfk_saved_model", "tfk_saved_model", None),
+    ("tfk_saved_model", "tfk_saved_model/keras_metadata.pb", None),
+    ("tfk_frame_cnn_saved_model", "tfk_frame_cnn_saved_model", None),
+    ("tfk_frame_cnn_saved_model", "tfk_frame_cnn_ckpt/ckpt", "tfk_frame_cnn_saved_model"),
+    ("tfk_frame_cnn_saved_model", "tfk_frame_cnn_ckpt/ckpt.index", "tfk_frame_cnn_saved_model"),
 ]
 
 # Outputs in which Keras computes NaN on purpose: tf.keras 2's masked GlobalAveragePooling1D

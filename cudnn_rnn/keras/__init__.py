@@ -1,4 +1,5 @@
-"""Keras checkpoints (.keras, .weights.h5, legacy .h5) into torch modules, with only h5py.
+"""Keras checkpoints (.keras, .weights.h5, legacy .h5, tf.keras 2's SavedModel directories and
+TensorFlow weights checkpoints) into torch modules, with only h5py.
 
 The public face: load_keras / rebuild (load.py), save_keras (export.py), load_converted /
 save_converted (convert.py), ConversionError, KerasModel, the layer registry BUILDERS

@@ -1,7 +1,9 @@
-"""Keras containers (the `.keras` zip, HDF5 `.weights.h5` and legacy `.h5`) as plain data.
+"""Keras containers (the `.keras` zip, HDF5 `.weights.h5` and legacy `.h5`, tf.keras 2's
+SavedModel directories and TensorFlow weights checkpoints) as plain data.
 
-`open_keras_file` hands the file to the parser boundary (untrusted.py, run in a helper process by
-isolation.py) and builds a KerasFile from what comes back: the config (JSON parsed here with size,
+`open_keras_file` hands a file to the parser boundary (untrusted.py, run in a helper process by
+isolation.py; the TensorFlow formats to tf_formats.py's decoders) and builds a KerasFile from what
+comes back: the config (JSON parsed here with size,
 node and depth limits), the Keras version, and every weight as a numpy array keyed by its place in
 the file. Nothing is ever unpickled, and no HDF5 object is left open.
 """
@@ -19,6 +21,7 @@ import numpy as np
 
 from ..errors import ConversionError
 from .isolation import parse_file
+from .tf_formats import checkpoint_parts, checkpoint_prefix, is_saved_model, saved_model_parts
 from .untrusted import MAX_CONFIG_BYTES, ParseError
 
 MAX_JSON_NODES = 2_000_000
@@ -91,22 +94,21 @@ def check_array(path, name: str, array: np.ndarray, layer: str, expected_shape=N
     return array.astype(np.float32)
 
 
-_SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt", "keras_metadata.pb", "fingerprint.pb")
-_RESAVE = ("which is not a Keras checkpoint file: load it with tf.keras 2 and save it as one "
-           "(model.save('model.h5'), or with Keras 3 'model.keras'), then convert that file")
-
-
 def _directory_message(path: str) -> str:
     """What a directory handed in as a checkpoint is, and what to hand in instead."""
     try:
         names = set(os.listdir(path))
     except OSError:
         names = set()
-    if names & {"saved_model.pb", "saved_model.pbtxt"}:
-        return "is a TensorFlow SavedModel directory, " + _RESAVE
+    if names & {"saved_model.pb", "saved_model.pbtxt", "keras_metadata.pb"}:
+        return "is a TensorFlow SavedModel directory (cudnn_rnn.load_keras converts it), not a converted model"
     files = sorted(n for n in names if n.endswith((".keras", ".h5", ".hdf5")))
     hint = f" (it holds {', '.join(files[:3])}{', ...' if len(files) > 3 else ''})" if files else ""
-    return f"is a directory; expected a Keras file: .keras, .weights.h5 or .h5{hint}"
+    prefixes = sorted(n[:-len(".index")] for n in names if n.endswith(".index"))
+    if prefixes and not files:
+        hint = (f" (it holds a TensorFlow checkpoint: pass its prefix, "
+                f"{os.path.join(path, prefixes[0])!r}, with architecture=)")
+    return f"is a directory; expected a Keras file: .keras, .weights.h5 or .h5, a SavedModel directory{hint}"
 
 
 def open_regular(path: str):
@@ -118,8 +120,6 @@ def open_regular(path: str):
             raise ConversionError(path, _directory_message(path))
         if not stat.S_ISREG(mode):
             raise ConversionError(path, "is not a regular file")
-        if os.path.basename(path) in _SAVED_MODEL_FILES:
-            raise ConversionError(path, "is part of a TensorFlow SavedModel, " + _RESAVE)
         return open(path, "rb")
     except OSError as e:
         raise ConversionError(path, f"cannot be opened ({e.strerror})") from None
@@ -129,6 +129,13 @@ def open_keras_file(path, config_only: bool = False) -> KerasFile:
     """Opens any Keras container. Weights-only files have config None; with config_only, no
     weights are read."""
     path = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
+    if is_saved_model(path):
+        config, version, backend, names, weights = saved_model_parts(path, load_json, config_only)
+        return KerasFile(path, config, version, "legacy", backend, layer_names=names, layer_weights=weights)
+    prefix = checkpoint_prefix(path)
+    if prefix is not None:  # weights only, layers matched by order
+        names, weights = ([], {}) if config_only else checkpoint_parts(prefix, path)
+        return KerasFile(path, None, None, "legacy", None, layer_names=names, layer_weights=weights)
     f = open_regular(path)
     with f:
         try:

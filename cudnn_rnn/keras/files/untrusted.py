@@ -1,4 +1,5 @@
-"""Where a checkpoint's bytes become plain data: the one boundary untrusted input crosses.
+"""Where a zip or HDF5 checkpoint's bytes become plain data (tf_formats.py does it for the TensorFlow
+formats, in process: no native parser is involved there).
 
 `parse(fobj, size, config_only)` reads a `.keras` zip or an HDF5 file (`.h5`, `.weights.h5`) and
 returns `(header, blob)`: a JSON-able header (the config text, the version, the weights layout,

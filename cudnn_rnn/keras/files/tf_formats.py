@@ -1,0 +1,531 @@
+"""tf.keras 2's SavedModel directory (`model.save("dir")`, TensorFlow 2.5+) and TensorFlow weights
+checkpoint (`model.save_weights("ckpt")`) as a KerasFile's parts.
+
+Read without TensorFlow, and without the traced graphs in saved_model.pb:
+- `keras_metadata.pb` (a SavedMetadata message): one JSON document per Keras object, keyed by its
+  node id in the object graph; the root's holds the model config (`model_config`, tuples written
+  as {"class_name": "__tuple__", "items": [...]}), `keras_version` and `backend`.
+- `variables/variables.index`, a LevelDB table (footer, index block, data blocks of
+  prefix-compressed keys) mapping each checkpoint key to a BundleEntryProto (dtype, shape, shard,
+  offset, size), and `variables/variables.data-SSSSS-of-NNNNN`, the tensors' raw bytes.
+- The checkpoint's object graph (the `_CHECKPOINTABLE_OBJECT_GRAPH` string tensor): the root's
+  children `layer-K` are the model's layers, each layer's child `variables` lists its weights in
+  Keras's `layer.weights` order (the order a legacy .h5 records), and each weight node names its
+  checkpoint key.
+The result has the legacy .h5 layout (layer names, and each layer's (weight name, array) list).
+Everything is read in this process by the bounded decoders below (no native parser is involved):
+every length, offset, count and nesting depth is checked against the bytes actually present,
+and only the tensors the model's layers list are read.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import ConversionError
+
+MAX_INDEX_BYTES = 256 << 20
+MAX_METADATA_BYTES = 256 << 20
+MAX_ENTRIES = 1_000_000
+MAX_SHARDS = 4096
+MAX_NODES = 4_000_000
+MAX_NDIM = 8
+TABLE_MAGIC = 0xDB4775248B80FB57
+GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+# TensorFlow's DataType enum: the numeric ones a Keras weight can hold
+_TF_DTYPES = {1: "<f4", 2: "<f8", 3: "<i4", 4: "|u1", 5: "<i2", 6: "|i1", 9: "<i8", 14: "bfloat16", 17: "<u2",
+              19: "<f2", 22: "<u4", 23: "<u8"}
+DT_STRING = 7
+
+
+class _Bad(Exception):
+    """Malformed bytes; the message says where."""
+
+
+def is_saved_model(path: str) -> bool:
+    """Whether path is a SavedModel directory, or one of the files at its top."""
+    if os.path.isdir(path):
+        return any(os.path.exists(os.path.join(path, n)) for n in ("saved_model.pb", "saved_model.pbtxt",
+                                                                 "keras_metadata.pb"))
+    return os.path.basename(path) in ("saved_model.pb", "saved_model.pbtxt", "keras_metadata.pb", "fingerprint.pb")
+
+
+# ------------------------------------------------------------------------------------------------
+# protocol buffers' wire format
+# ------------------------------------------------------------------------------------------------
+def _varint(buf, pos: int, end: int) -> Tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if pos >= end:
+            raise _Bad("a varint runs past its message")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise _Bad("a varint is longer than 10 bytes")
+
+
+def _fields(buf, start: int = 0, end: Optional[int] = None) -> Iterator[Tuple[int, int, object]]:
+    """(field number, wire type, value) of one message: an int for varints and fixed-width
+    fields, a (start, end) span of buf for length-delimited ones."""
+    end = len(buf) if end is None else end
+    pos = start
+    while pos < end:
+        key, pos = _varint(buf, pos, end)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos, end)
+        elif wire == 2:
+            length, pos = _varint(buf, pos, end)
+            if length > end - pos:
+                raise _Bad("a field's length runs past its message")
+            value, pos = (pos, pos + length), pos + length
+        elif wire == 1 or wire == 5:
+            width = 8 if wire == 1 else 4
+            if width > end - pos:
+                raise _Bad("a fixed-width field runs past its message")
+            value, pos = int.from_bytes(buf[pos:pos + width], "little"), pos + width
+        else:
+            raise _Bad(f"wire type {wire} (groups are not used by these messages)")
+        yield number, wire, value
+
+
+def _text(buf, span) -> str:
+    try:
+        return bytes(buf[span[0]:span[1]]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Bad("a string is not UTF-8") from None
+
+
+def _span(wire: int, value, what: str):
+    if wire != 2:
+        raise _Bad(f"{what} has wire type {wire}; expected a length-delimited field")
+    return value
+
+
+def _number(wire: int, value, what: str) -> int:
+    if wire != 0:
+        raise _Bad(f"{what} has wire type {wire}; expected a varint")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------
+# the LevelDB table of variables.index
+# ------------------------------------------------------------------------------------------------
+def _block_handle(buf, pos: int, end: int) -> Tuple[int, int, int]:
+    offset, pos = _varint(buf, pos, end)
+    size, pos = _varint(buf, pos, end)
+    return offset, size, pos
+
+
+def _block(buf, offset: int, size: int) -> Iterator[Tuple[bytes, memoryview]]:
+    """The (key, value) entries of one uncompressed block."""
+    if offset + size + 5 > len(buf) or size < 4:
+        raise _Bad("a block lies outside the index file")
+    if buf[offset + size] != 0:
+        raise _Bad(f"a block is compressed (type {buf[offset + size]}); TensorFlow writes them uncompressed")
+    restarts = int.from_bytes(buf[offset + size - 4:offset + size], "little")
+    end = offset + size - 4 * (restarts + 1)
+    if restarts == 0 or end < offset:
+        raise _Bad("a block's restart array is malformed")
+    pos, key = offset, b""
+    while pos < end:
+        shared, pos = _varint(buf, pos, end)
+        unshared, pos = _varint(buf, pos, end)
+        length, pos = _varint(buf, pos, end)
+        if shared > len(key) or unshared + length > end - pos:
+            raise _Bad("a block entry runs past its block")
+        key = key[:shared] + bytes(buf[pos:pos + unshared])
+        pos += unshared
+        yield key, buf[pos:pos + length]
+        pos += length
+
+
+def read_index(data: bytes) -> Dict[str, Tuple[int, tuple, int, int, int]]:
+    """variables.index: checkpoint key -> (dtype code, shape, shard, offset, size); the header's
+    shard count under the key ""."""
+    buf = memoryview(data)
+    if len(buf) < 48 or int.from_bytes(buf[-8:], "little") != TABLE_MAGIC:
+        raise _Bad("is not a TensorFlow checkpoint index (no table footer)")
+    footer = len(buf) - 48
+    _, _, pos = _block_handle(buf, footer, len(buf) - 8)            # metaindex: unused
+    index_offset, index_size, _ = _block_handle(buf, pos, len(buf) - 8)
+    entries: Dict[str, tuple] = {}
+    for _, handle in _block(buf, index_offset, index_size):
+        offset, size, _ = _block_handle(handle, 0, len(handle))
+        for key, value in _block(buf, offset, size):
+            if len(entries) >= MAX_ENTRIES:
+                raise _Bad(f"holds more than {MAX_ENTRIES} entries")
+            try:
+                name = key.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _Bad("a checkpoint key is not UTF-8") from None
+            entries[name] = _header(value) if name == "" else _entry(value, name)
+    if "" not in entries:
+        raise _Bad("has no bundle header")
+    return entries
+
+
+def _header(value) -> tuple:
+    shards, endianness = 1, 0
+    for number, wire, v in _fields(value):
+        if number == 1:
+            shards = _number(wire, v, "the header's shard count")
+        elif number == 2:
+            endianness = _number(wire, v, "the header's endianness")
+    if endianness != 0:
+        raise _Bad("was written big-endian; only little-endian checkpoints are read")
+    if not 1 <= shards <= MAX_SHARDS:
+        raise _Bad(f"declares {shards} data shards; expected 1 to {MAX_SHARDS}")
+    return (0, (), shards, 0, 0)
+
+
+def _entry(value, key: str) -> tuple:
+    dtype, shape, shard, offset, size = 0, [], 0, 0, 0
+    for number, wire, v in _fields(value):
+        if number == 1:
+            dtype = _number(wire, v, f"{key}'s dtype")
+        elif number == 2:
+            s, e = _span(wire, v, f"{key}'s shape")
+            for n, w, dim in _fields(value, s, e):
+                if n == 2:  # Dim { int64 size = 1; string name = 2; }
+                    ds, de = _span(w, dim, f"{key}'s dimension")
+                    size_ = 0
+                    for n2, w2, d in _fields(value, ds, de):
+                        if n2 == 1:
+                            size_ = _number(w2, d, f"{key}'s dimension")
+                    shape.append(size_)
+                    if len(shape) > MAX_NDIM:
+                        raise _Bad(f"{key} has more than {MAX_NDIM} dimensions")
+                elif n == 3 and _number(w, dim, "unknown_rank"):
+                    raise _Bad(f"{key} has an unknown rank")
+        elif number == 3:
+            shard = _number(wire, v, f"{key}'s shard")
+        elif number == 4:
+            offset = _number(wire, v, f"{key}'s offset")
+        elif number == 5:
+            size = _number(wire, v, f"{key}'s size")
+        elif number == 7:
+            raise _Bad(f"{key} is a partitioned (sliced) variable, which Keras does not write")
+    return (dtype, tuple(d if d < 1 << 62 else -1 for d in shape), shard, offset, size)
+
+
+# ------------------------------------------------------------------------------------------------
+# the directory
+# ------------------------------------------------------------------------------------------------
+def _read_file(path: str, where: str, what: str, limit: int) -> bytes:
+    with _open_file(path, where, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise ConversionError(where, f"{what} is {size} bytes; more than the {limit} allowed")
+        data = f.read(limit + 1)
+    if len(data) != size:
+        raise ConversionError(where, f"{what} changed while it was read")
+    return data
+
+
+def _open_file(path: str, where: str, what: str):
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ConversionError(where, f"{what} is not a regular file")
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise ConversionError(where, f"has no {what}") from None
+    except OSError as e:
+        raise ConversionError(where, f"{what} cannot be opened ({e.strerror})") from None
+
+
+class _Checkpoint:
+    """A TensorFlow checkpoint: PREFIX.index and its data shards PREFIX.data-SSSSS-of-NNNNN;
+    `what` names the prefix in errors (relative to `where`, the path the user gave)."""
+
+    def __init__(self, prefix: str, where: str, what: str):
+        self.prefix, self.where, self.what = prefix, where, what
+        try:
+            self.index = read_index(_read_file(prefix + ".index", where, what + ".index", MAX_INDEX_BYTES))
+        except _Bad as e:
+            raise ConversionError(where, f"{what}.index: {e}") from None
+        self.shards = self.index[""][2]
+        self.files: Dict[int, tuple] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for f, _ in self.files.values():
+            f.close()
+
+    def graph(self):
+        return _object_graph(self.tensor(GRAPH_KEY, strings=True))
+
+    def _file(self, shard: int):
+        if not 0 <= shard < self.shards:
+            raise _Bad(f"names data shard {shard} of {self.shards}")
+        if shard not in self.files:
+            suffix = f".data-{shard:05d}-of-{self.shards:05d}"
+            f = _open_file(self.prefix + suffix, self.where, self.what + suffix)
+            self.files[shard] = (f, os.fstat(f.fileno()).st_size)
+        return self.files[shard]
+
+    def tensor(self, key: str, strings: bool = False):
+        entry = self.index.get(key)
+        if entry is None or key == "":
+            raise _Bad(f"has no tensor {key!r}")
+        dtype, shape, shard, offset, size = entry
+        f, file_size = self._file(shard)
+        if offset + size > file_size:
+            raise _Bad(f"{key} lies past the end of its data file ({offset} + {size} > {file_size} bytes)")
+        if strings:
+            if dtype != DT_STRING or shape != ():
+                raise _Bad(f"{key} is not a string scalar")
+            f.seek(offset)
+            raw = f.read(size)
+            length, pos = _varint(raw, 0, len(raw))
+            pos += 4  # the masked CRC32C of the lengths
+            if pos + length != len(raw):
+                raise _Bad(f"{key}'s string does not fill its entry")
+            return memoryview(raw)[pos:]
+        if dtype not in _TF_DTYPES or any(d < 0 for d in shape):
+            raise _Bad(f"{key} has TensorFlow dtype {dtype} and shape {shape}; expected a numeric tensor")
+        numpy_dtype = np.dtype("<u2") if _TF_DTYPES[dtype] == "bfloat16" else np.dtype(_TF_DTYPES[dtype])
+        count = math.prod(shape)
+        if count * numpy_dtype.itemsize != size:
+            raise _Bad(f"{key} declares shape {shape} but holds {size} bytes")
+        f.seek(offset)
+        raw = f.read(size)
+        if len(raw) != size:
+            raise _Bad(f"{key} is cut short")
+        array = np.frombuffer(raw, dtype=numpy_dtype).reshape(shape)
+        if _TF_DTYPES[dtype] == "bfloat16":  # a bfloat16 is the top half of the float32 with its bits
+            return (array.astype(np.uint32) << 16).view(np.float32)
+        return array.astype(numpy_dtype.newbyteorder("="))
+
+    def layers(self, names_of=None):
+        """(layer names, {name: [(weight name, array)]}) of the model at the graph's root (or
+        under its one child, as tf.train.Checkpoint(model=...) writes it); names_of(node id) gives
+        a layer's name, else the layers are named layer-K."""
+        try:
+            graph = self.graph()
+            names, keys = _layers(graph, names_of)
+            return names, {name: [(w, self.tensor(key)) for w, key in keys[name]] for name in names}
+        except _Bad as e:
+            raise ConversionError(self.where, f"the checkpoint {self.what}: {e}") from None
+
+
+def saved_model_parts(path: str, load_json, config_only: bool = False):
+    """(config, keras_version, backend, layer_names, layer_weights) of the SavedModel directory
+    path (or a file at its top); no weights with config_only. load_json(path, text, what) parses
+    the metadata's JSON texts (containers.load_json, with its limits)."""
+    root = path if os.path.isdir(path) else (os.path.dirname(path) or ".")
+    if not os.path.exists(os.path.join(root, "keras_metadata.pb")):
+        raise ConversionError(root, "is a TensorFlow SavedModel without keras_metadata.pb: not written by tf.keras "
+                                    "2.5 or later (or not by Keras); load it with tf.keras 2 and save it as .h5 or "
+                                    ".keras, then convert that file")
+    try:
+        nodes = _metadata_nodes(_read_file(os.path.join(root, "keras_metadata.pb"), root, "keras_metadata.pb",
+                                           MAX_METADATA_BYTES))
+    except _Bad as e:
+        raise ConversionError(root, f"keras_metadata.pb: {e}") from None
+    if 0 not in nodes:
+        raise ConversionError(root, "keras_metadata.pb describes no root object")
+    meta = load_json(root, nodes[0], "keras_metadata.pb's root metadata")
+    model_config = meta.get("model_config") if isinstance(meta, dict) else None
+    if not isinstance(model_config, dict) or "class_name" not in model_config:
+        kind = meta.get("class_name") if isinstance(meta, dict) else None
+        raise ConversionError(root, f"holds a Keras object ({str(kind)[:60]}) without a model config: a subclassed "
+                                    "model has none (Keras itself needs its Python class to rebuild it)")
+    config = untuple(model_config)
+    version = meta.get("keras_version") if isinstance(meta.get("keras_version"), str) else None
+    backend = meta.get("backend") if isinstance(meta.get("backend"), str) else None
+    if config_only:
+        return config, version, backend, [], {}
+
+    def names_of(node: int) -> Optional[str]:
+        layer = load_json(root, nodes[node], "a layer's metadata") if node in nodes else None
+        name = layer.get("name") if isinstance(layer, dict) else None
+        return name if isinstance(name, str) else None
+
+    with _Checkpoint(os.path.join(root, "variables", "variables"), root, "variables/variables") as ckpt:
+        names, weights = ckpt.layers(names_of)
+    return config, version, backend, names, weights
+
+
+def checkpoint_prefix(path: str) -> Optional[str]:
+    """The prefix of the TensorFlow checkpoint path names (PREFIX.index, or PREFIX itself), if it
+    names one."""
+    if path.endswith(".index") and os.path.isfile(path):
+        return path[:-len(".index")]
+    if not os.path.exists(path) and os.path.isfile(path + ".index"):
+        return path
+    return None
+
+
+def checkpoint_parts(prefix: str, where: str):
+    """(layer names, layer weights) of a TensorFlow weights checkpoint (tf.keras 2's
+    model.save_weights("ckpt")): the layers are named layer-K, matched by order."""
+    with _Checkpoint(prefix, where, os.path.basename(prefix)) as ckpt:
+        return ckpt.layers()
+
+
+def _metadata_nodes(buf) -> Dict[int, str]:
+    """keras_metadata.pb: node id -> metadata JSON text (SavedMetadata.nodes: SavedObject {
+    node_id = 2; node_path = 3; identifier = 4; metadata = 5; })."""
+    out: Dict[int, str] = {}
+    for number, wire, value in _fields(buf):
+        if number != 1:
+            continue
+        node_id, text = 0, None  # (proto3 leaves zeros out)
+        s, e = _span(wire, value, "a node")
+        for n, w, v in _fields(buf, s, e):
+            if n == 2:
+                node_id = _number(w, v, "a node id")
+            elif n == 5:
+                text = _text(buf, _span(w, v, "a node's metadata"))
+        if text is not None:
+            out[node_id] = text
+        if len(out) > MAX_NODES:
+            raise _Bad(f"describes more than {MAX_NODES} objects")
+    return out
+
+
+def untuple(value):
+    """A SavedModel metadata config with its encoded tuples ({"class_name": "__tuple__",
+    "items": [...]}) and shapes as the lists a .h5 config holds (load_json bounded its depth)."""
+    if isinstance(value, dict):
+        if value.get("class_name") in ("__tuple__", "TensorShape") and set(value) == {"class_name", "items"}:
+            return untuple(value["items"])
+        return {k: untuple(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [untuple(v) for v in value]
+    return value
+
+
+def _object_graph(buf) -> List[Tuple[List[Tuple[int, str]], Dict[str, str]]]:
+    """TrackableObjectGraph: per node, its children (node id, local name) and its attributes
+    (name -> checkpoint key, with the full name under "name:" + name)."""
+    nodes = []
+    for number, wire, value in _fields(buf):
+        if number != 1:
+            continue
+        children, attributes = [], {}
+        s, e = _span(wire, value, "an object")
+        for n, w, v in _fields(buf, s, e):
+            if n == 1:  # ObjectReference { int32 node_id = 1; string local_name = 2; }
+                cs, ce = _span(w, v, "a child reference")
+                node, name = 0, ""
+                for n2, w2, v2 in _fields(buf, cs, ce):
+                    if n2 == 1:
+                        node = _number(w2, v2, "a child's node id")
+                    elif n2 == 2:
+                        name = _text(buf, _span(w2, v2, "a child's name"))
+                children.append((node, name))
+            elif n == 2:  # SerializedTensor { string name = 1; string full_name = 2; string checkpoint_key = 3; }
+                a_s, a_e = _span(w, v, "an attribute")
+                parts = {}
+                for n2, w2, v2 in _fields(buf, a_s, a_e):
+                    if n2 in (1, 2, 3):
+                        parts[n2] = _text(buf, _span(w2, v2, "an attribute's name"))
+                if 1 in parts and 3 in parts:
+                    attributes[parts[1]] = parts[3]
+                    attributes["name:" + parts[1]] = parts.get(2, "")
+        nodes.append((children, attributes))
+        if len(nodes) > MAX_NODES:
+            raise _Bad(f"holds more than {MAX_NODES} objects")
+    return nodes
+
+
+# children that are not a layer's sub-objects: traced functions, SavedModel views of the same
+# variables, optimizer and metric state, random-generator seeds, stateful RNN states
+_NOT_WEIGHTS = frozenset(("variables", "trainable_variables", "non_trainable_variables", "regularization_losses",
+                          "keras_api", "signatures", "__call__", "call_and_return_all_conditional_losses",
+                          "call_and_return_conditional_losses", "_default_save_signature", "optimizer", "metrics",
+                          "_random_generator", "states", "state_spec", "save_counter", "layer_metrics",
+                          "layer_regularization_losses"))
+MAX_DEPTH = 100
+
+
+def _created(graph, node: int) -> List[int]:
+    """The variables under node, depth first in child order (each sub-object's creation order);
+    each once."""
+    out: List[int] = []
+    seen = {node}
+    stack = [(node, 0, iter(graph[node][0]))]
+    while stack:
+        _, depth, children = stack[-1]
+        step = next(children, None)
+        if step is None:
+            stack.pop()
+            continue
+        c, n = step
+        if n in _NOT_WEIGHTS or c in seen:
+            continue
+        if not 0 <= c < len(graph):
+            raise _Bad(f"names object {c} of {len(graph)}")
+        seen.add(c)
+        if "VARIABLE_VALUE" in graph[c][1]:
+            out.append(c)
+        elif depth + 1 >= MAX_DEPTH:
+            raise _Bad(f"nests objects deeper than {MAX_DEPTH} levels")
+        else:
+            stack.append((c, depth + 1, iter(graph[c][0])))
+    return out
+
+
+_LAYER_CHILD = re.compile(r"layer-(\d{1,9})")
+
+
+def _layers(graph, names_of=None):
+    """The model's layers in order (the root's `layer-K` children), each with its (weight name,
+    checkpoint key) list: from its `variables` child (layer.weights, as a SavedModel with traces
+    records it), else from its sub-objects."""
+    if not graph:
+        raise _Bad("has an empty object graph")
+
+    def checked(node: int) -> int:
+        if not 0 <= node < len(graph):
+            raise _Bad(f"names object {node} of {len(graph)}")
+        return node
+
+    model = 0
+    if not any(_LAYER_CHILD.fullmatch(n) for _, n in graph[0][0]):
+        below = [checked(c) for c, n in graph[0][0] if n not in _NOT_WEIGHTS and c != 0]
+        if len(below) != 1 or not any(_LAYER_CHILD.fullmatch(n) for _, n in graph[below[0]][0]):
+            raise _Bad("holds no Keras model (no layer-K objects at its root)")
+        model = below[0]
+    numbered = sorted((int(m.group(1)), checked(c)) for c, n in graph[model][0] for m in [_LAYER_CHILD.fullmatch(n)]
+                      if m)
+    names: List[str] = []
+    weights: Dict[str, List[Tuple[str, str]]] = {}
+    for k, node in numbered:
+        name = names_of(node) if names_of is not None else f"layer-{k}"
+        if name is None or name in weights:
+            raise _Bad(f"layer object {node} has {'a repeated' if name in weights else 'no'} name in keras_metadata.pb")
+        listed = [checked(c) for c, n in graph[node][0] if n == "variables"]
+        if listed:  # layer.weights, in order
+            variables = []
+            for index, (variable, local) in enumerate(graph[listed[0]][0]):
+                if local != str(index):
+                    raise _Bad(f"layer {name}'s variable list is malformed")
+                variables.append(checked(variable))
+        else:  # written without traces: each sub-object's weights in creation order
+            variables = _created(graph, node)
+        pairs = []
+        for variable in variables:
+            attributes = graph[variable][1]
+            if "VARIABLE_VALUE" not in attributes:
+                raise _Bad(f"layer {name}'s variable object {variable} has no saved value")
+            pairs.append((attributes["name:VARIABLE_VALUE"] + ":0", attributes["VARIABLE_VALUE"]))
+        names.append(name)
+        weights[name] = pairs
+    return names, weights
+
+
+__all__ = ["is_saved_model", "saved_model_parts", "checkpoint_prefix", "checkpoint_parts", "read_index", "untuple"]
