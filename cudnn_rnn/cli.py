@@ -41,7 +41,8 @@ def _load(args):
     from .keras import load_keras
 
     _say(args, f"converting {args.model}")
-    return load_keras(args.model, architecture=args.architecture, progress=_progress(sys.stderr) if args.progress else None)
+    return load_keras(args.model, architecture=args.architecture, progress=_progress(sys.stderr) if args.progress else None,
+                      backend=args.backend)
 
 
 def _check_onnx(path: str, model, inputs) -> int:
@@ -394,6 +395,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                            help=".pt2 / .onnx: make every sequence length dynamic, also those the file declares "
                                 "fixed (the converted model takes any length)")
         p.add_argument("--architecture", help="model file or JSON config, for weights-only files")
+        p.add_argument("--backend", choices=("tensorflow", "jax", "torch"),
+                       help="the backend of the Keras that wrote a file that does not record it (Keras 3 .keras): "
+                            "bicubic resizes and sobel_edges follow it")
         p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
                        help="report each long step and each layer as it is converted (default: on a terminal)")
         if name == "verify":

@@ -124,6 +124,28 @@ def test_architecture_as_a_json_file():
     np.testing.assert_allclose(out.numpy(), data["output_0"], atol=1e-5, rtol=1e-5)
 
 
+def test_backend_argument_for_files_that_do_not_record_it():
+    """A Keras 3 .keras file records no backend: backend="tensorflow" (the CLI's --backend) gives
+    TensorFlow's bicubic resizes, the numbers Keras on TensorFlow computed; without it torch's
+    cubic is off. A backend that contradicts the file's record is refused."""
+    from cudnn_rnn.cli import main
+
+    data = np.load(os.path.join(DATA, "k3_bicubic.npz"))
+    x, expected = torch.as_tensor(data["input_0"]), data["output_0"]
+    path = os.path.join(DATA, "k3_bicubic.keras")
+    with torch.no_grad():
+        default = load_keras(path)(x).numpy()
+        model = load_keras(path, backend="tensorflow")
+        assert model.keras_backend == "tensorflow"
+        np.testing.assert_allclose(model(x).numpy(), expected, atol=1e-5, rtol=1e-5)
+    assert load_keras(path).keras_backend is None and np.abs(default - expected).max() > 1e-3
+    with pytest.raises(cudnn_rnn.keras.ConversionError, match="records that Keras on tensorflow wrote it; backend='jax'"):
+        load_keras(os.path.join(DATA, "k3_bicubic.h5"), backend="jax")
+    with pytest.raises(ValueError, match="backend must be one of tensorflow, jax, torch; got 'theano'"):
+        load_keras(path, backend="theano")
+    assert main(["inspect", path, "--backend", "tensorflow", "--no-progress"]) == 0
+
+
 def test_converted_file_keeps_the_backend(tmp_path):
     """A converted .pt of a file TensorFlow's Keras wrote rebuilds its bicubic resizes as
     TensorFlow's (the backend is kept beside the config)."""

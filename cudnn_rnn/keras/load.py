@@ -28,10 +28,14 @@ from .layers.ops import OP_CLASSES, build_op
 from .layers.registry import REFUSED, BuildContext, dtype_name, holds_weights, keras_major
 from .files.weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
 
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
 def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, dict]] = None,
                dtype: Optional[torch.dtype] = None,
                progress: Optional[Callable] = None,
-               custom_layers: Optional[Mapping[str, Callable]] = None) -> KerasModel:
+               custom_layers: Optional[Mapping[str, Callable]] = None,
+               backend: Optional[str] = None) -> KerasModel:
     """A torch module computing what the Keras model in ``path`` computes.
 
     Nothing from TensorFlow or Keras is needed, and nothing is unpickled: a file that cannot be
@@ -57,6 +61,12 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
         custom_layers (dict, optional): the model's own layer classes by class name, each a
             ``builder(config, weights) -> torch.nn.Module`` (docs/guides/keras.md, "Custom
             layers"). Default: ``None``.
+        backend (str, optional): the backend of the Keras that wrote the file, ``"tensorflow"``,
+            ``"jax"`` or ``"torch"``, where the file does not record it (a Keras 3 ``.keras`` or
+            ``.weights.h5``). A few computations differ between Keras's backends and follow it:
+            bicubic resizes and ``sobel_edges`` (docs/guides/keras.md). Default: ``None``, the
+            file's own record; where there is none, torch's bicubic resize and TensorFlow's
+            ``sobel_edges``.
 
     Returns:
         KerasModel: a ``torch.nn.Module`` whose ``forward(*inputs)`` takes the Keras model's
@@ -74,7 +84,7 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
         torch.Size([2, 3])
     """
     kf = open_keras_file(path)
-    config, version, backend = kf.config, kf.keras_version, kf.backend
+    config, version, backend, asked = kf.config, kf.keras_version, kf.backend, backend
     if architecture is not None:
         # the Keras that wrote the architecture defines its layers' defaults and activations
         # (a .weights.h5 records no version at all)
@@ -84,6 +94,12 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
         raise ConversionError(kf.path, "holds weights only; pass architecture= (a .keras / .h5 model file or a config)")
     if backend is None and keras_major(version) == 2:  # Keras 2.3+ and tf.keras run on TensorFlow only
         backend = "tensorflow"
+    if asked is not None:
+        if asked not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {asked!r}")
+        if backend is not None and backend != asked:
+            raise ConversionError(kf.path, f"records that Keras on {backend} wrote it; backend={asked!r} says otherwise")
+        backend = asked
     if keras_major(version) < 2:  # per-gate weights (W_i, U_i, ...), output_dim, inner_activation
         raise ConversionError(kf.path, f"was saved by Keras {str(version)[:20]}; Keras 1 files are not supported "
                                        "(Keras 2 and 3 are: load the model in Keras 2 and save it again)")
