@@ -74,6 +74,7 @@ CASES = [
     ("tfk_saved_model", "tfk_saved_model", None),
     ("tfk_saved_model", "tfk_saved_model/keras_metadata.pb", None),
     ("tfk_frame_cnn_saved_model", "tfk_frame_cnn_saved_model", None),
+    ("tfk_frame_cnn_saved_model", "tfk_frame_cnn_saved_model_pre25", None),  # TensorFlow < 2.5's layout
     ("tfk_frame_cnn_saved_model", "tfk_frame_cnn_ckpt/ckpt", "tfk_frame_cnn_saved_model"),
     ("tfk_frame_cnn_saved_model", "tfk_frame_cnn_ckpt/ckpt.index", "tfk_frame_cnn_saved_model"),
 ]

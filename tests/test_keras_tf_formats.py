@@ -19,6 +19,7 @@ DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "dat
 SAVED = "tfk_saved_model"                 # with traced functions: each layer's `variables` list
 UNTRACED = "tfk_frame_cnn_saved_model"    # save_traces=False: weights found by the object graph
 CKPT = "tfk_frame_cnn_ckpt"               # model.save_weights("ckpt")
+PRE25 = "tfk_frame_cnn_saved_model_pre25"  # the metadata in saved_model.pb, as TensorFlow < 2.5 wrote it
 
 
 def _copy(tmp_path, name):
@@ -65,8 +66,11 @@ def test_a_subclassed_model_or_a_serving_export_is_named(tmp_path):
     (saved / "keras_metadata.pb").write_bytes(_metadata_file([(0, "root", meta)]))
     with pytest.raises(ConversionError, match=r"holds a Keras object \(MyModel\) without a model config: a subclassed"):
         load_keras(saved)
-    (saved / "keras_metadata.pb").unlink()
-    with pytest.raises(ConversionError, match="is a TensorFlow SavedModel without keras_metadata.pb"):
+    (saved / "keras_metadata.pb").unlink()  # and saved_model.pb holds none (as TensorFlow 2.5+ writes it)
+    with pytest.raises(ConversionError, match=r"is a TensorFlow SavedModel without Keras metadata .*model.export"):
+        load_keras(saved)
+    (saved / "saved_model.pb").unlink()
+    with pytest.raises(ConversionError, match=r"is a directory; expected a Keras file: .*a SavedModel directory"):
         load_keras(saved)
 
 
@@ -249,7 +253,7 @@ def _mutate(data: bytes, rng: random.Random) -> bytes:
 
 MUTATED = [(SAVED, "keras_metadata.pb"), (SAVED, "variables/variables.index"),
            (SAVED, "variables/variables.data-00000-of-00001"), (UNTRACED, "variables/variables.index"),
-           (UNTRACED, "variables/variables.data-00000-of-00001")]
+           (UNTRACED, "variables/variables.data-00000-of-00001"), (PRE25, "saved_model.pb")]
 
 
 @pytest.mark.parametrize("fixture,member", MUTATED, ids=[f"{a}/{b}" for a, b in MUTATED])
@@ -259,7 +263,7 @@ def test_mutated_files_are_refused_or_load(tmp_path, fixture, member):
     saved = _copy(tmp_path, fixture)
     target = saved / member
     original = target.read_bytes()
-    npz = np.load(os.path.join(DATA, f"{fixture}.npz"))
+    npz = np.load(os.path.join(DATA, f"{UNTRACED if fixture == PRE25 else fixture}.npz"))
     inputs = [torch.as_tensor(npz[k]) for k in sorted(k for k in npz.files if k.startswith("input_"))]
     rng = random.Random(f"{fixture}/{member}")
     outcomes = {"loaded": 0, "refused": 0}

@@ -4,7 +4,9 @@ checkpoint (`model.save_weights("ckpt")`) as a KerasFile's parts.
 Read without TensorFlow, and without the traced graphs in saved_model.pb:
 - `keras_metadata.pb` (a SavedMetadata message): one JSON document per Keras object, keyed by its
   node id in the object graph; the root's holds the model config (`model_config`, tuples written
-  as {"class_name": "__tuple__", "items": [...]}), `keras_version` and `backend`.
+  as {"class_name": "__tuple__", "items": [...]}), `keras_version` and `backend`. TensorFlow
+  before 2.5 kept the same documents in saved_model.pb, in each Keras object's node of the
+  object graph (read only there, and only then).
 - `variables/variables.index`, a LevelDB table (footer, index block, data blocks of
   prefix-compressed keys) mapping each checkpoint key to a BundleEntryProto (dtype, shape, shard,
   offset, size), and `variables/variables.data-SSSSS-of-NNNNN`, the tensors' raw bytes.
@@ -31,6 +33,7 @@ from ..errors import ConversionError
 
 MAX_INDEX_BYTES = 256 << 20
 MAX_METADATA_BYTES = 256 << 20
+MAX_SAVED_MODEL_BYTES = 2 << 30  # (protocol buffers' own limit)
 MAX_ENTRIES = 1_000_000
 MAX_SHARDS = 4096
 MAX_NODES = 4_000_000
@@ -325,18 +328,24 @@ def saved_model_parts(path: str, load_json, config_only: bool = False):
     path (or a file at its top); no weights with config_only. load_json(path, text, what) parses
     the metadata's JSON texts (containers.load_json, with its limits)."""
     root = path if os.path.isdir(path) else (os.path.dirname(path) or ".")
-    if not os.path.exists(os.path.join(root, "keras_metadata.pb")):
-        raise ConversionError(root, "is a TensorFlow SavedModel without keras_metadata.pb: not written by tf.keras "
-                                    "2.5 or later (or not by Keras); load it with tf.keras 2 and save it as .h5 or "
-                                    ".keras, then convert that file")
+    source = "keras_metadata.pb"
     try:
-        nodes = _metadata_nodes(_read_file(os.path.join(root, "keras_metadata.pb"), root, "keras_metadata.pb",
-                                           MAX_METADATA_BYTES))
+        if os.path.exists(os.path.join(root, source)):
+            nodes = _metadata_nodes(_read_file(os.path.join(root, source), root, source, MAX_METADATA_BYTES))
+        elif os.path.exists(os.path.join(root, "saved_model.pb")):  # TensorFlow before 2.5: in the object graph
+            source = "saved_model.pb"
+            nodes = _user_object_metadata(_read_file(os.path.join(root, source), root, source, MAX_SAVED_MODEL_BYTES))
+        else:
+            nodes = {}
     except _Bad as e:
-        raise ConversionError(root, f"keras_metadata.pb: {e}") from None
+        raise ConversionError(root, f"{source}: {e}") from None
+    if not nodes:
+        raise ConversionError(root, "is a TensorFlow SavedModel without Keras metadata (no keras_metadata.pb, none in "
+                                    "saved_model.pb): not written by Keras's model.save (Keras 3's model.export() "
+                                    "and tf.saved_model.save write such directories for serving only)")
     if 0 not in nodes:
-        raise ConversionError(root, "keras_metadata.pb describes no root object")
-    meta = load_json(root, nodes[0], "keras_metadata.pb's root metadata")
+        raise ConversionError(root, f"{source} describes no root object")
+    meta = load_json(root, nodes[0], f"{source}'s root metadata")
     model_config = meta.get("model_config") if isinstance(meta, dict) else None
     if not isinstance(model_config, dict) or "class_name" not in model_config:
         kind = meta.get("class_name") if isinstance(meta, dict) else None
@@ -393,6 +402,33 @@ def _metadata_nodes(buf) -> Dict[int, str]:
             out[node_id] = text
         if len(out) > MAX_NODES:
             raise _Bad(f"describes more than {MAX_NODES} objects")
+    return out
+
+
+def _user_object_metadata(buf) -> Dict[int, str]:
+    """saved_model.pb as TensorFlow before 2.5 wrote it: node id -> the Keras metadata of each
+    Keras object (SavedModel.meta_graphs[0].object_graph_def.nodes[i].user_object, whose
+    identifier starts with _tf_keras_, its metadata field)."""
+    meta_graph = next((v for n, w, v in _fields(buf) if n == 2 and _span(w, v, "a meta graph")), None)
+    if meta_graph is None:
+        raise _Bad("holds no meta graph")
+    graph = next((v for n, w, v in _fields(buf, *meta_graph) if n == 7 and _span(w, v, "the object graph")), None)
+    out: Dict[int, str] = {}
+    for node_id, (s, e) in enumerate(v for n, w, v in (_fields(buf, *graph) if graph else ()) if n == 1 and
+                                       _span(w, v, "an object")):
+        if node_id >= MAX_NODES:
+            raise _Bad(f"holds more than {MAX_NODES} objects")
+        for n, w, v in _fields(buf, s, e):
+            if n != 4:
+                continue
+            identifier, text = "", None
+            for n2, w2, v2 in _fields(buf, *_span(w, v, "a user object")):
+                if n2 == 1:
+                    identifier = _text(buf, _span(w2, v2, "an identifier"))
+                elif n2 == 3:
+                    text = _text(buf, _span(w2, v2, "a user object's metadata"))
+            if identifier.startswith("_tf_keras_") and text:
+                out[node_id] = text
     return out
 
 
