@@ -387,8 +387,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("convert", "inspect", "verify"):
         p = sub.add_parser(name)
-        p.add_argument("model", help=".keras, .h5 or .weights.h5 file, SavedModel directory, or TensorFlow checkpoint "
-                                     "prefix")
+        p.add_argument("model", help=".keras, .h5, .weights.h5 or .weights.json file, unzipped Keras model or "
+                                     "SavedModel directory, or TensorFlow checkpoint prefix")
         if name == "convert":
             p.add_argument("out", help="OUT.pt (config + weights), OUT.pt2 (torch.export program) or OUT.onnx")
             p.add_argument("--any-length", action="store_true",

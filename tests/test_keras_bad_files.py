@@ -578,6 +578,34 @@ def test_directories_and_saved_models_are_named(tmp_path):
         load_keras(folder)
 
 
+def test_sharded_weight_maps_are_checked(tmp_path):
+    """A sharded-weights map (Keras 3's .weights.json) names shards beside it, each a Keras 3
+    weights file; anything else is refused by name, and nothing is read from elsewhere."""
+    shard = os.path.join(DATA, "k3_sequential.weights.h5")
+    arch = os.path.join(DATA, "k3_sequential.keras")
+    shutil.copy(shard, tmp_path / "w_00000.weights.h5")
+    shutil.copy(os.path.join(DATA, "tfk_sequential_weights.h5"), tmp_path / "legacy.weights.h5")
+
+    def refused(weight_map, match):
+        (tmp_path / "w.weights.json").write_text(json.dumps(weight_map))
+        with pytest.raises(ConversionError, match=match):
+            load_keras(tmp_path / "w.weights.json", architecture=arch)
+
+    refused({"weight_map": {"/layers/lstm/vars": ["../w_00000.weights.h5"]}}, "names the shard '../w_00000.weights.h5'")
+    refused({"weight_map": {"/layers/lstm/vars": [shard]}}, "names the shard .*; expected a .weights.h5 file name")
+    refused({"weight_map": {"/layers/lstm/vars": ["w.h5"]}}, "names the shard 'w.h5'")
+    refused({"weight_map": {}}, "names 0 shards")
+    refused({"metadata": {}}, "is not a Keras sharded-weights map")
+    refused([1, 2], "is not a Keras sharded-weights map")
+    refused({"weight_map": {"a": ["missing.weights.h5"]}}, r"missing.weights.h5: cannot be opened")
+    refused({"weight_map": {"a": ["legacy.weights.h5"]}}, "shard legacy.weights.h5 is not a Keras 3 weights file")
+    shutil.copy(shard, tmp_path / "w_00001.weights.h5")
+    refused({"weight_map": {"a": ["w_00000.weights.h5"], "b": ["w_00001.weights.h5"]}},
+            r"shard w_00001.weights.h5 holds layers/.* again")
+    (tmp_path / "w.weights.json").write_text(json.dumps({"weight_map": {"a": ["w_00000.weights.h5"]}}))
+    load_keras(tmp_path / "w.weights.json", architecture=arch)  # (the one shard holds every weight)
+
+
 @pytest.mark.parametrize("name", ["k3_functional.keras", "tfk_sequential.h5", "tfk_cudnn.h5"])
 def test_in_process_parsing_gives_the_same_model(name, monkeypatch, tmp_path):
     """CUDNN_RNN_PARSE_IN_PROCESS=1 (and platforms without fork) parse in the caller: same result,

@@ -125,6 +125,28 @@ def test_architecture_as_a_json_file():
     np.testing.assert_allclose(out.numpy(), data["output_0"], atol=1e-5, rtol=1e-5)
 
 
+def test_lookup_vocabulary_from_an_unzipped_model_directory(tmp_path):
+    """Keras 3's unzipped model directory (model.save(dir, zipped=False): the archive's members as
+    files) gives the same model, its lookup vocabularies read from assets/."""
+    import zipfile
+
+    data = DATA
+    with zipfile.ZipFile(os.path.join(data, "k3_lookup.keras")) as z:
+        assert any(n.startswith("assets/") for n in z.namelist())
+        z.extractall(tmp_path / "unzipped")
+    stored = np.load(os.path.join(data, "k3_lookup.npz"))
+    xs = [torch.as_tensor(stored["input_0"]), torch.as_tensor(stored["input_1"])]
+    model = load_keras(tmp_path / "unzipped")
+    assert model.keras_version == "3.15.1"
+    with torch.no_grad():
+        out = model(*xs)
+    for i, y in enumerate(out):
+        np.testing.assert_allclose(y.numpy(), stored[f"output_{i}"], rtol=1e-5, atol=1e-5)
+    (tmp_path / "unzipped" / "model.weights.h5").unlink()
+    with pytest.raises(cudnn_rnn.keras.ConversionError, match="unzipped: has no model.weights.h5"):
+        load_keras(tmp_path / "unzipped")
+
+
 def test_backend_argument_for_files_that_do_not_record_it():
     """A Keras 3 .keras file records no backend: backend="tensorflow" (the CLI's --backend) gives
     TensorFlow's bicubic resizes, the numbers Keras on TensorFlow computed; without it torch's

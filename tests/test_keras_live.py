@@ -1,5 +1,6 @@
 """Random models built with Keras 3 itself (torch backend), saved in each Keras 3 format
-(.keras, .weights.h5 + architecture, legacy .h5), loaded with load_keras: outputs within 1e-5.
+(.keras, .weights.h5 + architecture, legacy .h5, Keras 3's unzipped model directory and sharded
+weights), loaded with load_keras: outputs within 1e-5.
 Also the converted-file round trip and the CLI."""
 import json
 import os
@@ -81,8 +82,15 @@ def test_random_keras3_models(seed, tmp_path):
     model.save(tmp_path / "m.keras")
     model.save_weights(tmp_path / "m.weights.h5")
     model.save(tmp_path / "m.h5")
+    model.save(tmp_path / "unzipped", zipped=False)
+    # sharded weights, in shards as small as Keras allows (its largest variable)
+    largest = max(w.size * 4 for w in model.get_weights())
+    model.save_weights(tmp_path / "m.weights.json", max_shard_size=largest * 1.01 / 1024**3)
+    weight_map = json.loads((tmp_path / "m.weights.json").read_text())["weight_map"]
+    assert len({name for names in weight_map.values() for name in names}) > 1
     for path, arch in ((tmp_path / "m.keras", None), (tmp_path / "m.weights.h5", tmp_path / "m.keras"),
-                       (tmp_path / "m.h5", None), (tmp_path / "m.weights.h5", json.loads(model.to_json()))):
+                       (tmp_path / "m.h5", None), (tmp_path / "m.weights.h5", json.loads(model.to_json())),
+                       (tmp_path / "unzipped", None), (tmp_path / "m.weights.json", tmp_path / "unzipped")):
         ours = load_keras(path, architecture=str(arch) if isinstance(arch, os.PathLike) else arch)
         with torch.no_grad():
             y = ours(torch.as_tensor(x)).numpy()

@@ -43,9 +43,10 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
     layer and what was expected (docs/guides/untrusted-files.md).
 
     Args:
-        path (str or os.PathLike): a ``.keras`` archive, a full-model legacy ``.h5``, tf.keras
-            2's SavedModel directory, or weights only (``.weights.h5``, legacy weights ``.h5``,
-            a TensorFlow checkpoint's prefix or ``.index``) with ``architecture``.
+        path (str or os.PathLike): a ``.keras`` archive (or Keras 3's unzipped model
+            directory), a full-model legacy ``.h5``, tf.keras 2's SavedModel directory, or
+            weights only (``.weights.h5``, a sharded ``.weights.json``, legacy weights ``.h5``, a
+            TensorFlow checkpoint's prefix or ``.index``) with ``architecture``.
         architecture (str or dict, optional): for a weights-only file: a ``.keras`` / full ``.h5``
             file or SavedModel directory, a ``.json`` file ``model.to_json()`` wrote, a model config dict
             (``model.get_config()`` wrapped as ``{"class_name", "config"}``) or a JSON string of

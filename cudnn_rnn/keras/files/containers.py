@@ -1,5 +1,6 @@
-"""Keras containers (the `.keras` zip, HDF5 `.weights.h5` and legacy `.h5`, tf.keras 2's
-SavedModel directories and TensorFlow weights checkpoints) as plain data.
+"""Keras containers (the `.keras` zip or its unzipped directory, HDF5 `.weights.h5`, sharded
+`.weights.json` and legacy `.h5`, tf.keras 2's SavedModel directories and TensorFlow weights
+checkpoints) as plain data.
 
 `open_keras_file` hands a file to the parser boundary (untrusted.py, run in a helper process by
 isolation.py; the TensorFlow formats to tf_formats.py's decoders) and builds a KerasFile from what
@@ -22,7 +23,7 @@ import numpy as np
 from ..errors import ConversionError
 from .isolation import parse_file
 from .tf_formats import checkpoint_parts, checkpoint_prefix, is_saved_model, saved_model_parts
-from .untrusted import MAX_CONFIG_BYTES, ParseError
+from .untrusted import MAX_ASSET_BYTES, MAX_ASSETS, MAX_CONFIG_BYTES, MAX_METADATA_BYTES, ParseError
 
 MAX_JSON_NODES = 2_000_000
 MAX_JSON_DEPTH = 100
@@ -136,6 +137,10 @@ def open_keras_file(path, config_only: bool = False) -> KerasFile:
     if prefix is not None:  # weights only, layers matched by order
         names, weights = ([], {}) if config_only else checkpoint_parts(prefix, path)
         return KerasFile(path, None, None, "legacy", None, layer_names=names, layer_weights=weights)
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
+        return _unzipped_keras(path, config_only)
+    if path.endswith(".weights.json"):
+        return _sharded_weights(path, config_only)
     f = open_regular(path)
     with f:
         try:
@@ -146,6 +151,95 @@ def open_keras_file(path, config_only: bool = False) -> KerasFile:
         except OSError as e:
             raise ConversionError(path, f"cannot be read ({e.strerror or e})") from None
     return _keras_file(path, header, blob)
+
+
+def _read_text(path: str, where: str, what: str, limit: int) -> str:
+    with open_regular(path) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ConversionError(where, f"{what} exceeds {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConversionError(where, f"{what} is not UTF-8 text ({e})") from None
+
+
+def _keras3_weights(path: str, where: str, what: str) -> KerasFile:
+    weights = open_keras_file(path)
+    if weights.layout != "keras3" or weights.config is not None:
+        raise ConversionError(where, f"{what} is not a Keras 3 weights file (layers/<name>/vars/<i>)")
+    return weights
+
+
+def _unzipped_keras(path: str, config_only: bool) -> KerasFile:
+    """Keras 3's unzipped model directory (model.save("dir", zipped=False)): the members of a
+    .keras archive as files."""
+    header = {"container": "zip", "config": _read_text(os.path.join(path, "config.json"), path, "config.json",
+                                                         MAX_CONFIG_BYTES)}
+    if os.path.exists(os.path.join(path, "metadata.json")):
+        header["metadata"] = _read_text(os.path.join(path, "metadata.json"), path, "metadata.json", MAX_METADATA_BYTES)
+    kf = _keras_file(path, header, bytearray())
+    if config_only:
+        return kf
+    if not os.path.exists(os.path.join(path, "model.weights.h5")):
+        raise ConversionError(path, "has no model.weights.h5 (npz weights are not supported)")
+    weights = _keras3_weights(os.path.join(path, "model.weights.h5"), path, "model.weights.h5")
+    kf.layout, kf.arrays, kf.groups = "keras3", weights.arrays, weights.groups
+    kf.assets = _vocabularies(path)
+    return kf
+
+
+def _vocabularies(path: str) -> Dict[str, str]:
+    """assets/<layer path>/vocabulary.txt of an unzipped model directory, as a .keras archive's
+    are read: at most MAX_ASSETS of them and MAX_ASSET_BYTES together; the walk itself bounded."""
+    assets: Dict[str, str] = {}
+    total, seen = 0, 0
+    for root, dirs, files in os.walk(os.path.join(path, "assets")):
+        seen += len(dirs) + len(files)
+        if seen > 100 * MAX_ASSETS:
+            raise ConversionError(path, f"assets/ holds more than {100 * MAX_ASSETS} entries")
+        if "vocabulary.txt" in files:
+            if len(assets) == MAX_ASSETS:
+                raise ConversionError(path, f"assets/ holds more than {MAX_ASSETS} vocabularies")
+            name = os.path.relpath(os.path.join(root, "vocabulary.txt"), path).replace(os.sep, "/")
+            text = _read_text(os.path.join(root, "vocabulary.txt"), path, name, MAX_ASSET_BYTES - total)
+            total += len(text.encode("utf-8"))
+            assets[name] = text
+    return assets
+
+
+MAX_SHARDS = 10_000
+
+
+def _sharded_weights(path: str, config_only: bool) -> KerasFile:
+    """Keras 3's sharded weights (model.save_weights("w.weights.json", max_shard_size=...)): a JSON
+    map naming the .weights.h5 shards beside it, whose trees together are one weights file."""
+    kf = KerasFile(path, None, None, "keras3")
+    if config_only:
+        return kf
+    index = load_json(path, _read_text(path, path, "the shard map", MAX_CONFIG_BYTES), "the shard map")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ConversionError(path, "is not a Keras sharded-weights map (no weight_map object)")
+    shards = []
+    for files in weight_map.values():
+        for name in files if isinstance(files, list) else [files]:
+            if not isinstance(name, str) or not name.endswith(".weights.h5") or os.path.basename(name) != name \
+                    or "\\" in name or name.startswith("."):
+                raise ConversionError(path, f"names the shard {str(name)[:80]!r}; expected a .weights.h5 file name "
+                                            "beside the map")
+            if name not in shards:
+                shards.append(name)
+    if not shards or len(shards) > MAX_SHARDS:
+        raise ConversionError(path, f"names {len(shards)} shards; expected 1 to {MAX_SHARDS}")
+    for name in shards:
+        shard = _keras3_weights(os.path.join(os.path.dirname(path), name), path, f"shard {name}")
+        twice = kf.arrays.keys() & shard.arrays.keys()
+        if twice:
+            raise ConversionError(path, f"shard {name} holds {sorted(twice)[0]} again")
+        kf.arrays.update(shard.arrays)
+        kf.groups = kf.groups | shard.groups
+    return kf
 
 
 def _keras_file(path: str, header: dict, blob: bytearray) -> KerasFile:
