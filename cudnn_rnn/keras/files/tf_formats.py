@@ -336,10 +336,10 @@ def saved_model_parts(path: str, load_json, config_only: bool = False):
             source = "saved_model.pb"
             nodes = _user_object_metadata(_read_file(os.path.join(root, source), root, source, MAX_SAVED_MODEL_BYTES))
         else:
-            nodes = {}
+            source, nodes = "", {}
     except _Bad as e:
         raise ConversionError(root, f"{source}: {e}") from None
-    if not nodes:
+    if not nodes and source != "keras_metadata.pb":
         raise ConversionError(root, "is a TensorFlow SavedModel without Keras metadata (no keras_metadata.pb, none in "
                                     "saved_model.pb): not written by Keras's model.save (Keras 3's model.export() "
                                     "and tf.saved_model.save write such directories for serving only)")
