@@ -228,6 +228,22 @@ def test_a_graph_that_is_not_a_string_and_a_cycle(tmp_path):
         assert len(weights) == len(set(weights)) <= 21
 
 
+def test_sizes_past_the_limits_are_refused(tmp_path, monkeypatch):
+    """Keys longer than a checkpoint key can be, and object graphs with more references than the
+    limit, are refused before they are held in memory."""
+    saved = _copy(tmp_path, UNTRACED)
+    index = saved / "variables" / "variables.index"
+    entries = _raw_entries(index.read_bytes())
+    original = index.read_bytes()
+    index.write_bytes(_table(entries + [(b"~" * 5000, entries[-1][1])]))
+    with pytest.raises(ConversionError, match="a key is longer than 4096 bytes"):
+        load_keras(saved)
+    index.write_bytes(original)
+    monkeypatch.setattr(tf_formats, "MAX_REFERENCES", 50)
+    with pytest.raises(ConversionError, match="holds more than 50 references"):
+        load_keras(saved)
+
+
 def _mutate(data: bytes, rng: random.Random) -> bytes:
     kind = rng.randrange(5)
     b = bytearray(data)

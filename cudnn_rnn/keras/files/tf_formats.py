@@ -1,4 +1,4 @@
-"""tf.keras 2's SavedModel directory (`model.save("dir")`, TensorFlow 2.5+) and TensorFlow weights
+"""tf.keras 2's SavedModel directory (`model.save("dir")`) and TensorFlow weights
 checkpoint (`model.save_weights("ckpt")`) as a KerasFile's parts.
 
 Read without TensorFlow, and without the traced graphs in saved_model.pb:
@@ -35,8 +35,11 @@ MAX_INDEX_BYTES = 256 << 20
 MAX_METADATA_BYTES = 256 << 20
 MAX_SAVED_MODEL_BYTES = 2 << 30  # (protocol buffers' own limit)
 MAX_ENTRIES = 1_000_000
+MAX_KEY_BYTES = 4096              # one checkpoint key (a path of object names)
+MAX_KEYS_BYTES = 256 << 20        # all of them: prefix compression cannot blow up past this
 MAX_SHARDS = 4096
-MAX_NODES = 4_000_000
+MAX_NODES = 1_000_000             # objects of the object graph
+MAX_REFERENCES = 2_000_000        # the fields of all of them together (children, attributes)
 MAX_NDIM = 8
 TABLE_MAGIC = 0xDB4775248B80FB57
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -146,6 +149,8 @@ def _block(buf, offset: int, size: int) -> Iterator[Tuple[bytes, memoryview]]:
         length, pos = _varint(buf, pos, end)
         if shared > len(key) or unshared + length > end - pos:
             raise _Bad("a block entry runs past its block")
+        if shared + unshared > MAX_KEY_BYTES:
+            raise _Bad(f"a key is longer than {MAX_KEY_BYTES} bytes")
         key = key[:shared] + bytes(buf[pos:pos + unshared])
         pos += unshared
         yield key, buf[pos:pos + length]
@@ -162,11 +167,13 @@ def read_index(data: bytes) -> Dict[str, Tuple[int, tuple, int, int, int]]:
     _, _, pos = _block_handle(buf, footer, len(buf) - 8)            # metaindex: unused
     index_offset, index_size, _ = _block_handle(buf, pos, len(buf) - 8)
     entries: Dict[str, tuple] = {}
+    key_bytes = 0
     for _, handle in _block(buf, index_offset, index_size):
         offset, size, _ = _block_handle(handle, 0, len(handle))
         for key, value in _block(buf, offset, size):
-            if len(entries) >= MAX_ENTRIES:
-                raise _Bad(f"holds more than {MAX_ENTRIES} entries")
+            key_bytes += len(key)
+            if len(entries) >= MAX_ENTRIES or key_bytes > MAX_KEYS_BYTES:
+                raise _Bad(f"holds more than {MAX_ENTRIES} entries or {MAX_KEYS_BYTES} bytes of keys")
             try:
                 name = key.decode("utf-8")
             except UnicodeDecodeError:
@@ -448,12 +455,16 @@ def _object_graph(buf) -> List[Tuple[List[Tuple[int, str]], Dict[str, str]]]:
     """TrackableObjectGraph: per node, its children (node id, local name) and its attributes
     (name -> checkpoint key, with the full name under "name:" + name)."""
     nodes = []
+    references = 0
     for number, wire, value in _fields(buf):
         if number != 1:
             continue
         children, attributes = [], {}
         s, e = _span(wire, value, "an object")
         for n, w, v in _fields(buf, s, e):
+            references += 1
+            if references > MAX_REFERENCES:
+                raise _Bad(f"holds more than {MAX_REFERENCES} references")
             if n == 1:  # ObjectReference { int32 node_id = 1; string local_name = 2; }
                 cs, ce = _span(w, v, "a child reference")
                 node, name = 0, ""
