@@ -217,8 +217,7 @@ def test_a_graph_that_is_not_a_string_and_a_cycle(tmp_path):
     index.write_bytes(original)
     # each object also lists itself and the root as children: the walk still ends, each variable
     # once per layer; the self-references change nothing
-    with tf_formats._Checkpoint(str(saved / "variables" / "variables"), "x", "x") as ckpt:
-        graph = ckpt.graph()
+    graph = tf_formats._Checkpoint(str(saved / "variables" / "variables"), "x", "x", str(saved)).graph()
     names, keys = tf_formats._layers(graph)
     assert sum(len(v) for v in keys.values()) == 21
     looped = [([(i, "self")] + children, attributes) for i, (children, attributes) in enumerate(graph)]
@@ -242,6 +241,53 @@ def test_sizes_past_the_limits_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(tf_formats, "MAX_REFERENCES", 50)
     with pytest.raises(ConversionError, match="holds more than 50 references"):
         load_keras(saved)
+
+
+def test_links_out_of_the_directory_are_refused(tmp_path):
+    """A member of a SavedModel or of an unzipped Keras model directory that is a link to a file
+    elsewhere is refused (a link cannot bring another file's bytes into the model)."""
+    import zipfile
+
+    saved = _copy(tmp_path, SAVED)
+    shard = saved / "variables" / "variables.data-00000-of-00001"
+    outside = tmp_path / "elsewhere.data"
+    shard.rename(outside)
+    shard.symlink_to(outside)
+    with pytest.raises(ConversionError, match=r"variables/variables.data-00000-of-00001 lies outside .* \(a link to"):
+        load_keras(saved)
+    unzipped = tmp_path / "unzipped"
+    with zipfile.ZipFile(os.path.join(DATA, "k3_lookup.keras")) as z:
+        z.extractall(unzipped)
+    vocabulary = next(unzipped.glob("assets/**/vocabulary.txt"))
+    (tmp_path / "secret.txt").write_text("secret\n")
+    vocabulary.unlink()
+    vocabulary.symlink_to(tmp_path / "secret.txt")
+    with pytest.raises(ConversionError, match=r"assets/.*vocabulary.txt lies outside"):
+        load_keras(unzipped)
+
+
+def test_repeated_objects_are_refused():
+    """A layer whose variable list names one variable twice, a layer-K that is the model itself or
+    another layer, and an index whose keys repeat (one block listed twice) are refused."""
+    graph = tf_formats._Checkpoint(os.path.join(DATA, SAVED, "variables", "variables"), "x", "x",
+                                   os.path.join(DATA, SAVED)).graph()
+    names, keys = tf_formats._layers(graph)
+    layer = next(c for c, n in graph[0][0] if n.startswith("layer-") and any(
+        m == "variables" and graph[v][0] for v, m in graph[c][0]))
+    listed = next(v for v, m in graph[layer][0] if m == "variables")
+    twice = [list(x) for x in graph]
+    twice[listed] = ([(graph[listed][0][0][0], "0"), (graph[listed][0][0][0], "1")], {})
+    with pytest.raises(tf_formats._Bad, match="a variable twice"):
+        tf_formats._layers(twice)
+    for target in (0, layer):
+        again = [list(x) for x in graph]
+        again[0] = (graph[0][0] + [(target, "layer-99")], {})
+        with pytest.raises(tf_formats._Bad, match="layer-99 is object .*, which is the model or another layer"):
+            tf_formats._layers(again)
+    with open(os.path.join(DATA, SAVED, "variables", "variables.index"), "rb") as f:
+        entries = _raw_entries(f.read())
+    with pytest.raises(tf_formats._Bad, match="keys are out of order"):
+        tf_formats.read_index(_table(entries + entries[1:]))
 
 
 def _mutate(data: bytes, rng: random.Random) -> bytes:

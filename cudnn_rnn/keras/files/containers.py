@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ConversionError
 from .isolation import parse_file
-from .tf_formats import checkpoint_parts, checkpoint_prefix, is_saved_model, saved_model_parts
+from .tf_formats import checkpoint_parts, checkpoint_prefix, inside, is_saved_model, open_inside, saved_model_parts
 from .untrusted import MAX_ASSET_BYTES, MAX_ASSETS, MAX_CONFIG_BYTES, MAX_METADATA_BYTES, ParseError
 
 MAX_JSON_NODES = 2_000_000
@@ -115,6 +115,8 @@ def _directory_message(path: str) -> str:
 def open_regular(path: str):
     """The file opened for reading, if it is a regular file (a FIFO or a device would block or
     never end)."""
+    if "\0" in path:
+        raise ConversionError(path, "cannot be opened (a NUL character in the path)")
     try:
         mode = os.stat(path).st_mode
         if stat.S_ISDIR(mode):
@@ -153,19 +155,21 @@ def open_keras_file(path, config_only: bool = False) -> KerasFile:
     return _keras_file(path, header, blob)
 
 
-def _read_text(path: str, where: str, what: str, limit: int) -> str:
-    with open_regular(path) as f:
+def _read_text(path: str, where: str, what: str, limit: int, root: Optional[str], too_long: str = "") -> str:
+    """A text file of the checkpoint `where`, inside the directory root (None: the file the user
+    named)."""
+    with (open_regular(path) if root is None else open_inside(path, root, where, what)) as f:
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise ConversionError(where, f"{what} exceeds {limit} bytes")
+        raise ConversionError(where, too_long or f"{what} exceeds {limit} bytes")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConversionError(where, f"{what} is not UTF-8 text ({e})") from None
 
 
-def _keras3_weights(path: str, where: str, what: str) -> KerasFile:
-    weights = open_keras_file(path)
+def _keras3_weights(path: str, where: str, what: str, root: str) -> KerasFile:
+    weights = open_keras_file(inside(path, root, where, what))
     if weights.layout != "keras3" or weights.config is not None:
         raise ConversionError(where, f"{what} is not a Keras 3 weights file (layers/<name>/vars/<i>)")
     return weights
@@ -175,15 +179,16 @@ def _unzipped_keras(path: str, config_only: bool) -> KerasFile:
     """Keras 3's unzipped model directory (model.save("dir", zipped=False)): the members of a
     .keras archive as files."""
     header = {"container": "zip", "config": _read_text(os.path.join(path, "config.json"), path, "config.json",
-                                                         MAX_CONFIG_BYTES)}
+                                                         MAX_CONFIG_BYTES, path)}
     if os.path.exists(os.path.join(path, "metadata.json")):
-        header["metadata"] = _read_text(os.path.join(path, "metadata.json"), path, "metadata.json", MAX_METADATA_BYTES)
+        header["metadata"] = _read_text(os.path.join(path, "metadata.json"), path, "metadata.json", MAX_METADATA_BYTES,
+                                        path)
     kf = _keras_file(path, header, bytearray())
     if config_only:
         return kf
     if not os.path.exists(os.path.join(path, "model.weights.h5")):
         raise ConversionError(path, "has no model.weights.h5 (npz weights are not supported)")
-    weights = _keras3_weights(os.path.join(path, "model.weights.h5"), path, "model.weights.h5")
+    weights = _keras3_weights(os.path.join(path, "model.weights.h5"), path, "model.weights.h5", path)
     kf.layout, kf.arrays, kf.groups = "keras3", weights.arrays, weights.groups
     kf.assets = _vocabularies(path)
     return kf
@@ -194,7 +199,15 @@ def _vocabularies(path: str) -> Dict[str, str]:
     are read: at most MAX_ASSETS of them and MAX_ASSET_BYTES together; the walk itself bounded."""
     assets: Dict[str, str] = {}
     total, seen = 0, 0
-    for root, dirs, files in os.walk(os.path.join(path, "assets")):
+    top = os.path.join(path, "assets")
+    if not os.path.isdir(top):
+        return assets
+    inside(top, path, path, "assets/")
+
+    def failed(error: OSError):
+        raise ConversionError(path, f"assets/ cannot be read ({error.strerror})")
+
+    for root, dirs, files in os.walk(top, onerror=failed):  # (links to folders are not followed)
         seen += len(dirs) + len(files)
         if seen > 100 * MAX_ASSETS:
             raise ConversionError(path, f"assets/ holds more than {100 * MAX_ASSETS} entries")
@@ -202,7 +215,8 @@ def _vocabularies(path: str) -> Dict[str, str]:
             if len(assets) == MAX_ASSETS:
                 raise ConversionError(path, f"assets/ holds more than {MAX_ASSETS} vocabularies")
             name = os.path.relpath(os.path.join(root, "vocabulary.txt"), path).replace(os.sep, "/")
-            text = _read_text(os.path.join(root, "vocabulary.txt"), path, name, MAX_ASSET_BYTES - total)
+            text = _read_text(os.path.join(root, "vocabulary.txt"), path, name, MAX_ASSET_BYTES - total, path,
+                              f"the vocabularies in assets/ exceed {MAX_ASSET_BYTES} bytes together")
             total += len(text.encode("utf-8"))
             assets[name] = text
     return assets
@@ -217,23 +231,25 @@ def _sharded_weights(path: str, config_only: bool) -> KerasFile:
     kf = KerasFile(path, None, None, "keras3")
     if config_only:
         return kf
-    index = load_json(path, _read_text(path, path, "the shard map", MAX_CONFIG_BYTES), "the shard map")
+    folder = os.path.dirname(path) or "."
+    index = load_json(path, _read_text(path, path, "the shard map", MAX_CONFIG_BYTES, None), "the shard map")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         raise ConversionError(path, "is not a Keras sharded-weights map (no weight_map object)")
-    shards = []
+    shards: Dict[str, None] = {}  # (in order, each once)
     for files in weight_map.values():
         for name in files if isinstance(files, list) else [files]:
             if not isinstance(name, str) or not name.endswith(".weights.h5") or os.path.basename(name) != name \
-                    or "\\" in name or name.startswith("."):
+                    or "\\" in name or "\0" in name or name.startswith("."):
                 raise ConversionError(path, f"names the shard {str(name)[:80]!r}; expected a .weights.h5 file name "
                                             "beside the map")
-            if name not in shards:
-                shards.append(name)
-    if not shards or len(shards) > MAX_SHARDS:
-        raise ConversionError(path, f"names {len(shards)} shards; expected 1 to {MAX_SHARDS}")
+            shards[name] = None
+            if len(shards) > MAX_SHARDS:
+                raise ConversionError(path, f"names more than {MAX_SHARDS} shards")
+    if not shards:
+        raise ConversionError(path, "names no shards")
     for name in shards:
-        shard = _keras3_weights(os.path.join(os.path.dirname(path), name), path, f"shard {name}")
+        shard = _keras3_weights(os.path.join(folder, name), path, f"shard {name}", folder)
         twice = kf.arrays.keys() & shard.arrays.keys()
         if twice:
             raise ConversionError(path, f"shard {name} holds {sorted(twice)[0]} again")

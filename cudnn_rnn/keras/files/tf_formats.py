@@ -41,6 +41,8 @@ MAX_SHARDS = 4096
 MAX_NODES = 1_000_000             # objects of the object graph
 MAX_REFERENCES = 2_000_000        # the fields of all of them together (children, attributes)
 MAX_NDIM = 8
+MAX_DIM = (1 << 31) - 1
+MAX_GRAPH_BYTES = 512 << 20       # the serialized object graph
 TABLE_MAGIC = 0xDB4775248B80FB57
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 # TensorFlow's DataType enum: the numeric ones a Keras weight can hold
@@ -167,13 +169,16 @@ def read_index(data: bytes) -> Dict[str, Tuple[int, tuple, int, int, int]]:
     _, _, pos = _block_handle(buf, footer, len(buf) - 8)            # metaindex: unused
     index_offset, index_size, _ = _block_handle(buf, pos, len(buf) - 8)
     entries: Dict[str, tuple] = {}
-    key_bytes = 0
+    key_bytes, count, last = 0, 0, None
     for _, handle in _block(buf, index_offset, index_size):
         offset, size, _ = _block_handle(handle, 0, len(handle))
         for key, value in _block(buf, offset, size):
-            key_bytes += len(key)
-            if len(entries) >= MAX_ENTRIES or key_bytes > MAX_KEYS_BYTES:
+            key_bytes, count = key_bytes + len(key), count + 1
+            if count > MAX_ENTRIES or key_bytes > MAX_KEYS_BYTES:
                 raise _Bad(f"holds more than {MAX_ENTRIES} entries or {MAX_KEYS_BYTES} bytes of keys")
+            if last is not None and key <= last:  # a table's keys are strictly increasing
+                raise _Bad("its keys are out of order (a block read twice, or a key repeated)")
+            last = key
             try:
                 name = key.decode("utf-8")
             except UnicodeDecodeError:
@@ -231,8 +236,8 @@ def _entry(value, key: str) -> tuple:
 # ------------------------------------------------------------------------------------------------
 # the directory
 # ------------------------------------------------------------------------------------------------
-def _read_file(path: str, where: str, what: str, limit: int) -> bytes:
-    with _open_file(path, where, what) as f:
+def _read_file(path: str, where: str, what: str, limit: int, root: str) -> bytes:
+    with open_inside(path, root, where, what) as f:
         size = os.fstat(f.fileno()).st_size
         if size > limit:
             raise ConversionError(where, f"{what} is {size} bytes; more than the {limit} allowed")
@@ -242,11 +247,27 @@ def _read_file(path: str, where: str, what: str, limit: int) -> bytes:
     return data
 
 
-def _open_file(path: str, where: str, what: str):
+def inside(path: str, root: str, where: str, what: str) -> str:
+    """The real path of path (a member `what` of the checkpoint `where`), which links must not
+    take outside the directory root: a link cannot bring in a file from elsewhere."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
+        real, top = os.path.realpath(path), os.path.realpath(root)
+        within = os.path.commonpath([real, top]) == top
+    except ValueError as e:  # a NUL in the name, or paths on different drives
+        raise ConversionError(where, f"{what} cannot be opened ({e})") from None
+    if not within:
+        raise ConversionError(where, f"{what} lies outside {root!r} (a link to {real!r}); refusing it")
+    return real
+
+
+def open_inside(path: str, root: str, where: str, what: str):
+    """path (a member `what` of the checkpoint `where`) opened for reading: a regular file inside
+    the directory root (inside)."""
+    real = inside(path, root, where, what)
+    try:
+        if not stat.S_ISREG(os.stat(real).st_mode):
             raise ConversionError(where, f"{what} is not a regular file")
-        return open(path, "rb")
+        return open(real, "rb")
     except FileNotFoundError:
         raise ConversionError(where, f"has no {what}") from None
     except OSError as e:
@@ -257,66 +278,67 @@ class _Checkpoint:
     """A TensorFlow checkpoint: PREFIX.index and its data shards PREFIX.data-SSSSS-of-NNNNN;
     `what` names the prefix in errors (relative to `where`, the path the user gave)."""
 
-    def __init__(self, prefix: str, where: str, what: str):
-        self.prefix, self.where, self.what = prefix, where, what
+    def __init__(self, prefix: str, where: str, what: str, root: str):
+        self.prefix, self.where, self.what, self.root = prefix, where, what, root
         try:
-            self.index = read_index(_read_file(prefix + ".index", where, what + ".index", MAX_INDEX_BYTES))
+            self.index = read_index(_read_file(prefix + ".index", where, what + ".index", MAX_INDEX_BYTES, root))
         except _Bad as e:
             raise ConversionError(where, f"{what}.index: {e}") from None
         self.shards = self.index[""][2]
-        self.files: Dict[int, tuple] = {}
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for f, _ in self.files.values():
-            f.close()
+        self.read: Dict[str, np.ndarray] = {}
 
     def graph(self):
         return _object_graph(self.tensor(GRAPH_KEY, strings=True))
 
-    def _file(self, shard: int):
-        if not 0 <= shard < self.shards:
-            raise _Bad(f"names data shard {shard} of {self.shards}")
-        if shard not in self.files:
-            suffix = f".data-{shard:05d}-of-{self.shards:05d}"
-            f = _open_file(self.prefix + suffix, self.where, self.what + suffix)
-            self.files[shard] = (f, os.fstat(f.fileno()).st_size)
-        return self.files[shard]
-
-    def tensor(self, key: str, strings: bool = False):
+    def _bytes(self, key: str, strings: bool = False) -> bytes:
+        """The entry's bytes from its shard (opened for this read only: a checkpoint may have
+        thousands of shards)."""
         entry = self.index.get(key)
         if entry is None or key == "":
             raise _Bad(f"has no tensor {key!r}")
         dtype, shape, shard, offset, size = entry
-        f, file_size = self._file(shard)
-        if offset + size > file_size:
-            raise _Bad(f"{key} lies past the end of its data file ({offset} + {size} > {file_size} bytes)")
-        if strings:
-            if dtype != DT_STRING or shape != ():
-                raise _Bad(f"{key} is not a string scalar")
+        if strings and (dtype != DT_STRING or shape != ()):
+            raise _Bad(f"{key} is not a string scalar")
+        if strings and size > MAX_GRAPH_BYTES:
+            raise _Bad(f"{key} is {size} bytes; more than the {MAX_GRAPH_BYTES} allowed")
+        if not 0 <= shard < self.shards:
+            raise _Bad(f"names data shard {shard} of {self.shards}")
+        suffix = f".data-{shard:05d}-of-{self.shards:05d}"
+        with open_inside(self.prefix + suffix, self.root, self.where, self.what + suffix) as f:
+            file_size = os.fstat(f.fileno()).st_size
+            if offset + size > file_size:
+                raise _Bad(f"{key} lies past the end of its data file ({offset} + {size} > {file_size} bytes)")
             f.seek(offset)
             raw = f.read(size)
+        if len(raw) != size:
+            raise _Bad(f"{key} is cut short")
+        return raw
+
+    def tensor(self, key: str, strings: bool = False):
+        if strings:
+            raw = self._bytes(key, strings=True)
             length, pos = _varint(raw, 0, len(raw))
             pos += 4  # the masked CRC32C of the lengths
             if pos + length != len(raw):
                 raise _Bad(f"{key}'s string does not fill its entry")
             return memoryview(raw)[pos:]
-        if dtype not in _TF_DTYPES or any(d < 0 for d in shape):
-            raise _Bad(f"{key} has TensorFlow dtype {dtype} and shape {shape}; expected a numeric tensor")
+        if key in self.read:  # (a variable listed again: read once)
+            return self.read[key]
+        dtype, shape, _, _, size = self.index.get(key) or (None, (), 0, 0, 0)
+        if dtype not in _TF_DTYPES:
+            raise _Bad(f"{key} has TensorFlow dtype {dtype}; expected a numeric tensor")
+        if any(not 0 <= d <= MAX_DIM for d in shape):
+            raise _Bad(f"{key} declares shape {shape}: a size outside 0 to {MAX_DIM}")
         numpy_dtype = np.dtype("<u2") if _TF_DTYPES[dtype] == "bfloat16" else np.dtype(_TF_DTYPES[dtype])
-        count = math.prod(shape)
-        if count * numpy_dtype.itemsize != size:
+        if math.prod(shape) * numpy_dtype.itemsize != size:
             raise _Bad(f"{key} declares shape {shape} but holds {size} bytes")
-        f.seek(offset)
-        raw = f.read(size)
-        if len(raw) != size:
-            raise _Bad(f"{key} is cut short")
-        array = np.frombuffer(raw, dtype=numpy_dtype).reshape(shape)
+        array = np.frombuffer(self._bytes(key), dtype=numpy_dtype).reshape(shape)
         if _TF_DTYPES[dtype] == "bfloat16":  # a bfloat16 is the top half of the float32 with its bits
-            return (array.astype(np.uint32) << 16).view(np.float32)
-        return array.astype(numpy_dtype.newbyteorder("="))
+            array = (array.astype(np.uint32) << 16).view(np.float32)
+        else:
+            array = array.astype(numpy_dtype.newbyteorder("="))
+        self.read[key] = array
+        return array
 
     def layers(self, names_of=None):
         """(layer names, {name: [(weight name, array)]}) of the model at the graph's root (or
@@ -338,10 +360,11 @@ def saved_model_parts(path: str, load_json, config_only: bool = False):
     source = "keras_metadata.pb"
     try:
         if os.path.exists(os.path.join(root, source)):
-            nodes = _metadata_nodes(_read_file(os.path.join(root, source), root, source, MAX_METADATA_BYTES))
+            nodes = _metadata_nodes(_read_file(os.path.join(root, source), root, source, MAX_METADATA_BYTES, root))
         elif os.path.exists(os.path.join(root, "saved_model.pb")):  # TensorFlow before 2.5: in the object graph
             source = "saved_model.pb"
-            nodes = _user_object_metadata(_read_file(os.path.join(root, source), root, source, MAX_SAVED_MODEL_BYTES))
+            nodes = _user_object_metadata(_read_file(os.path.join(root, source), root, source, MAX_SAVED_MODEL_BYTES,
+                                                       root))
         else:
             source, nodes = "", {}
     except _Bad as e:
@@ -369,8 +392,8 @@ def saved_model_parts(path: str, load_json, config_only: bool = False):
         name = layer.get("name") if isinstance(layer, dict) else None
         return name if isinstance(name, str) else None
 
-    with _Checkpoint(os.path.join(root, "variables", "variables"), root, "variables/variables") as ckpt:
-        names, weights = ckpt.layers(names_of)
+    names, weights = _Checkpoint(os.path.join(root, "variables", "variables"), root, "variables/variables",
+                                 root).layers(names_of)
     return config, version, backend, names, weights
 
 
@@ -387,8 +410,7 @@ def checkpoint_prefix(path: str) -> Optional[str]:
 def checkpoint_parts(prefix: str, where: str):
     """(layer names, layer weights) of a TensorFlow weights checkpoint (tf.keras 2's
     model.save_weights("ckpt")): the layers are named layer-K, matched by order."""
-    with _Checkpoint(prefix, where, os.path.basename(prefix)) as ckpt:
-        return ckpt.layers()
+    return _Checkpoint(prefix, where, os.path.basename(prefix), os.path.dirname(prefix) or ".").layers()
 
 
 def _metadata_nodes(buf) -> Dict[int, str]:
@@ -499,9 +521,9 @@ _NOT_WEIGHTS = frozenset(("variables", "trainable_variables", "non_trainable_var
 MAX_DEPTH = 100
 
 
-def _created(graph, node: int) -> List[int]:
+def _created(graph, node: int, budget: List[int]) -> List[int]:
     """The variables under node, depth first in child order (each sub-object's creation order);
-    each once."""
+    each once. Every child looked at is taken from budget[0]."""
     out: List[int] = []
     seen = {node}
     stack = [(node, 0, iter(graph[node][0]))]
@@ -511,6 +533,9 @@ def _created(graph, node: int) -> List[int]:
         if step is None:
             stack.pop()
             continue
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _Bad(f"takes more than {MAX_REFERENCES} steps to walk")
         c, n = step
         if n in _NOT_WEIGHTS or c in seen:
             continue
@@ -551,19 +576,27 @@ def _layers(graph, names_of=None):
                       if m)
     names: List[str] = []
     weights: Dict[str, List[Tuple[str, str]]] = {}
+    layers, budget = {model}, [MAX_REFERENCES]  # (the objects walked, over all layers)
     for k, node in numbered:
+        if node in layers:
+            raise _Bad(f"layer-{k} is object {node}, which is the model or another layer")
+        layers.add(node)
         name = names_of(node) if names_of is not None else f"layer-{k}"
         if name is None or name in weights:
             raise _Bad(f"layer object {node} has {'a repeated' if name in weights else 'no'} name in keras_metadata.pb")
         listed = [checked(c) for c, n in graph[node][0] if n == "variables"]
         if listed:  # layer.weights, in order
-            variables = []
+            variables, once = [], set()
             for index, (variable, local) in enumerate(graph[listed[0]][0]):
-                if local != str(index):
-                    raise _Bad(f"layer {name}'s variable list is malformed")
-                variables.append(checked(variable))
+                if local != str(index) or checked(variable) in once:
+                    raise _Bad(f"layer {name}'s variable list is malformed (out of order, or a variable twice)")
+                variables.append(variable)
+                once.add(variable)
+            budget[0] -= len(variables)
         else:  # written without traces: each sub-object's weights in creation order
-            variables = _created(graph, node)
+            variables = _created(graph, node, budget)
+        if budget[0] < 0:
+            raise _Bad(f"lists more than {MAX_REFERENCES} weights over all layers")
         pairs = []
         for variable in variables:
             attributes = graph[variable][1]
@@ -575,4 +608,5 @@ def _layers(graph, names_of=None):
     return names, weights
 
 
-__all__ = ["is_saved_model", "saved_model_parts", "checkpoint_prefix", "checkpoint_parts", "read_index", "untuple"]
+__all__ = ["is_saved_model", "saved_model_parts", "checkpoint_prefix", "checkpoint_parts", "read_index", "untuple",
+           "inside", "open_inside"]
