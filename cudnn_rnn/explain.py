@@ -99,6 +99,15 @@ def _cpu_plan(layer: _RNNBase, dtype: torch.dtype, training: bool, mask: Optiona
     return notes
 
 
+def _device(device: Union[str, torch.device]) -> torch.device:
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or torch.device; got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device must name a device such as 'cpu' or 'cuda:0'; got {device!r}") from None
+
+
 def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, training: Optional[bool] = None,
             mask: Optional[torch.Tensor] = None) -> Explanation:
     r"""Which backend would run ``layer``, and why not cuDNN.
@@ -132,7 +141,7 @@ def explain(layer: nn.Module, device: Union[str, torch.device, None] = None, tra
     else:
         raise TypeError(f"layer must be a cudnn_rnn LSTM, GRU, SimpleRNN or Bidirectional; got {type(layer).__name__}")
     ref = sides[0].kernel
-    device = torch.device(device) if device is not None else ref.device
+    device = _device(device) if device is not None else ref.device
     training = layer.training if training is None else training
     if mask is not None:
         if not isinstance(mask, torch.Tensor) or mask.dim() != 2:

@@ -157,6 +157,11 @@ def test_explain_with_the_calls_mask():
     assert cudnn_rnn.explain(lstm, "cpu", mask=left).backend == "cpu"
     with pytest.raises(ValueError, match=r"mask must be a \(batch, time\) tensor"):
         cudnn_rnn.explain(lstm, "cuda", mask=torch.ones(3, dtype=torch.bool))
+    # The call's input given where the device goes (explain's second argument): named.
+    with pytest.raises(TypeError, match=r"device must be a str or torch.device; got Tensor"):
+        cudnn_rnn.explain(lstm, torch.ones(2, 4, 3))
+    with pytest.raises(ValueError, match=r"device must name a device .* got 'gpu'"):
+        cudnn_rnn.explain(lstm, "gpu")
 
 
 def test_empty_batch():

@@ -2,11 +2,11 @@
 // (packed_gemm_isa): AVX2 + FMA tiles of up to 6 rows x 1 panel (12 ymm accumulators; per k two
 // panel loads, one broadcast per row, two FMAs per row) and AVX-512 tiles of up to 6 rows x 4
 // panels (24 zmm accumulators; per k four panel loads, one broadcast per row). Loop order
-// (run_tiles): K in blocks of kKc, then the panels of B (one or a group of four), then the rows
-// of A in tiles, so one block of panels (kKc x 16 or 64 floats, 32 or 128 KiB) stays in L1/L2
-// while every row tile streams past it, and the A rows of one K block (M x kKc) stay in L2.
-// On the Intel Xeon (AVX-512) the AVX-512 build ran a fastrnns LSTM forward's recurrent loop in
-// 54 ms against the AVX2 build's 84 (MKL's packed GEMM: 49).
+// (run_tiles): K in blocks (k_block: 512 rows of one panel, 64 of a group of four), then the
+// panels of B (one or a group of four), then the rows of A in tiles, so one block of panels stays
+// in L1 while every row tile streams past it, and the A rows of one K block stay in L2. On the
+// Intel Xeon (AVX-512) the AVX-512 build ran a fastrnns LSTM forward's recurrent loop in 54 ms
+// against the AVX2 build's 84 (MKL's packed GEMM: 49).
 #include "cpu/packed_gemm.h"
 
 #include <c10/util/Exception.h>
@@ -27,8 +27,15 @@ namespace cudnn_rnn {
 namespace cpu {
 
 namespace {
-constexpr int64_t kKc = 512;
+constexpr int64_t kKc = 512;  // the longest K block
 constexpr int64_t kMc = 192;  // rows of A per pass over B: kMc x kKc floats (384 KiB) stay in L2
+// The rows of a K block for panels taken `group` at a time, so that the block stays in L1 while
+// every row tile of the pass reads it: one panel, 512 rows (32 KiB); a group of four, 64 rows
+// (16 KiB: the four panels' rows share L1 sets, and a 32 KiB 8-way L1 (AMD Zen 4) keeps 4 of its
+// 8 ways for A and C). One core of the Intel Xeon (Ice Lake, AVX-512) ran a step's 128 x 256 x 512
+// product at 85-93 GFLOP/s with blocks of 512 rows (128 KiB, read from L2) and at 121-131 with 64;
+// 64, 96 and 128 read alike there.
+inline int64_t k_block(int64_t group) { return group == 1 ? kKc : 64; }
 constexpr int64_t kAhead = 8;  // packed_gemm_at: rows of A^T fetched ahead of the copy
 // packed_gemm_at: the floats from one packed A^T tile (kc x kMR) to the next, an odd number of
 // cache lines. Tiles a multiple of 4 KiB apart (kc = 512: 12 KiB) all start in the same L1 set,
@@ -261,15 +268,15 @@ void panel_pass(int64_t N, int64_t K, int64_t k0, int64_t kc, const float* panel
   }
 }
 
-// The loop both builds run: rows in blocks of kMc, K in blocks of kKc, then panel_pass.
+// The loop both builds run: rows in blocks of kMc, K in blocks of k_block(group), then panel_pass.
 template <typename Tiles>
 void run_tiles(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const float* panels, const float* bias,
                bool accumulate, float* C, Rows c, int64_t group, const Tiles& tiles) {
-  const int64_t k_blocks = K == 0 ? 1 : (K + kKc - 1) / kKc;
+  const int64_t kb_rows = k_block(group), k_blocks = K == 0 ? 1 : (K + kb_rows - 1) / kb_rows;
   for (int64_t mb = 0; mb < M; mb += kMc) {
     const int64_t m_end = std::min(M, mb + kMc);
     for (int64_t kb = 0; kb < k_blocks; ++kb) {
-      const int64_t k0 = kb * kKc, kc = std::min(kKc, K - k0);
+      const int64_t k0 = kb * kb_rows, kc = std::min(kb_rows, K - k0);
       panel_pass(N, K, k0, kc, panels, bias, kb > 0 || accumulate, a.ld, mb, m_end, group, tiles,
                  [&](int64_t m0, int64_t mr, int64_t q, const float** ap, float** cp) {
                    for (int64_t i = 0; i < mr; ++i) {
@@ -289,9 +296,11 @@ void run_tiles(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const fl
 // One AVX-512 tile: MR rows x NP panels (one zmm each per row, up to 6 x 4 = 24 accumulators;
 // per k NP panel loads and one broadcast per row); the panels lie pstride floats apart and the
 // last one has `last` (<= 16) columns stored. A single row also splits k in two interleaved
-// partial sums (8 accumulators against the FMA latency), and prefetches nothing: its four panel
-// loads a k already fill the load ports (one step of an LSTM at B = 1, H = 512, weights in L3, ran
-// 92 us without the prefetches and 105 with them).
+// partial sums (8 accumulators against the FMA latency). Only the transposed tiles prefetch the
+// next pass's panels: the others' panel loads and broadcasts leave the load ports no room (one
+// step of an LSTM at B = 1, H = 512, weights in L3, ran 92 us without the prefetches and 105 with
+// them; one core of the Intel Xeon (Ice Lake) ran 32 x 1024 x 2048, weights in L3, at 67-77
+// GFLOP/s without them and 54-66 with them, and products in L2 lost 10-25 % to them).
 template <int MR, int NP, bool TA = false>
 CUDNN_RNN_AVX512 void tile512(int64_t kc, const float* const* a_rows, int64_t lda, const float* b, int64_t pstride,
                               const float* next, float* const* c_rows, const float* bias, bool load_c, int64_t last) {
@@ -340,7 +349,6 @@ CUDNN_RNN_AVX512 void tile512(int64_t kc, const float* const* a_rows, int64_t ld
     for (int p = 0; p < NP; ++p) acc[0][p] = _mm512_add_ps(acc[0][p], odd[p]);
   }
   for (; k < kc; ++k) {
-    prefetch_next<MR == 1 ? 0 : NP>(next, pstride, k);
     __m512 bv[NP];
 #pragma GCC unroll 4
     for (int p = 0; p < NP; ++p) bv[p] = _mm512_loadu_ps(b + p * pstride + k * kPanel);
@@ -387,7 +395,7 @@ void packed_gemm(int64_t M, int64_t N, int64_t K, const float* A, Rows a, const 
   }
 }
 
-// run_tiles' loop order with A^T's block of kMc columns x kKc rows first copied into row tiles
+// run_tiles' loop order with A^T's block of kMc columns x k_block rows first copied into row tiles
 // ([kc][kMR] each, the rows past M zero): read in place, every k of a tile touched another cache
 // line of A^T (rows a whole gate-gradient row apart) and the fastrnns weight gradient ran at 90 ms
 // against MKL's 37; packed, A^T is read once, in order.
@@ -396,11 +404,11 @@ void packed_gemm_at(int64_t M, int64_t N, int64_t K, const float* At, int64_t ld
   if (M <= 0 || N <= 0) return;
   const bool avx512 = packed_gemm_isa() == PackedIsa::Avx512;
   std::vector<float> block(size_t((kMc / kMR) * tile_stride(kKc, kMR)));
-  const int64_t k_blocks = K == 0 ? 1 : (K + kKc - 1) / kKc;
+  const int64_t kb_rows = k_block(avx512 ? kNP : 1), k_blocks = K == 0 ? 1 : (K + kb_rows - 1) / kb_rows;
   for (int64_t mb = 0; mb < M; mb += kMc) {
     const int64_t m_end = std::min(M, mb + kMc), tiles = (m_end - mb + kMR - 1) / kMR;
     for (int64_t kb = 0; kb < k_blocks; ++kb) {
-      const int64_t k0 = kb * kKc, kc = std::min(kKc, K - k0);
+      const int64_t k0 = kb * kb_rows, kc = std::min(kb_rows, K - k0);
       const int64_t full = (m_end - mb) / kMR;  // tiles of kMR rows; the last may be partial
       const int64_t stride = tile_stride(kc, kMR);
       for (int64_t k = 0; k < kc; ++k) {
