@@ -222,7 +222,7 @@ def _vocabularies(path: str) -> Dict[str, str]:
     return assets
 
 
-MAX_SHARDS = 10_000
+MAX_SHARD_FILES = 10_000  # the shard files a sharded weights map (.weights.json) may name
 
 
 def _sharded_weights(path: str, config_only: bool) -> KerasFile:
@@ -244,8 +244,8 @@ def _sharded_weights(path: str, config_only: bool) -> KerasFile:
                 raise ConversionError(path, f"names the shard {str(name)[:80]!r}; expected a .weights.h5 file name "
                                             "beside the map")
             shards[name] = None
-            if len(shards) > MAX_SHARDS:
-                raise ConversionError(path, f"names more than {MAX_SHARDS} shards")
+            if len(shards) > MAX_SHARD_FILES:
+                raise ConversionError(path, f"names more than {MAX_SHARD_FILES} shards")
     if not shards:
         raise ConversionError(path, "names no shards")
     for name in shards:

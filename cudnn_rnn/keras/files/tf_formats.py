@@ -37,7 +37,7 @@ MAX_SAVED_MODEL_BYTES = 2 << 30  # (protocol buffers' own limit)
 MAX_ENTRIES = 1_000_000
 MAX_KEY_BYTES = 4096              # one checkpoint key (a path of object names)
 MAX_KEYS_BYTES = 256 << 20        # all of them: prefix compression cannot blow up past this
-MAX_SHARDS = 4096
+MAX_DATA_SHARDS = 4096            # a checkpoint's data files (variables.data-K-of-N)
 MAX_NODES = 1_000_000             # objects of the object graph
 MAX_REFERENCES = 2_000_000        # the fields of all of them together (children, attributes)
 MAX_NDIM = 8
@@ -198,8 +198,8 @@ def _header(value) -> tuple:
             endianness = _number(wire, v, "the header's endianness")
     if endianness != 0:
         raise _Bad("was written big-endian; only little-endian checkpoints are read")
-    if not 1 <= shards <= MAX_SHARDS:
-        raise _Bad(f"declares {shards} data shards; expected 1 to {MAX_SHARDS}")
+    if not 1 <= shards <= MAX_DATA_SHARDS:
+        raise _Bad(f"declares {shards} data shards; expected 1 to {MAX_DATA_SHARDS}")
     return (0, (), shards, 0, 0)
 
 
