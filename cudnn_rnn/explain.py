@@ -94,8 +94,8 @@ def _cpu_plan(layer: _RNNBase, dtype: torch.dtype, training: bool, mask: Optiona
     elif mask is not None and rows_apart:
         notes.append(f"steps split by {cpu_split(mask.shape[0], units, gates)} on {torch.get_num_threads()} threads")
     else:
-        notes.append("steps split by units (by batch rows where the packed or int8 engine runs and the batch and "
-                     "kernel size make it pay: cudnn_rnn.set_cpu_plan)" if rows_apart else "steps split by units")
+        notes.append("steps split by units (by batch rows where the batch and kernel size make it pay: "
+                     "cudnn_rnn.set_cpu_plan)" if rows_apart else "steps split by units")
     return notes
 
 

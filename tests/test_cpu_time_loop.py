@@ -245,16 +245,18 @@ def split(request):
 
 
 @pytest.mark.parametrize("split", ["units", "rows"], indirect=True)
-@pytest.mark.parametrize("engine", [e for e in _engine_builds() if e.startswith("packed")], indirect=True)
+@pytest.mark.parametrize("engine", [e for e in _engine_builds() if e.startswith("packed") or e == "blas"],
+                         indirect=True)
 @pytest.mark.parametrize("cell,kwargs", CELL_CONFIGS)
 @pytest.mark.parametrize("batch,masked,bidirectional", [(64, True, False), (7, True, True), (33, False, False),
                                                          (2, True, False)])
 def test_both_splits_match_float64(cell, kwargs, batch, masked, bidirectional, split, engine, threads):
     """The two ways the time loop splits across threads (csrc/cpu/time_loop.h: unit blocks with a
     barrier a step, or row groups that run every step on their own), each forced, float32 on the
-    packed kernel held to the float64 run: outputs, states, input and weight gradients (the bias
-    sums of each row group added), masked (rows of different lengths per group) and not, both
-    directions, groups of uneven size (7 and 33 rows on 4 threads)."""
+    packed kernel and on BLAS (whose row groups run the forward; its backward splits by units)
+    held to the float64 run: outputs, states, input and weight gradients (the bias sums of each
+    row group added), masked (rows of different lengths per group, with holes: gathered per group)
+    and not, both directions, groups of uneven size (7 and 33 rows on 4 threads)."""
     layer = _layer(cell, bidirectional, **kwargs)
     layer32 = copy.deepcopy(layer).float()
     x = torch.randn(batch, T, I, dtype=torch.float64)
@@ -267,7 +269,8 @@ def test_both_splits_match_float64(cell, kwargs, batch, masked, bidirectional, s
 
 
 @pytest.mark.parametrize("split", ["units", "rows"], indirect=True)
-@pytest.mark.parametrize("engine", [e for e in _engine_builds() if e.startswith("packed")], indirect=True)
+@pytest.mark.parametrize("engine", [e for e in _engine_builds() if e.startswith("packed") or e == "blas"],
+                         indirect=True)
 @pytest.mark.parametrize("cell,kwargs", CELL_CONFIGS)
 @pytest.mark.parametrize("batch,masked,bidirectional", [(64, True, False), (7, True, True), (33, False, True)])
 def test_inference_matches_float64_on_both_splits(cell, kwargs, batch, masked, bidirectional, split, engine,
@@ -530,7 +533,7 @@ def test_intel_rule_runs_small_calls_on_the_packed_kernel(machine_default):
     assert plan(256, 128, 1)[0] == "packed" and plan(255, 128, 50)[0] == "packed"
     assert _C.cpu_gemm_engine(256, 1024) == "blas" and _C.cpu_gemm_engine(255, 1024) == "packed"
     assert _C.cpu_gemm_engine(256, 1024, 7) == "packed" and _C.cpu_gemm_engine(256, 1024, 8) == "blas"
-    assert plan(256, 4, 50)[1] and not plan(256, 8, 50)[1]  # rows apart only on the packed kernel
+    assert plan(256, 4, 50)[1] and plan(256, 8, 50)[1]  # the forward's rows apart on the packed kernel and BLAS
     layer = cudnn_rnn.LSTM(8, 256)
     assert cudnn_rnn.explain(layer).plan[0] == ("float32 products on the blas engine (packed for one-step calls and "
                                                 "batches under 8)")

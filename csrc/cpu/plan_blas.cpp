@@ -1,7 +1,8 @@
 // The BLAS plan: each unit block's gate columns of the recurrent kernel as one [u, G*w] matrix
 // multiplied by sgemm_/dgemm_, or, for float32 where torch exports MKL's packed-GEMM API, packed
 // once per call (6-8 % of a fastrnns LSTM forward went to the repacking inside every sgemm). The
-// active rows of a masked step are gathered first.
+// active rows of a masked step are gathered first; with one block (the row split's), by each row
+// group for its own rows, read in place where they follow one another.
 #include <ATen/Parallel.h>
 
 #include <vector>
@@ -69,20 +70,27 @@ class BlasForward final : public ForwardPlan<T> {
     }
   }
 
-  void begin_step(int64_t, const ActiveRows& act, const ForwardStep<T>& step) override { state_.gather(act, step); }
+  // One block (every unit: the row split, or a unit split of one block): product() takes its own
+  // rows, so that row groups may run it at once.
+  void begin_step(int64_t, const ActiveRows& act, const ForwardStep<T>& step) override {
+    if (blocks_.n > 1) state_.gather(act, step);
+  }
 
-  void product(int64_t k, const ActiveRows& act, const ForwardStep<T>&, T* r) override {
+  void product(int64_t k, const ActiveRows& act, const ForwardStep<T>& step, T* r) override {
     const int64_t ldr = G_ * blocks_.width(k);
     const bool bias = bias_[k].defined();
     if (bias) fill_rows<T>(bias_[k].const_data_ptr<T>(), ldr, act.n, r);
+    const T* h = blocks_.n > 1 ? state_.h : state_.group_rows(act, step);
     if constexpr (std::is_same_v<T, float>) {
       if (mkl_[k].defined()) {
-        mkl_packed_gemm(act.n, ldr, u_, state_.h, u_, mkl_[k].const_data_ptr<float>(), bias ? 1.0f : 0.0f, r, ldr);
+        mkl_packed_gemm(act.n, ldr, u_, h, u_, mkl_[k].const_data_ptr<float>(), bias ? 1.0f : 0.0f, r, ldr);
         return;
       }
     }
-    blas_gemm<T>(false, act.n, ldr, u_, state_.h, u_, kernel_[k].const_data_ptr<T>(), ldr, bias ? T(1) : T(0), r, ldr);
+    blas_gemm<T>(false, act.n, ldr, u_, h, u_, kernel_[k].const_data_ptr<T>(), ldr, bias ? T(1) : T(0), r, ldr);
   }
+
+  bool rows_apart() const override { return blocks_.n == 1; }
 
  private:
   int64_t G_, u_;

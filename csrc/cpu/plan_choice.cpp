@@ -60,8 +60,10 @@ bool plan_rows_apart(const RnnConfig& cfg, bool backward) {
   const int64_t u = cfg.units, G = cfg.gates();
   if (int8_plan<T>(cfg)) return !backward;
   if (!std::is_same_v<T, float> || bf16_plan<T>(cfg)) return false;
-  return (backward ? float_gemm_engine(G * u, u) : float_recurrent_engine(u, G * u, cfg.batch, cfg.time)) ==
-         GemmEngine::Packed;
+  if (backward) return float_gemm_engine(G * u, u) == GemmEngine::Packed;
+  // The forward's BLAS plan too (its products on one thread each: MKL inside a parallel region).
+  const GemmEngine e = float_recurrent_engine(u, G * u, cfg.batch, cfg.time);
+  return e == GemmEngine::Packed || e == GemmEngine::Blas;
 }
 
 template <typename T>

@@ -691,7 +691,9 @@ Split choose_split(int64_t batch, int64_t units, int64_t gates, int64_t threads,
   // GFLOP/s a core, twice Zen 4's and twice its own AVX2 rate) the forward at H = 256-512 with 4
   // and 8 rows a thread ran 1.1-1.45x faster split by units, the two were level at 12 rows and
   // rows won from 16. At its AVX2 level (128 GFLOP/s a core, about Zen 4's) the two were within
-  // 2-7 % either way at 4 and 8 rows, and it keeps Zen 4's 4.
+  // 2-7 % either way at 4 and 8 rows, and it keeps Zen 4's 4. On an Intel Xeon (Ice Lake, 2
+  // threads) the BLAS plan (MKL's packed GEMM) at H = 256 ran the B = 32 and B = 128 forwards
+  // 2-9 % faster by rows (16 and 64 rows a thread), and H = 512 alike both ways.
   static const int64_t l2 = [] {
     const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
     return v > 0 ? static_cast<int64_t>(v) : int64_t(1) << 20;

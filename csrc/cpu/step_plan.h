@@ -93,16 +93,30 @@ struct BackwardPlanArgs {
 template <typename T>
 struct GatheredState {
   at::Tensor h_active;
+  T* active = nullptr;   // h_active's data
   const T* h = nullptr;  // what product() reads, u apart
 
   GatheredState(const PlanArgs& p)
-      : h_active(p.masked ? at::empty({p.cfg.batch, p.cfg.units}, p.a.x3.options()) : at::Tensor()) {}
+      : h_active(p.masked ? at::empty({p.cfg.batch, p.cfg.units}, p.a.x3.options()) : at::Tensor()),
+        active(h_active.defined() ? h_active.data_ptr<T>() : nullptr) {}
   void gather(const ActiveRows& act, const ForwardStep<T>& step) {
     h = step.h_prev;
     if (act.n < step.batch) {
-      act.gather(step.h_prev, step.units, step.units, h_active.data_ptr<T>());
-      h = h_active.data_ptr<T>();
+      act.gather(step.h_prev, step.units, step.units, active);
+      h = active;
     }
+  }
+  // The row split's: the active rows of one row group (act.n > 0) as [act.n, u], read in place
+  // where they follow one another, else gathered into h_active from the group's first active row
+  // on. Those rows lie inside the group (the active rows are increasing and distinct), so the
+  // threads may run it on their groups at once.
+  const T* group_rows(const ActiveRows& act, const ForwardStep<T>& step) const {
+    const int64_t* rows = act.list(step.batch);
+    if (rows == nullptr) return step.h_prev;
+    if (rows[act.n - 1] - rows[0] == act.n - 1) return step.h_prev + rows[0] * step.units;
+    T* dst = active + rows[0] * step.units;
+    act.gather(step.h_prev, step.units, step.units, dst);
+    return dst;
   }
 };
 
