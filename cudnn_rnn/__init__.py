@@ -99,8 +99,8 @@ def set_cpu_plan(gemm: Optional[str] = None, split: Optional[str] = None) -> Non
             (the machine's default, as the environment variable CUDNN_RNN_CPU_GEMM would set it).
             ``None`` leaves it as it is.
         split (str, optional): how each step is split across threads: ``"units"`` (unit blocks,
-            a barrier a step), ``"rows"`` (batch-row groups, no barrier; the forward on the packed,
-            BLAS or int8 engine, the backward on the packed one) or ``"auto"`` (the cost model: rows where the recurrent kernel fits a quarter
+            a barrier a step), ``"rows"`` (batch-row groups, no barrier; the packed or BLAS engine, or
+            int8 inference) or ``"auto"`` (the cost model: rows where the recurrent kernel fits a quarter
             of L2, or from 4 rows a thread up to 8 L2). ``None`` leaves it as it is.
 
     Example:

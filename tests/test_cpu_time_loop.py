@@ -253,7 +253,7 @@ def split(request):
 def test_both_splits_match_float64(cell, kwargs, batch, masked, bidirectional, split, engine, threads):
     """The two ways the time loop splits across threads (csrc/cpu/time_loop.h: unit blocks with a
     barrier a step, or row groups that run every step on their own), each forced, float32 on the
-    packed kernel and on BLAS (whose row groups run the forward; its backward splits by units)
+    packed kernel and on BLAS (MKL's packed GEMM, each row group's own rows in place or gathered)
     held to the float64 run: outputs, states, input and weight gradients (the bias sums of each
     row group added), masked (rows of different lengths per group, with holes: gathered per group)
     and not, both directions, groups of uneven size (7 and 33 rows on 4 threads)."""

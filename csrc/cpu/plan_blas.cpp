@@ -138,6 +138,35 @@ class BlasBackward final : public BackwardPlan<T> {
     if (!all) scatter_add<T>(act, C, w, u_, j0, dh);
   }
 
+  // The row split's (one block of every unit): a row group's active rows, read and added in place
+  // where they follow one another, else gathered into the group's own rows of the scratch (from
+  // its first active row on: inside the group) and added back.
+  bool add_grad_rows(const ActiveRows& act, const T* D, int64_t ld, T* dh) override {
+    if (blocks_.n != 1) return false;
+    if (act.n == 0) return true;
+    const int64_t K = G_ * u_, first = act.rows[0];
+    const bool in_place = act.rows[act.n - 1] - first == act.n - 1;
+    const T* A = D + first * ld;
+    int64_t lda = ld;
+    T* C = dh + first * u_;
+    if (!in_place) {
+      T* gathered = grads_.compact_p + first * K;
+      act.gather(D, ld, K, gathered);
+      A = gathered, lda = K, C = grads_.tmp_of(0) + first * u_;
+    }
+    const T beta = in_place ? T(1) : T(0);
+    bool done = false;
+    if constexpr (std::is_same_v<T, float>) {
+      if (mkl_[0].defined()) {
+        mkl_packed_gemm(act.n, u_, K, A, lda, mkl_[0].const_data_ptr<float>(), beta, C, u_);
+        done = true;
+      }
+    }
+    if (!done) blas_gemm<T>(true, act.n, u_, K, A, lda, R_, K, beta, C, u_);
+    if (!in_place) scatter_add<T>(act, C, u_, u_, 0, dh);
+    return true;
+  }
+
  private:
   int64_t G_, u_, B_;
   const UnitBlocks& blocks_;

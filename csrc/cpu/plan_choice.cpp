@@ -60,9 +60,8 @@ bool plan_rows_apart(const RnnConfig& cfg, bool backward) {
   const int64_t u = cfg.units, G = cfg.gates();
   if (int8_plan<T>(cfg)) return !backward;
   if (!std::is_same_v<T, float> || bf16_plan<T>(cfg)) return false;
-  if (backward) return float_gemm_engine(G * u, u) == GemmEngine::Packed;
-  // The forward's BLAS plan too (its products on one thread each: MKL inside a parallel region).
-  const GemmEngine e = float_recurrent_engine(u, G * u, cfg.batch, cfg.time);
+  // The packed and BLAS plans (BLAS's products on one thread each: MKL inside a parallel region).
+  const GemmEngine e = backward ? float_gemm_engine(G * u, u) : float_recurrent_engine(u, G * u, cfg.batch, cfg.time);
   return e == GemmEngine::Packed || e == GemmEngine::Blas;
 }
 

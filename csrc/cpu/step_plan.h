@@ -127,17 +127,25 @@ struct GatheredGrads {
   const T* D = nullptr;  // every row, ld apart
   int64_t ld = 0;
 
+  T* compact_p = nullptr;    // compact's data
+  std::vector<T*> tmp_p;     // tmp's
+
   GatheredGrads(const PlanArgs& p)
       : compact(p.masked ? at::empty({p.cfg.batch, p.cfg.gates() * p.cfg.units}, p.a.x3.options()) : at::Tensor()),
-        tmp(p.blocks.n) {
-    for (int64_t k = 0; k < p.blocks.n; ++k) tmp[k] = at::empty({p.cfg.batch, p.blocks.width(k)}, p.a.x3.options());
+        tmp(p.blocks.n),
+        compact_p(compact.defined() ? compact.data_ptr<T>() : nullptr),
+        tmp_p(p.blocks.n) {
+    for (int64_t k = 0; k < p.blocks.n; ++k) {
+      tmp[k] = at::empty({p.cfg.batch, p.blocks.width(k)}, p.a.x3.options());
+      tmp_p[k] = tmp[k].data_ptr<T>();
+    }
   }
   void gather(const ActiveRows& act, int64_t batch, int64_t width, const T* d, int64_t l) {
     D = d, ld = l;
     if (compact.defined() && act.n < batch) act.gather(d, l, width, compact.data_ptr<T>());
   }
-  const T* rows() const { return compact.const_data_ptr<T>(); }  // the active rows, width apart
-  T* tmp_of(int64_t k) const { return tmp[k].data_ptr<T>(); }
+  const T* rows() const { return compact_p; }  // the active rows, width apart
+  T* tmp_of(int64_t k) const { return tmp_p[k]; }
 };
 
 // The forward plan a call runs (plan_choice.cpp decides it once; explain() reports it).
