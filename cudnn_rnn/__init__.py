@@ -101,7 +101,7 @@ def set_cpu_plan(gemm: Optional[str] = None, split: Optional[str] = None) -> Non
         split (str, optional): how each step is split across threads: ``"units"`` (unit blocks,
             a barrier a step), ``"rows"`` (batch-row groups, no barrier; the packed or BLAS engine, or
             int8 inference) or ``"auto"`` (the cost model: rows where the recurrent kernel fits a quarter
-            of L2, or from 4 rows a thread up to 8 L2). ``None`` leaves it as it is.
+            of L2, or from 4 rows a thread (12 on cores with full-width AVX-512) up to 8 L2). ``None`` leaves it as it is.
 
     Example:
         >>> cudnn_rnn.set_cpu_plan(split="units")

@@ -28,7 +28,7 @@ namespace cpu {
 
 namespace {
 constexpr int64_t kKc = 512;  // the longest K block
-constexpr int64_t kMc = 192;  // rows of A per pass over B: kMc x kKc floats (384 KiB) stay in L2
+constexpr int64_t kMc = 192;  // rows of A per pass over B: kMc x one K block of floats stay in L2
 // The rows of a K block for panels taken `group` at a time, so that the block stays in L1 while
 // every row tile of the pass reads it: one panel, 512 rows (32 KiB); a group of four, 64 rows
 // (16 KiB: the four panels' rows share L1 sets, and a 32 KiB 8-way L1 (AMD Zen 4) keeps 4 of its
@@ -38,9 +38,10 @@ constexpr int64_t kMc = 192;  // rows of A per pass over B: kMc x kKc floats (38
 inline int64_t k_block(int64_t group) { return group == 1 ? kKc : 64; }
 constexpr int64_t kAhead = 8;  // packed_gemm_at: rows of A^T fetched ahead of the copy
 // packed_gemm_at: the floats from one packed A^T tile (kc x kMR) to the next, an odd number of
-// cache lines. Tiles a multiple of 4 KiB apart (kc = 512: 12 KiB) all start in the same L1 set,
-// and the copy writing a k's six values to each of 32 tiles evicts its own half-written lines
-// (a 12-way L1); an odd line count spreads 32 tiles over 32 sets. At most kKc x kMR + 16.
+// cache lines. Tiles a multiple of 4 KiB apart (kc = 512, the AVX2 build's: 12 KiB) all start in
+// the same L1 set, and the copy writing a k's six values to each of 32 tiles evicts its own
+// half-written lines (a 12-way L1); an odd line count spreads 32 tiles over 32 sets. At most
+// kKc x kMR + 16.
 inline int64_t tile_stride(int64_t kc, int64_t mr) {
   const int64_t lines = (kc * mr + 15) / 16;
   return (lines % 2 ? lines : lines + 1) * 16;

@@ -18,8 +18,9 @@ using at::Tensor;
 
 // One MKL-packed op(B) per unit block for products of up to M rows: block k's op(B) is K x n,
 // read from src with leading dimension ld (B [K, n], or with trans the transpose of B [n, K]).
-// Each is packed by the task that will compute with it (MKL wants the same thread count for
-// both).
+// Each is packed by the task that will compute with it (MKL runs best with the same thread count
+// for both; with one block, the row split's, it is packed on the calling thread and each row group
+// computes on one).
 struct PackSource {
   int64_t n;
   const float* src;

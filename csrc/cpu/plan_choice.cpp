@@ -2,6 +2,7 @@
 // multiplies bfloat16; else the float32 engine gemm_engine.h names for the shape; float64 on
 // BLAS. The one place the CPU backend chooses an engine.
 #include "cpu/bf16_gemm.h"
+#include "cpu/blas.h"
 #include "cpu/gemm_engine.h"
 #include "cpu/int8_gemm.h"
 #include "cpu/step_plan.h"
@@ -60,9 +61,11 @@ bool plan_rows_apart(const RnnConfig& cfg, bool backward) {
   const int64_t u = cfg.units, G = cfg.gates();
   if (int8_plan<T>(cfg)) return !backward;
   if (!std::is_same_v<T, float> || bf16_plan<T>(cfg)) return false;
-  // The packed and BLAS plans (BLAS's products on one thread each: MKL inside a parallel region).
+  // The packed plan, and the BLAS plan where MKL's packed GEMM runs it (one thread per row group:
+  // MKL inside a parallel region; measured on x86-64 Intel, where it is the default from K x N =
+  // 2^18).
   const GemmEngine e = backward ? float_gemm_engine(G * u, u) : float_recurrent_engine(u, G * u, cfg.batch, cfg.time);
-  return e == GemmEngine::Packed || e == GemmEngine::Blas;
+  return e == GemmEngine::Packed || (e == GemmEngine::Blas && have_mkl_packed());
 }
 
 template <typename T>

@@ -53,7 +53,8 @@ class ForwardPlan {
   virtual void end_block(int64_t k, const ForwardStep<T>& step) {}
   virtual void end_task() {}
   // Whether product() may run for disjoint row sets on several threads at once (it keeps no
-  // per-step state, reads the rows in place): the row split (time_loop.h) needs it.
+  // per-step state; it reads the rows in place or gathers them into the set's own rows of a
+  // scratch): the row split (time_loop.h) needs it.
   virtual bool rows_apart() const { return false; }
 };
 
@@ -188,7 +189,7 @@ template <typename T>
 bool int8_plan(const RnnConfig& cfg);
 
 // Whether the plan of a call runs rows apart (ForwardPlan::rows_apart, BackwardPlan::add_grad_rows):
-// the packed float32 plan.
+// the packed float32 plan, the BLAS one where MKL's packed GEMM runs it, int8 inference.
 template <typename T>
 bool plan_rows_apart(const RnnConfig& cfg, bool backward);
 
