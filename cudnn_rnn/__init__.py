@@ -99,9 +99,10 @@ def set_cpu_plan(gemm: Optional[str] = None, split: Optional[str] = None) -> Non
             (the machine's default, as the environment variable CUDNN_RNN_CPU_GEMM would set it).
             ``None`` leaves it as it is.
         split (str, optional): how each step is split across threads: ``"units"`` (unit blocks,
-            a barrier a step), ``"rows"`` (batch-row groups, no barrier; the packed or BLAS engine, or
-            int8 inference) or ``"auto"`` (the cost model: rows where the recurrent kernel fits a quarter
-            of L2, or from 4 rows a thread (12 on cores with full-width AVX-512) up to 8 L2). ``None`` leaves it as it is.
+            a barrier a step), ``"rows"`` (batch-row groups, no barrier; the packed or BLAS
+            engine, or int8 inference) or ``"auto"`` (the cost model: rows where the recurrent
+            kernel fits a quarter of L2, or from 4 rows a thread (12 on cores with full-width
+            AVX-512) up to 8 L2). ``None`` leaves it as it is.
 
     Example:
         >>> cudnn_rnn.set_cpu_plan(split="units")
