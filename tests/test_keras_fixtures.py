@@ -30,6 +30,8 @@ CASES = [
     ("tfk_bicubic", "tfk_bicubic.keras", None),
     ("k3_bicubic", "k3_bicubic.h5", None),
     ("k3jax_image", "k3jax_image.h5", None),
+    ("k3_clahe", "k3_clahe.h5", None),
+    ("k3jax_clahe", "k3jax_clahe.h5", None),
     ("tfk_frame_cnn", "tfk_frame_cnn.h5", None),
     ("tfk_frame_cnn", "tfk_frame_cnn.keras", None),
     ("k3_frame_cnn", "k3_frame_cnn.h5", None),
@@ -167,6 +169,23 @@ def test_backend_argument_for_files_that_do_not_record_it():
     with pytest.raises(ValueError, match="backend must be one of tensorflow, jax, torch; got 'theano'"):
         load_keras(path, backend="theano")
     assert main(["inspect", path, "--backend", "tensorflow", "--no-progress"]) == 0
+
+
+def test_clahe_backend_of_a_keras_file():
+    """ContrastLimitedAdaptiveHistogramEqualization in a .keras file Keras on TensorFlow wrote:
+    with backend="tensorflow" the equalized image and the LSTM after it are TensorFlow's numbers;
+    read as the torch backend's (the default), the padding and the clip limit differ, and so do
+    the numbers (that default is checked against Keras's torch backend in
+    test_keras_layer_library.py)."""
+    data = np.load(os.path.join(DATA, "k3_clahe.npz"))
+    x = torch.as_tensor(data["input_0"])
+    path = os.path.join(DATA, "k3_clahe.keras")
+    with torch.no_grad():
+        out = load_keras(path, backend="tensorflow")(x)
+        default = load_keras(path)(x)
+    for i, y in enumerate(out):
+        np.testing.assert_allclose(y.numpy(), data[f"output_{i}"], atol=1e-5, rtol=1e-5)
+    assert np.abs(default[1].numpy() - data["output_1"]).max() > 1e-2
 
 
 def test_converted_file_keeps_the_backend(tmp_path):

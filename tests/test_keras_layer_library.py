@@ -898,6 +898,26 @@ def test_auto_contrast_at_inference(value_range, tmp_path):
 
 
 @pytest.mark.keras
+@pytest.mark.parametrize("shape,grid,value_range,clip_limit,data_format", [
+    ((13, 9, 2), (4, 3), (0, 1), 2.0, "channels_last"),     # padded rows; a limit below one count
+    ((30, 20, 1), (2, 2), (0, 255), 4.0, "channels_last"),  # a limit of 2.34 counts
+    ((2, 11, 7), (3, 2), (-1, 1), 0.0, "channels_first"),   # no clipping; padded both ways
+    ((8, 8, 3), (1, 8), (0, 255), 40.0, "channels_last"),   # whole counts; tiles one pixel wide
+])
+def test_clahe_at_inference(shape, grid, value_range, clip_limit, data_format, tmp_path):
+    """ContrastLimitedAdaptiveHistogramEqualization as Keras's torch backend computes it (a .keras
+    file names no backend; the TensorFlow and JAX backends' numbers: test_keras_fixtures.py)."""
+    rng = np.random.RandomState(sum(shape))
+    lo, hi = value_range
+    layer = layers.ContrastLimitedAdaptiveHistogramEqualization(
+        value_range=value_range, clip_limit=clip_limit, tile_grid_size=grid, data_format=data_format)
+    x = rng.uniform(lo - 0.1 * (hi - lo), hi + 0.1 * (hi - lo), size=(B,) + shape).astype("float32")
+    if hi == 255:
+        x = np.round(x)
+    check_model(keras.Sequential([keras.Input(shape), layer]), x, tmp_path)
+
+
+@pytest.mark.keras
 @pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
 def test_bicubic_up_sampling(data_format, tmp_path):
     rng = np.random.RandomState(8)

@@ -1,6 +1,7 @@
 """Preprocessing saved inside models: Rescaling, Normalization (adapted or given mean and
 variance, invert), CenterCrop, Resizing, Discretization, CategoryEncoding, IntegerLookup (its
-vocabulary from the config or the .keras file's asset); and the image augmentation layers (RandomFlip, RandomRotation,
+vocabulary from the config or the .keras file's asset), Hashing, AutoContrast,
+ContrastLimitedAdaptiveHistogramEqualization; and the image augmentation layers (RandomFlip, RandomRotation,
 RandomZoom, ...), which Keras runs only in training: here they are exactly the identity at
 inference, and a model in training mode refuses them with one error (their random transforms are
 Keras's own and are not reproduced); their modules and their builders."""
@@ -578,3 +579,105 @@ def build_auto_contrast(cfg, ctx):
             value_range[0] >= value_range[1]:
         raise ctx.error(f"AutoContrast value_range={str(value_range)[:40]}; expected [low, high] with low < high")
     return AutoContrast(float(value_range[0]), float(value_range[1]))
+
+
+def _symmetric_rows(n: int, total: int, device) -> torch.Tensor:
+    """Indices of rows 0..total-1 of a length-n axis padded at its end in numpy's "symmetric"
+    mode (mirrored with the edge repeated, as often as the padding needs)."""
+    i = torch.arange(total, device=device) % (2 * n)
+    return torch.where(i < n, i, 2 * n - 1 - i)
+
+
+class HistogramEqualization(_Single):
+    """keras.layers.ContrastLimitedAdaptiveHistogramEqualization (applied at inference too): each
+    image's channels in [0, 255] cut into a grid of tiles (the image padded at its bottom and right
+    edges to whole tiles), a 256-bin histogram per tile and channel, clipped at clip_limit times
+    the tile's mean bin and the excess spread evenly, its cumulative sum scaled to [0, 255], and
+    each pixel's value looked up in the four nearest tiles' tables and interpolated bilinearly, in
+    float32 as Keras computes it. Two steps differ between Keras's backends, and `backend` says
+    whose are taken (as for bicubic resizes: shape.cubic_of; a .keras file names no backend, and
+    its model is taken as the torch backend's): the torch backend pads by repeating
+    the edge and counts its histograms in integers, so the clip limit is truncated to an integer;
+    TensorFlow and JAX mirror the edge (numpy's "symmetric") and clip at the exact limit."""
+
+    keeps_mask = False
+
+    def __init__(self, value_range, clip_limit: float, grid, channels_last: bool, backend: Optional[str] = None):
+        super().__init__()
+        self.value_range, self.clip_limit, self.grid = tuple(value_range), clip_limit, tuple(grid)
+        self.channels_last, self.torch_backend = channels_last, backend not in ("tensorflow", "jax")
+
+    def _rescale(self, x, source, target):
+        if source == target:
+            return x
+        (s0, s1), (t0, t1) = np.float32(source), np.float32(target)  # Keras's float32 bounds
+        return (x.float() - float(s0)) / float(s1 - s0) * float(t1 - t0) + float(t0)
+
+    def apply(self, x):
+        dtype, unbatched = x.dtype, x.dim() == 3
+        x = x if x.is_floating_point() else x.float()
+        if not self.channels_last:
+            x = x.movedim(-3, -1)
+        x = self._rescale(x[None] if unbatched else x, self.value_range, (0.0, 255.0))
+        b, h, w, c = x.shape
+        (gh, gw), device = self.grid, x.device
+        th, tw = -(-h // gh), -(-w // gw)
+        hp, wp = th * gh, tw * gw
+        if (hp, wp) != (h, w):
+            if self.torch_backend:
+                x = x[:, torch.arange(hp, device=device).clamp(max=h - 1)]
+                x = x[:, :, torch.arange(wp, device=device).clamp(max=w - 1)]
+            else:
+                x = x[:, _symmetric_rows(h, hp, device)][:, :, _symmetric_rows(w, wp, device)]
+        tiles = x.reshape(b, gh, th, gw, tw, c).permute(0, 1, 3, 5, 2, 4).reshape(b, gh, gw, c, th * tw)
+        bins = tiles.to(torch.int32).clamp(0, 255).long()
+        hist = torch.zeros(b, gh, gw, c, 256, device=device).scatter_add_(
+            -1, bins, torch.ones((), device=device).expand(bins.shape))
+        if self.clip_limit > 0:
+            limit = self.clip_limit * (th * tw) / 256.0
+            limit = float(int(limit) if self.torch_backend else np.float32(limit))
+            clipped = hist.clamp(0.0, limit)
+            hist = clipped + (hist - clipped).sum(-1, keepdim=True) / 256.0
+        cdf = hist.cumsum(-1)
+        low = cdf.amin(-1, keepdim=True)
+        span = float(th * tw) - low
+        table = ((cdf - low) * 255.0 / torch.where(span == 0, torch.ones_like(span), span)).clamp(0.0, 255.0)
+        # the tile grid with its edge tiles repeated around it: [b, gh + 2, gw + 2, c, 256]
+        table = table[:, torch.arange(-1, gh + 1, device=device).clamp(0, gh - 1)]
+        table = table[:, :, torch.arange(-1, gw + 1, device=device).clamp(0, gw - 1)]
+
+        def neighbours(size, tile, grid):
+            pos = (torch.arange(size, dtype=torch.float32, device=device) - tile / 2.0) / tile + 1.0
+            first = pos.floor()
+            return first.clamp(0, grid + 1).long(), (first + 1.0).clamp(0, grid + 1).long(), pos - first
+
+        y0, y1, wy = neighbours(hp, th, gh)
+        x0, x1, wx = neighbours(wp, tw, gw)
+        pixel = x.clamp(0.0, 255.0).to(torch.int32).long()
+        bi = torch.arange(b, device=device)[:, None, None, None]
+        ci = torch.arange(c, device=device)[None, None, None, :]
+        ys, xs = (y0[None, :, None, None], y1[None, :, None, None]), (x0[None, None, :, None], x1[None, None, :, None])
+        nw, ne, sw, se = (table[bi, yy, xx, ci, pixel] for yy in ys for xx in xs)
+        wx, wy = wx[None, None, :, None], wy[None, :, None, None]
+        y = (nw * (1.0 - wx) + ne * wx) * (1.0 - wy) + (sw * (1.0 - wx) + se * wx) * wy
+        y = self._rescale(y[:, :h, :w], (0.0, 255.0), self.value_range).to(dtype)
+        y = y[0] if unbatched else y
+        return y if self.channels_last else y.movedim(-1, -3)
+
+    def extra_repr(self):
+        return f"value_range={self.value_range}, clip_limit={self.clip_limit}, tile_grid_size={self.grid}"
+
+
+@builder("ContrastLimitedAdaptiveHistogramEqualization", weights=False)
+def build_histogram_equalization(cfg, ctx):
+    v = Values(cfg, ctx)
+    value_range, grid = cfg.get("value_range", [0, 255]), cfg.get("tile_grid_size", [8, 8])
+    if not isinstance(value_range, list) or len(value_range) != 2 or not all(
+            isinstance(e, (int, float)) and not isinstance(e, bool) and np.isfinite(e) for e in value_range) or \
+            value_range[0] == value_range[1]:
+        raise ctx.error(f"config value_range={str(value_range)[:40]}; expected two different finite numbers")
+    if not isinstance(grid, list) or len(grid) != 2:
+        raise ctx.error(f"config tile_grid_size={str(grid)[:40]}; expected [height, width]")
+    grid = [Values({"tile_grid_size": g}, ctx).int("tile_grid_size", lo=1, hi=256) for g in grid]
+    return HistogramEqualization([float(e) for e in value_range], v.float("clip_limit", 4.0), grid,
+                                 channels_last_format(cfg, ctx), ctx.backend)

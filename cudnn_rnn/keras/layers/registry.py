@@ -55,8 +55,6 @@ REFUSED: Dict[str, str] = {
     "StringLookup": "it works on strings; tokenize before the model",
     "TextVectorization": "it works on strings; tokenize before the model",
     "HashedCrossing": "it hashes feature crosses with TensorFlow's string FarmHash",
-    "ContrastLimitedAdaptiveHistogramEqualization": "an image transform Keras also applies at inference; not yet "
-                                                    "supported",
     "Layer": "the base class of custom layers", "Wrapper": "the base class of custom wrappers",
 }
 # Cells have no graph node of their own: they are converted inside RNN and Bidirectional.
