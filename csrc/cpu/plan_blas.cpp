@@ -140,21 +140,17 @@ class BlasBackward final : public BackwardPlan<T> {
   }
 
   // The row split's (one block of every unit): a row group's active rows, read and added in place
-  // where they follow one another, else gathered into the group's own rows of the scratch (from
-  // its first active row on: inside the group) and added back.
+  // where they follow one another, else gathered into the group's own rows of the scratch
+  // (ActiveRows::group_block) and added back.
   bool add_grad_rows(const ActiveRows& act, const T* D, int64_t ld, T* dh) override {
     if (blocks_.n != 1) return false;
     if (act.n == 0) return true;
-    const int64_t K = G_ * u_, first = act.rows[0];
-    const bool in_place = act.rows[act.n - 1] - first == act.n - 1;
-    const T* A = D + first * ld;
-    int64_t lda = ld;
-    T* C = dh + first * u_;
-    if (!in_place) {
-      T* gathered = grads_.compact_p + first * K;
-      act.gather(D, ld, K, gathered);
-      A = gathered, lda = K, C = grads_.tmp_of(0) + first * u_;
-    }
+    const int64_t K = G_ * u_;
+    const auto block = act.group_block(D, ld, K, grads_.compact_p);
+    const bool in_place = block.in_place;
+    const T* A = block.data;
+    const int64_t lda = block.ld;
+    T* C = (in_place ? dh : grads_.tmp_of(0)) + act.rows[0] * u_;
     const T beta = in_place ? T(1) : T(0);
     bool done = false;
     if constexpr (std::is_same_v<T, float>) {

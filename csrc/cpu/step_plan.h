@@ -107,17 +107,11 @@ struct GatheredState {
       h = active;
     }
   }
-  // The row split's: the active rows of one row group (act.n > 0) as [act.n, u], read in place
-  // where they follow one another, else gathered into h_active from the group's first active row
-  // on. Those rows lie inside the group (the active rows are increasing and distinct), so the
-  // threads may run it on their groups at once.
+  // The row split's: the active rows of one row group (act.n > 0) as [act.n, u], in place or
+  // gathered into h_active (ActiveRows::group_block).
   const T* group_rows(const ActiveRows& act, const ForwardStep<T>& step) const {
-    const int64_t* rows = act.list(step.batch);
-    if (rows == nullptr) return step.h_prev;
-    if (rows[act.n - 1] - rows[0] == act.n - 1) return step.h_prev + rows[0] * step.units;
-    T* dst = active + rows[0] * step.units;
-    act.gather(step.h_prev, step.units, step.units, dst);
-    return dst;
+    if (act.n == step.batch) return step.h_prev;
+    return act.group_block(step.h_prev, step.units, step.units, active).data;
   }
 };
 

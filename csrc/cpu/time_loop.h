@@ -56,6 +56,23 @@ struct ActiveRows {
   void gather(const E* src, int64_t ld, int64_t width, E* dst) const {
     for (int64_t i = 0; i < n; ++i) std::copy(src + rows[i] * ld, src + rows[i] * ld + width, dst + i * width);
   }
+  // The rows of one row group of the row split (n > 0) as one matrix: in place in `src` (rows ld
+  // apart) where they follow one another, else gathered into `scratch`'s rows from the group's
+  // first row on (width apart). Those scratch rows lie inside the group (the rows are increasing
+  // and distinct), so threads may take their groups at once.
+  template <typename E>
+  struct Block {
+    const E* data;
+    int64_t ld;
+    bool in_place;
+  };
+  template <typename E>
+  Block<E> group_block(const E* src, int64_t ld, int64_t width, E* scratch) const {
+    if (rows[n - 1] - rows[0] == n - 1) return {src + rows[0] * ld, ld, true};
+    E* dst = scratch + rows[0] * width;
+    gather(src, ld, width, dst);
+    return {dst, width, false};
+  }
 };
 
 // How a direction's time loop splits across threads:
