@@ -41,7 +41,7 @@ constexpr int64_t kAhead = 8;  // packed_gemm_at: rows of A^T fetched ahead of t
 // cache lines. Tiles a multiple of 4 KiB apart (kc = 512, the AVX2 build's: 12 KiB) all start in
 // the same L1 set, and the copy writing a k's six values to each of 32 tiles evicts its own
 // half-written lines (a 12-way L1); an odd line count spreads 32 tiles over 32 sets. At most
-// kKc x kMR + 16.
+// kc x kMR + 16.
 inline int64_t tile_stride(int64_t kc, int64_t mr) {
   const int64_t lines = (kc * mr + 15) / 16;
   return (lines % 2 ? lines : lines + 1) * 16;
@@ -404,8 +404,8 @@ void packed_gemm_at(int64_t M, int64_t N, int64_t K, const float* At, int64_t ld
                     bool accumulate, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   const bool avx512 = packed_gemm_isa() == PackedIsa::Avx512;
-  std::vector<float> block(size_t((kMc / kMR) * tile_stride(kKc, kMR)));
   const int64_t kb_rows = k_block(avx512 ? kNP : 1), k_blocks = K == 0 ? 1 : (K + kb_rows - 1) / kb_rows;
+  std::vector<float> block(size_t((kMc / kMR) * tile_stride(kb_rows, kMR)));
   for (int64_t mb = 0; mb < M; mb += kMc) {
     const int64_t m_end = std::min(M, mb + kMc), tiles = (m_end - mb + kMR - 1) / kMR;
     for (int64_t kb = 0; kb < k_blocks; ++kb) {
