@@ -73,6 +73,8 @@ BASES = [
     ("legacy-tf-calls", "tfk_tf_calls.h5", None, "tfk_tf_calls.npz", "keras"),
     ("legacy-tf-gathers-losses", "tfk_tf_gathers_losses.h5", None, "tfk_tf_gathers_losses.npz", "keras"),
     ("legacy-applications", "tfk_applications_layers.h5", None, "tfk_applications_layers.npz", "keras"),
+    # an image preprocessing layer whose numbers follow the backend the file records
+    ("legacy-clahe", "k3_clahe.h5", None, "k3_clahe.npz", "keras"),
     # the weights tree as tf.keras 2.13-2.15 wrote it on Windows (groups at the root, named with
     # backslashes): made from k3_sequential.keras when the seeds are prepared
     ("windows-tree", "k3_sequential.keras", None, "k3_sequential.npz", "windows"),
