@@ -167,6 +167,13 @@ def cmd_convert(args) -> int:
     if args.out.endswith((".pt2", ".onnx")):
         from ._export_shapes import export_from_length
 
+        strings = model.string_inputs()
+        if strings:
+            print(f"cudnn-rnn: {args.out}: the model takes strings (input {strings[0]}: a TextVectorization or "
+                  "StringLookup reads it), which an exported program cannot; convert to .pt and run it in Python",
+                  file=sys.stderr)
+            return 2
+
         free = model.length_inputs(args.any_length)  # each input its own length
         fixed = [f"input {i}: {model.input_specs[i][1][1]}" for i in model.length_inputs(True) if i not in free]
         if fixed:
@@ -311,7 +318,12 @@ def _verify_against(args, model, keras) -> int:
     inputs = []
     for (dtype, shape), vocab in zip(model.input_specs, model.input_vocabularies()):
         dims = [args.batch] + [args.time if d is None else int(d) for d in shape[1:]]
-        if "int" in dtype or vocab is not None:  # ids (an Embedding reads float ids as whole numbers too)
+        if dtype == "string":  # words, for a TextVectorization or StringLookup
+            words = np.array(["the", "cat", "sat", "on", "a", "mat", "Dog", "birds!"], dtype=object)
+            length = args.time if dims[-1] == 1 else 1  # sentences in [batch, 1]; words elsewhere
+            inputs.append(np.array([" ".join(rng.choice(words, size=length)) for _ in range(int(np.prod(dims)))],
+                                   dtype=object).reshape(dims))
+        elif "int" in dtype or vocab is not None:  # ids (an Embedding reads float ids as whole numbers too)
             x = rng.randint(0, vocab or fallback, size=dims)
             if len(dims) > 1 and dims[1] > 2:
                 x[0, -2:] = 0  # some padding, for masks
@@ -328,7 +340,7 @@ def _verify_against(args, model, keras) -> int:
     expected = expected if isinstance(expected, (list, tuple)) else [expected]
     try:
         with torch.no_grad():
-            ours = model(*[torch.as_tensor(x) for x in inputs])
+            ours = model(*[x if x.dtype == object else torch.as_tensor(x) for x in inputs])
     except Exception as e:  # noqa: BLE001 - reported as a disagreement with Keras
         first = _first_line(e)
         print(f"cudnn-rnn: the converted model failed on the inputs Keras ran ({type(e).__name__}: {first})",

@@ -75,6 +75,8 @@ BASES = [
     ("legacy-applications", "tfk_applications_layers.h5", None, "tfk_applications_layers.npz", "keras"),
     # an image preprocessing layer whose numbers follow the backend the file records
     ("legacy-clahe", "k3_clahe.h5", None, "k3_clahe.npz", "keras"),
+    # string inputs: TextVectorization and StringLookup with vocabulary assets
+    ("keras-text", "k3_text.keras", None, "k3_text.npz", "keras"),
     # the weights tree as tf.keras 2.13-2.15 wrote it on Windows (groups at the root, named with
     # backslashes): made from k3_sequential.keras when the seeds are prepared
     ("windows-tree", "k3_sequential.keras", None, "k3_sequential.npz", "windows"),
@@ -627,8 +629,8 @@ def _worker() -> None:
                             module.reset_states()
                     if job["npz"]:
                         stored = np.load(job["npz"])
-                        inputs = [torch.as_tensor(stored[f"input_{i}"]) for i in range(len(model.input_specs))
-                                  if f"input_{i}" in stored.files]
+                        inputs = [stored[f"input_{i}"] for i in range(len(model.input_specs)) if f"input_{i}" in stored.files]
+                        inputs = [x if x.dtype.kind in "USO" else torch.as_tensor(x) for x in inputs]  # (strings)
                         if len(inputs) == len(model.input_specs) and all(
                                 len(x.shape) == len(s) and all(d is None or d == n for d, n in zip(s[1:], x.shape[1:]))
                                 for x, (_, s) in zip(inputs, model.input_specs)):

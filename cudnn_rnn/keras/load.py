@@ -219,7 +219,7 @@ def _trial(model: KerasModel, inputs, path) -> None:
             mode = FakeTensorMode(allow_non_fake_inputs=True)
             try:
                 with mode:
-                    run([mode.from_tensor(t) for t in inputs])
+                    run([mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in inputs])  # (strings)
             except (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException):
                 shapes = [tuple(shape) for _, shape in model.input_specs]
                 raise ConversionError(path, f"cannot be checked on inputs of its declared shape {shapes}: "

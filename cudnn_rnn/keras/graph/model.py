@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -189,6 +190,8 @@ class KerasModel(nn.Module):
                               for j, d in enumerate(shape[1:])]
             if dtype == "bool":  # an explicit mask input
                 out.append(torch.ones(dims, dtype=torch.bool))
+            elif dtype == "string":  # strings: what a TextVectorization or StringLookup takes (layers/text.py)
+                out.append(np.full(dims, "a", dtype=object))
             else:
                 out.append(torch.ones(dims, dtype=torch.int64) if "int" in dtype else torch.zeros(dims, dtype=float_dtype))
         return out
@@ -255,6 +258,11 @@ class KerasModel(nn.Module):
         self._floating = self._parameter_dtype()
         return out
 
+    def string_inputs(self) -> List[int]:
+        """The inputs that take strings (a TextVectorization or StringLookup reads them: numpy
+        arrays or lists of str, which no exported program takes)."""
+        return [i for i, (dtype, _) in enumerate(self.input_specs) if dtype == "string"]
+
     def input_vocabularies(self) -> List[Optional[int]]:
         """Per input, the smallest vocabulary (input_dim) of the Embedding layers that read it
         (nested models followed), or None: the inputs that must be ids in [0, vocabulary), whatever
@@ -315,7 +323,7 @@ def _in_layer(error: Exception, name: str, kind: str, xs) -> Exception:
     itself where its type cannot be rebuilt from a message, or where an inner model named it."""
     if not name or getattr(error, "_cudnn_rnn_layer", False):
         return error
-    shapes = ", ".join(str(tuple(x.shape)) if isinstance(x, Tensor) else type(x).__name__ for x in xs)
+    shapes = ", ".join(str(tuple(x.shape)) if isinstance(x, (Tensor, np.ndarray)) else type(x).__name__ for x in xs)
     try:
         named = type(error)(f"layer '{name}' ({kind}) on input{'s' if len(xs) != 1 else ''} of shape {shapes}: "
                             f"{error}")

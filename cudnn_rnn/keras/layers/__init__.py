@@ -12,6 +12,7 @@ from here, never from registry.py.
     pooling         Max / Average, Global and Adaptive pooling, 1-D to 3-D
     convolution     Conv, ConvTranspose, DepthwiseConv, SeparableConv
     preprocessing   numeric preprocessing saved inside models, and the image augmentation layers
+    text            TextVectorization and StringLookup (the strings a model takes)
     recurrent       LSTM, GRU, SimpleRNN, RNN(cell), Bidirectional (recurrent.py)
     conv_recurrent  ConvLSTM1D/2D/3D and their Bidirectional
     attention       Attention, AdditiveAttention, MultiHeadAttention
@@ -28,7 +29,7 @@ shape checks) are what the families share.
 from __future__ import annotations
 
 from . import (activations, applications, attention, audio, conv_recurrent, convolution, core, merging,  # noqa: F401
-               normalization, ops, ops_tf, pooling, preprocessing, recurrent, regularization, shape,
+               normalization, ops, ops_tf, pooling, preprocessing, recurrent, regularization, shape, text,
                wrappers)
 from .registry import BUILDERS, HOLDS_WEIGHTS
 

@@ -345,6 +345,12 @@ class IntegerLookup(_Single):
         self.first = self.masked + num_oov
         self.depth = depth if depth is not None else self.first + vocabulary.numel()
 
+    def asset_lines(self):
+        """The vocabulary asset Keras writes (the special tokens it indexes, then the values), for
+        save_keras."""
+        special = [self.mask_token] * self.masked + [self.oov_token] * self.num_oov
+        return [str(v) for v in special + self.vocabulary.tolist()]
+
     def apply(self, x):
         x = x.long()
         if self.invert:

@@ -52,8 +52,6 @@ REFUSED: Dict[str, str] = {
     "TFSMLayer": "it wraps a TensorFlow SavedModel",
     "JaxLayer": "it wraps JAX code", "FlaxLayer": "it wraps a Flax module",
     "TorchModuleWrapper": "it stores a pickled torch module, and nothing here unpickles",
-    "StringLookup": "it works on strings; tokenize before the model",
-    "TextVectorization": "it works on strings; tokenize before the model",
     "HashedCrossing": "it hashes feature crosses with TensorFlow's string FarmHash",
     "Layer": "the base class of custom layers", "Wrapper": "the base class of custom wrappers",
 }

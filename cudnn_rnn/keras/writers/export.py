@@ -90,8 +90,11 @@ def _layers_model(module: nn.Module, path) -> Tuple[dict, List[Tuple[str, list]]
     return config, groups
 
 
-def _model_groups(model: KerasModel, spec: ModelSpec, prefix: str = "") -> List[Tuple[str, list]]:
-    groups, used = [], {}
+def _leaf_layers(model: KerasModel, spec: ModelSpec, prefix: str = ""):
+    """(Keras save path, module) of every layer that is not a model, nested models followed:
+    the paths Keras 3 names a layer's weights group and its assets by (layers/lstm, layers/lstm_1,
+    layers/functional/layers/dense, ...)."""
+    used = {}
     layers = spec.layers[1:] if spec.class_name == "Sequential" else spec.layers
     for layer in layers:
         if layer.is_op:
@@ -102,12 +105,29 @@ def _model_groups(model: KerasModel, spec: ModelSpec, prefix: str = "") -> List[
         path = "/".join(p for p in (prefix, "layers", base if n == 0 else f"{base}_{n}") if p)
         module = model.layers[layer.name.replace(".", "_")]
         if isinstance(module, NestedModel):
-            groups += _model_groups(module.model, layer.model, path)
+            yield from _leaf_layers(module.model, layer.model, path)
         elif isinstance(module, TimeDistributed) and isinstance(module.layer, NestedModel):
-            groups += _model_groups(module.layer.model, module.layer.model.spec, f"{path}/layer")
+            yield from _leaf_layers(module.layer.model, module.layer.model.spec, f"{path}/layer")
         else:
-            groups += [("/".join(p for p in (path, sub) if p), ws) for sub, ws in keras_groups(module)]
-    return groups
+            yield path, module
+
+
+def _model_groups(model: KerasModel, spec: ModelSpec) -> List[Tuple[str, list]]:
+    return [("/".join(p for p in (path, sub) if p), ws) for path, module in _leaf_layers(model, spec)
+            for sub, ws in keras_groups(module)]
+
+
+def _model_assets(model: KerasModel, spec: ModelSpec) -> List[Tuple[str, str]]:
+    """(archive member, text) of the lookup layers' vocabularies, as Keras writes them: the
+    special tokens, then the vocabulary, a line each (Keras reads them back on load; without
+    them an adapted layer would come back empty)."""
+    out = []
+    for path, module in _leaf_layers(model, spec):
+        lines = module.asset_lines() if hasattr(module, "asset_lines") else None
+        if lines is not None:
+            for sub in getattr(module, "asset_dirs", ("",)):
+                out.append(("/".join(p for p in ("assets", path, sub, "vocabulary.txt") if p), "\n".join(lines)))
+    return out
 
 
 def _write_weights(groups, target) -> None:
@@ -142,8 +162,9 @@ def save_keras(module: nn.Module, path: Union[str, os.PathLike]) -> None:
             raise ConversionError(path, f"the model came from Keras {module.keras_version or '?'}; only models loaded "
                                         "from Keras 3 files (or cudnn_rnn layers) can be written back")
         config, groups = _with_model_modules(module.keras_config), _model_groups(module, module.spec)
+        assets = _model_assets(module, module.spec)
     elif isinstance(module, (rnn_layers._RNNBase, rnn_layers.Bidirectional)):
-        config, groups = _layers_model(module, path)
+        (config, groups), assets = _layers_model(module, path), []
     else:
         raise TypeError(f"save_keras takes a model from load_keras or a cudnn_rnn layer; got {type(module).__name__}")
     if path.endswith(".weights.h5"):
@@ -158,3 +179,5 @@ def save_keras(module: nn.Module, path: Union[str, os.PathLike]) -> None:
         z.writestr("metadata.json", json.dumps(metadata))
         z.writestr("config.json", json.dumps(config))
         z.writestr("model.weights.h5", buffer.getvalue())
+        for name, text in assets:
+            z.writestr(name, text)

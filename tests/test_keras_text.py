@@ -1,0 +1,161 @@
+"""TextVectorization and StringLookup (cudnn_rnn/keras/layers/text.py) against what Keras 3.15 on
+TensorFlow 2.21 computed (tests/fixtures/make_fixtures.py's k3_text: a .keras file whose adapted
+vocabularies are assets; texts with non-ASCII capitals, tabs, no-break and em spaces,
+punctuation and an empty string), and the configurations and inputs they refuse."""
+import json
+import os
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from cudnn_rnn.keras import ConversionError, load_converted, load_keras, save_converted
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "data")
+PATH = os.path.join(DATA, "k3_text.keras")
+
+
+@pytest.fixture(scope="module")
+def stored():
+    return np.load(os.path.join(DATA, "k3_text.npz"))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_keras(PATH)
+
+
+def _check(out, stored):
+    assert len(out) == 8
+    for j, y in enumerate(out):
+        expected = stored[f"output_{j}"]
+        assert tuple(y.shape) == expected.shape, f"output {j}"
+        if j in (1, 4, 5, 6):  # ids
+            assert y.dtype == torch.int64
+            np.testing.assert_array_equal(y.numpy(), expected, err_msg=f"output {j}")
+        else:
+            np.testing.assert_allclose(y.numpy(), expected, rtol=1e-5, atol=1e-5, err_msg=f"output {j}")
+
+
+def test_text_layers_match_keras(model, stored):
+    """Every output: the LSTM after the ids, the ids cut and padded to 7, bigrams as multi_hot,
+    characters counted, punctuation stripped (rows padded to the longest), no split, StringLookup
+    as ids and as multi_hot; the strings as numpy arrays and as lists."""
+    with torch.no_grad():
+        _check(model(stored["input_0"], stored["input_1"]), stored)
+        as_lists = model([list(r) for r in stored["input_0"]], [list(r) for r in stored["input_1"]])
+        as_bytes = model(np.char.encode(stored["input_0"], "utf-8"), stored["input_1"].astype(object))
+    _check(as_lists, stored)
+    _check(as_bytes, stored)
+
+
+def test_text_model_round_trip_and_empty_batch(model, stored, tmp_path):
+    """A converted .pt keeps the vocabularies; a batch of no strings gives empty outputs of
+    the widths Keras's give."""
+    save_converted(model, tmp_path / "m.pt")
+    again = load_converted(tmp_path / "m.pt")
+    with torch.no_grad():
+        for a, b in zip(model(stored["input_0"], stored["input_1"]), again(stored["input_0"], stored["input_1"])):
+            assert torch.equal(a, b)
+        empty = model(stored["input_0"][:0], stored["input_1"][:0])
+    assert [tuple(y.shape) for y in empty] == [(0, 4), (0, 7), (0, 40), (0, 60), (0, 0), (0, 3), (0, 3), (0, 5)]
+
+
+def test_text_inputs_refused_with_the_layer_named(model, stored):
+    with pytest.raises(TypeError, match=r"layer 'text_vectorization' \(TextVectorization\).*takes strings .*got a "
+                                        "tensor"):
+        model(torch.zeros(2, 1), stored["input_1"])
+    with pytest.raises(TypeError, match="takes strings .*got an array of int64"):
+        model(np.zeros((2, 1), dtype=np.int64), stored["input_1"])
+    with pytest.raises(ValueError, match=r"takes a batch of strings \(\[batch\] or \[batch, 1\]\); got shape \[2, 2\]"):
+        model(np.array([["a", "b"], ["c", "d"]]), stored["input_1"][:2])
+    with pytest.raises(ValueError, match="a string at .* is not UTF-8"):
+        model(np.array([[b"\xff"]], dtype=object), stored["input_1"][:1])
+
+
+def _mutated(tmp_path, layer: str, change, drop_asset: bool = False) -> str:
+    with zipfile.ZipFile(PATH) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    config = json.loads(members["config.json"])
+    target = next(entry for entry in config["config"]["layers"] if entry["config"]["name"] == layer)
+    change(target["config"])
+    members["config.json"] = json.dumps(config).encode()
+    if drop_asset:
+        members = {n: d for n, d in members.items() if not n.startswith(f"assets/layers/{layer}/")}
+    out = tmp_path / "mutated.keras"
+    with zipfile.ZipFile(out, "w") as z:
+        for n, d in members.items():
+            z.writestr(n, d)
+    return str(out)
+
+
+@pytest.mark.parametrize("layer,change,message", [
+    ("text_vectorization_1", lambda c: c.update(output_mode="tf_idf"), "output_mode='tf_idf' is not supported"),
+    ("text_vectorization", lambda c: c.update(num_oov_indices=2), "num_oov_indices=2 is not supported"),
+    ("text_vectorization", lambda c: c.update(standardize="my_standardize"),
+     "standardize='my_standardize' is not supported .*Python code"),
+    ("text_vectorization", lambda c: c.update(split={"class_name": "function"}), "split=.* is not supported"),
+    ("text_vectorization_4", lambda c: c.update(ngrams=2), "with ngrams and no split is not supported"),
+    ("text_vectorization", lambda c: c.update(ragged=True), "sparse or ragged outputs is not supported"),
+    ("string_lookup_5", lambda c: c.update(invert=True), "invert=True is not supported"),
+    ("string_lookup_5", lambda c: c.update(vocabulary=["cat", "cat"]), "vocabulary holds a token twice"),
+    ("string_lookup_5", lambda c: c.update(vocabulary="/data/vocab.txt"), "vocabulary is a file path"),
+    ("string_lookup_6", lambda c: c.update(vocabulary=[1, 2]), "is not a list of strings"),
+    ("text_vectorization", lambda c: c.update(encoding="latin-1"), "encoding='latin-1' is not supported"),
+])
+def test_text_configs_refused(tmp_path, layer, change, message):
+    with pytest.raises(ConversionError, match=f"layer '{layer}'.*{message}"):
+        load_keras(_mutated(tmp_path, layer, change))
+
+
+def test_adapted_vocabulary_must_be_in_the_file(tmp_path):
+    path = _mutated(tmp_path, "text_vectorization_2", lambda c: None, drop_asset=True)
+    with pytest.raises(ConversionError, match="vocabulary is neither in its config nor in the file"):
+        load_keras(path)
+
+
+def test_text_model_is_not_exported(model, tmp_path, capsys):
+    """An exported program takes tensors only: both exporters refuse a model that takes strings,
+    naming the input."""
+    from cudnn_rnn.cli import main
+
+    assert main(["convert", PATH, str(tmp_path / "m.pt2"), "--no-progress"]) == 2
+    assert "the model takes strings (input 0" in capsys.readouterr().err
+    onnx = pytest.importorskip("cudnn_rnn.onnx")
+    with pytest.raises(onnx.OnnxExportError, match="the model takes strings"):
+        onnx.export(model, (), tmp_path / "m.onnx")
+
+
+def test_text_model_on_another_dtype(model, stored):
+    """Encoded counts follow the model's floating dtype (model.double())."""
+    double = load_keras(PATH).double()
+    with torch.no_grad():
+        out = double(stored["input_0"], stored["input_1"])
+    assert out[2].dtype == torch.float64 and out[1].dtype == torch.int64
+    np.testing.assert_array_equal(out[3].numpy(), stored["output_3"])
+
+
+@pytest.mark.parametrize("name", ["k3_text", "k3_lookup"])
+def test_save_keras_writes_the_vocabularies_back(name, tmp_path):
+    """save_keras writes each lookup layer's vocabulary asset as Keras wrote it (byte for byte
+    where the original file has one; Keras 3.15 on TensorFlow, given the written file, computes
+    the fixture's outputs again), and the written file converts to the same model."""
+    from cudnn_rnn.keras import save_keras
+
+    source = os.path.join(DATA, f"{name}.keras")
+    model = load_keras(source)
+    save_keras(model, tmp_path / "back.keras")
+    with zipfile.ZipFile(source) as z:
+        original = {n: z.read(n) for n in z.namelist() if n.startswith("assets/")}
+    with zipfile.ZipFile(tmp_path / "back.keras") as z:
+        written = {n: z.read(n) for n in z.namelist() if n.startswith("assets/")}
+    assert original and set(original) <= set(written)
+    for member, text in original.items():
+        assert written[member] == text, member
+    stored = np.load(os.path.join(DATA, f"{name}.npz"))
+    inputs = [stored[k] for k in sorted(k for k in stored.files if k.startswith("input_"))]
+    inputs = [x if x.dtype.kind in "USO" else torch.as_tensor(x) for x in inputs]
+    with torch.no_grad():
+        for a, b in zip(model(*inputs), load_keras(tmp_path / "back.keras")(*inputs)):
+            assert torch.equal(a, b)
