@@ -44,8 +44,9 @@ class LayerWeights(abc.ABC):
 
     def vocabulary(self) -> Optional[List[str]]:
         """The lines of the layer's vocabulary asset (a .keras file's
-        assets/<layer path>/vocabulary.txt: a lookup layer's special tokens, then its vocabulary),
-        or None where the file keeps none (legacy .h5 files keep no assets)."""
+        assets/<layer path>/vocabulary.txt: a lookup layer's special tokens, then its vocabulary)
+        as Keras reads them (asset_lines), or None where the file keeps none (legacy .h5 files
+        keep no assets)."""
         return None
 
     @abc.abstractmethod
@@ -106,7 +107,7 @@ class _Keras3Layer(LayerWeights):
 
     def vocabulary(self):
         text = self.kf.assets.get(f"assets/{self.path}/vocabulary.txt")
-        return None if text is None else text.split("\n")
+        return None if text is None else asset_lines(text)
 
     def take_all(self):
         base, _ = self._group("")
@@ -121,6 +122,17 @@ class _Keras3Layer(LayerWeights):
             for key in sorted(vars_, key=lambda k: int(k) if k.isdigit() else -1):
                 out.append(check_array(self.kf.path, f"{group}/{key}", vars_[key], self.layer))
         return out
+
+
+def asset_lines(text: str) -> List[str]:
+    """A vocabulary asset's lines as Keras's lookup layers read them back (load_assets): split
+    at every line boundary Python knows (\\r, \\v, \\f, \\x1c-\\x1e, \\x85, \\u2028, \\u2029 too, not
+    only \\n), trailing empty lines dropped. A token holding one of those was one line when Keras
+    wrote it and is several when Keras reads it: the file's model is the one Keras reads."""
+    lines = text.splitlines()
+    while lines and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def _natural(path: str) -> list:
@@ -366,7 +378,7 @@ class ReplaySource(WeightSource):
                 if not np.all((codes >= 0) & (codes <= 255) & (codes == np.round(codes))):
                     raise ConversionError(source.path, "the converted file's vocabulary is not text", layer.name)
                 try:
-                    return bytes(codes.astype(np.uint8)).decode("utf-8").split("\n")
+                    return asset_lines(bytes(codes.astype(np.uint8)).decode("utf-8"))
                 except UnicodeDecodeError:
                     raise ConversionError(source.path, "the converted file's vocabulary is not UTF-8", layer.name) from None
 
