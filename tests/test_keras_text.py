@@ -27,7 +27,7 @@ def model():
 
 
 def _check(out, stored):
-    assert len(out) == 8
+    assert len(out) == 10
     for j, y in enumerate(out):
         expected = stored[f"output_{j}"]
         assert tuple(y.shape) == expected.shape, f"output {j}"
@@ -43,7 +43,7 @@ def test_text_layers_match_keras(model, stored):
     characters counted, punctuation stripped (rows padded to the longest; its vocabulary holds
     words with a line separator and a NEL, which Keras reads back as two lines each: the stored
     outputs are those of the model Keras loads from the file), no split, StringLookup as ids and
-    as multi_hot; the strings as numpy arrays, bytes and lists."""
+    as multi_hot, TF-IDF of both; the strings as numpy arrays, bytes and lists."""
     with torch.no_grad():
         _check(model(stored["input_0"], stored["input_1"]), stored)
         as_lists = model([list(r) for r in stored["input_0"]], [list(r) for r in stored["input_1"]])
@@ -61,12 +61,13 @@ def test_text_model_round_trip_and_empty_batch(model, stored, tmp_path):
         for a, b in zip(model(stored["input_0"], stored["input_1"]), again(stored["input_0"], stored["input_1"])):
             assert torch.equal(a, b)
         empty = model(stored["input_0"][:0], stored["input_1"][:0])
-    assert [tuple(y.shape) for y in empty] == [(0, 4), (0, 7), (0, 40), (0, 60), (0, 0), (0, 3), (0, 3), (0, 5)]
+    assert [tuple(y.shape) for y in empty] == [(0, 4), (0, 7), (0, 40), (0, 60), (0, 0), (0, 3), (0, 3), (0, 5),
+                                               (0, 25), (0, 4)]
     assert tuple(model(stored["input_0"], stored["input_1"])[4].shape) == stored["output_4"].shape
 
 
 def test_text_inputs_refused_with_the_layer_named(model, stored):
-    with pytest.raises(TypeError, match=r"layer 'text_vectorization' \(TextVectorization\).*takes strings .*got a "
+    with pytest.raises(TypeError, match=r"layer 'ids' \(TextVectorization\).*takes strings .*got a "
                                         "tensor"):
         model(torch.zeros(2, 1), stored["input_1"])
     with pytest.raises(TypeError, match="takes strings .*got an array of int64"):
@@ -84,8 +85,8 @@ def _mutated(tmp_path, layer: str, change, drop_asset: bool = False) -> str:
     target = next(entry for entry in config["config"]["layers"] if entry["config"]["name"] == layer)
     change(target["config"])
     members["config.json"] = json.dumps(config).encode()
-    if drop_asset:
-        members = {n: d for n, d in members.items() if not n.startswith(f"assets/layers/{layer}/")}
+    if drop_asset:  # every vocabulary asset
+        members = {n: d for n, d in members.items() if not n.startswith("assets/")}
     out = tmp_path / "mutated.keras"
     with zipfile.ZipFile(out, "w") as z:
         for n, d in members.items():
@@ -94,18 +95,17 @@ def _mutated(tmp_path, layer: str, change, drop_asset: bool = False) -> str:
 
 
 @pytest.mark.parametrize("layer,change,message", [
-    ("text_vectorization_1", lambda c: c.update(output_mode="tf_idf"), "output_mode='tf_idf' is not supported"),
-    ("text_vectorization", lambda c: c.update(num_oov_indices=2), "num_oov_indices=2 is not supported"),
-    ("text_vectorization", lambda c: c.update(standardize="my_standardize"),
-     "standardize='my_standardize' is not supported .*Python code"),
-    ("text_vectorization", lambda c: c.update(split={"class_name": "function"}), "split=.* is not supported"),
-    ("text_vectorization_4", lambda c: c.update(ngrams=2), "with ngrams and no split is not supported"),
-    ("text_vectorization", lambda c: c.update(ragged=True), "sparse or ragged outputs is not supported"),
-    ("string_lookup_5", lambda c: c.update(invert=True), "invert=True is not supported"),
-    ("string_lookup_5", lambda c: c.update(vocabulary=["cat", "cat"]), "vocabulary holds a token twice"),
-    ("string_lookup_5", lambda c: c.update(vocabulary="/data/vocab.txt"), "vocabulary is a file path"),
-    ("string_lookup_6", lambda c: c.update(vocabulary=[1, 2]), "is not a list of strings"),
-    ("text_vectorization", lambda c: c.update(encoding="latin-1"), "encoding='latin-1' is not supported"),
+    ("ids", lambda c: c.update(num_oov_indices=2), "num_oov_indices=2 is not supported"),
+    ("ids", lambda c: c.update(standardize="my_standardize"), "standardize='my_standardize' is not supported .*Python code"),
+    ("ids", lambda c: c.update(split={"class_name": "function"}), "split=.* is not supported"),
+    ("whole", lambda c: c.update(ngrams=2), "with ngrams and no split is not supported"),
+    ("ids", lambda c: c.update(ragged=True), "sparse or ragged outputs is not supported"),
+    ("ids", lambda c: c.update(encoding="latin-1"), "encoding='latin-1' is not supported"),
+    ("lookup", lambda c: c.update(invert=True), "invert=True is not supported"),
+    ("lookup", lambda c: c.update(vocabulary=["cat", "cat"]), "vocabulary holds a token twice"),
+    ("lookup", lambda c: c.update(vocabulary="/data/vocab.txt"), "vocabulary is a file path"),
+    ("hot", lambda c: c.update(vocabulary=[1, 2]), "is not a list of strings"),
+    ("weighted", lambda c: c.update(pad_to_max_tokens=True, max_tokens=9), r"idf_weights have shape \(4,\); its 9 "),
 ])
 def test_text_configs_refused(tmp_path, layer, change, message):
     with pytest.raises(ConversionError, match=f"layer '{layer}'.*{message}"):
@@ -113,8 +113,8 @@ def test_text_configs_refused(tmp_path, layer, change, message):
 
 
 def test_adapted_vocabulary_must_be_in_the_file(tmp_path):
-    path = _mutated(tmp_path, "text_vectorization_2", lambda c: None, drop_asset=True)
-    with pytest.raises(ConversionError, match="vocabulary is neither in its config nor in the file"):
+    path = _mutated(tmp_path, "chars", lambda c: None, drop_asset=True)
+    with pytest.raises(ConversionError, match="layer 'ids'.*vocabulary is neither in its config nor in the file"):
         load_keras(path)
 
 

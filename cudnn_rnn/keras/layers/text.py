@@ -9,10 +9,10 @@ DEFAULT_STRIP_REGEX, n-grams joined by a space, shorter rows padded with the mas
 follows them is tensors; a model with a string input cannot be exported (its first operation is
 not a tensor operation).
 
-The vocabulary is the layer's config or its .keras asset (a legacy .h5 keeps none). Not
-converted, each with an error naming it: TF-IDF output (its weights), several OOV indices (a
-string's FarmHash), ragged or sparse outputs, StringLookup's invert (strings out), and a custom
-standardize or split function (Python code)."""
+The vocabulary is the layer's config or its .keras asset (a legacy .h5 keeps none); tf_idf
+multiplies the counts by the file's idf_weights. Not converted, each with an error naming it:
+several OOV indices (a string's FarmHash), ragged or sparse outputs, StringLookup's invert
+(strings out), and a custom standardize or split function (Python code)."""
 from __future__ import annotations
 
 import re
@@ -87,10 +87,18 @@ class _Strings(_Single):
 
     keeps_mask = False
 
-    def __init__(self, vocabulary: _Vocabulary, mode: str, depth: int, dtype: torch.dtype):
+    def __init__(self, vocabulary: _Vocabulary, mode: str, depth: int, dtype: torch.dtype,
+                 idf: Optional[torch.Tensor] = None):
         super().__init__()
         self.vocabulary, self.mode, self.depth = vocabulary, mode, depth
         self.register_buffer("anchor", torch.zeros(0, dtype=dtype), persistent=False)  # (device and dtype)
+        # tf_idf: the inverse document frequency of each index (a weight of the file, not trained)
+        self.register_buffer("idf", idf.to(dtype) if idf is not None else None)
+
+    def keras_groups(self):  # (save_keras) Keras stores the weights by name, for the layer and its lookup
+        if self.idf is None:
+            return []
+        return [(sub, [("idf_weights", self.idf)]) for sub in getattr(self, "asset_dirs", ("",))]
 
     def asset_lines(self) -> List[str]:  # (writers/export.py: save_keras writes the vocabulary back)
         return self.vocabulary.lines()
@@ -99,6 +107,8 @@ class _Strings(_Single):
         return torch.tensor(rows, dtype=torch.int64).to(self.anchor.device)
 
     def _encoded(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.mode == "tf_idf":
+            return encode_categorical(ids, "count", self.depth, self.anchor.dtype) * self.idf
         return encode_categorical(ids, self.mode, self.depth, self.anchor.dtype)
 
 
@@ -119,13 +129,14 @@ class TextVectorization(_Strings):
     """keras.layers.TextVectorization: each string standardized, split into tokens, n-grams
     added, and looked up (StringLookup's indices); output_mode "int" gives each row's ids padded
     with 0 (or cut) to output_sequence_length, or to the longest row; multi_hot and count give
-    one column per index."""
+    one column per index, tf_idf the counts times each index's idf weight."""
 
     asset_dirs = ("", "_lookup_layer")  # Keras writes its vocabulary for it and its inner StringLookup
 
     def __init__(self, vocabulary: _Vocabulary, standardize: Optional[str], split: Optional[str],
-                 ngrams: Sequence[int], mode: str, length: Optional[int], depth: int, dtype: torch.dtype):
-        super().__init__(vocabulary, mode, depth, dtype)
+                 ngrams: Sequence[int], mode: str, length: Optional[int], depth: int, dtype: torch.dtype,
+                 idf: Optional[torch.Tensor] = None):
+        super().__init__(vocabulary, mode, depth, dtype, idf)
         self.standardize, self.split, self.ngrams, self.length = standardize, split, tuple(ngrams), length
 
     def tokens(self, s: str) -> List[str]:
@@ -203,8 +214,6 @@ def _lookup_args(cfg, ctx, v: Values, mode: str, mask_default: Optional[str]):
     name = ctx.spec.class_name
     if v.bool("sparse", False) or v.bool("ragged", False):
         raise ctx.error(f"{name} with sparse or ragged outputs is not supported (dense outputs only)")
-    if mode == "tf_idf":
-        raise ctx.error(f"{name} output_mode='tf_idf' is not supported (int, multi_hot, count)")
     num_oov = v.int("num_oov_indices", 1, lo=0, hi=1 << 16)
     if num_oov > 1:
         raise ctx.error(f"{name} num_oov_indices={num_oov} is not supported (0 or 1: more hash a string with "
@@ -220,20 +229,31 @@ def _lookup_args(cfg, ctx, v: Values, mode: str, mask_default: Optional[str]):
     depth = v.int("max_tokens", lo=1) if v.bool("pad_to_max_tokens", False) and mode != "int" else table.size
     if depth < table.size:
         raise ctx.error(f"{name} max_tokens={depth} is below its {table.size} indices")
-    return table, depth
+    idf = None
+    if mode == "tf_idf":  # the weights file's idf_weights: one per index (the padding's 0 included)
+        (weights,) = ctx.weights.take([("", 1)])
+        idf = np.asarray(weights[0])
+        if idf.shape != (depth,) or not np.all(np.isfinite(idf)):
+            raise ctx.error(f"{name} idf_weights have shape {idf.shape}; its {depth} indices imply ({depth},), finite")
+        idf = torch.as_tensor(idf.astype(np.float64))
+    return table, depth, idf
 
 
-@builder("StringLookup", weights=False)
+def _tf_idf(cfg) -> bool:
+    return cfg.get("output_mode") == "tf_idf"  # its idf_weights are the layer's one weight
+
+
+@builder("StringLookup", weights=_tf_idf)
 def build_string_lookup(cfg, ctx):
     v = Values(cfg, ctx)
     if v.bool("invert", False):
         raise ctx.error("StringLookup invert=True is not supported (it gives strings, which tensors cannot hold)")
     mode = v.str("output_mode", "int", ("int", "one_hot", "multi_hot", "count", "tf_idf"))
-    table, depth = _lookup_args(cfg, ctx, v, mode, None)
-    return StringLookup(table, mode, depth, ctx.dtype)
+    table, depth, idf = _lookup_args(cfg, ctx, v, mode, None)
+    return StringLookup(table, mode, depth, ctx.dtype, idf)
 
 
-@builder("TextVectorization", weights=False)
+@builder("TextVectorization", weights=_tf_idf)
 def build_text_vectorization(cfg, ctx):
     v = Values(cfg, ctx)
     mode = v.str("output_mode", "int", ("int", "multi_hot", "count", "tf_idf"))
@@ -257,5 +277,5 @@ def build_text_vectorization(cfg, ctx):
     if widths and split is None:
         raise ctx.error("TextVectorization with ngrams and no split is not supported (n-grams of a row's strings)")
     length = v.int("output_sequence_length", None, lo=0) if mode == "int" else None
-    table, depth = _lookup_args(cfg, ctx, v, mode, "")
-    return TextVectorization(table, standardize, split, widths, mode, length, depth, ctx.dtype)
+    table, depth, idf = _lookup_args(cfg, ctx, v, mode, "")
+    return TextVectorization(table, standardize, split, widths, mode, length, depth, ctx.dtype, idf)

@@ -137,7 +137,8 @@ def _write_weights(groups, target) -> None:
         for path, tensors in groups:
             vars_ = f.require_group(f"{path}/vars")
             for i, t in enumerate(tensors):
-                vars_.create_dataset(str(i), data=np.asarray(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t))
+                key, t = t if isinstance(t, tuple) else (str(i), t)  # (a weight Keras stores by name)
+                vars_.create_dataset(key, data=np.asarray(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t))
 
 
 def save_keras(module: nn.Module, path: Union[str, os.PathLike]) -> None:
