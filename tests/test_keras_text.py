@@ -27,11 +27,11 @@ def model():
 
 
 def _check(out, stored):
-    assert len(out) == 10
+    assert len(out) == 11
     for j, y in enumerate(out):
         expected = stored[f"output_{j}"]
         assert tuple(y.shape) == expected.shape, f"output {j}"
-        if j in (1, 4, 5, 6):  # ids
+        if j in (1, 4, 5, 6, 10):  # ids
             assert y.dtype == torch.int64
             np.testing.assert_array_equal(y.numpy(), expected, err_msg=f"output {j}")
         else:
@@ -43,7 +43,8 @@ def test_text_layers_match_keras(model, stored):
     characters counted, punctuation stripped (rows padded to the longest; its vocabulary holds
     words with a line separator and a NEL, which Keras reads back as two lines each: the stored
     outputs are those of the model Keras loads from the file), no split, StringLookup as ids and
-    as multi_hot, TF-IDF of both; the strings as numpy arrays, bytes and lists."""
+    as multi_hot, TF-IDF of both, StringLookup with three OOV indices (the word's FarmHash); the
+    strings as numpy arrays, bytes and lists."""
     with torch.no_grad():
         _check(model(stored["input_0"], stored["input_1"]), stored)
         as_lists = model([list(r) for r in stored["input_0"]], [list(r) for r in stored["input_1"]])
@@ -62,8 +63,21 @@ def test_text_model_round_trip_and_empty_batch(model, stored, tmp_path):
             assert torch.equal(a, b)
         empty = model(stored["input_0"][:0], stored["input_1"][:0])
     assert [tuple(y.shape) for y in empty] == [(0, 4), (0, 7), (0, 40), (0, 60), (0, 0), (0, 3), (0, 3), (0, 5),
-                                               (0, 25), (0, 4)]
+                                               (0, 25), (0, 4), (0, 3)]
     assert tuple(model(stored["input_0"], stored["input_1"])[4].shape) == stored["output_4"].shape
+
+
+def test_farmhash_fingerprint64_is_tensorflows():
+    """The Fingerprint64 that several OOV indices take, against TensorFlow's (tf.fingerprint
+    farmhash64) on random byte strings of every length class: 0-16, 17-32, 33-64 bytes and one or
+    more 64-byte blocks (0-69, 100, 128, 129, 200 and 1000 bytes)."""
+    from cudnn_rnn.keras.layers.text import fingerprint64
+
+    stored = np.load(os.path.join(DATA, "farmhash64.npz"))
+    data, offsets = stored["data"].tobytes(), np.concatenate([[0], np.cumsum(stored["lengths"])])
+    for i, fp in enumerate(stored["fingerprints"]):
+        s = data[offsets[i]:offsets[i + 1]]
+        assert fingerprint64(s) == int.from_bytes(bytes(fp.astype(np.uint8)), "little"), f"{len(s)} bytes"
 
 
 def test_text_inputs_refused_with_the_layer_named(model, stored):
@@ -95,7 +109,7 @@ def _mutated(tmp_path, layer: str, change, drop_asset: bool = False) -> str:
 
 
 @pytest.mark.parametrize("layer,change,message", [
-    ("ids", lambda c: c.update(num_oov_indices=2), "num_oov_indices=2 is not supported"),
+    ("hashed", lambda c: c.update(salt=[1, 2]), "with a salt .* is not supported"),
     ("ids", lambda c: c.update(standardize="my_standardize"), "standardize='my_standardize' is not supported .*Python code"),
     ("ids", lambda c: c.update(split={"class_name": "function"}), "split=.* is not supported"),
     ("whole", lambda c: c.update(ngrams=2), "with ngrams and no split is not supported"),
