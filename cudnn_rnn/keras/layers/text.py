@@ -82,23 +82,25 @@ def _len0to16(s, n):
     return _K2
 
 
-def _len17to32(s, n):
+def _mix_ends(s, n, ka):
+    """The 17-64-byte cases' mix of the first 16 and the last 16 bytes (the first word times ka):
+    (mul, a, the two halves HashLen16 takes)."""
     mul = _K2 + n * 2
-    a = (_f64(s, 0) * _K1) & _M
+    a = (_f64(s, 0) * ka) & _M
     b = _f64(s, 8)
     c = (_f64(s, n - 8) * mul) & _M
     d = (_f64(s, n - 16) * _K2) & _M
-    return _h16((_rot((a + b) & _M, 43) + _rot(c, 30) + d) & _M, (a + _rot((b + _K2) & _M, 18) + c) & _M, mul)
+    return mul, a, (_rot((a + b) & _M, 43) + _rot(c, 30) + d) & _M, (a + _rot((b + _K2) & _M, 18) + c) & _M
+
+
+def _len17to32(s, n):
+    mul, _, u, v = _mix_ends(s, n, _K1)
+    return _h16(u, v, mul)
 
 
 def _len33to64(s, n):
-    mul = _K2 + n * 2
-    a = (_f64(s, 0) * _K2) & _M
-    b = _f64(s, 8)
-    c = (_f64(s, n - 8) * mul) & _M
-    d = (_f64(s, n - 16) * _K2) & _M
-    y = (_rot((a + b) & _M, 43) + _rot(c, 30) + d) & _M
-    z = _h16(y, (a + _rot((b + _K2) & _M, 18) + c) & _M, mul)
+    mul, a, y, v = _mix_ends(s, n, _K2)
+    z = _h16(y, v, mul)
     e = (_f64(s, 16) * mul) & _M
     f = _f64(s, 24)
     g = ((y + _f64(s, n - 32)) * mul) & _M
