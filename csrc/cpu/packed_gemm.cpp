@@ -2,9 +2,10 @@
 // (packed_gemm_isa): AVX2 + FMA tiles of up to 6 rows x 1 panel (12 ymm accumulators; per k two
 // panel loads, one broadcast per row, two FMAs per row) and AVX-512 tiles of up to 6 rows x 4
 // panels (24 zmm accumulators; per k four panel loads, one broadcast per row). Loop order
-// (run_tiles): K in blocks (k_block: 512 rows of one panel, 64 of a group of four), then the
+// (run_tiles): K in blocks (k_block: 512 rows of one panel, 64 or 512 of a group of four), then the
 // panels of B (one or a group of four), then the rows of A in tiles, so one block of panels stays
-// in L1 while every row tile streams past it, and the A rows of one K block stay in L2. On the
+// in L1 (AMD's AVX-512 blocks: L2) while every row tile streams past it, and the A rows of one K
+// block stay in L2. On the
 // Intel Xeon (AVX-512) the AVX-512 build ran a fastrnns LSTM forward's recurrent loop in 54 ms
 // against the AVX2 build's 84 (MKL's packed GEMM: 49).
 #include "cpu/packed_gemm.h"
@@ -29,13 +30,25 @@ namespace cpu {
 namespace {
 constexpr int64_t kKc = 512;  // the longest K block
 constexpr int64_t kMc = 192;  // rows of A per pass over B: kMc x one K block of floats stay in L2
-// The rows of a K block for panels taken `group` at a time, so that the block stays in L1 while
-// every row tile of the pass reads it: one panel, 512 rows (32 KiB); a group of four, 64 rows
-// (16 KiB: the four panels' rows share L1 sets, and a 32 KiB 8-way L1 (AMD Zen 4) keeps 4 of its
-// 8 ways for A and C). One core of the Intel Xeon (Ice Lake, AVX-512) ran a step's 128 x 256 x 512
-// product at 85-93 GFLOP/s with blocks of 512 rows (128 KiB, read from L2) and at 121-131 with 64;
-// 64, 96 and 128 read alike there.
-inline int64_t k_block(int64_t group) { return group == 1 ? kKc : 64; }
+// The rows of a K block for panels taken `group` at a time. One panel: 512 rows (32 KiB, in L1
+// while every row tile of the pass reads it). A group of four (the AVX-512 tiles), by what each
+// vendor's cores ran faster:
+// - Intel: 64 rows (16 KiB, in L1). One core of the Intel Xeon (Ice Lake, AVX-512) ran a step's
+//   128 x 256 x 512 product at 85-93 GFLOP/s with blocks of 512 rows (128 KiB, read from L2) and
+//   at 121-131 with 64; 64, 96 and 128 read alike there.
+// - AMD: 512 rows, read from L2 (fewer passes loading and storing C). On the AMD EPYC Zen 4, whose
+//   512-bit FMAs run at the rate of two 256-bit ones, LSTM forwards at H = 256-1024 (B = 8-128,
+//   2 threads) ran 6-14 % faster with 512 than with 64 and training 5-12 %; at H = 64-128 the two
+//   were level. The Zen 5 figures in docs/guides/performance.md are with 512.
+int64_t group_k_block() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const int64_t rows = __builtin_cpu_is("intel") ? 64 : kKc;
+  return rows;
+#else
+  return kKc;
+#endif
+}
+inline int64_t k_block(int64_t group) { return group == 1 ? kKc : group_k_block(); }
 constexpr int64_t kAhead = 8;  // packed_gemm_at: rows of A^T fetched ahead of the copy
 // packed_gemm_at: the floats from one packed A^T tile (kc x kMR) to the next, an odd number of
 // cache lines. Tiles a multiple of 4 KiB apart (kc = 512, the AVX2 build's: 12 KiB) all start in
