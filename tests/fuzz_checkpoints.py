@@ -77,6 +77,8 @@ BASES = [
     ("legacy-clahe", "k3_clahe.h5", None, "k3_clahe.npz", "keras"),
     # string inputs: TextVectorization and StringLookup with vocabulary assets
     ("keras-text", "k3_text.keras", None, "k3_text.npz", "keras"),
+    # string and integer features hashed and crossed (HashedCrossing, Hashing), tf.keras 2's .h5
+    ("legacy-crossing", "tk_crossing.h5", None, "tk_crossing.npz", "keras"),
     # the weights tree as tf.keras 2.13-2.15 wrote it on Windows (groups at the root, named with
     # backslashes): made from k3_sequential.keras when the seeds are prepared
     ("windows-tree", "k3_sequential.keras", None, "k3_sequential.npz", "windows"),

@@ -37,10 +37,10 @@ def test_a_refused_class_is_named_with_its_reason(tmp_path):
 
     config = {"class_name": "Sequential", "config": {"name": "s", "layers": [
         {"class_name": "InputLayer", "config": {"batch_shape": [None, 4], "name": "in"}},
-        {"class_name": "HashedCrossing", "config": {"name": "lookup", "trainable": True}}]}}
+        {"class_name": "TFSMLayer", "config": {"name": "lookup", "trainable": True}}]}}
     path = tmp_path / "w.weights.h5"
     import h5py
     with h5py.File(path, "w") as f:
         f.create_group("layers")
-    with pytest.raises(ConversionError, match=r"HashedCrossing \(at s/lookup: it hashes feature crosses.*custom_layers"):
+    with pytest.raises(ConversionError, match=r"TFSMLayer \(at s/lookup: it wraps a TensorFlow SavedModel.*custom_layers"):
         load_keras(path, architecture=config)

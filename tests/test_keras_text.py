@@ -1,7 +1,9 @@
-"""TextVectorization and StringLookup (cudnn_rnn/keras/layers/text.py) against what Keras 3.15 on
-TensorFlow 2.21 computed (tests/fixtures/make_fixtures.py's k3_text: a .keras file whose adapted
-vocabularies are assets; texts with non-ASCII capitals, tabs, no-break and em spaces,
-punctuation and an empty string), and the configurations and inputs they refuse."""
+"""The layers that take strings against what Keras 3.15 on TensorFlow 2.21 computed:
+TextVectorization and StringLookup (cudnn_rnn/keras/layers/text.py; tests/fixtures/make_fixtures.py's
+k3_text: a .keras file whose adapted vocabularies are assets; texts with non-ASCII capitals, tabs,
+no-break and em spaces, punctuation and an empty string), HashedCrossing and Hashing of strings
+(preprocessing.py; k3_crossing.keras, and tf.keras 2.21's tk_crossing.h5), and the
+configurations and inputs they refuse."""
 import json
 import os
 import zipfile
@@ -71,7 +73,7 @@ def test_farmhash_fingerprint64_is_tensorflows():
     """The Fingerprint64 that several OOV indices take, against TensorFlow's (tf.fingerprint
     farmhash64) on random byte strings of every length class: 0-16, 17-32, 33-64 bytes and one or
     more 64-byte blocks (0-69, 100, 128, 129, 200 and 1000 bytes)."""
-    from cudnn_rnn.keras.layers.text import fingerprint64
+    from cudnn_rnn.keras.layers.farmhash import fingerprint64
 
     stored = np.load(os.path.join(DATA, "farmhash64.npz"))
     data, offsets = stored["data"].tobytes(), np.concatenate([[0], np.cumsum(stored["lengths"])])
@@ -177,3 +179,65 @@ def test_save_keras_writes_the_vocabularies_back(name, tmp_path):
     with torch.no_grad():
         for a, b in zip(model(*inputs), load_keras(tmp_path / "back.keras")(*inputs)):
             assert torch.equal(a, b)
+
+
+def _crossing(name):
+    ext = "keras" if name.startswith("k3") else "h5"
+    return load_keras(os.path.join(DATA, f"{name}.{ext}")), np.load(os.path.join(DATA, f"{name}.npz"))
+
+
+@pytest.mark.parametrize("name", ["k3_crossing", "tk_crossing"])
+def test_hashed_crossing_and_string_hashing_match_keras(name):
+    """HashedCrossing of a string with an int64 feature (bins, one-hot rows, 2^40 bins), of an
+    int32 with an int64 feature, and Hashing of strings (with a string mask_value, one-hot), as
+    Keras 3.15 on TensorFlow 2.21 (.keras) and tf.keras 2.21 (.h5) computed them: bins exactly,
+    the LSTM after an Embedding of the bins and the Dense after the one-hot rows within 1e-5;
+    strings of every FarmHash length class and non-ASCII, integers up to the int64 extremes; the
+    strings as a numpy array of str, of UTF-8 bytes, and as lists."""
+    model, stored = _crossing(name)
+    numbers, small = torch.from_numpy(stored["input_1"]), torch.from_numpy(stored["input_2"])
+    words = stored["input_0"]
+    with torch.no_grad():
+        runs = [model(words, numbers, small), model(np.char.encode(words, "utf-8"), numbers, small),
+                model([list(r) for r in words], numbers, small)]
+    for out in runs:
+        assert len(out) == 8
+        for j, y in enumerate(out):
+            expected = stored[f"output_{j}"]
+            assert tuple(y.shape) == expected.shape, f"output {j}"
+            if expected.dtype.kind == "i":
+                assert y.dtype == torch.int64
+                np.testing.assert_array_equal(y.numpy(), expected, err_msg=f"output {j}")
+            else:
+                np.testing.assert_allclose(y.numpy(), expected, rtol=1e-5, atol=1e-5, err_msg=f"output {j}")
+    assert len(np.unique(stored["output_0"])) > 4 and stored["output_2"].max() > 1 << 32  # (bins spread)
+
+
+def test_hashed_crossing_round_trip_and_bad_inputs(tmp_path):
+    """A converted .pt computes the same; a float feature, features of different shapes or of
+    rank 2 wider than 1, and a tensor given to a Hashing with a string mask_value are refused
+    with the input named."""
+    from cudnn_rnn.keras.layers.preprocessing import HashedCrossing, Hashing
+
+    model, stored = _crossing("k3_crossing")
+    numbers, small = torch.from_numpy(stored["input_1"]), torch.from_numpy(stored["input_2"])
+    save_converted(model, tmp_path / "m.pt")
+    with torch.no_grad():
+        for a, b in zip(model(stored["input_0"], numbers, small),
+                        load_converted(tmp_path / "m.pt")(stored["input_0"], numbers, small)):
+            assert torch.equal(a, b)
+        empty = model(stored["input_0"][:0], numbers[:0], small[:0])
+    assert [tuple(y.shape) for y in empty] == [(0, 1), (0, 5), (0, 1), (0, 1), (0, 1), (0, 7), (0, 3), (0, 2)]
+    cross = HashedCrossing(5, "int", torch.int64)
+    with pytest.raises(TypeError, match="HashedCrossing input 1 must hold integers or strings; got torch.float32"):
+        cross([numbers, numbers.float()], [None, None])
+    with pytest.raises(ValueError, match=r"HashedCrossing input 1 has shape \(11, 1\); input 0 has \(12, 1\)"):
+        cross([numbers, small[:11]], [None, None])
+    with pytest.raises(ValueError, match=r"must have shape \(\), \(batch,\) or \(batch, 1\); got \(6, 2\)"):
+        cross([numbers.reshape(6, 2), small.reshape(6, 2)], [None, None])
+    with pytest.raises(ValueError, match="two or more features; got 1"):
+        cross([numbers], [None])
+    with pytest.raises(TypeError, match="HashedCrossing input 0 takes strings"):
+        cross([np.array([[1.5]]), small[:1]], [None, None])
+    with pytest.raises(TypeError, match="string mask_value 'cat' takes strings; got a tensor"):
+        Hashing(7, "cat", "int").apply(numbers)

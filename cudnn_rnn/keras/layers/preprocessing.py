@@ -1,6 +1,6 @@
 """Preprocessing saved inside models: Rescaling, Normalization (adapted or given mean and
 variance, invert), CenterCrop, Resizing, Discretization, CategoryEncoding, IntegerLookup (its
-vocabulary from the config or the .keras file's asset), Hashing, AutoContrast,
+vocabulary from the config or the .keras file's asset), Hashing, HashedCrossing, AutoContrast,
 ContrastLimitedAdaptiveHistogramEqualization; and the image augmentation layers (RandomFlip, RandomRotation,
 RandomZoom, ...), which Keras runs only in training: here they are exactly the identity at
 inference, and a model in training mode refuses them with one error (their random transforms are
@@ -11,8 +11,10 @@ from typing import Optional
 
 import numpy as np
 import torch
+from torch import nn
 
 from .base import _Single, channels_last_format, from_channels_first, to_channels_first, without_mask_in_keras2
+from .farmhash import string_fingerprints, strings_of
 from .shape import cubic_of, resize_image
 from .registry import builder
 from .values import MAX_SIZE, Values
@@ -515,26 +517,43 @@ def fingerprint64(x: torch.Tensor) -> torch.Tensor:
 
 
 def _unsigned_mod(h: torch.Tensor, bins: int) -> torch.Tensor:
-    """h's 64 bits read as an unsigned number, modulo bins."""
-    wrap = torch.where(h < 0, torch.full_like(h, (1 << 64) % bins), torch.zeros_like(h))  # h + 2^64 when negative
-    return torch.remainder(torch.remainder(h, bins) + wrap, bins)
+    """h's 64 bits read as an unsigned number, modulo bins (< 2^63): h + 2^64 where h < 0."""
+    r, wrap = torch.remainder(h, bins), (1 << 64) % bins
+    return torch.where(h < 0, torch.where(r >= bins - wrap, r - (bins - wrap), r + wrap), r)
 
 
 class Hashing(_Single):
+    """keras.layers.Hashing: TensorFlow's to_hash_bucket_fast of each value (integers and floats
+    cast to int64 as their decimal strings, strings as their UTF-8 bytes) modulo the bins; with a
+    mask_value, that value's bin is 0 and the others' are one on. String inputs are numpy arrays
+    of str or bytes, or nested lists of them; the output is made on the module's device."""
+
     keeps_mask = False
 
     def __init__(self, num_bins: int, mask_value, mode: str):
         super().__init__()
         self.num_bins, self.mask_value, self.mode = num_bins, mask_value, mode
+        self.register_buffer("anchor", torch.zeros(0), persistent=False)  # (the device of a string input's output)
 
     def apply(self, x):
         bins = self.num_bins - 1 if self.mask_value is not None and self.num_bins > 1 else self.num_bins
-        masked = x == self.mask_value if bins != self.num_bins else None  # (before the cast, as Keras)
-        if x.is_floating_point():
-            x = x.long()  # TensorFlow casts floats to int64 before hashing
-        y = _unsigned_mod(fingerprint64(x), bins)
+        if not isinstance(x, torch.Tensor):
+            strings = strings_of(x, "Hashing")
+            if bins != self.num_bins and not isinstance(self.mask_value, str):
+                raise TypeError(f"Hashing with the integer mask_value {self.mask_value} takes integers; got strings")
+            masked = torch.from_numpy(strings == self.mask_value) if bins != self.num_bins else None
+            y = _unsigned_mod(string_fingerprints(strings), bins)
+        else:
+            if bins != self.num_bins and isinstance(self.mask_value, str):
+                raise TypeError(f"Hashing with the string mask_value {self.mask_value!r} takes strings; got a tensor")
+            masked = x == self.mask_value if bins != self.num_bins else None  # (before the cast, as Keras)
+            if x.is_floating_point():
+                x = x.long()  # TensorFlow casts floats to int64 before hashing
+            y = _unsigned_mod(fingerprint64(x), bins)
         if masked is not None:
-            y = torch.where(masked, torch.zeros_like(y), y + 1)
+            y = torch.where(masked.to(y.device), torch.zeros_like(y), y + 1)
+        if not isinstance(x, torch.Tensor):
+            y = y.to(self.anchor.device)
         return encode_categorical(y, self.mode, self.num_bins, torch.int64 if self.mode == "int" else torch.float32)
 
 
@@ -545,11 +564,73 @@ def build_hashing(cfg, ctx):
     if cfg.get("salt") is not None:
         raise ctx.error("Hashing with a salt (TensorFlow's keyed SipHash) is not supported")
     mask_value = cfg.get("mask_value")
-    if mask_value is not None:
+    if mask_value is not None and not isinstance(mask_value, str):
         mask_value = v.int("mask_value", lo=-(1 << 62), hi=1 << 62)
     mode = v.str("output_mode", "int", _MODES)
     # (bin indices up to 2^62; an encoded output has one column per bin)
     return Hashing(v.int("num_bins", lo=1, hi=1 << 62 if mode == "int" else MAX_SIZE), mask_value, mode)
+
+
+# HashedCrossing: tf.sparse.cross_hashed of scalar features, i.e. TensorFlow's HashCrosser: from
+# the default hash key, each feature in turn folded in by FingerprintCat64 (an integer feature as
+# its int64 value, a string as its FarmHash Fingerprint64), the result modulo the bins read as
+# unsigned (num_bins 0: modulo 2^63 - 1).
+_CROSS_KEY = 0xDECAFCAFFE
+_CAT_MUL = _u64(0xc6a4a7935bd1e995)
+
+
+def _fingerprint_cat64(fp1: torch.Tensor, fp2: torch.Tensor) -> torch.Tensor:
+    m = fp2 * _CAT_MUL
+    r = (fp1 ^ _CAT_MUL) ^ ((m ^ _shr(m, 47)) * _CAT_MUL)
+    r = r * _CAT_MUL
+    r = (r ^ _shr(r, 47)) * _CAT_MUL
+    return r ^ _shr(r, 47)
+
+
+class HashedCrossing(nn.Module):
+    """keras.layers.HashedCrossing over two or more features of equal shape, each (), (batch,)
+    or (batch, 1): integer tensors, or strings (numpy arrays of str or bytes, or lists of them).
+    Output: the cross's bin (int64, the features' shape) or its one-hot row."""
+
+    def __init__(self, num_bins: int, mode: str, dtype: torch.dtype):
+        super().__init__()
+        self.num_bins, self.mode, self.dtype = num_bins, mode, dtype
+        self.register_buffer("anchor", torch.zeros(0), persistent=False)  # (the device of the output)
+
+    def _feature(self, i: int, x) -> torch.Tensor:
+        if isinstance(x, torch.Tensor):
+            if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+                raise TypeError(f"HashedCrossing input {i} must hold integers or strings; got {x.dtype}")
+            return x.long().to(self.anchor.device)
+        return string_fingerprints(strings_of(x, f"HashedCrossing input {i}")).to(self.anchor.device)
+
+    def forward(self, inputs, masks):
+        if len(inputs) < 2:
+            raise ValueError(f"HashedCrossing crosses two or more features; got {len(inputs)}")
+        features = [self._feature(i, x) for i, x in enumerate(inputs)]
+        shape = tuple(features[0].shape)
+        if len(shape) > 2 or (len(shape) == 2 and shape[1] != 1):
+            raise ValueError(f"HashedCrossing inputs must have shape (), (batch,) or (batch, 1); got {shape}")
+        for i, f in enumerate(features[1:], 1):
+            if tuple(f.shape) != shape:
+                raise ValueError(f"HashedCrossing input {i} has shape {tuple(f.shape)}; input 0 has {shape}")
+        h = torch.full(shape, _CROSS_KEY, dtype=torch.int64, device=self.anchor.device)
+        for f in features:
+            h = _fingerprint_cat64(h, f)
+        y = _unsigned_mod(h, self.num_bins if self.num_bins > 0 else (1 << 63) - 1)
+        return [encode_categorical(y, self.mode, self.num_bins, self.dtype)], [None]
+
+    def extra_repr(self):
+        return f"num_bins={self.num_bins}, output_mode={self.mode!r}"
+
+
+@builder("HashedCrossing", weights=False)
+def build_hashed_crossing(cfg, ctx):
+    _not_sparse(cfg, ctx)
+    v = Values(cfg, ctx)
+    mode = v.str("output_mode", "int", ("int", "one_hot"))
+    bins = v.int("num_bins", lo=0 if mode == "int" else 1, hi=1 << 62 if mode == "int" else MAX_SIZE)
+    return HashedCrossing(bins, mode, _output_dtype(ctx, mode, torch.int64))
 
 
 class AutoContrast(_Single):

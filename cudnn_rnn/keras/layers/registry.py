@@ -52,7 +52,6 @@ REFUSED: Dict[str, str] = {
     "TFSMLayer": "it wraps a TensorFlow SavedModel",
     "JaxLayer": "it wraps JAX code", "FlaxLayer": "it wraps a Flax module",
     "TorchModuleWrapper": "it stores a pickled torch module, and nothing here unpickles",
-    "HashedCrossing": "it hashes feature crosses with TensorFlow's string FarmHash",
     "Layer": "the base class of custom layers", "Wrapper": "the base class of custom wrappers",
 }
 # Cells have no graph node of their own: they are converted inside RNN and Bidirectional.
