@@ -77,6 +77,8 @@ RESULTS = [
     ("benchmarks-convlstm2d-cpu-amd-zen5-avx512.json", "2026-11-27", "AMD EPYC Zen 5, family 26 model 2", "ConvLSTM2D, `benchmarks.conv_lstm`"),
     ("benchmarks-convlstm2d-cpu-amd-zen5-avx2.json", "2026-11-27", "AMD EPYC Zen 5, family 26 model 2",
      "ConvLSTM2D, `benchmarks.conv_lstm`, `ATEN_CPU_CAPABILITY=avx2 DNNL_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`"),
+    ("benchmarks-cpu-amd-zen4-fastrnns.json", "2026-11-29", "AMD EPYC Zen 4, family 25 model 17",
+     "fastrnns workloads, `benchmarks.run --only fastrnns --peers torch`"),
     ("benchmarks-grid-lstm-cpu-amd-zen4.json", "2026-11-29", "AMD EPYC Zen 4, family 25 model 17",
      "LSTM size grid (T=50, I=H) and one step (T=1, B=1), `benchmarks.grid --cells lstm`"),
     ("benchmarks-grid-cpu-amd-zen4.json", "2026-11-26", "AMD EPYC Zen 4",

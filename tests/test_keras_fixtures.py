@@ -127,6 +127,25 @@ def test_architecture_as_a_json_file():
     np.testing.assert_allclose(out.numpy(), data["output_0"], atol=1e-5, rtol=1e-5)
 
 
+def test_numpy_inputs_as_keras_takes_them():
+    """A converted model takes numpy arrays as Keras does: float32 and float64 arrays (cast to
+    the parameters' dtype) give the outputs of tensors, integer ids too."""
+    data = np.load(os.path.join(DATA, "k3_functional.npz"))
+    arrays = [data[k] for k in sorted(k for k in data.files if k.startswith("input_"))]
+    model = load_keras(os.path.join(DATA, "k3_functional.keras"))
+    with torch.no_grad():
+        expected = model(*[torch.as_tensor(a) for a in arrays])
+        for got in (model(*arrays), model(*[a.astype(np.float64) for a in arrays])):
+            for a, b in zip(got, expected):
+                assert a.dtype == torch.float32 and torch.equal(a, b)
+    data = np.load(os.path.join(DATA, "k3_lookup.npz"))
+    model = load_keras(os.path.join(DATA, "k3_lookup.keras"))
+    arrays = [data[k] for k in sorted(k for k in data.files if k.startswith("input_"))]
+    with torch.no_grad():
+        for a, b in zip(model(*arrays), model(*[torch.as_tensor(x) for x in arrays])):
+            assert torch.equal(a, b)
+
+
 def test_lookup_vocabulary_from_an_unzipped_model_directory(tmp_path):
     """Keras 3's unzipped model directory (model.save(dir, zipped=False): the archive's members as
     files) gives the same model, its lookup vocabularies read from assets/."""

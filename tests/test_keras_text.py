@@ -86,8 +86,10 @@ def test_text_inputs_refused_with_the_layer_named(model, stored):
     with pytest.raises(TypeError, match=r"layer 'ids' \(TextVectorization\).*takes strings .*got a "
                                         "tensor"):
         model(torch.zeros(2, 1), stored["input_1"])
-    with pytest.raises(TypeError, match="takes strings .*got an array of int64"):
-        model(np.zeros((2, 1), dtype=np.int64), stored["input_1"])
+    with pytest.raises(TypeError, match="takes strings .*got a tensor of torch.int64"):
+        model(np.zeros((2, 1), dtype=np.int64), stored["input_1"])  # (numeric numpy arrays are tensors)
+    with pytest.raises(TypeError, match="takes strings .*got an array of complex128"):
+        model(np.zeros((2, 1), dtype=np.complex128), stored["input_1"])
     with pytest.raises(ValueError, match=r"takes a batch of strings \(\[batch\] or \[batch, 1\]\); got shape \[2, 2\]"):
         model(np.array([["a", "b"], ["c", "d"]]), stored["input_1"][:2])
     with pytest.raises(ValueError, match="a string at .* is not UTF-8"):
@@ -193,13 +195,15 @@ def test_hashed_crossing_and_string_hashing_match_keras(name):
     Keras 3.15 on TensorFlow 2.21 (.keras) and tf.keras 2.21 (.h5) computed them: bins exactly,
     the LSTM after an Embedding of the bins and the Dense after the one-hot rows within 1e-5;
     strings of every FarmHash length class and non-ASCII, integers up to the int64 extremes; the
-    strings as a numpy array of str, of UTF-8 bytes, and as lists."""
+    strings as a numpy array of str, of UTF-8 bytes, and as lists, the integers as tensors and as
+    numpy arrays."""
     model, stored = _crossing(name)
     numbers, small = torch.from_numpy(stored["input_1"]), torch.from_numpy(stored["input_2"])
     words = stored["input_0"]
     with torch.no_grad():
         runs = [model(words, numbers, small), model(np.char.encode(words, "utf-8"), numbers, small),
-                model([list(r) for r in words], numbers, small)]
+                model([list(r) for r in words], numbers, small),
+                model(words, stored["input_1"], stored["input_2"])]  # (integers as numpy arrays)
     for out in runs:
         assert len(out) == 8
         for j, y in enumerate(out):

@@ -133,6 +133,13 @@ class KerasModel(nn.Module):
         if len(inputs) != len(self.input_refs):
             raise ValueError(f"{self.name} takes {len(self.input_refs)} input(s); got {len(inputs)}")
         env: Dict[Tuple[str, int], Tuple[List[Tensor], List[Optional[Tensor]]]] = {}
+        # Numeric numpy arrays as tensors on the model's device, as Keras takes them; numpy
+        # strings stay as they are (the string layers read them).
+        if any(isinstance(x, np.ndarray) and x.dtype.kind in "biuf" for x in inputs):
+            anchor = next(iter(list(self.parameters()) + list(self.buffers())), None)
+            device = anchor.device if anchor is not None else torch.device("cpu")
+            inputs = tuple(torch.from_numpy(np.ascontiguousarray(x)).to(device)
+                           if isinstance(x, np.ndarray) and x.dtype.kind in "biuf" else x for x in inputs)
         # Floating inputs in the parameters' dtype, as Keras casts them to each layer's compute
         # dtype; not the ids an Embedding reads (it casts nothing: 257.0 stays 257 in bfloat16).
         floating = self._floating
@@ -259,8 +266,8 @@ class KerasModel(nn.Module):
         return out
 
     def string_inputs(self) -> List[int]:
-        """The inputs that take strings (a TextVectorization or StringLookup reads them: numpy
-        arrays or lists of str, which no exported program takes)."""
+        """The inputs that take strings (a TextVectorization, StringLookup, Hashing or
+        HashedCrossing reads them: numpy arrays or lists of str, which no exported program takes)."""
         return [i for i, (dtype, _) in enumerate(self.input_specs) if dtype == "string"]
 
     def input_vocabularies(self) -> List[Optional[int]]:

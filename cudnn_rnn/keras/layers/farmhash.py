@@ -143,7 +143,7 @@ def strings_of(x, what: str) -> np.ndarray:
     """x as an array of Python str (bytes decoded as UTF-8): a numpy array of str, bytes or
     objects, or a nested list or tuple of str / bytes."""
     if isinstance(x, torch.Tensor):
-        raise TypeError(f"{what} takes strings (a numpy array of str, or a list of them); got a tensor")
+        raise TypeError(f"{what} takes strings (a numpy array of str, or a list of them); got a tensor of {x.dtype}")
     array = np.asarray(x, dtype=object) if isinstance(x, (list, tuple)) else x
     if not isinstance(array, np.ndarray) or array.dtype.kind not in "USO":
         got = f"an array of {array.dtype}" if isinstance(array, np.ndarray) else type(x).__name__
