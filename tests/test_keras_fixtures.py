@@ -128,16 +128,21 @@ def test_architecture_as_a_json_file():
 
 
 def test_numpy_inputs_as_keras_takes_them():
-    """A converted model takes numpy arrays as Keras does: float32 and float64 arrays (cast to
-    the parameters' dtype) give the outputs of tensors, integer ids too."""
+    """A converted model takes numpy arrays as Keras does, as tensors of each Input's dtype:
+    float32, float64 and big-endian arrays give the outputs of the float32 tensors, an integer
+    array given to a float input those of its values as floats; integer ids too."""
     data = np.load(os.path.join(DATA, "k3_functional.npz"))
     arrays = [data[k] for k in sorted(k for k in data.files if k.startswith("input_"))]
     model = load_keras(os.path.join(DATA, "k3_functional.keras"))
     with torch.no_grad():
         expected = model(*[torch.as_tensor(a) for a in arrays])
-        for got in (model(*arrays), model(*[a.astype(np.float64) for a in arrays])):
+        for got in (model(*arrays), model(*[a.astype(np.float64) for a in arrays]),
+                    model(*[a.astype(">f4") for a in arrays])):
             for a, b in zip(got, expected):
                 assert a.dtype == torch.float32 and torch.equal(a, b)
+        whole = [np.round(a * 4).astype(np.int64) for a in arrays]
+        for a, b in zip(model(*whole), model(*[torch.as_tensor(w, dtype=torch.float32) for w in whole])):
+            assert torch.equal(a, b)
     data = np.load(os.path.join(DATA, "k3_lookup.npz"))
     model = load_keras(os.path.join(DATA, "k3_lookup.keras"))
     arrays = [data[k] for k in sorted(k for k in data.files if k.startswith("input_"))]

@@ -86,8 +86,8 @@ def test_text_inputs_refused_with_the_layer_named(model, stored):
     with pytest.raises(TypeError, match=r"layer 'ids' \(TextVectorization\).*takes strings .*got a "
                                         "tensor"):
         model(torch.zeros(2, 1), stored["input_1"])
-    with pytest.raises(TypeError, match="takes strings .*got a tensor of torch.int64"):
-        model(np.zeros((2, 1), dtype=np.int64), stored["input_1"])  # (numeric numpy arrays are tensors)
+    with pytest.raises(TypeError, match="takes strings .*got an array of int64"):
+        model(np.zeros((2, 1), dtype=np.int64), stored["input_1"])
     with pytest.raises(TypeError, match="takes strings .*got an array of complex128"):
         model(np.zeros((2, 1), dtype=np.complex128), stored["input_1"])
     with pytest.raises(ValueError, match=r"takes a batch of strings \(\[batch\] or \[batch, 1\]\); got shape \[2, 2\]"):
@@ -205,7 +205,7 @@ def test_hashed_crossing_and_string_hashing_match_keras(name):
                 model([list(r) for r in words], numbers, small),
                 model(words, stored["input_1"], stored["input_2"])]  # (integers as numpy arrays)
     for out in runs:
-        assert len(out) == 8
+        assert len(out) == 9
         for j, y in enumerate(out):
             expected = stored[f"output_{j}"]
             assert tuple(y.shape) == expected.shape, f"output {j}"
@@ -215,6 +215,21 @@ def test_hashed_crossing_and_string_hashing_match_keras(name):
             else:
                 np.testing.assert_allclose(y.numpy(), expected, rtol=1e-5, atol=1e-5, err_msg=f"output {j}")
     assert len(np.unique(stored["output_0"])) > 4 and stored["output_2"].max() > 1 << 32  # (bins spread)
+    assert stored["output_8"].max() > 1 << 62
+
+
+def test_hashed_crossing_docstring_example():
+    """Keras's HashedCrossing docstring: ['A', 'B', 'A', 'B', 'A'] crossed with [101, 101, 101,
+    102, 102] into 5 bins is [1, 4, 1, 1, 3]; as one_hot, those rows; a scalar string Hashing with
+    its mask_value is bin 0."""
+    from cudnn_rnn.keras.layers.preprocessing import HashedCrossing, Hashing
+
+    feat1, feat2 = np.array(["A", "B", "A", "B", "A"]), np.array([101, 101, 101, 102, 102])
+    (bins,), _ = HashedCrossing(5, "int", torch.int64)([feat1, feat2], [None, None])
+    assert bins.tolist() == [1, 4, 1, 1, 3]
+    (hot,), _ = HashedCrossing(5, "one_hot", torch.float32)([feat1, torch.as_tensor(feat2)], [None, None])
+    assert torch.equal(hot, torch.eye(5)[[1, 4, 1, 1, 3]])
+    assert Hashing(7, "cat", "int").apply(np.array("cat")).item() == 0
 
 
 def test_hashed_crossing_round_trip_and_bad_inputs(tmp_path):
@@ -231,7 +246,7 @@ def test_hashed_crossing_round_trip_and_bad_inputs(tmp_path):
                         load_converted(tmp_path / "m.pt")(stored["input_0"], numbers, small)):
             assert torch.equal(a, b)
         empty = model(stored["input_0"][:0], numbers[:0], small[:0])
-    assert [tuple(y.shape) for y in empty] == [(0, 1), (0, 5), (0, 1), (0, 1), (0, 1), (0, 7), (0, 3), (0, 2)]
+    assert [tuple(y.shape) for y in empty] == [(0, 1), (0, 5), (0, 1), (0, 1), (0, 1), (0, 7), (0, 3), (0, 2), (0, 1)]
     cross = HashedCrossing(5, "int", torch.int64)
     with pytest.raises(TypeError, match="HashedCrossing input 1 must hold integers or strings; got torch.float32"):
         cross([numbers, numbers.float()], [None, None])
@@ -241,7 +256,9 @@ def test_hashed_crossing_round_trip_and_bad_inputs(tmp_path):
         cross([numbers.reshape(6, 2), small.reshape(6, 2)], [None, None])
     with pytest.raises(ValueError, match="two or more features; got 1"):
         cross([numbers], [None])
-    with pytest.raises(TypeError, match="HashedCrossing input 0 takes strings"):
+    with pytest.raises(TypeError, match="HashedCrossing input 0 must hold integers or strings; got torch.float64"):
         cross([np.array([[1.5]]), small[:1]], [None, None])
+    with pytest.raises(TypeError, match=r"HashedCrossing input 1 takes strings; the element at \(0, 0\) is complex"):
+        cross([small[:1], [[1j]]], [None, None])
     with pytest.raises(TypeError, match="string mask_value 'cat' takes strings; got a tensor"):
         Hashing(7, "cat", "int").apply(numbers)

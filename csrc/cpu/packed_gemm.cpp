@@ -36,10 +36,11 @@ constexpr int64_t kMc = 192;  // rows of A per pass over B: kMc x one K block of
 // - Intel: 64 rows (16 KiB, in L1). One core of the Intel Xeon (Ice Lake, AVX-512) ran a step's
 //   128 x 256 x 512 product at 85-93 GFLOP/s with blocks of 512 rows (128 KiB, read from L2) and
 //   at 121-131 with 64; 64, 96 and 128 read alike there.
-// - AMD: 512 rows, read from L2 (fewer passes loading and storing C). On the AMD EPYC Zen 4, whose
-//   512-bit FMAs run at the rate of two 256-bit ones, LSTM forwards at H = 256-1024 (B = 8-128,
-//   2 threads) ran 6-14 % faster with 512 than with 64 and training 5-12 %; at H = 64-128 the two
-//   were level. The Zen 5 figures in docs/guides/performance.md are with 512.
+// - Other vendors (AMD): 512 rows, read from L2 (fewer passes loading and storing C). On the AMD
+//   EPYC Zen 4, whose 512-bit FMAs run at the rate of two 256-bit ones, LSTM forwards at
+//   H = 256-1024 (B = 8-128, 2 threads) ran 6-14 % faster with 512 than with 64 and training
+//   5-12 %; at H = 64-128 the two were level. The Zen 5 figures in docs/guides/performance.md
+//   are with 512.
 int64_t group_k_block() {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const int64_t rows = __builtin_cpu_is("intel") ? 64 : kKc;
@@ -418,7 +419,8 @@ void packed_gemm_at(int64_t M, int64_t N, int64_t K, const float* At, int64_t ld
   if (M <= 0 || N <= 0) return;
   const bool avx512 = packed_gemm_isa() == PackedIsa::Avx512;
   const int64_t kb_rows = k_block(avx512 ? kNP : 1), k_blocks = K == 0 ? 1 : (K + kb_rows - 1) / kb_rows;
-  std::vector<float> block(size_t((kMc / kMR) * tile_stride(kb_rows, kMR)));
+  // (sized for the deepest block this K has: kc <= min(kb_rows, K), and tile_stride grows with kc)
+  std::vector<float> block(size_t((kMc / kMR) * tile_stride(std::min(kb_rows, std::max<int64_t>(K, 1)), kMR)));
   for (int64_t mb = 0; mb < M; mb += kMc) {
     const int64_t m_end = std::min(M, mb + kMc), tiles = (m_end - mb + kMR - 1) / kMR;
     for (int64_t kb = 0; kb < k_blocks; ++kb) {

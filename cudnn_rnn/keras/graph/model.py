@@ -133,13 +133,16 @@ class KerasModel(nn.Module):
         if len(inputs) != len(self.input_refs):
             raise ValueError(f"{self.name} takes {len(self.input_refs)} input(s); got {len(inputs)}")
         env: Dict[Tuple[str, int], Tuple[List[Tensor], List[Optional[Tensor]]]] = {}
-        # Numeric numpy arrays as tensors on the model's device, as Keras takes them; numpy
-        # strings stay as they are (the string layers read them).
-        if any(isinstance(x, np.ndarray) and x.dtype.kind in "biuf" for x in inputs):
+        # Numeric numpy arrays as tensors of the Input's dtype on the model's device, as Keras
+        # takes them (copied: an output never shares the caller's memory); the string inputs'
+        # arrays stay as they are (the string layers read them, and name what they got).
+        numeric = [isinstance(x, np.ndarray) and x.dtype.kind in "biuf" and self.input_specs[k][0] != "string"
+                   for k, x in enumerate(inputs)]
+        if any(numeric):
             anchor = next(iter(list(self.parameters()) + list(self.buffers())), None)
             device = anchor.device if anchor is not None else torch.device("cpu")
-            inputs = tuple(torch.from_numpy(np.ascontiguousarray(x)).to(device)
-                           if isinstance(x, np.ndarray) and x.dtype.kind in "biuf" else x for x in inputs)
+            inputs = tuple(self._from_numpy(k, x, device) if convert else x
+                           for k, (x, convert) in enumerate(zip(inputs, numeric)))
         # Floating inputs in the parameters' dtype, as Keras casts them to each layer's compute
         # dtype; not the ids an Embedding reads (it casts nothing: 257.0 stays 257 in bfloat16).
         floating = self._floating
@@ -264,6 +267,12 @@ class KerasModel(nn.Module):
         out = super()._apply(fn, *args, **kwargs)
         self._floating = self._parameter_dtype()
         return out
+
+    def _from_numpy(self, k: int, x: np.ndarray, device: torch.device) -> Tensor:
+        declared = self.input_specs[k][0]
+        dtype = getattr(torch, declared, None) if isinstance(declared, str) else None
+        t = torch.from_numpy(np.array(x, dtype=x.dtype.newbyteorder("=")))  # (a copy in native byte order)
+        return t.to(device, dtype) if isinstance(dtype, torch.dtype) else t.to(device)
 
     def string_inputs(self) -> List[int]:
         """The inputs that take strings (a TextVectorization, StringLookup, Hashing or

@@ -541,7 +541,7 @@ class Hashing(_Single):
             strings = strings_of(x, "Hashing")
             if bins != self.num_bins and not isinstance(self.mask_value, str):
                 raise TypeError(f"Hashing with the integer mask_value {self.mask_value} takes integers; got strings")
-            masked = torch.from_numpy(strings == self.mask_value) if bins != self.num_bins else None
+            masked = torch.from_numpy(np.asarray(strings == self.mask_value, dtype=bool)) if bins != self.num_bins else None
             y = _unsigned_mod(string_fingerprints(strings), bins)
         else:
             if bins != self.num_bins and isinstance(self.mask_value, str):
@@ -589,32 +589,38 @@ def _fingerprint_cat64(fp1: torch.Tensor, fp2: torch.Tensor) -> torch.Tensor:
 
 class HashedCrossing(nn.Module):
     """keras.layers.HashedCrossing over two or more features of equal shape, each (), (batch,)
-    or (batch, 1): integer tensors, or strings (numpy arrays of str or bytes, or lists of them).
-    Output: the cross's bin (int64, the features' shape) or its one-hot row."""
+    or (batch, 1): integers (tensors or numpy arrays), or strings (numpy arrays of str or bytes, or
+    lists of them). Output: the cross's bin (int64, the features' shape) or its one-hot row, on
+    the first integer feature's device (the module's where all are strings)."""
 
     def __init__(self, num_bins: int, mode: str, dtype: torch.dtype):
         super().__init__()
         self.num_bins, self.mode, self.dtype = num_bins, mode, dtype
         self.register_buffer("anchor", torch.zeros(0), persistent=False)  # (the device of the output)
 
-    def _feature(self, i: int, x) -> torch.Tensor:
+    @staticmethod
+    def _feature(i: int, x, device) -> torch.Tensor:
+        if isinstance(x, np.ndarray) and x.dtype.kind in "biufc":
+            x = torch.from_numpy(np.array(x, dtype=x.dtype.newbyteorder("=")))
         if isinstance(x, torch.Tensor):
             if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
                 raise TypeError(f"HashedCrossing input {i} must hold integers or strings; got {x.dtype}")
-            return x.long().to(self.anchor.device)
-        return string_fingerprints(strings_of(x, f"HashedCrossing input {i}")).to(self.anchor.device)
+            return x.long().to(device)
+        return string_fingerprints(strings_of(x, f"HashedCrossing input {i}")).to(device)
 
     def forward(self, inputs, masks):
         if len(inputs) < 2:
             raise ValueError(f"HashedCrossing crosses two or more features; got {len(inputs)}")
-        features = [self._feature(i, x) for i, x in enumerate(inputs)]
+        # (the output on the first integer feature's device, else the module's)
+        device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), self.anchor.device)
+        features = [self._feature(i, x, device) for i, x in enumerate(inputs)]
         shape = tuple(features[0].shape)
         if len(shape) > 2 or (len(shape) == 2 and shape[1] != 1):
             raise ValueError(f"HashedCrossing inputs must have shape (), (batch,) or (batch, 1); got {shape}")
         for i, f in enumerate(features[1:], 1):
             if tuple(f.shape) != shape:
                 raise ValueError(f"HashedCrossing input {i} has shape {tuple(f.shape)}; input 0 has {shape}")
-        h = torch.full(shape, _CROSS_KEY, dtype=torch.int64, device=self.anchor.device)
+        h = torch.full(shape, _CROSS_KEY, dtype=torch.int64, device=device)
         for f in features:
             h = _fingerprint_cat64(h, f)
         y = _unsigned_mod(h, self.num_bins if self.num_bins > 0 else (1 << 63) - 1)
@@ -629,7 +635,7 @@ def build_hashed_crossing(cfg, ctx):
     _not_sparse(cfg, ctx)
     v = Values(cfg, ctx)
     mode = v.str("output_mode", "int", ("int", "one_hot"))
-    bins = v.int("num_bins", lo=0 if mode == "int" else 1, hi=1 << 62 if mode == "int" else MAX_SIZE)
+    bins = v.int("num_bins", lo=0 if mode == "int" else 1, hi=(1 << 63) - 1 if mode == "int" else MAX_SIZE)
     return HashedCrossing(bins, mode, _output_dtype(ctx, mode, torch.int64))
 
 

@@ -13,7 +13,7 @@ The vocabulary is the layer's config or its .keras asset (a legacy .h5 keeps non
 multiplies the counts by the file's idf_weights. Not converted, each with an error naming it:
 ragged or sparse outputs, a salted OOV hash (SipHash), StringLookup's invert (strings out), and
 a custom standardize or split function (Python code). Several OOV indices take a token's FarmHash
-Fingerprint64 (fingerprint64 below) modulo their count, as TensorFlow's to_hash_bucket_fast."""
+Fingerprint64 (farmhash.py) modulo their count, as TensorFlow's to_hash_bucket_fast."""
 from __future__ import annotations
 
 import re
