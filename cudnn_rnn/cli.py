@@ -169,8 +169,8 @@ def cmd_convert(args) -> int:
 
         strings = model.string_inputs()
         if strings:
-            print(f"cudnn-rnn: {args.out}: the model takes strings (input {strings[0]}: a TextVectorization or "
-                  "StringLookup reads it), which an exported program cannot; convert to .pt and run it in Python",
+            print(f"cudnn-rnn: {args.out}: the model takes strings (input {strings[0]}: a string layer reads "
+                  "it), which an exported program cannot; convert to .pt and run it in Python",
                   file=sys.stderr)
             return 2
 
@@ -318,7 +318,7 @@ def _verify_against(args, model, keras) -> int:
     inputs = []
     for (dtype, shape), vocab in zip(model.input_specs, model.input_vocabularies()):
         dims = [args.batch] + [args.time if d is None else int(d) for d in shape[1:]]
-        if dtype == "string":  # words, for a TextVectorization or StringLookup
+        if dtype == "string":  # words, for the string layers (text, hashing)
             words = np.array(["the", "cat", "sat", "on", "a", "mat", "Dog", "birds!"], dtype=object)
             length = args.time if dims[-1] == 1 else 1  # sentences in [batch, 1]; words elsewhere
             inputs.append(np.array([" ".join(rng.choice(words, size=length)) for _ in range(int(np.prod(dims)))],

@@ -636,8 +636,8 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
     _require_exporter()
     strings = model.string_inputs() if hasattr(model, "string_inputs") else []  # (a converted Keras model)
     if strings:
-        raise OnnxExportError(f"the model takes strings (input {strings[0]}: a TextVectorization or StringLookup reads "
-                              "it), which an exported program cannot; export the model after those layers")
+        raise OnnxExportError(f"the model takes strings (input {strings[0]}: a string layer reads it), which an "
+                              "exported program cannot; export the model after those layers")
     model = model.eval()
     kwargs.setdefault("verbose", False)  # torch's step-by-step progress lines
     # One self-contained file (torch writes the weights to a `.onnx.data` file beside it by

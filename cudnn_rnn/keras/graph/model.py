@@ -200,7 +200,7 @@ class KerasModel(nn.Module):
                               for j, d in enumerate(shape[1:])]
             if dtype == "bool":  # an explicit mask input
                 out.append(torch.ones(dims, dtype=torch.bool))
-            elif dtype == "string":  # strings: what a TextVectorization or StringLookup takes (layers/text.py)
+            elif dtype == "string":  # strings: what the string layers take (layers/text.py, Hashing, HashedCrossing)
                 out.append(np.full(dims, "a", dtype=object))
             else:
                 out.append(torch.ones(dims, dtype=torch.int64) if "int" in dtype else torch.zeros(dims, dtype=float_dtype))
