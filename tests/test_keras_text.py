@@ -196,7 +196,8 @@ def test_hashed_crossing_and_string_hashing_match_keras(name):
     the LSTM after an Embedding of the bins and the Dense after the one-hot rows within 1e-5;
     strings of every FarmHash length class and non-ASCII, integers up to the int64 extremes; the
     strings as a numpy array of str, of UTF-8 bytes, and as lists, the integers as tensors and as
-    numpy arrays."""
+    numpy arrays; a cross and a Hashing whose config says dtype="int32" give int32 bins, the others
+    int64."""
     model, stored = _crossing(name)
     numbers, small = torch.from_numpy(stored["input_1"]), torch.from_numpy(stored["input_2"])
     words = stored["input_0"]
@@ -205,17 +206,19 @@ def test_hashed_crossing_and_string_hashing_match_keras(name):
                 model([list(r) for r in words], numbers, small),
                 model(words, stored["input_1"], stored["input_2"])]  # (integers as numpy arrays)
     for out in runs:
-        assert len(out) == 9
+        assert len(out) == 11
         for j, y in enumerate(out):
             expected = stored[f"output_{j}"]
             assert tuple(y.shape) == expected.shape, f"output {j}"
             if expected.dtype.kind == "i":
-                assert y.dtype == torch.int64
+                assert y.dtype == torch.from_numpy(expected).dtype, f"output {j}"  # (int32 where the layer says)
                 np.testing.assert_array_equal(y.numpy(), expected, err_msg=f"output {j}")
             else:
                 np.testing.assert_allclose(y.numpy(), expected, rtol=1e-5, atol=1e-5, err_msg=f"output {j}")
     assert len(np.unique(stored["output_0"])) > 4 and stored["output_2"].max() > 1 << 32  # (bins spread)
     assert stored["output_8"].max() > 1 << 62
+    assert stored["output_9"].dtype == np.int32 and stored["output_10"].dtype == np.int32
+    assert stored["output_0"].dtype == np.int64
 
 
 def test_hashed_crossing_docstring_example():
@@ -246,7 +249,8 @@ def test_hashed_crossing_round_trip_and_bad_inputs(tmp_path):
                         load_converted(tmp_path / "m.pt")(stored["input_0"], numbers, small)):
             assert torch.equal(a, b)
         empty = model(stored["input_0"][:0], numbers[:0], small[:0])
-    assert [tuple(y.shape) for y in empty] == [(0, 1), (0, 5), (0, 1), (0, 1), (0, 1), (0, 7), (0, 3), (0, 2), (0, 1)]
+    assert [tuple(y.shape) for y in empty] == [(0, 1), (0, 5), (0, 1), (0, 1), (0, 1), (0, 7), (0, 3), (0, 2), (0, 1),
+                                                  (0, 1), (0, 1)]
     cross = HashedCrossing(5, "int", torch.int64)
     with pytest.raises(TypeError, match="HashedCrossing input 1 must hold integers or strings; got torch.float32"):
         cross([numbers, numbers.float()], [None, None])

@@ -16,7 +16,7 @@ from torch import nn
 from .base import _Single, channels_last_format, from_channels_first, to_channels_first, without_mask_in_keras2
 from .farmhash import string_fingerprints, strings_of
 from .shape import cubic_of, resize_image
-from .registry import builder
+from .registry import builder, dtype_name
 from .values import MAX_SIZE, Values
 
 # Keras's image augmentation layers: random in training, the identity at inference (Keras 3's
@@ -256,6 +256,12 @@ _MODES = ("int", "one_hot", "multi_hot", "count")
 
 def _output_dtype(ctx, mode: str, integer: torch.dtype) -> torch.dtype:
     return integer if mode == "int" else ctx.dtype
+
+
+def _hash_int_dtype(cfg) -> torch.dtype:
+    """The bins' dtype of Hashing / HashedCrossing in int mode: the config's "int32" or "int64"
+    (Keras casts its output to the layer's dtype), int64 by default."""
+    return torch.int32 if dtype_name(cfg.get("dtype")) == "int32" else torch.int64
 
 
 def _not_sparse(cfg, ctx):
@@ -530,9 +536,9 @@ class Hashing(_Single):
 
     keeps_mask = False
 
-    def __init__(self, num_bins: int, mask_value, mode: str):
+    def __init__(self, num_bins: int, mask_value, mode: str, dtype: torch.dtype = torch.int64):
         super().__init__()
-        self.num_bins, self.mask_value, self.mode = num_bins, mask_value, mode
+        self.num_bins, self.mask_value, self.mode, self.dtype = num_bins, mask_value, mode, dtype
         self.register_buffer("anchor", torch.zeros(0), persistent=False)  # (the device of a string input's output)
 
     def apply(self, x):
@@ -554,7 +560,7 @@ class Hashing(_Single):
             y = torch.where(masked.to(y.device), torch.zeros_like(y), y + 1)
         if not isinstance(x, torch.Tensor):
             y = y.to(self.anchor.device)
-        return encode_categorical(y, self.mode, self.num_bins, torch.int64 if self.mode == "int" else torch.float32)
+        return encode_categorical(y, self.mode, self.num_bins, self.dtype)
 
 
 @builder("Hashing", weights=False)
@@ -568,7 +574,8 @@ def build_hashing(cfg, ctx):
         mask_value = v.int("mask_value", lo=-(1 << 62), hi=1 << 62)
     mode = v.str("output_mode", "int", _MODES)
     # (bin indices up to 2^62; an encoded output has one column per bin)
-    return Hashing(v.int("num_bins", lo=1, hi=1 << 62 if mode == "int" else MAX_SIZE), mask_value, mode)
+    return Hashing(v.int("num_bins", lo=1, hi=1 << 62 if mode == "int" else MAX_SIZE), mask_value, mode,
+                   _output_dtype(ctx, mode, _hash_int_dtype(cfg)))
 
 
 # HashedCrossing: tf.sparse.cross_hashed of scalar features, i.e. TensorFlow's HashCrosser: from
@@ -636,7 +643,7 @@ def build_hashed_crossing(cfg, ctx):
     v = Values(cfg, ctx)
     mode = v.str("output_mode", "int", ("int", "one_hot"))
     bins = v.int("num_bins", lo=0 if mode == "int" else 1, hi=(1 << 63) - 1 if mode == "int" else MAX_SIZE)
-    return HashedCrossing(bins, mode, _output_dtype(ctx, mode, torch.int64))
+    return HashedCrossing(bins, mode, _output_dtype(ctx, mode, _hash_int_dtype(cfg)))
 
 
 class AutoContrast(_Single):
