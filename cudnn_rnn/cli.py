@@ -130,6 +130,37 @@ def _refused_lengths(args, error: BaseException, what: str) -> bool:
     return True
 
 
+def _failing_layer(error: BaseException):
+    """(the layer, a path through nested models, whose call raised while the model was traced:
+    the `name` of each forward_with_masks frame on the traceback, outermost first; the exception
+    it raised) for `error` or the exceptions it was raised from (an exporter's wrapper), else
+    ("", error)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        names, tb = [], error.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code.co_name == "forward_with_masks" and isinstance(frame.f_locals.get("name"), str):
+                names.append(frame.f_locals["name"])
+            tb = tb.tb_next
+        if any(names):
+            return "/".join(n for n in names if n), error
+        error = error.__cause__ or error.__context__
+    return "", None
+
+
+def _refused_export(args, model, error: BaseException, what: str) -> None:
+    """Says, in one line, why torch.export could not trace the model (a layer whose output's
+    shape or control flow the data decides), naming the layer."""
+    layer, raised = _failing_layer(error)
+    error = raised or error
+    kind = next((l.class_name for l in model.spec.layers if l.name == layer), "") if layer else ""
+    where = f"layer '{layer}'{f' ({kind})' if kind else ''}" if layer else "the model"
+    print(f"cudnn-rnn: {args.out}: cannot be exported{what}: {where} computes what torch.export cannot trace "
+          f"({type(error).__name__}: {_first_line(error)}); convert to .pt and run it in Python", file=sys.stderr)
+
+
 def _eager_failure(model, inputs):
     """Why the model does not run on these inputs (one line), or None where it does."""
     try:
@@ -165,7 +196,21 @@ def cmd_convert(args) -> int:
             return 2
     model = _load(args)
     if args.out.endswith((".pt2", ".onnx")):
+        import contextlib
+        import io
+        import logging
+
         from ._export_shapes import export_from_length
+
+        # A failed trace: torch prints the partial graph to stderr and its shape solver logs
+        # warnings; this command says in one line what failed, and where.
+        logging.getLogger("torch.fx.experimental.symbolic_shapes").setLevel(logging.ERROR)
+
+        def quiet(fn):
+            def run(*a):
+                with contextlib.redirect_stderr(io.StringIO()):
+                    return fn(*a)
+            return run
 
         strings = model.string_inputs()
         if strings:
@@ -214,15 +259,16 @@ def cmd_convert(args) -> int:
 
         _say(args, "exporting to ONNX (dynamic batch and time)")
         try:
-            _, minimum = export_from_length(lambda shapes, m: export(model, example(m), args.out, dynamic_shapes=shapes),
-                                            shapes_from, shortest, 1024, probe=lambda shapes, m: torch.export.export(
-                                                model, example(m), dynamic_shapes=shapes))
+            _, minimum = export_from_length(
+                quiet(lambda shapes, m: export(model, example(m), args.out, dynamic_shapes=shapes)), shapes_from,
+                shortest, 1024, probe=quiet(lambda shapes, m: torch.export.export(model, example(m),
+                                                                                  dynamic_shapes=shapes)))
         except OnnxExportError as e:
             print(f"cudnn-rnn: {args.out}: cannot be exported to ONNX: {e}", file=sys.stderr)
             return 2
-        except Exception as e:  # noqa: BLE001 - torch's, when no range of lengths holds
+        except Exception as e:  # noqa: BLE001 - torch's: no range of lengths holds, or a layer it cannot trace
             if not _refused_lengths(args, e, " to ONNX"):
-                raise
+                _refused_export(args, model, e, " to ONNX")
             return 2
         status = _check_onnx(args.out, model, example(minimum))
         if status:
@@ -234,11 +280,11 @@ def cmd_convert(args) -> int:
         _say(args, "exporting with torch.export (dynamic batch and time)")
         try:
             program, minimum = export_from_length(
-                lambda shapes, m: torch.export.export(model, example(m), dynamic_shapes=shapes), shapes_from, shortest,
-                1024)
-        except Exception as e:  # noqa: BLE001 - torch's, when no range of lengths holds
+                quiet(lambda shapes, m: torch.export.export(model, example(m), dynamic_shapes=shapes)), shapes_from,
+                shortest, 1024)
+        except Exception as e:  # noqa: BLE001 - torch's: no range of lengths holds, or a layer it cannot trace
             if not _refused_lengths(args, e, ""):
-                raise
+                _refused_export(args, model, e, "")
             return 2
         torch.export.save(program, args.out)
         _say_inputs(free, minimum, example(minimum))

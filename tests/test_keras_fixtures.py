@@ -276,3 +276,47 @@ def test_a_layer_that_cannot_run_on_its_input_is_named(aux_shape, message):
     model = load_keras(os.path.join(DATA, "k3_functional.keras"))
     with pytest.raises(RuntimeError, match=message):
         model(torch.zeros(3, 6, 4), torch.zeros(aux_shape))
+
+
+@pytest.mark.parametrize("name", ["k3_lookup", "k3_updates_transforms"])
+def test_layers_that_read_their_data_export(name, tmp_path):
+    """Layers whose eager code read the data while torch.export traced it, through `cudnn-rnn
+    convert` to .pt2: the lookup and CategoryEncoding one-hot rows (their index check), corrcoef
+    (torch.cov's check of its normalisation factor) and lstsq (its residuals' shape, which the
+    data decides). The program computes the eager model's outputs (which equal Keras's: above)."""
+    from cudnn_rnn.cli import main
+
+    src = os.path.join(DATA, f"{name}.keras")
+    assert main(["convert", "--no-progress", src, str(tmp_path / "m.pt2")]) == 0
+    program = torch.export.load(str(tmp_path / "m.pt2")).module()
+    model, stored = load_keras(src), np.load(os.path.join(DATA, f"{name}.npz"))
+    xs = [torch.from_numpy(stored[f"input_{i}"]) for i in range(len(model.input_specs))]
+    with torch.no_grad():
+        want = model(*xs)
+        # (the program takes what convert says: int64 ids, bool masks)
+        got = program(*[x.to(e.dtype) for x, e in zip(xs, model.example_inputs())])
+    assert len(got) == len(want) > 5
+    for j, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-5, err_msg=f"output {j}")
+
+
+def test_a_layer_export_cannot_trace_is_named(tmp_path, monkeypatch, capsys):
+    """A layer whose computation torch.export cannot trace (here the one-hot encoding made to read
+    its indices again) makes `cudnn-rnn convert` fail in one line naming the layer, no traceback."""
+    from cudnn_rnn.cli import main
+    from cudnn_rnn.keras.layers import preprocessing
+
+    encode = preprocessing.encode_categorical
+
+    def reading(indices, mode, depth, dtype):
+        if bool((indices.long() >= depth).any()):
+            raise ValueError("out of range")
+        return encode(indices, mode, depth, dtype)
+
+    monkeypatch.setattr(preprocessing, "encode_categorical", reading)
+    src = os.path.join(DATA, "k3_lookup.keras")
+    for ext in ("pt2", "onnx"):
+        assert main(["convert", "--no-progress", src, str(tmp_path / f"m.{ext}")]) == 2
+        err = capsys.readouterr().err
+        assert f"m.{ext}: cannot be exported" in err and "layer '" in err and "convert to .pt" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err

@@ -199,9 +199,12 @@ def _lstsq(cfg, ctx):
     rcond = Values(cfg, ctx).float("rcond", None, lo=0.0)
 
     def lstsq(a, b):
+        # Through pinv (the same minimum-norm solution and cut-off) off the CPU, which has no SVD
+        # driver, and in an exported program (lstsq's residuals have a shape the data decides).
+        via_pinv = a.device.type != "cpu" or torch.compiler.is_compiling() or torch.compiler.is_exporting()
         if rcond is None:
-            return torch.linalg.lstsq(a, b).solution
-        if a.device.type != "cpu":  # (no SVD driver off the CPU: NumPy's cut-off through pinv)
+            return torch.linalg.pinv(a) @ b if via_pinv else torch.linalg.lstsq(a, b).solution
+        if via_pinv:
             return torch.linalg.pinv(a, rtol=rcond) @ b
         return torch.linalg.lstsq(a, b, rcond=rcond, driver="gelsd").solution
     return lstsq, f"rcond={rcond}"

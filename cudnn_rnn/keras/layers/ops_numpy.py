@@ -539,12 +539,28 @@ def _nextafter(a, b):
 
 
 def _corrcoef(x):
+    """torch.corrcoef's arithmetic (each row a variable: the covariance over the columns, scaled
+    by the rows' standard deviations, clipped to [-1, 1]; a single variable's c / c), written out
+    so that it exports: torch.cov's check of its normalisation factor reads the data."""
     x = torch.as_tensor(x)
     if x.dtype == torch.bool:
         x = x.to(torch.float32)
     elif x.dtype == torch.int64:
         x = x.to(torch.float64)
-    return torch.corrcoef(x)
+    elif not (x.is_floating_point() or x.is_complex()):
+        x = x.to(torch.get_default_dtype())
+    if x.dim() > 2:
+        raise ValueError(f"corrcoef takes a 1-D or 2-D input; got shape {tuple(x.shape)}")
+    rows = x.reshape(1, -1) if x.dim() < 2 else x
+    centered = rows - rows.mean(dim=1, keepdim=True)
+    c = centered @ centered.transpose(0, 1).conj() / (rows.shape[1] - 1)
+    if rows.shape[0] == 1:  # (torch.cov of one variable is 0-d)
+        return (c / c).reshape(())
+    stddev = torch.sqrt(c.diagonal().real if c.is_complex() else c.diagonal())
+    c = c / stddev.reshape(-1, 1) / stddev.reshape(1, -1)
+    if c.is_complex():
+        return torch.complex(c.real.clip(-1, 1), c.imag.clip(-1, 1))
+    return c.clip(-1, 1)
 
 
 def _correlate(cfg, ctx):
