@@ -517,8 +517,41 @@ def conv_lstm_forward_to_onnx(x, kernel, recurrent_kernel, bias, mask, h0, c0, d
     return y, op.Transpose(h_n, perm=to_last), op.Transpose(c_n, perm=to_last), *empty
 
 
+def _count_below(sorted_sequence, values, inclusive: bool, out_int32: bool):
+    """torch.searchsorted of values in a 1-D sorted sequence, which ONNX has no operator for: how
+    many of its elements lie below each value (at or below: inclusive), from one [..., V]
+    comparison (a lookup layer's vocabulary, a Discretization's boundaries); NaN after every
+    element, as torch places it."""
+    from onnxscript import opset18 as op
+
+    if sorted_sequence.shape is None or len(sorted_sequence.shape) != 1:
+        raise OnnxExportError("searchsorted / bucketize in a batch of sorted sequences has no ONNX translation")
+    v = op.Unsqueeze(op.CastLike(values, sorted_sequence), op.Constant(value_ints=[-1]))
+    below = op.LessOrEqual(sorted_sequence, v) if inclusive else op.Less(sorted_sequence, v)
+    count = op.ReduceSum(op.Cast(below, to=7), op.Constant(value_ints=[-1]), keepdims=0)
+    if sorted_sequence.dtype is not None and sorted_sequence.dtype.is_floating_point():
+        count = op.Where(op.IsNaN(op.Squeeze(v, op.Constant(value_ints=[-1]))), op.Size(sorted_sequence), count)
+    return op.Cast(count, to=6) if out_int32 else count
+
+
+def searchsorted_to_onnx(sorted_sequence, self, out_int32=False, right=False, side=None, sorter=None):
+    """aten::searchsorted.Tensor: side "left" counts the elements below each value, "right" those
+    at or below it."""
+    if sorter is not None:
+        raise OnnxExportError("searchsorted with a sorter has no ONNX translation")
+    return _count_below(sorted_sequence, self, bool(right) or side == "right", out_int32)
+
+
+def bucketize_to_onnx(self, boundaries, out_int32=False, right=False):
+    """aten::bucketize.Tensor: right=False counts the boundaries below each value
+    (boundaries[i - 1] < x <= boundaries[i]), right=True those at or below it."""
+    return _count_below(boundaries, self, bool(right), out_int32)
+
+
 TRANSLATIONS = {torch.ops.cudnn_rnn.rnn_forward.default: rnn_forward_to_onnx,
-                torch.ops.cudnn_rnn.conv_lstm_forward.default: conv_lstm_forward_to_onnx}
+                torch.ops.cudnn_rnn.conv_lstm_forward.default: conv_lstm_forward_to_onnx,
+                torch.ops.aten.searchsorted.Tensor: searchsorted_to_onnx,
+                torch.ops.aten.bucketize.Tensor: bucketize_to_onnx}
 
 
 def refusal(error: BaseException) -> Optional[OnnxExportError]:

@@ -529,3 +529,44 @@ def test_missing_exporter_packages_are_named_before_any_work(tmp_path, monkeypat
     assert err.strip() == f"cudnn-rnn: {tmp_path / 'm.onnx'}: ONNX export needs the package onnxscript, which is " \
                           "not installed: pip install onnx onnxscript onnxruntime (cudnn_rnn's [onnx] extra)", err
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_lookup_hashing_and_bucketing_layers_run_in_onnxruntime_as_keras(tmp_path):
+    """Lookup layers, integer Hashing and bucketing, exported through the CLI: IntegerLookup (int,
+    several OOV bins by FarmHash, count, multi_hot) and Hashing of int64 values up to the extremes
+    (k3_lookup, written by Keras 3.15 on TensorFlow: onnxruntime on its stored inputs gives its
+    stored outputs); Discretization (int and one_hot), keras.ops.digitize and searchsorted (left
+    and right) on values that fall on the boundaries, against Keras 3 itself. ONNX has no
+    searchsorted (the translation counts by comparison), and the FarmHash of a number's decimal
+    digits took them by a truncating division that torch's exporter computed in floats."""
+    from keras_oracle import keras
+
+    data = os.path.join(ROOT, "tests", "fixtures", "data")
+    out = subprocess.run([sys.executable, "-m", "cudnn_rnn", "convert", os.path.join(data, "k3_lookup.keras"),
+                          str(tmp_path / "lookup.onnx")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    stored = np.load(os.path.join(data, "k3_lookup.npz"))
+    session = ort.InferenceSession(str(tmp_path / "lookup.onnx"))
+    got = session.run(None, {i.name: stored[f"input_{k}"].astype(np.int64) for k, i in enumerate(session.get_inputs())})
+    assert len(got) == 10 and np.abs(stored["input_1"]).max() > 1 << 62
+    for j, g in enumerate(got):
+        np.testing.assert_allclose(g, stored[f"output_{j}"], atol=ATOL, rtol=RTOL, err_msg=f"output {j}")
+
+    x = keras.Input((6,))
+    bins = [-1.0, 0.0, 0.5, 2.0]
+    outputs = [keras.layers.Discretization(bin_boundaries=bins)(x),
+               keras.layers.Discretization(bin_boundaries=bins, output_mode="one_hot")(keras.layers.Reshape((6, 1))(x)),
+               keras.ops.digitize(x, keras.ops.array(bins)), keras.ops.searchsorted(keras.ops.array([-1.0, 0.0, 0.5, 2.0]), x),
+               keras.ops.searchsorted(keras.ops.array([-1.0, 0.0, 0.5, 2.0]), x, side="right")]
+    model = keras.Model(x, outputs)
+    model.save(tmp_path / "bins.keras")
+    out = subprocess.run([sys.executable, "-m", "cudnn_rnn", "convert", str(tmp_path / "bins.keras"),
+                          str(tmp_path / "bins.onnx")], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "KERAS_BACKEND": "torch"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    values = np.array([[-2.0, -1.0, 0.0, 0.25, 0.5, 2.0], [3.0, -0.5, 1.0, 2.5, -1.5, 0.0]], np.float32)
+    session = ort.InferenceSession(str(tmp_path / "bins.onnx"))
+    got = session.run(None, {session.get_inputs()[0].name: values})
+    expected = [keras.ops.convert_to_numpy(y) for y in model(values)]
+    for j, (g, e) in enumerate(zip(got, expected)):
+        np.testing.assert_array_equal(g, e, err_msg=f"output {j}")

@@ -471,8 +471,12 @@ def _decimal_bytes(x: torch.Tensor):
     """[N] int64 -> ([N, 20] bytes of each value's decimal string, zero-padded; [N] lengths)."""
     q, digits, count = x.clone(), [], torch.zeros_like(x)
     for _ in range(19):  # int64 has at most 19 digits; -2^63 is reached without negation
-        digits.append(torch.fmod(q, 10).abs())
-        q = torch.div(q, 10, rounding_mode="trunc")
+        # |fmod(q, 10)| and q truncated towards zero, from floor division (which torch's ONNX
+        # exporter keeps in integers; its truncating division goes through floats)
+        r = torch.remainder(q, 10)
+        up = (q < 0) & (r != 0)
+        digits.append(torch.where(up, 10 - r, r))
+        q = torch.floor_divide(q, 10) + up.long()
         count = count + (q != 0).long()
     digits = torch.stack(digits, dim=1)            # least significant first
     count = count + 1
