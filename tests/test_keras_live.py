@@ -1037,3 +1037,35 @@ def test_relu_slope_named_alpha_as_keras_2_0_wrote_it(tmp_path):
     assert (expected < 0).any()
     with torch.no_grad():
         np.testing.assert_allclose(load_keras(path)(torch.as_tensor(x)).numpy(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "bool"])
+def test_integer_and_bool_inputs_of_float_layers(dtype, tmp_path):
+    """Integer or bool features fed straight into layers with float weights: Keras's matmul
+    promotes them (Dense, the recurrent layers, Bidirectional, TimeDistributed(Dense),
+    BatchNormalization, PReLU, UnitNormalization: float32 outputs), LayerNormalization computes in
+    the input's dtype and casts to float32. The converted model failed to load on the first kind
+    ("expected m1 and m2 to have the same dtype") and gave LayerNormalization's result as int32."""
+    rng = np.random.RandomState(11)
+    seq, flat = keras.Input((5, 2), dtype=dtype), keras.Input((6,), dtype=dtype)
+    outputs = [layers.Dense(3)(flat), layers.LSTM(3)(seq), layers.GRU(3)(seq), layers.SimpleRNN(3)(seq),
+               layers.Bidirectional(layers.LSTM(2))(seq), layers.RNN(layers.LSTMCell(2))(seq),
+               layers.TimeDistributed(layers.Dense(2))(seq), layers.BatchNormalization()(flat),
+               layers.LayerNormalization()(flat), layers.UnitNormalization()(flat)]
+    if dtype != "bool":  # (Keras's relu takes no bool)
+        outputs.append(layers.PReLU()(flat))
+    model = keras.Model([seq, flat], outputs)
+    model.set_weights([rng.uniform(0.5, 1.5, w.shape).astype("float32") if "variance" in v.path
+                       else rng.uniform(-0.8, 0.8, w.shape).astype("float32")
+                       for w, v in zip(model.get_weights(), model.weights)])
+    model.save(tmp_path / "m.keras")
+    xs = [rng.randint(-3, 4, size=(3, 5, 2)), rng.randint(-3, 4, size=(3, 6))]
+    xs = [x.astype(dtype) if dtype != "bool" else x > 0 for x in xs]
+    expected = [keras.ops.convert_to_numpy(y) for y in model(xs)]
+    converted = load_keras(str(tmp_path / "m.keras"))
+    with torch.no_grad():
+        got = converted(*[torch.from_numpy(x) for x in xs])
+    assert len(got) == len(expected)
+    for j, (g, e) in enumerate(zip(got, expected)):
+        assert e.dtype == np.float32 and g.dtype == torch.float32, f"output {j}: {g.dtype}, Keras {e.dtype}"
+        np.testing.assert_allclose(g.numpy(), e, rtol=1e-5, atol=1e-5, err_msg=f"output {j}")

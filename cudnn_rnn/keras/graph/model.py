@@ -53,6 +53,11 @@ class KerasModel(nn.Module):
         no_autocast = {layer.name for layer in spec.layers
                        if layer.is_op or layer.class_name in _NO_AUTOCAST or layer.model is not None}
         self._autocast = [name not in no_autocast for name, *_ in self.schedule]
+        # per scheduled call, whether the layer computes an integer or bool input in its floating
+        # dtype (Keras's matmul and normalizations promote them: a Dense or an LSTM on int32
+        # features gives float32)
+        promotes = {layer.name for layer in spec.layers if not layer.is_op and _promotes_integers(layer)}
+        self._promote = [name in promotes for name, *_ in self.schedule]
 
     @staticmethod
     def _schedule(spec: ModelSpec, path) -> List[Tuple[str, str, int, list, Optional[list]]]:
@@ -158,13 +163,13 @@ class KerasModel(nn.Module):
 
         name, xs = "", []
         try:
-            for (name, key, call, refs, mask_refs), dropped, autocast in zip(self.schedule, self.masks_dropped,
-                                                                             self._autocast):
+            for (name, key, call, refs, mask_refs), dropped, autocast, promote in zip(
+                    self.schedule, self.masks_dropped, self._autocast, self._promote):
                 got = [g for r in refs for g in fetch(r)]
                 xs = [t for t, _ in got]
                 if autocast and floating is not None:  # (a tensor an operation cast to another float dtype)
-                    xs = [x.to(floating) if isinstance(x, Tensor) and x.is_floating_point() and x.dtype != floating
-                          else x for x in xs]
+                    xs = [x.to(floating) if isinstance(x, Tensor) and (x.is_floating_point() or promote)
+                          and not x.is_complex() and x.dtype != floating else x for x in xs]
                 ms = [m for _, m in got]
                 for j in dropped:
                     ms[j] = None
@@ -295,6 +300,21 @@ class KerasModel(nn.Module):
         version = getattr(self, "keras_version", None)
         return (f"'{self.name}': {len(self.layers)} layers, {params:,} parameters, inputs {inputs}"
                 + (f", from Keras {version}" if version else ""))
+
+
+# Keras layers that compute an integer or bool input in their floating dtype (ops.matmul's type
+# promotion; tf.keras's Dense casts); wrappers do where their layer does. (LayerNormalization and
+# GroupNormalization take some of their steps in the integers: not these.)
+_PROMOTES_INTEGERS = frozenset(("Dense", "LSTM", "GRU", "SimpleRNN", "CuDNNLSTM", "CuDNNGRU", "RNN",
+                                "BatchNormalization", "UnitNormalization", "PReLU"))
+_WRAPPERS = frozenset(("Bidirectional", "TimeDistributed"))
+
+
+def _promotes_integers(layer) -> bool:
+    if layer.class_name in _WRAPPERS:
+        inner = layer.config.get("layer") if isinstance(layer.config, dict) else None
+        return isinstance(inner, dict) and inner.get("class_name") in _PROMOTES_INTEGERS
+    return layer.class_name in _PROMOTES_INTEGERS
 
 
 _NO_AUTOCAST = frozenset(("TFOpLambda", "SlicingOpLambda", "Embedding", "ReversibleEmbedding", "CategoryEncoding",

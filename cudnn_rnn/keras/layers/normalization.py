@@ -62,7 +62,11 @@ class Normalization(_Single):
         if self.kind == "batch":
             y = (x - _along(self.moving_mean, axes, x)) * torch.rsqrt(_along(self.moving_variance, axes, x) + self.epsilon)
         else:
-            return self._layer_norm(x, axes)
+            y = self._layer_norm(x, axes)
+            if y.is_floating_point():
+                return y
+            # an integer input: Keras's result in its dtype (truncated), cast to the compute dtype
+            return y.to(next((t.dtype for t in (self.gamma, self.beta) if t is not None), torch.float32))
         if self.gamma is not None:
             y = y * _along(self.gamma, axes, x)
         if self.beta is not None:
