@@ -134,7 +134,7 @@ def _failing_layer(error: BaseException):
     """(the layer, a path through nested models, whose call raised while the model was traced:
     the `name` of each forward_with_masks frame on the traceback, outermost first; the exception
     it raised) for `error` or the exceptions it was raised from (an exporter's wrapper), else
-    ("", error)."""
+    ("", None)."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
