@@ -602,8 +602,8 @@ def _fingerprint_cat64(fp1: torch.Tensor, fp2: torch.Tensor) -> torch.Tensor:
 class HashedCrossing(nn.Module):
     """keras.layers.HashedCrossing over two or more features of equal shape, each (), (batch,)
     or (batch, 1): integers (tensors or numpy arrays), or strings (numpy arrays of str or bytes, or
-    lists of them). Output: the cross's bin (int64, or the config's int32; the features' shape) or its one-hot row, on
-    the first integer feature's device (the module's where all are strings)."""
+    lists of them). Output: the cross's bin (int64, or the config's int32; the features' shape) or
+    its one-hot row, on the first integer feature's device (the module's where all are strings)."""
 
     def __init__(self, num_bins: int, mode: str, dtype: torch.dtype):
         super().__init__()
