@@ -58,6 +58,7 @@ CASES = [
     ("tfk_more_tf_ops", "tfk_more_tf_ops.h5", None),
     ("tfk_more_tf_ops", "tfk_more_tf_ops.keras", None),
     ("tfk_unit_norm", "tfk_unit_norm.h5", None),
+    ("tfk_int_inputs", "tfk_int_inputs.h5", None),
     ("tfk_random_crop", "tfk_random_crop.h5", None),
     ("k3_applications_layers", "k3_applications_layers.keras", None),
     ("k3_applications_layers", "k3_applications_layers.h5", None),

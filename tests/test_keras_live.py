@@ -1043,17 +1043,19 @@ def test_relu_slope_named_alpha_as_keras_2_0_wrote_it(tmp_path):
 def test_integer_and_bool_inputs_of_float_layers(dtype, tmp_path):
     """Integer or bool features fed straight into layers with float weights: Keras's matmul
     promotes them (Dense, the recurrent layers, Bidirectional, TimeDistributed(Dense),
-    BatchNormalization, PReLU, UnitNormalization: float32 outputs), LayerNormalization computes in
-    the input's dtype and casts to float32. The converted model failed to load on the first kind
-    ("expected m1 and m2 to have the same dtype") and gave LayerNormalization's result as int32."""
+    BatchNormalization, PReLU, UnitNormalization; the means of GlobalAveragePooling1D and Average:
+    float32 outputs), LayerNormalization computes in the input's dtype and casts
+    to float32. The converted model failed to load on these ("expected m1 and m2 to have the same
+    dtype", "mean(): could not infer output dtype") and gave LayerNormalization's result as int32."""
     rng = np.random.RandomState(11)
     seq, flat = keras.Input((5, 2), dtype=dtype), keras.Input((6,), dtype=dtype)
     outputs = [layers.Dense(3)(flat), layers.LSTM(3)(seq), layers.GRU(3)(seq), layers.SimpleRNN(3)(seq),
                layers.Bidirectional(layers.LSTM(2))(seq), layers.RNN(layers.LSTMCell(2))(seq),
                layers.TimeDistributed(layers.Dense(2))(seq), layers.BatchNormalization()(flat),
-               layers.LayerNormalization()(flat), layers.UnitNormalization()(flat)]
-    if dtype != "bool":  # (Keras's relu takes no bool)
-        outputs.append(layers.PReLU()(flat))
+               layers.LayerNormalization()(flat), layers.UnitNormalization()(flat),
+               layers.GlobalAveragePooling1D()(seq)]
+    if dtype != "bool":  # (Keras's relu takes no bool; its Average adds bools as logical or)
+        outputs += [layers.PReLU()(flat), layers.Average()([flat, flat])]
     model = keras.Model([seq, flat], outputs)
     model.set_weights([rng.uniform(0.5, 1.5, w.shape).astype("float32") if "variance" in v.path
                        else rng.uniform(-0.8, 0.8, w.shape).astype("float32")
@@ -1069,3 +1071,37 @@ def test_integer_and_bool_inputs_of_float_layers(dtype, tmp_path):
     for j, (g, e) in enumerate(zip(got, expected)):
         assert e.dtype == np.float32 and g.dtype == torch.float32, f"output {j}: {g.dtype}, Keras {e.dtype}"
         np.testing.assert_allclose(g.numpy(), e, rtol=1e-5, atol=1e-5, err_msg=f"output {j}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_a_model_without_weights_computes_in_float32(dtype, tmp_path):
+    """A graph without weights (merges, pooling, softmax, normalisation) given float16, bfloat16
+    or float64 tensors: Keras casts them to the layers' float32 and returns float32 (the converted
+    model computed in the input's precision: 1e-4 to 4e-3 away in half precision, and
+    UnitNormalization of a float16 input overflowed)."""
+    a, b = keras.Input((5, 4), dtype=dtype), keras.Input((5, 4), dtype=dtype)
+    outputs = [layers.Add()([a, b]), layers.GlobalAveragePooling1D()(a), layers.Softmax()(b),
+               layers.UnitNormalization()(a), layers.Dot(axes=2)([a, b])]
+    model = keras.Model([a, b], outputs)
+    model.save(tmp_path / "m.keras")
+    rng = np.random.RandomState(4)
+    xs = [torch.from_numpy(rng.uniform(-3, 3, (2, 5, 4)).astype("float32")).to(getattr(torch, dtype))
+          for _ in range(2)]
+    expected = [keras.ops.convert_to_numpy(y) for y in model(xs)]
+    converted = load_keras(str(tmp_path / "m.keras"))
+    got = converted(*xs)
+    for j, (g, e) in enumerate(zip(got, expected)):
+        assert e.dtype == np.float32 and g.dtype == torch.float32, f"output {j}: {g.dtype}, Keras {e.dtype}"
+        np.testing.assert_allclose(g.numpy(), e, rtol=1e-5, atol=1e-5, err_msg=f"output {j}")
+    assert converted.double()(*xs)[0].dtype == torch.float64  # (.double() still moves the compute dtype)
+
+
+def test_a_quantized_layer_is_refused_by_name(tmp_path):
+    """A model Keras 3 quantized (model.quantize("int8"): an int8 kernel and its scales) is refused
+    in one line naming the layer and what to convert instead."""
+    model = keras.Sequential([keras.Input((4,)), layers.Dense(3, name="head")])
+    model.quantize("int8")
+    model.save(tmp_path / "q.keras")
+    with pytest.raises(ConversionError, match=r"layer 'head': the layer is quantized by Keras \(int8\).*before "
+                                              r"model.quantize\(\)"):
+        load_keras(str(tmp_path / "q.keras"))

@@ -344,6 +344,7 @@ def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, whe
         if _is_op(layer, custom):
             modules[layer.name] = build_op(layer, ctx)
             continue
+        _not_quantized(layer, path)
         build = find_builder(layer.class_name, BUILDERS, custom)  # _check_classes made sure there is one
         try:
             modules[layer.name] = build(layer.config, ctx)
@@ -353,7 +354,18 @@ def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, whe
             raise ConversionError(path, f"{layer.class_name} config cannot be converted ({type(e).__name__}: "
                                         f"{str(e)[:300]})", layer.name) from None
     return KerasModel(spec, modules, path, [_input_spec(spec, ref, path) for ref in spec.inputs],
-                      keras3=keras_major(version) >= 3)
+                      keras3=keras_major(version) >= 3, dtype=dtype)
+
+
+def _not_quantized(layer, path) -> None:
+    """Refuses a layer that Keras 3's quantize() turned to int8 / int4 / float8 (a quantized dtype
+    policy; its weights are the quantized kernel and its scales)."""
+    policy = layer.config.get("dtype") if isinstance(layer.config, dict) else None
+    if isinstance(policy, dict) and "Quantized" in str(policy.get("class_name", "")):
+        mode = policy.get("config", {}).get("mode") if isinstance(policy.get("config"), dict) else None
+        raise ConversionError(path, f"the layer is quantized by Keras ({str(mode or policy['class_name'])[:20]}), "
+                                    "which is not supported: convert the float model (before model.quantize()); "
+                                    "cudnn_rnn.quantize_dynamic quantizes the converted one", layer.name)
 
 
 def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:

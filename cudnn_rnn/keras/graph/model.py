@@ -32,8 +32,12 @@ class KerasModel(nn.Module):
     Keras model has several outputs; forward_with_masks also returns the output masks."""
 
     def __init__(self, spec: ModelSpec, modules: Dict[str, nn.Module], path: str, input_specs: List[tuple],
-                 keras3: bool = False):
+                 keras3: bool = False, dtype: torch.dtype = torch.float32):
         super().__init__()
+        # The floating dtype the layers compute in, for a model without floating parameters (a
+        # preprocessing or merge-only graph): Keras casts float16 / float64 inputs to it. A
+        # zero-size buffer, so that .to() / .double() move it as they move parameters.
+        self.register_buffer("compute_dtype_anchor", torch.zeros(0, dtype=dtype), persistent=False)
         self.name = spec.name
         self.spec = spec  # the parsed graph (plain data): what save_keras walks
         self.layers = nn.ModuleDict({_module_key(n): m for n, m in modules.items()})
@@ -46,6 +50,7 @@ class KerasModel(nn.Module):
         self.masks_dropped = self._masks_dropped(spec, self.schedule) if keras3 else [()] * len(self.schedule)
         self._floating = self._parameter_dtype()
         self._cast_inputs = [v is None for v in self.input_vocabularies()]
+        self._entry_dtypes = [_HALF.get(dtype) for dtype, _ in input_specs]
         # per scheduled call, whether Keras casts its floating inputs to the layer's compute dtype
         # (a layer's autocast). Not: recorded operations and tf.keras's TFOpLambda, which take
         # tensors as they are; the layers that read ids (Keras converts nothing for them); nested
@@ -56,8 +61,8 @@ class KerasModel(nn.Module):
         # per scheduled call, whether the layer computes an integer or bool input in its floating
         # dtype (Keras's matmul and normalizations promote them: a Dense or an LSTM on int32
         # features gives float32)
-        promotes = {layer.name for layer in spec.layers if not layer.is_op and _promotes_integers(layer)}
-        self._promote = [name in promotes for name, *_ in self.schedule]
+        promotes = {layer.name: _promotes_integers(layer, keras3) for layer in spec.layers if not layer.is_op}
+        self._promote = [promotes.get(name, _NO_PROMOTION) for name, *_ in self.schedule]
 
     @staticmethod
     def _schedule(spec: ModelSpec, path) -> List[Tuple[str, str, int, list, Optional[list]]]:
@@ -150,10 +155,13 @@ class KerasModel(nn.Module):
                            for k, (x, convert) in enumerate(zip(inputs, numeric)))
         # Floating inputs in the parameters' dtype, as Keras casts them to each layer's compute
         # dtype; not the ids an Embedding reads (it casts nothing: 257.0 stays 257 in bfloat16).
+        # An Input declared float16 / bfloat16 keeps that dtype (Keras converts an input to its
+        # Input's dtype: the operations and an output that is the input see it; layers cast it).
         floating = self._floating
-        inputs = tuple(x.to(floating) if cast and floating is not None and isinstance(x, Tensor)
-                       and x.is_floating_point() and x.dtype != floating else x
-                       for x, cast in zip(inputs, self._cast_inputs))
+        inputs = tuple(x.to(self._entry_dtypes[k] or floating) if cast and floating is not None
+                       and isinstance(x, Tensor) and x.is_floating_point()
+                       and x.dtype != (self._entry_dtypes[k] or floating) else x
+                       for k, (x, cast) in enumerate(zip(inputs, self._cast_inputs)))
         for k, (ref, x) in enumerate(zip(self.input_refs, inputs)):
             env[(ref[0], ref[1])] = ([x], [masks[k] if masks else None])
 
@@ -168,8 +176,8 @@ class KerasModel(nn.Module):
                 got = [g for r in refs for g in fetch(r)]
                 xs = [t for t, _ in got]
                 if autocast and floating is not None:  # (a tensor an operation cast to another float dtype)
-                    xs = [x.to(floating) if isinstance(x, Tensor) and (x.is_floating_point() or promote)
-                          and not x.is_complex() and x.dtype != floating else x for x in xs]
+                    xs = [x.to(floating) if isinstance(x, Tensor) and x.dtype != floating and (
+                        x.is_floating_point() or x.dtype in promote) else x for x in xs]
                 ms = [m for _, m in got]
                 for j in dropped:
                     ms[j] = None
@@ -262,11 +270,12 @@ class KerasModel(nn.Module):
                 module.reset_states()
 
     def _parameter_dtype(self) -> Optional[torch.dtype]:
-        """The floating dtype of the parameters, None without any; kept in _floating (set at
+        """The floating dtype of the parameters, or (none) the one the model was built to compute
+        in (compute_dtype_anchor, which .to() moves too); kept in _floating (set at
         construction and by _apply: .to(), .double(), ...), so that forward only reads it.
         Parameters replaced around _apply (load_state_dict(assign=True) of another dtype,
         p.data = ...) leave it as it was."""
-        return next((p.dtype for p in self.parameters() if p.is_floating_point()), None)
+        return next((p.dtype for p in self.parameters() if p.is_floating_point()), self.compute_dtype_anchor.dtype)
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
@@ -303,18 +312,33 @@ class KerasModel(nn.Module):
 
 
 # Keras layers that compute an integer or bool input in their floating dtype (ops.matmul's type
-# promotion; tf.keras's Dense casts); wrappers do where their layer does. (LayerNormalization and
-# GroupNormalization take some of their steps in the integers: not these.)
+# promotion; tf.keras's Dense casts); wrappers do where their layer does. Keras 3 also takes the
+# means of GlobalAveragePooling and Average in floats (tf.keras's are integer means); tf.keras's
+# LayerNormalization casts its input, where Keras 3's takes some of its steps in the integers (the
+# layer casts its result). (Keras 3's GroupNormalization of integers is not reproduced.)
 _PROMOTES_INTEGERS = frozenset(("Dense", "LSTM", "GRU", "SimpleRNN", "CuDNNLSTM", "CuDNNGRU", "RNN",
                                 "BatchNormalization", "UnitNormalization", "PReLU"))
+_PROMOTES_INTEGERS_KERAS3 = frozenset(("GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalAveragePooling3D"))
+_PROMOTES_INTEGERS_KERAS2 = frozenset(("LayerNormalization",))
 _WRAPPERS = frozenset(("Bidirectional", "TimeDistributed"))
+_INTEGERS = frozenset((torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32,
+                       torch.uint64))
+_NO_PROMOTION: frozenset = frozenset()
+_HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _promotes_integers(layer) -> bool:
-    if layer.class_name in _WRAPPERS:
+def _promotes_integers(layer, keras3: bool) -> frozenset:
+    """The input dtypes the layer computes in its floating dtype: integers and bool, or (Average)
+    integers only, or none."""
+    name = layer.class_name
+    if name in _WRAPPERS:
         inner = layer.config.get("layer") if isinstance(layer.config, dict) else None
-        return isinstance(inner, dict) and inner.get("class_name") in _PROMOTES_INTEGERS
-    return layer.class_name in _PROMOTES_INTEGERS
+        name = inner.get("class_name") if isinstance(inner, dict) else None
+    if name in _PROMOTES_INTEGERS or (name in (_PROMOTES_INTEGERS_KERAS3 if keras3 else _PROMOTES_INTEGERS_KERAS2)):
+        return _INTEGERS | {torch.bool}
+    if keras3 and name == "Average":  # (Keras adds bools as logical or)
+        return _INTEGERS
+    return _NO_PROMOTION
 
 
 _NO_AUTOCAST = frozenset(("TFOpLambda", "SlicingOpLambda", "Embedding", "ReversibleEmbedding", "CategoryEncoding",

@@ -183,6 +183,9 @@ def _parse_calls(entry: dict, path) -> List[Call]:
                             kwargs[k] = _tensor_args(v, inputs, path, k)
                         elif isinstance(v, list) and v and all(_is_node_item(r) for r in v):  # initial_state refs
                             kwargs[k] = [_ref(r, path, f"the {k} argument") for r in v]
+                        elif k == "mask" and isinstance(v, list) and any(_is_node_item(r) for r in v) and all(
+                                r is None or _is_node_item(r) for r in v):  # per input, None where one has none
+                            kwargs[k] = [_ref(r, path, "the mask argument") if r is not None else None for r in v]
                         elif _is_node_item(v):
                             kwargs[k] = [_ref(v, path, f"the {k} argument")]
                         else:

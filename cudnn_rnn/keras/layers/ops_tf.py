@@ -109,6 +109,24 @@ def _tf_gather(params, indices, validate_indices=None, axis=None, batch_dims=0):
     return gather(params, indices, 0 if axis is None else axis % params.dim())
 
 
+def _tf_int(x):
+    """The dtype TensorFlow keeps a sum or product of x in: x's own for integers (wrapping as
+    they do), else None (torch's)."""
+    return x.dtype if not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool) else None
+
+
+def _tf_mean(x, dims, k):
+    """tf.reduce_mean over its axes together: of integers, the sum (not wrapping, unlike
+    tf.reduce_sum's) divided by the count, truncating, in their dtype."""
+    if _tf_int(x) is None:
+        return x.mean(dim=dims, keepdim=k)
+    count = 1
+    for d in dims:
+        count *= x.shape[d]
+    total = x.sum(dim=dims, keepdim=k, dtype=torch.int64)
+    return torch.div(total, max(count, 1), rounding_mode="trunc").to(x.dtype)
+
+
 def _tf_cumulative(fn, identity: float):
     """tf.math.cumsum / cumprod: exclusive (each without its own element: y shifted one step
     behind `identity`) and reverse."""
@@ -117,7 +135,7 @@ def _tf_cumulative(fn, identity: float):
         y = x.flip(dim) if reverse else x
         if exclusive:
             y = torch.cat([torch.full_like(y.narrow(dim, 0, 1), identity), y.narrow(dim, 0, y.shape[dim] - 1)], dim)
-        out = fn(y, dim)
+        out = fn(y, dim, dtype=_tf_int(y))  # (integers in their dtype, as TensorFlow)
         return out.flip(dim) if reverse else out
     return cumulative
 
@@ -363,14 +381,15 @@ def _tf_space(fn):
 
 _TF_FUNCTIONS: Dict[str, Callable] = {
     **{f"{p}reduce_{n}": over_axes(f) for p in ("math.", "") for n, f in (
-        ("sum", lambda x, a, k: x.sum(dim=a, keepdim=k)), ("mean", lambda x, a, k: x.mean(dim=a, keepdim=k)),
+        ("sum", lambda x, a, k: x.sum(dim=a, keepdim=k, dtype=_tf_int(x))),
         ("max", lambda x, a, k: x.amax(dim=a, keepdim=k)), ("min", lambda x, a, k: x.amin(dim=a, keepdim=k)),
-        ("prod", lambda x, a, k: x.prod(dim=a, keepdim=k)), ("any", lambda x, a, k: x.bool().any(dim=a, keepdim=k)),
+        ("prod", lambda x, a, k: x.prod(dim=a, keepdim=k, dtype=_tf_int(x))),
+        ("any", lambda x, a, k: x.bool().any(dim=a, keepdim=k)),
         ("all", lambda x, a, k: x.bool().all(dim=a, keepdim=k)),
         ("logsumexp", lambda x, a, k: torch.logsumexp(x, dim=a, keepdim=k)))},
     # (over all their axes at once: a variance of variances is not the variance)
     **{f"{p}reduce_{n}": _tf_whole(f) for p in ("math.", "") for n, f in (
-        ("std", lambda x, dims, k: x.std(dim=dims, keepdim=k, unbiased=False)),
+        ("mean", _tf_mean), ("std", lambda x, dims, k: x.std(dim=dims, keepdim=k, unbiased=False)),
         ("variance", lambda x, dims, k: x.var(dim=dims, keepdim=k, unbiased=False)))},
     "concat": lambda values, axis: torch.cat(list(values), dim=axis),
     "stack": lambda values, axis=0: torch.stack(list(values), dim=axis),
