@@ -321,3 +321,15 @@ def test_a_layer_export_cannot_trace_is_named(tmp_path, monkeypatch, capsys):
         err = capsys.readouterr().err
         assert f"m.{ext}: cannot be exported" in err and "layer '" in err and "convert to .pt" in err, err
         assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+
+
+def test_integer_outputs_keep_keras_dtypes():
+    """tf.keras's integer outputs in their dtypes: TensorFlow's reductions and cumulative sums of
+    uint8 / int8 / int32 in the input's dtype, Discretization's bins in int64 (Keras 3's: int32)."""
+    model, stored = load_keras(os.path.join(DATA, "tfk_int_inputs.h5")), np.load(os.path.join(DATA, "tfk_int_inputs.npz"))
+    with torch.no_grad():
+        out = model(*[torch.from_numpy(stored[f"input_{i}"]) for i in range(6)])
+    kinds = [(str(y.dtype), str(stored[f"output_{j}"].dtype)) for j, y in enumerate(out)]
+    integer = [(ours, theirs) for ours, theirs in kinds if theirs[0] in "iu"]
+    assert len(integer) == 8
+    assert all(ours == f"torch.{theirs}" for ours, theirs in integer), integer

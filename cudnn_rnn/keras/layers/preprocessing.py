@@ -280,8 +280,9 @@ def build_discretization(cfg, ctx):
         raise ctx.error(f"config bin_boundaries={str(boundaries)[:60]!r}; expected a sorted list of numbers (an "
                         "adapted layer stores them)")
     mode = Values(cfg, ctx).str("output_mode", "int", _MODES)
+    # (bins: int32 in Keras 3, int64 in tf.keras)
     return Discretization(torch.tensor([float(b) for b in boundaries], dtype=torch.float64), mode,
-                          _output_dtype(ctx, mode, torch.int32))
+                          _output_dtype(ctx, mode, torch.int32 if ctx.keras_major >= 3 else torch.int64))
 
 
 @builder("CategoryEncoding", weights=False)
