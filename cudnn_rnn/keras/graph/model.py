@@ -158,9 +158,9 @@ class KerasModel(nn.Module):
         # An Input declared float16 / bfloat16 keeps that dtype (Keras converts an input to its
         # Input's dtype: the operations and an output that is the input see it; layers cast it).
         floating = self._floating
-        inputs = tuple(x.to(self._entry_dtypes[k] or floating) if cast and floating is not None
-                       and isinstance(x, Tensor) and x.is_floating_point()
-                       and x.dtype != (self._entry_dtypes[k] or floating) else x
+        entry = [half or floating for half in self._entry_dtypes]
+        inputs = tuple(x.to(entry[k]) if cast and isinstance(x, Tensor) and x.is_floating_point()
+                       and x.dtype != entry[k] else x
                        for k, (x, cast) in enumerate(zip(inputs, self._cast_inputs)))
         for k, (ref, x) in enumerate(zip(self.input_refs, inputs)):
             env[(ref[0], ref[1])] = ([x], [masks[k] if masks else None])
@@ -175,7 +175,7 @@ class KerasModel(nn.Module):
                     self.schedule, self.masks_dropped, self._autocast, self._promote):
                 got = [g for r in refs for g in fetch(r)]
                 xs = [t for t, _ in got]
-                if autocast and floating is not None:  # (a tensor an operation cast to another float dtype)
+                if autocast:  # (a tensor an operation cast to another float dtype)
                     xs = [x.to(floating) if isinstance(x, Tensor) and x.dtype != floating and (
                         x.is_floating_point() or x.dtype in promote) else x for x in xs]
                 ms = [m for _, m in got]
@@ -206,7 +206,7 @@ class KerasModel(nn.Module):
         default integer, what an exported program then takes), floats in the parameters' dtype.
         any_length: the second dimension of a sequence is ``time`` where the file declares a fixed
         length too (length_inputs)."""
-        float_dtype = self._floating or torch.float32
+        float_dtype = self._floating
         out = []
         for dtype, shape in self.input_specs:
             dims = [batch] + [time if _takes_time(j, d, any_length, dtype, len(shape)) else int(d)
@@ -269,7 +269,7 @@ class KerasModel(nn.Module):
             if isinstance(module, (rnn_layers._RNNBase, conv_lstm._ConvLSTM)):
                 module.reset_states()
 
-    def _parameter_dtype(self) -> Optional[torch.dtype]:
+    def _parameter_dtype(self) -> torch.dtype:
         """The floating dtype of the parameters, or (none) the one the model was built to compute
         in (compute_dtype_anchor, which .to() moves too); kept in _floating (set at
         construction and by _apply: .to(), .double(), ...), so that forward only reads it.
