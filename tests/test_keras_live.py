@@ -1105,3 +1105,35 @@ def test_a_quantized_layer_is_refused_by_name(tmp_path):
     with pytest.raises(ConversionError, match=r"layer 'head': the layer is quantized by Keras \(int8\).*before "
                                               r"model.quantize\(\)"):
         load_keras(str(tmp_path / "q.keras"))
+
+
+@pytest.mark.keras
+def test_inputs_as_a_dict_or_a_list_as_keras_takes_them(tmp_path):
+    """A model built on dicts (keys other than the Input names, not in sorted order) takes a dict
+    by those keys and returns its outputs in output_keys' order, each Keras's; a model built on a
+    list takes a dict by Input names, or one list; a dict without a key is refused naming it."""
+    z = keras.Input((5, 4), name="zeta")
+    a = keras.Input((3,), name="alpha")
+    seq = layers.LSTM(6, name="lstm")(z)
+    both = layers.Dense(2, name="head")(layers.Concatenate()([seq, a]))
+    rng = np.random.RandomState(5)
+    xz, xa = rng.uniform(-1, 1, (2, 5, 4)).astype("float32"), rng.uniform(-1, 1, (2, 3)).astype("float32")
+
+    keyed = keras.Model({"z_in": z, "a_in": a}, {"y_head": both, "y_seq": seq})
+    keyed.save(tmp_path / "keyed.keras")
+    expected = {k: keras.ops.convert_to_numpy(v) for k, v in keyed({"z_in": xz, "a_in": xa}).items()}
+    converted = load_keras(str(tmp_path / "keyed.keras"))
+    assert converted.input_keys == ["z_in", "a_in"] and converted.output_keys == ["y_head", "y_seq"]
+    got = converted({"a_in": torch.from_numpy(xa), "z_in": xz, "unused": 0})
+    for key, g in zip(converted.output_keys, got):
+        np.testing.assert_allclose(g.detach().numpy(), expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    with pytest.raises(ValueError, match=r"takes a dict with the keys 'z_in', 'a_in'; the one given lacks 'a_in'"):
+        converted({"z_in": xz, "alpha": xa})
+
+    listed = keras.Model([z, a], both)
+    listed.save(tmp_path / "listed.keras")
+    expected = keras.ops.convert_to_numpy(listed({"alpha": xa, "zeta": xz}))
+    converted = load_keras(str(tmp_path / "listed.keras"))
+    assert converted.input_keys == ["zeta", "alpha"] and converted.output_keys is None
+    for got in (converted({"alpha": xa, "zeta": xz}), converted([xz, xa]), converted((xz, xa)), converted(xz, xa)):
+        np.testing.assert_allclose(got.detach().numpy(), expected, rtol=1e-5, atol=1e-6)

@@ -29,7 +29,11 @@ def _takes_time(j: int, size, any_length: bool, dtype: str, rank: int) -> bool:
 
 class KerasModel(nn.Module):
     """Runs the rebuilt graph. forward(*inputs) returns the output tensor, or a list when the
-    Keras model has several outputs; forward_with_masks also returns the output masks."""
+    Keras model has several outputs; forward_with_masks also returns the output masks.
+
+    The inputs come as Keras takes them: one argument per input, one list of them, or one dict
+    keyed by the model's input keys (``input_keys``: those of a model built on a dict, else its
+    Input layers' names; keys besides them are ignored, as Keras ignores them)."""
 
     def __init__(self, spec: ModelSpec, modules: Dict[str, nn.Module], path: str, input_specs: List[tuple],
                  keras3: bool = False, dtype: torch.dtype = torch.float32):
@@ -43,6 +47,10 @@ class KerasModel(nn.Module):
         self.layers = nn.ModuleDict({_module_key(n): m for n, m in modules.items()})
         self.input_refs = [(r.layer, r.call, r.output) for r in spec.inputs]
         self.output_refs = [(r.layer, r.call, r.output) for r in spec.outputs]
+        # What a dict of inputs is keyed by (the dict's keys of a model built on one, else the
+        # Input layers' names), and the keys of a dict of outputs (None: the config lists them)
+        self.input_keys = list(spec.input_keys or [r.layer for r in spec.inputs])
+        self.output_keys = list(spec.output_keys) if spec.output_keys else None
         self.single_output = spec.single_output and len(spec.outputs) == 1
         self.input_specs = input_specs  # (Keras dtype name, batch shape with None for free dims) per input
         self.schedule = self._schedule(spec, path)
@@ -140,6 +148,7 @@ class KerasModel(nn.Module):
                            name_failures: bool = False):
         """name_failures (load_keras's trial run): an exception in a layer comes out as a
         LayerFailure naming the layer (and the nested models it sits in)."""
+        inputs = self._positional(inputs)
         if len(inputs) != len(self.input_refs):
             raise ValueError(f"{self.name} takes {len(self.input_refs)} input(s); got {len(inputs)}")
         env: Dict[Tuple[str, int], Tuple[List[Tensor], List[Optional[Tensor]]]] = {}
@@ -199,6 +208,23 @@ class KerasModel(nn.Module):
             raise named from e
         results = [g for r in self.output_refs for g in fetch(r)]
         return [t for t, _ in results], [m for _, m in results]
+
+    def _positional(self, inputs: tuple) -> tuple:
+        """The inputs one per position, from a dict of them (by input_keys) or a list of them."""
+        if len(inputs) != 1:
+            return inputs
+        only = inputs[0]
+        if isinstance(only, dict):
+            missing = [k for k in self.input_keys if k not in only]
+            if missing:
+                raise ValueError(f"{self.name} takes a dict with the keys {few(self.input_keys)}; "
+                                 f"the one given lacks {few(missing)} (it has {few([str(k) for k in only])})")
+            return tuple(only[k] for k in self.input_keys)
+        # a list of the inputs (not a list of strings: one string input's batch)
+        if isinstance(only, (list, tuple)) and len(only) == len(self.input_refs) and all(
+                isinstance(x, (Tensor, np.ndarray)) for x in only) and (len(only) > 1 or not self.string_inputs()):
+            return tuple(only)
+        return inputs
 
     def example_inputs(self, batch: int = 2, time: int = 5, any_length: bool = False) -> List[Tensor]:
         """Inputs of the declared shapes (free dimensions: batch, then time) for tracing,

@@ -79,6 +79,10 @@ class ModelSpec:
     inputs: List[Ref]
     outputs: List[Ref]
     single_output: bool = True
+    # The keys of a model built on dicts (keras.Model({"a": x, ...}, {"y": out, ...})), in the
+    # config's order, one per input / output; None where the config lists them.
+    input_keys: Optional[List[str]] = None
+    output_keys: Optional[List[str]] = None
 
 
 def snake_case(name: str) -> str:
@@ -246,6 +250,13 @@ def _endpoint_refs(value, path, what) -> List[Ref]:
     return refs
 
 
+def _endpoint_keys(value, refs: List[Ref]) -> Optional[List[str]]:
+    """The keys of a dict of endpoints, each naming one of refs (in order); None otherwise."""
+    if not isinstance(value, dict) or len(value) != len(refs) or not all(isinstance(k, str) for k in value):
+        return None
+    return list(value)
+
+
 def parse_model(config: dict, path) -> ModelSpec:
     """A ModelSpec from a serialized model ({"class_name": ..., "config": ...})."""
     if not isinstance(config, dict) or not isinstance(config.get("class_name"), str):
@@ -341,9 +352,11 @@ def _parse_functional(body, path) -> ModelSpec:
     outputs_cfg = body.get("output_layers")
     outputs = _endpoint_refs(outputs_cfg, path, "output_layers")
     single = isinstance(outputs_cfg, list) and len(outputs_cfg) >= 3 and isinstance(outputs_cfg[0], str)
-    spec = ModelSpec(_name(body, "model"), "Functional", layers,
-                     _endpoint_refs(body.get("input_layers"), path, "input_layers"), outputs,
-                     single_output=single or len(outputs) == 1)
+    inputs_cfg = body.get("input_layers")
+    inputs = _endpoint_refs(inputs_cfg, path, "input_layers")
+    spec = ModelSpec(_name(body, "model"), "Functional", layers, inputs, outputs,
+                     single_output=single or len(outputs) == 1, input_keys=_endpoint_keys(inputs_cfg, inputs),
+                     output_keys=_endpoint_keys(outputs_cfg, outputs))
     if _keras3_nodes(body["layers"]):
         _renumber_nested_outputs(spec)
     else:
