@@ -109,6 +109,8 @@ def test_fixture_matches_keras(fixture, filename, architecture):
     assert len(out) == len(expected)
     for i, (a, b) in enumerate(zip(out, expected)):
         assert tuple(a.shape) == b.shape, f"output {i}"
+        if b.dtype.kind in "iub":  # integer and bool outputs in Keras's dtype
+            assert str(a.dtype) == f"torch.{b.dtype}", f"output {i} of {filename}: {a.dtype}, Keras {b.dtype}"
         a, nan = a.numpy(), np.isnan(b)
         if (fixture, i) in EXPECTED_NAN:  # NaN where Keras computes NaN, and only there
             assert nan.any() and (np.isnan(a) == nan).all(), f"output {i} of {filename}: NaN at other places"

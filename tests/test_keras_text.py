@@ -33,6 +33,7 @@ def _check(out, stored):
     for j, y in enumerate(out):
         expected = stored[f"output_{j}"]
         assert tuple(y.shape) == expected.shape, f"output {j}"
+        assert str(y.dtype) == f"torch.{expected.dtype}", f"output {j}: {y.dtype}, Keras {expected.dtype}"
         if j in (1, 4, 5, 6, 10):  # ids
             assert y.dtype == torch.int64
             np.testing.assert_array_equal(y.numpy(), expected, err_msg=f"output {j}")
@@ -149,11 +150,12 @@ def test_text_model_is_not_exported(model, tmp_path, capsys):
 
 
 def test_text_model_on_another_dtype(model, stored):
-    """Encoded counts follow the model's floating dtype (model.double())."""
+    """tf_idf rows follow the model's floating dtype (model.double()); Keras 3's multi_hot and
+    count rows stay int64, as its ids do."""
     double = load_keras(PATH).double()
     with torch.no_grad():
         out = double(stored["input_0"], stored["input_1"])
-    assert out[2].dtype == torch.float64 and out[1].dtype == torch.int64
+    assert out[8].dtype == torch.float64 and out[2].dtype == out[3].dtype == out[1].dtype == torch.int64
     np.testing.assert_array_equal(out[3].numpy(), stored["output_3"])
 
 

@@ -259,6 +259,13 @@ def _output_dtype(ctx, mode: str, integer: torch.dtype) -> torch.dtype:
     return integer if mode == "int" else ctx.dtype
 
 
+def lookup_counts_dtype(ctx, mode: str) -> torch.dtype:
+    """The dtype of a lookup layer's encoded rows (IntegerLookup, StringLookup, TextVectorization):
+    Keras 3 encodes one_hot / multi_hot / count in int64, index_lookup's value dtype; tf.keras,
+    and tf_idf in both, in the layer's floating dtype."""
+    return torch.int64 if ctx.keras_major >= 3 and mode in ("one_hot", "multi_hot", "count") else ctx.dtype
+
+
 def _hash_int_dtype(cfg) -> torch.dtype:
     """The bins' dtype of Hashing / HashedCrossing in int mode: the config's "int32" or "int64"
     (Keras casts its output to the layer's dtype), int64 by default."""
@@ -342,7 +349,8 @@ class IntegerLookup(_Single):
     keeps_mask = False
 
     def __init__(self, vocabulary: torch.Tensor, num_oov: int, mask_token, oov_token: int, invert: bool,
-                 farmhash: bool = False, mode: str = "int", depth: Optional[int] = None):
+                 farmhash: bool = False, mode: str = "int", depth: Optional[int] = None,
+                 counts_dtype: torch.dtype = torch.float32):
         super().__init__()
         order = torch.argsort(vocabulary)
         # (not in the state_dict: the vocabulary is the file's, like a config value, not a weight)
@@ -350,7 +358,7 @@ class IntegerLookup(_Single):
         self.register_buffer("sorted_values", vocabulary[order], persistent=False)
         self.register_buffer("sorted_index", order, persistent=False)
         self.num_oov, self.mask_token, self.oov_token, self.invert = num_oov, mask_token, oov_token, invert
-        self.farmhash, self.mode = farmhash, mode
+        self.farmhash, self.mode, self.counts_dtype = farmhash, mode, counts_dtype
         self.masked = 1 if mask_token is not None and mode == "int" else 0
         self.first = self.masked + num_oov
         self.depth = depth if depth is not None else self.first + vocabulary.numel()
@@ -387,7 +395,7 @@ class IntegerLookup(_Single):
         y = torch.where(found, index + self.first, oov + self.masked)
         if self.masked:
             y = torch.where(x == self.mask_token, torch.zeros_like(x), y)
-        return y if self.mode == "int" else encode_categorical(y, self.mode, self.depth, torch.float32)
+        return y if self.mode == "int" else encode_categorical(y, self.mode, self.depth, self.counts_dtype)
 
 
 @builder("IntegerLookup", weights=False)
@@ -436,7 +444,8 @@ def build_integer_lookup(cfg, ctx):
     if len(set(values)) != len(values):
         raise ctx.error("IntegerLookup vocabulary holds a value twice")
     return IntegerLookup(torch.tensor(values, dtype=torch.int64), num_oov, mask_token, oov_token, invert,
-                         farmhash=oov_method == "farmhash", mode=mode, depth=depth)
+                         farmhash=oov_method == "farmhash", mode=mode, depth=depth,
+                         counts_dtype=lookup_counts_dtype(ctx, mode))
 
 
 # ---------------------------------------------------------------------------------------------

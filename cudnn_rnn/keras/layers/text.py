@@ -24,7 +24,7 @@ import torch
 
 from .base import _Single
 from .farmhash import fingerprint64, strings_of
-from .preprocessing import encode_categorical
+from .preprocessing import encode_categorical, lookup_counts_dtype
 from .registry import builder
 from .values import MAX_SIZE, Values
 
@@ -65,8 +65,8 @@ class _Vocabulary:
 
 
 class _Strings(_Single):
-    """A string layer: its outputs are made on the device (and encoded counts in the floating
-    dtype) the module is moved to, as the layers after it expect."""
+    """A string layer: its outputs are made on the device the module is moved to, encoded rows in
+    `dtype` (lookup_counts_dtype: the floating dtype, which .to() moves, or Keras 3's int64)."""
 
     keeps_mask = False
 
@@ -232,7 +232,7 @@ def build_string_lookup(cfg, ctx):
         raise ctx.error("StringLookup invert=True is not supported (it gives strings, which tensors cannot hold)")
     mode = v.str("output_mode", "int", ("int", "one_hot", "multi_hot", "count", "tf_idf"))
     table, depth, idf = _lookup_args(cfg, ctx, v, mode, None)
-    return StringLookup(table, mode, depth, ctx.dtype, idf)
+    return StringLookup(table, mode, depth, lookup_counts_dtype(ctx, mode), idf)
 
 
 @builder("TextVectorization", weights=_tf_idf)
@@ -260,4 +260,5 @@ def build_text_vectorization(cfg, ctx):
         raise ctx.error("TextVectorization with ngrams and no split is not supported (n-grams of a row's strings)")
     length = v.int("output_sequence_length", None, lo=0) if mode == "int" else None
     table, depth, idf = _lookup_args(cfg, ctx, v, mode, "")
-    return TextVectorization(table, standardize, split, widths, mode, length, depth, ctx.dtype, idf)
+    return TextVectorization(table, standardize, split, widths, mode, length, depth, lookup_counts_dtype(ctx, mode),
+                             idf)
