@@ -79,6 +79,9 @@ BASES = [
     ("keras-text", "k3_text.keras", None, "k3_text.npz", "keras"),
     # string and integer features hashed and crossed (HashedCrossing, Hashing), tf.keras 2's .h5
     ("legacy-crossing", "tk_crossing.h5", None, "tk_crossing.npz", "keras"),
+    # integer and uint8 / int8 inputs into float layers and TensorFlow reductions, an explicit
+    # mask list with a None (tf.keras 2's Attention)
+    ("legacy-int-inputs", "tfk_int_inputs.h5", None, "tfk_int_inputs.npz", "keras"),
     # the weights tree as tf.keras 2.13-2.15 wrote it on Windows (groups at the root, named with
     # backslashes): made from k3_sequential.keras when the seeds are prepared
     ("windows-tree", "k3_sequential.keras", None, "k3_sequential.npz", "windows"),
