@@ -77,12 +77,15 @@ BF16_LAYERS = {
 }
 
 
+@pytest.mark.parametrize("split", ["units", "rows"])
 @pytest.mark.parametrize("cell", list(BF16_LAYERS))
-def test_bfloat16_gemms_error_at_most_twice_torch(cell):
+def test_bfloat16_gemms_error_at_most_twice_torch(cell, split):
     """bfloat16 with its GEMMs in bfloat16 where this CPU has them (_C.cpu_bf16_gemms(): AMX or
     AVX512_BF16; else float32 throughout): outputs, input and weight gradients against a float32
     run, no more than twice torch.nn's bfloat16 error against its own float32 run. Sizes that
-    split units across threads, odd depths (the micro-kernel pads them), and a padded batch."""
+    split units across threads, odd depths (the micro-kernel pads them), and a padded batch; the
+    time loop's two splits forced (LSTM and SimpleRNN run rows apart: each row group's rows in
+    place, or gathered where the mask leaves holes; GRU keeps its unit blocks)."""
     torch.manual_seed(0)
     B, T, I, U = 64, 7, 23, 211  # 211 units: unit blocks split across threads, an odd depth
     layer = BF16_LAYERS[cell](I, U)
@@ -96,6 +99,7 @@ def test_bfloat16_gemms_error_at_most_twice_torch(cell):
     mask = torch.arange(T)[None, :] < torch.randint(1, T + 1, (B,))[:, None]
     before = torch.get_num_threads()
     torch.set_num_threads(2)
+    cudnn_rnn._C._testing.override_cpu_split(split)
     try:
         def torch_run(module, dtype):
             xx = x.detach().to(dtype).clone().requires_grad_(True)
@@ -115,6 +119,7 @@ def test_bfloat16_gemms_error_at_most_twice_torch(cell):
             for what, ours, theirs in zip(("output", "input gradient", "weight gradients (relative)"), ours_err, torch_err):
                 assert ours <= 2 * theirs + 1e-6, f"{what} {'masked' if m is not None else ''}: ours {ours:.2e} vs torch.nn {theirs:.2e}"
     finally:
+        cudnn_rnn._C._testing.override_cpu_split("")
         torch.set_num_threads(before)
 
 

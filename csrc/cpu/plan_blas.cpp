@@ -142,7 +142,7 @@ class BlasBackward final : public BackwardPlan<T> {
   // The row split's (one block of every unit): a row group's active rows, read and added in place
   // where they follow one another, else gathered into the group's own rows of the scratch
   // (ActiveRows::group_block) and added back.
-  bool add_grad_rows(const ActiveRows& act, const T* D, int64_t ld, T* dh) override {
+  bool add_grad_rows(int64_t, const ActiveRows& act, const T* D, int64_t ld, T* dh) override {
     if (blocks_.n != 1) return false;
     if (act.n == 0) return true;
     const int64_t K = G_ * u_;

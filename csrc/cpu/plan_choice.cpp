@@ -60,7 +60,11 @@ template <typename T>
 bool plan_rows_apart(const RnnConfig& cfg, bool backward) {
   const int64_t u = cfg.units, G = cfg.gates();
   if (int8_plan<T>(cfg)) return !backward;
-  if (!std::is_same_v<T, float> || bf16_plan<T>(cfg)) return false;
+  // bfloat16: LSTM and SimpleRNN on the AVX512_BF16 kernel (measured); oneDNN's AMX tiles multiply
+  // several times faster, which the row split's rule (streaming the kernel from L3 covered by a
+  // thread's rows) was not fitted for, so they keep the unit blocks.
+  if (bf16_plan<T>(cfg)) return cfg.cell != CellKind::GRU && std::string(bf16_gemm_kernel()) == "avx512_bf16";
+  if (!std::is_same_v<T, float>) return false;
   // The packed plan, and the BLAS plan where MKL's packed GEMM runs it (one thread per row group:
   // MKL inside a parallel region; measured on x86-64 Intel, where it is the default from K x N =
   // 2^18).

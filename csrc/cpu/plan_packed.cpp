@@ -145,7 +145,7 @@ class PackedBackward final : public BackwardPlan<float> {
     packed_gemm(act.n, w, K, D_, {rows, ld_}, panels_.const_data_ptr<float>() + from_j0, nullptr, true, dh + j0, {rows, u_});
   }
 
-  bool add_grad_rows(const ActiveRows& act, const float* D, int64_t ld, float* dh) override {
+  bool add_grad_rows(int64_t, const ActiveRows& act, const float* D, int64_t ld, float* dh) override {
     TORCH_INTERNAL_ASSERT(blocks_.n == 1, "add_grad_rows: a plan of one unit block");
     packed_gemm(act.n, u_, G_ * u_, D, {act.rows.data(), ld}, panels_.const_data_ptr<float>(), nullptr, true, dh,
                 {act.rows.data(), u_});

@@ -246,7 +246,7 @@ struct TimeLoops {
     const int64_t B = cfg.batch, u = cfg.units, G = cfg.gates();
     if (cpu::choose_split(B, u, G, at::get_num_threads(), cpu::plan_rows_apart<T>(cfg, false)) == cpu::Split::Rows) {
       const cpu::UnitBlocks whole(u);
-      const auto plan = cpu::forward_plan<T>({cfg, a, whole, step_bias, step.mask != nullptr});
+      const auto plan = cpu::forward_plan<T>({cfg, a, whole, step_bias, step.mask != nullptr, true});
       TORCH_INTERNAL_ASSERT(plan->rows_apart(), "time_loop_forward: plan_rows_apart and the plan disagree");
       forward_by_rows(cfg, a, step, *plan);
       return true;
@@ -300,7 +300,7 @@ struct TimeLoops {
     const bool gru = cfg.cell == CellKind::GRU;
     if (cpu::choose_split(B, u, G, at::get_num_threads(), cpu::plan_rows_apart<T>(cfg, true)) == cpu::Split::Rows) {
       const cpu::UnitBlocks whole(u);
-      const auto plan = cpu::backward_plan<T>({cfg, a, whole, Tensor(), step.mask != nullptr},
+      const auto plan = cpu::backward_plan<T>({cfg, a, whole, Tensor(), step.mask != nullptr, true},
                                               {step, dxw, drec, extras});
       backward_by_rows(cfg, a, step, dh, drec, extras, *plan);
       return true;
@@ -395,6 +395,7 @@ struct TimeLoops {
           for (int64_t b = b0; b < b1 && st.mask; ++b) st.seen[b] |= st.mask[b * cfg.time + st.t];
         }
       }
+      plan.end_task();
     });
   }
 
@@ -407,7 +408,7 @@ struct TimeLoops {
     const bool gru = cfg.cell == CellKind::GRU;
     cpu::ActiveRows none(B);
     none.n = 0;
-    TORCH_INTERNAL_ASSERT(plan.add_grad_rows(none, nullptr, 0, nullptr), "backward_by_rows: a plan that runs rows apart");
+    TORCH_INTERNAL_ASSERT(plan.add_grad_rows(0, none, nullptr, 0, nullptr), "backward_by_rows: a plan that runs rows apart");
     Tensor dh_next = at::empty({B, u}, dh.options());
     const int64_t width = (gru ? 2 : 1) * G * u;
     Tensor sums = extras.bias_sums ? at::zeros({n, width}, dh.options().dtype(at::kDouble)) : Tensor();
@@ -434,9 +435,10 @@ struct TimeLoops {
           act.collect(st.mask, b0, b1, Tn, st.t);
           if (s + 1 < Tn && act_later.n > 0) {
             const auto [D, ld] = grads_of(s + 1);
-            plan.add_grad_rows(act_later, D, ld, cur);
+            plan.add_grad_rows(s + 1, act_later, D, ld, cur);
           }
           backward_rows<T>(st, b0, b1, 0, u, scratch.data());
+          plan.end_rows(s, b0, b1, st);
           if (sums_p) {
             double* acc = sums_p + g * width;
             const int64_t t = st.t;
@@ -448,9 +450,10 @@ struct TimeLoops {
         }
         if (act_later.n > 0) {
           const auto [D, ld] = grads_of(0);
-          plan.add_grad_rows(act_later, D, ld, cur);
+          plan.add_grad_rows(0, act_later, D, ld, cur);
         }
       }
+      plan.end_task();
     });
     if (Tn % 2) std::swap(dh, dh_next);  // every group swapped its two buffers Tn times
     if (sums_p) {
@@ -693,7 +696,10 @@ Split choose_split(int64_t batch, int64_t units, int64_t gates, int64_t threads,
   // rows won from 16. At its AVX2 level (128 GFLOP/s a core, about Zen 4's) the two were within
   // 2-7 % either way at 4 and 8 rows, and it keeps Zen 4's 4. On an Intel Xeon (Ice Lake, 2
   // threads) the BLAS plan (MKL's packed GEMM) at H = 256 ran the B = 32 and B = 128 forwards
-  // 2-9 % faster by rows (16 and 64 rows a thread), and H = 512 alike both ways.
+  // 2-9 % faster by rows (16 and 64 rows a thread), and H = 512 alike both ways. The bfloat16
+  // plan (its recurrent and input kernels in bfloat16: about the float32 recurrent kernel's bytes)
+  // follows the same rule: on the Zen 4, rows won by 2-20 % at H = 64-512, B = 8-128 and were
+  // level with units at H = 1024 (16 MiB, where the rule keeps units).
   static const int64_t l2 = [] {
     const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
     return v > 0 ? static_cast<int64_t>(v) : int64_t(1) << 20;

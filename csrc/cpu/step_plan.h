@@ -32,6 +32,7 @@ struct PlanArgs {
   const UnitBlocks& blocks;
   at::Tensor step_bias;
   bool masked;  // the call has a mask (steps may have inactive rows)
+  bool by_rows = false;  // the loop runs the row split (time_loop.h): product / add_grad_rows per row group
 };
 
 // One step of the forward loop. The loop calls, per step s: begin_step on its own thread, then
@@ -73,9 +74,12 @@ class BackwardPlan {
   virtual void end_block(int64_t k, int64_t s, const BackwardStep<T>& step) {}
   virtual void end_task() {}
   // The row split's product (a plan built on one unit block): dh[act rows] += D[act rows] · R^T,
-  // D's rows ld apart, with no state kept between calls, so threads may run it on disjoint rows
-  // at once. False (and nothing done) where the plan cannot.
-  virtual bool add_grad_rows(const ActiveRows& act, const T* D, int64_t ld, T* dh) { return false; }
+  // D (step s's gradients) rows ld apart, with no state kept between calls, so threads may run it
+  // on disjoint rows at once. False (and nothing done) where the plan cannot.
+  virtual bool add_grad_rows(int64_t s, const ActiveRows& act, const T* D, int64_t ld, T* dh) { return false; }
+  // The row split's: rows [b0, b1) of step s's gate gradients are final (the bfloat16 plan
+  // converts them), on the thread of that row group.
+  virtual void end_rows(int64_t s, int64_t b0, int64_t b1, const BackwardStep<T>& step) {}
 };
 
 // What the backward loop is given besides the plan args: its step (a plan may point step.dxw at
@@ -183,7 +187,8 @@ template <typename T>
 bool int8_plan(const RnnConfig& cfg);
 
 // Whether the plan of a call runs rows apart (ForwardPlan::rows_apart, BackwardPlan::add_grad_rows):
-// the packed float32 plan, the BLAS one where MKL's packed GEMM runs it, int8 inference.
+// the packed float32 plan, the BLAS one where MKL's packed GEMM runs it, int8 inference, the
+// bfloat16 plan's LSTM and SimpleRNN.
 template <typename T>
 bool plan_rows_apart(const RnnConfig& cfg, bool backward);
 
