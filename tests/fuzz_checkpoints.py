@@ -82,6 +82,11 @@ BASES = [
     # integer and uint8 / int8 inputs into float layers and TensorFlow reductions, an explicit
     # mask list with a None (tf.keras 2's Attention)
     ("legacy-int-inputs", "tfk_int_inputs.h5", None, "tfk_int_inputs.npz", "keras"),
+    # dict inputs of one value per example (float, string, int64) through lookups without OOV
+    # indices and a TextVectorization; a dict of outputs
+    ("keras-scalar-inputs", "k3_scalar_inputs.keras", None, "k3_scalar_inputs.npz", "keras"),
+    # Keras 3's save_weights of the text model, its vocabularies read from the .keras architecture
+    ("weights-k3-text", "k3_text.weights.h5", "k3_text.keras", "k3_text.npz", "keras"),
     # the weights tree as tf.keras 2.13-2.15 wrote it on Windows (groups at the root, named with
     # backslashes): made from k3_sequential.keras when the seeds are prepared
     ("windows-tree", "k3_sequential.keras", None, "k3_sequential.npz", "windows"),

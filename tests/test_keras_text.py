@@ -56,6 +56,19 @@ def test_text_layers_match_keras(model, stored):
     _check(as_bytes, stored)
 
 
+def test_weights_file_reads_the_vocabularies_of_its_architecture(stored):
+    """Keras 3's model.save_weights file keeps no vocabularies: with the .keras file as the
+    architecture, the lookup layers read that file's assets (the same outputs); with the config
+    alone they are refused by name."""
+    weights = os.path.join(DATA, "k3_text.weights.h5")
+    with torch.no_grad():
+        _check(load_keras(weights, architecture=PATH)(stored["input_0"], stored["input_1"]), stored)
+    with zipfile.ZipFile(PATH) as z:
+        config = z.read("config.json").decode()
+    with pytest.raises(ConversionError, match="vocabulary is neither in its config nor in the file"):
+        load_keras(weights, architecture=config)
+
+
 def test_text_model_round_trip_and_empty_batch(model, stored, tmp_path):
     """A converted .pt keeps the vocabularies; a batch of no strings gives empty outputs of
     the widths Keras's give."""
@@ -268,3 +281,25 @@ def test_hashed_crossing_round_trip_and_bad_inputs(tmp_path):
         cross([small[:1], [[1j]]], [None, None])
     with pytest.raises(TypeError, match="string mask_value 'cat' takes strings; got a tensor"):
         Hashing(7, "cat", "int").apply(numbers)
+
+
+@pytest.mark.parametrize("name", ["k3_scalar_inputs", "tk_scalar_inputs"])
+def test_inputs_of_one_value_per_example(name):
+    """Input(shape=()) (batch_shape [None]: one value per example, keras.io's structured-data
+    models) given as a dict, as Keras 3.15 on TensorFlow 2.21 (.keras) and tf.keras 2.21 (.h5)
+    computed them: a float reshaped to a column, strings through a StringLookup and integers
+    through an IntegerLookup without out-of-vocabulary indices (the check run on load takes a
+    value of their vocabularies: anything else gives -1, which the Embedding after them refuses),
+    sentences through TextVectorization; the dict of outputs in output_keys' order."""
+    ext = "keras" if name.startswith("k3") else "h5"
+    model = load_keras(os.path.join(DATA, f"{name}.{ext}"))
+    stored = np.load(os.path.join(DATA, f"{name}.npz"))
+    keys = ["elevation", "soil", "code", "text"]
+    assert model.input_keys == keys and model.output_keys == ["cover", "aux"]
+    assert [shape for _, shape in model.input_specs] == [(None,)] * 4
+    given = {k: stored[f"input_{i}"] for i, k in enumerate(keys)}
+    with torch.no_grad():
+        for out in (model(given), model(*[given[k] for k in keys])):
+            for j, y in enumerate(out):
+                np.testing.assert_allclose(y.numpy(), stored[f"output_{j}"], rtol=1e-5, atol=1e-6,
+                                           err_msg=f"output {model.output_keys[j]}")

@@ -89,8 +89,10 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
     if architecture is not None:
         # the Keras that wrote the architecture defines its layers' defaults and activations
         # (a .weights.h5 records no version at all)
-        config, arch_version, arch_backend = _architecture_config(architecture, kf.path)
+        config, arch_version, arch_backend, arch_assets = _architecture_config(architecture, kf.path)
         version, backend = arch_version or version, backend or arch_backend
+        # a weights file keeps no vocabularies: the lookup layers read the architecture's .keras
+        kf.assets = kf.assets or arch_assets
     if config is None:
         raise ConversionError(kf.path, "holds weights only; pass architecture= (a .keras / .h5 model file or a config)")
     if backend is None and keras_major(version) == 2:  # Keras 2.3+ and tf.keras run on TensorFlow only
@@ -232,7 +234,7 @@ def check_runs(model: KerasModel, path) -> KerasModel:
     Free time dimensions get 8 steps, then 128 and 1024 (convolutions and pooling need a
     minimum length) before the model is declared broken (_trial: how a run that would make a
     tensor above TRIAL_TENSOR_BYTES is checked instead)."""
-    model.input_specs = [declared if len(declared[1]) >= 2 else _implied_input(model, ref, declared, path)
+    model.input_specs = [declared if declared[1] else _implied_input(model, ref, declared, path)
                          for ref, declared in zip(model.spec.inputs, model.input_specs)]
     error = None
     for time in (8, 128, 1024):
@@ -402,11 +404,13 @@ def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:
 
 
 def _input_spec(spec: ModelSpec, ref, path) -> tuple:
-    """(Keras dtype name, batch shape with None for free dims) of one model input."""
+    """(Keras dtype name, batch shape with None for free dims) of one model input; the shape () where
+    the config declares none (check_runs then takes the one its first layer implies). A declared
+    [None] is an input of one value per example (Input(shape=()))."""
     layer = next((l for l in spec.layers if l.name == ref.layer), None)
     cfg = layer.config if layer is not None else {}
     dtype_cfg = dtype_name(cfg.get("dtype")) or "float32"
-    shape = cfg.get("batch_shape") or cfg.get("batch_input_shape") or [None]
+    shape = cfg.get("batch_shape") or cfg.get("batch_input_shape") or []
     if not isinstance(shape, list) or len(shape) > 8 or not all(
             d is None or (isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1 << 16) for d in shape):
         raise ConversionError(path, f"input {ref.layer} declares the shape {str(shape)[:80]}; expected a list of "
@@ -415,19 +419,19 @@ def _input_spec(spec: ModelSpec, ref, path) -> tuple:
 
 
 def _architecture_config(architecture, path):
-    """(config, keras_version or None, backend or None) from a config dict, a JSON string, or a
-    model or JSON file."""
+    """(config, keras_version or None, backend or None, vocabulary assets) from a config dict, a
+    JSON string, or a model or JSON file (the assets of a .keras one)."""
     if isinstance(architecture, str) and architecture.lstrip().startswith("{"):
         architecture = load_json(path, architecture, "the architecture JSON")
         if not isinstance(architecture, dict):
-            return architecture, None, None  # (parse_model says what is wrong with it)
+            return architecture, None, None, {}  # (parse_model says what is wrong with it)
     if isinstance(architecture, dict):
         version, backend = architecture.get("keras_version"), architecture.get("backend")
         return (architecture, version if isinstance(version, str) else None,
-                backend if isinstance(backend, str) else None)
+                backend if isinstance(backend, str) else None, {})
     if isinstance(architecture, (str, os.PathLike)):
         arch = open_keras_file(architecture, config_only=True)
         if arch.config is None:
             raise ConversionError(architecture, "has no model config to take the architecture from")
-        return arch.config, arch.keras_version, arch.backend
+        return arch.config, arch.keras_version, arch.backend, arch.assets
     raise TypeError(f"architecture must be a path, a config dict or a JSON string; got {type(architecture).__name__}")

@@ -130,7 +130,7 @@ def open_regular(path: str):
 
 def open_keras_file(path, config_only: bool = False) -> KerasFile:
     """Opens any Keras container. Weights-only files have config None; with config_only, no
-    weights are read."""
+    weights are read (a .keras archive's vocabularies are)."""
     path = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
     if is_saved_model(path):
         config, version, backend, names, weights = saved_model_parts(path, load_json, config_only)
@@ -184,13 +184,13 @@ def _unzipped_keras(path: str, config_only: bool) -> KerasFile:
         header["metadata"] = _read_text(os.path.join(path, "metadata.json"), path, "metadata.json", MAX_METADATA_BYTES,
                                         path)
     kf = _keras_file(path, header, bytearray())
+    kf.assets = _vocabularies(path)
     if config_only:
         return kf
     if not os.path.exists(os.path.join(path, "model.weights.h5")):
         raise ConversionError(path, "has no model.weights.h5 (npz weights are not supported)")
     weights = _keras3_weights(os.path.join(path, "model.weights.h5"), path, "model.weights.h5", path)
     kf.layout, kf.arrays, kf.groups = "keras3", weights.arrays, weights.groups
-    kf.assets = _vocabularies(path)
     return kf
 
 

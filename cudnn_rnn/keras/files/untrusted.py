@@ -171,9 +171,9 @@ def _parse_zip(fobj, size: int, config_only: bool) -> Tuple[dict, bytearray]:
         metadata = None
         if "metadata.json" in names:
             metadata = _text(_read_member(archive, size, "metadata.json", MAX_METADATA_BYTES), "metadata.json")
-        if config_only:
+        if config_only:  # (the vocabularies too: the layers a config builds read them)
             return {"container": "zip", "config": config, "metadata": metadata, "keras_version": None,
-                    "layout": None}, bytearray()
+                    "layout": None, "assets": _read_assets(archive, names, size)}, bytearray()
         if "model.weights.h5" not in names:
             raise ParseError("the archive has no model.weights.h5 (npz-weight archives are not supported)")
         data = _read_member(archive, size, "model.weights.h5", MAX_MEMBER_BYTES)

@@ -234,16 +234,36 @@ class KerasModel(nn.Module):
         length too (length_inputs)."""
         float_dtype = self._floating
         out = []
-        for dtype, shape in self.input_specs:
+        for k, (dtype, shape) in enumerate(self.input_specs):
             dims = [batch] + [time if _takes_time(j, d, any_length, dtype, len(shape)) else int(d)
                               for j, d in enumerate(shape[1:])]
+            known = self._known_value(k)
             if dtype == "bool":  # an explicit mask input
                 out.append(torch.ones(dims, dtype=torch.bool))
             elif dtype == "string":  # strings: what the string layers take (layers/text.py, Hashing, HashedCrossing)
-                out.append(np.full(dims, "a", dtype=object))
+                out.append(np.full(dims, known if isinstance(known, str) else "a", dtype=object))
+            elif "int" in dtype:
+                out.append(torch.full(dims, known if isinstance(known, int) else 1, dtype=torch.int64))
             else:
-                out.append(torch.ones(dims, dtype=torch.int64) if "int" in dtype else torch.zeros(dims, dtype=float_dtype))
+                out.append(torch.zeros(dims, dtype=float_dtype))
         return out
+
+    def _known_value(self, k: int):
+        """A value the lookup layer reading input k directly has in its vocabulary (a
+        StringLookup / TextVectorization token, an IntegerLookup value), or None: a lookup without
+        out-of-vocabulary indices gives -1 for anything else, which an Embedding after it refuses."""
+        ref = self.input_refs[k]
+        for _, key, _, refs, _ in self.schedule:
+            if not any(r[0] == ref[0] and r[1] == ref[1] for r in refs):
+                continue
+            vocabulary = getattr(self.layers[key], "vocabulary", None)
+            tokens = getattr(vocabulary, "tokens", None)  # (layers/text.py's _Vocabulary)
+            if tokens:
+                return tokens[0]
+            if isinstance(vocabulary, Tensor) and vocabulary.numel() and not getattr(self.layers[key], "invert", True) \
+                    and self.input_vocabularies()[k] is None:  # (IntegerLookup's values)
+                return int(vocabulary[0])
+        return None
 
     def shortest_length(self, at_least: int = 2, limit: int = 4096, any_length: bool = False) -> int:
         """The fewest steps from ``at_least`` on that the model runs on, given to every free
