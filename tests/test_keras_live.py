@@ -1137,3 +1137,24 @@ def test_inputs_as_a_dict_or_a_list_as_keras_takes_them(tmp_path):
     assert converted.input_keys == ["zeta", "alpha"] and converted.output_keys is None
     for got in (converted({"alpha": xa, "zeta": xz}), converted([xz, xa]), converted((xz, xa)), converted(xz, xa)):
         np.testing.assert_allclose(got.detach().numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.keras
+def test_sharded_weights_of_a_trained_model(tmp_path):
+    """A trained model's sharded weights (save_weights(.weights.json, max_shard_size=...) after
+    fit): the optimizer's variables fill shards of their own, which hold no layers; the layers'
+    shards convert to Keras's outputs (the optimizer's shards are not read)."""
+    i = keras.Input((None, 4))
+    model = keras.Model(i, layers.Dense(2)(layers.LSTM(8)(i)))
+    rng = np.random.RandomState(6)
+    x = rng.uniform(-1, 1, (4, 5, 4)).astype("float32")
+    model.compile("adam", "mse")
+    model.fit(x, np.zeros((4, 2), "float32"), epochs=1, verbose=0)
+    model.save(tmp_path / "m.keras")
+    model.save_weights(tmp_path / "m.weights.json", max_shard_size=2e-6)
+    weight_map = json.loads((tmp_path / "m.weights.json").read_text())["weight_map"]
+    layer_shards = {n for k, names in weight_map.items() if not k.lstrip("/").startswith("optimizer") for n in names}
+    assert set(weight_map["/optimizer/vars"]) - layer_shards  # (a shard of optimizer variables only)
+    ours = load_keras(tmp_path / "m.weights.json", architecture=str(tmp_path / "m.keras"))
+    with torch.no_grad():
+        np.testing.assert_allclose(ours(x).numpy(), keras.ops.convert_to_numpy(model(x)), atol=1e-5, rtol=1e-5)

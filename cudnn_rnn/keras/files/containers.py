@@ -227,7 +227,8 @@ MAX_SHARD_FILES = 10_000  # the shard files a sharded weights map (.weights.json
 
 def _sharded_weights(path: str, config_only: bool) -> KerasFile:
     """Keras 3's sharded weights (model.save_weights("w.weights.json", max_shard_size=...)): a JSON
-    map naming the .weights.h5 shards beside it, whose trees together are one weights file."""
+    map naming the .weights.h5 shards beside it, whose trees together are one weights file; the
+    shards that hold only optimizer variables are not read."""
     kf = KerasFile(path, None, None, "keras3")
     if config_only:
         return kf
@@ -237,13 +238,15 @@ def _sharded_weights(path: str, config_only: bool) -> KerasFile:
     if not isinstance(weight_map, dict):
         raise ConversionError(path, "is not a Keras sharded-weights map (no weight_map object)")
     shards: Dict[str, None] = {}  # (in order, each once)
-    for files in weight_map.values():
+    for key, files in weight_map.items():
         for name in files if isinstance(files, list) else [files]:
             if not isinstance(name, str) or not name.endswith(".weights.h5") or os.path.basename(name) != name \
                     or "\\" in name or "\0" in name or name.startswith("."):
                 raise ConversionError(path, f"names the shard {str(name)[:80]!r}; expected a .weights.h5 file name "
                                             "beside the map")
-            shards[name] = None
+            # (a trained model's optimizer variables may fill shards of their own: not read)
+            if not (isinstance(key, str) and key.lstrip("/").startswith("optimizer/")):
+                shards[name] = None
             if len(shards) > MAX_SHARD_FILES:
                 raise ConversionError(path, f"names more than {MAX_SHARD_FILES} shards")
     if not shards:
