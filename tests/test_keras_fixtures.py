@@ -80,6 +80,8 @@ CASES = [
     ("tfk_frame_cnn_saved_model", "tfk_frame_cnn_saved_model_pre25", None),  # TensorFlow < 2.5's layout
     ("tfk_frame_cnn_saved_model", "tfk_frame_cnn_ckpt/ckpt", "tfk_frame_cnn_saved_model"),
     ("tfk_frame_cnn_saved_model", "tfk_frame_cnn_ckpt/ckpt.index", "tfk_frame_cnn_saved_model"),
+    # tf.train.CheckpointManager of Checkpoint(step=..., model=..., optimizer=...) after training
+    ("tfk_step_ckpt", "tfk_step_ckpt/ckpt-1", "tfk_step_ckpt.json"),
 ]
 
 # Outputs in which Keras computes NaN on purpose: tf.keras 2's masked GlobalAveragePooling1D

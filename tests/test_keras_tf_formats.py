@@ -340,3 +340,20 @@ def test_mutated_files_are_refused_or_load(tmp_path, fixture, member):
             model(*inputs)
         outcomes["loaded"] += 1
     assert outcomes["refused"] > 0, outcomes
+
+
+def test_a_checkpoint_root_with_a_counter_or_two_models():
+    """A tf.train.Checkpoint root holding the model beside a step counter and the optimizer is
+    read through the one child that holds layers; a root holding two models (a GAN's generator and
+    discriminator) is refused naming them."""
+    prefix = os.path.join(DATA, "tfk_step_ckpt", "ckpt-1")
+    graph = tf_formats._Checkpoint(prefix, "x", "x", os.path.join(DATA, "tfk_step_ckpt")).graph()
+    roots = [n for _, n in graph[0][0]]
+    assert {"step", "model", "optimizer"} <= set(roots)
+    names, _ = tf_formats._layers(graph)
+    assert len(names) == 3  # the Input, the Bidirectional, the Dense
+    model = next(c for c, n in graph[0][0] if n == "model")
+    two = [list(x) for x in graph]
+    two[0] = (graph[0][0] + [(model, "discriminator")], {})
+    with pytest.raises(tf_formats._Bad, match=r"holds several Keras models \('model', 'discriminator'\)"):
+        tf_formats._layers(two)

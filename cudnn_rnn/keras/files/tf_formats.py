@@ -568,10 +568,15 @@ def _layers(graph, names_of=None):
 
     model = 0
     if not any(_LAYER_CHILD.fullmatch(n) for _, n in graph[0][0]):
-        below = [checked(c) for c, n in graph[0][0] if n not in _NOT_WEIGHTS and c != 0]
-        if len(below) != 1 or not any(_LAYER_CHILD.fullmatch(n) for _, n in graph[below[0]][0]):
+        # a tf.train.Checkpoint(model=..., step=tf.Variable(...), optimizer=...): the one child that
+        # holds layers (a counter or an optimizer beside it holds none)
+        below = [(checked(c), n) for c, n in graph[0][0] if n not in _NOT_WEIGHTS and c != 0]
+        models = [(c, n) for c, n in below if any(_LAYER_CHILD.fullmatch(m) for _, m in graph[c][0])]
+        if len(models) > 1:
+            raise _Bad(f"holds several Keras models ({', '.join(repr(n[:40]) for _, n in models[:4])}); expected one")
+        if not models:
             raise _Bad("holds no Keras model (no layer-K objects at its root)")
-        model = below[0]
+        model = models[0][0]
     numbered = sorted((int(m.group(1)), checked(c)) for c, n in graph[model][0] for m in [_LAYER_CHILD.fullmatch(n)]
                       if m)
     names: List[str] = []
