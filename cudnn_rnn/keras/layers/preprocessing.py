@@ -259,6 +259,11 @@ def _output_dtype(ctx, mode: str, integer: torch.dtype) -> torch.dtype:
     return integer if mode == "int" else ctx.dtype
 
 
+# Where an adapted lookup layer's vocabulary is missing (the .keras archive's assets hold it).
+NO_VOCABULARY = ("is neither in its config nor in the file (a legacy .h5 and a .weights.h5 keep no assets: load "
+                 "the .keras file, or pass it as architecture=)")
+
+
 def lookup_counts_dtype(ctx, mode: str) -> torch.dtype:
     """The dtype of a lookup layer's encoded rows (IntegerLookup, StringLookup, TextVectorization):
     Keras 3 encodes one_hot / multi_hot / count in int64, index_lookup's value dtype; tf.keras,
@@ -420,8 +425,7 @@ def build_integer_lookup(cfg, ctx):
     if vocabulary is None:  # adapted: the .keras file's asset, the special tokens first
         lines = ctx.weights.vocabulary()
         if lines is None:
-            raise ctx.error("IntegerLookup's vocabulary is neither in its config nor in the file (a legacy .h5 "
-                            "keeps no assets: load the .keras file)")
+            raise ctx.error(f"IntegerLookup's vocabulary {NO_VOCABULARY}")
         lines = [t for t in lines if t.strip() != ""]
         special = (1 if mask_token is not None and mode == "int" else 0) + num_oov
         if len(lines) < special:

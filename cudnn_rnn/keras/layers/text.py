@@ -24,7 +24,7 @@ import torch
 
 from .base import _Single
 from .farmhash import fingerprint64, strings_of
-from .preprocessing import encode_categorical, lookup_counts_dtype
+from .preprocessing import NO_VOCABULARY, encode_categorical, lookup_counts_dtype
 from .registry import builder
 from .values import MAX_SIZE, Values
 
@@ -178,8 +178,7 @@ def _vocabulary(cfg, ctx, mask_token: Optional[str], num_oov: int, oov_token: st
     if vocabulary is None:
         vocabulary = ctx.weights.vocabulary()
         if vocabulary is None:
-            raise ctx.error(f"{name}'s vocabulary is neither in its config nor in the file (a legacy .h5 keeps no "
-                            "assets: load the .keras file)")
+            raise ctx.error(f"{name}'s vocabulary {NO_VOCABULARY}")
         if vocabulary[:len(special)] != special:
             raise ctx.error(f"{name}'s vocabulary asset does not begin with its special tokens {special}")
     elif isinstance(vocabulary, str):
