@@ -149,3 +149,51 @@ def test_bfloat16_weight_gradients_hold_only_their_own_memory(cls):
     for name, p in layer.named_parameters():
         assert p.grad.dtype == torch.bfloat16, name
         assert p.grad.untyped_storage().nbytes() == p.grad.numel() * p.grad.element_size(), name
+
+
+@pytest.mark.parametrize("case", ["lstm-holes-3threads", "lstm-backwards-dropout", "simple_rnn-2layer", "bidirectional"])
+def test_bfloat16_row_split_equals_the_unit_blocks(case):
+    """bfloat16 LSTM / SimpleRNN on the AVX512_BF16 kernel with the time loop's two splits forced:
+    the row split (each thread its batch rows through every step, converting its own rows) gives
+    the unit blocks' outputs, input and weight gradients bit for bit, and the unit blocks are
+    themselves held to torch.nn above (the bias gradients, summed per row group in float64, may
+    differ in the last place). Uneven row groups (11 rows on 3 threads), masks with holes,
+    go_backwards, the hoisted projection of input dropout, a second layer reading time-major x."""
+    if cudnn_rnn._C.cpu_bf16_gemm_kernel() != "avx512_bf16":
+        pytest.skip("needs the AVX512_BF16 kernel (this CPU has no AVX512_BF16, or runs AMX's)")
+    torch.manual_seed(3)
+    threads = 3 if case == "lstm-holes-3threads" else 2
+    make = {"lstm-holes-3threads": lambda: cudnn_rnn.LSTM(9, 45, return_sequences=True),
+            "lstm-backwards-dropout": lambda: cudnn_rnn.LSTM(9, 45, return_sequences=True, go_backwards=True,
+                                                             dropout=0.3, seed=5),
+            "simple_rnn-2layer": lambda: cudnn_rnn.SimpleRNN(9, 33, num_layers=2, return_sequences=True),
+            "bidirectional": lambda: cudnn_rnn.Bidirectional(cudnn_rnn.LSTM(9, 17, return_sequences=True))}[case]
+    layer = make().bfloat16()
+    B, T = 11, 6
+    x = torch.randn(B, T, 9).bfloat16()
+    mask = torch.rand(B, T) > 0.3
+    mask[:, 0] = True
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    results = {}
+    try:
+        for split in ("units", "rows"):
+            cudnn_rnn._C._testing.override_cpu_split(split)
+            inner = layer.forward_layer if isinstance(layer, cudnn_rnn.Bidirectional) else layer
+            assert cudnn_rnn.explain(inner, "cpu", mask=mask).plan[-1].startswith(f"steps split by {split}")
+            torch.manual_seed(7)  # (the same dropout masks)
+            copy_ = copy.deepcopy(layer).train(case == "lstm-backwards-dropout")
+            xx = x.clone().requires_grad_(True)
+            y = copy_(xx, mask=mask)
+            (y.float() * torch.linspace(-1, 1, y.shape[-1])).sum().backward()
+            results[split] = [y, xx.grad] + [(n, p.grad) for n, p in copy_.named_parameters()]
+    finally:
+        cudnn_rnn._C._testing.override_cpu_split("")
+        torch.set_num_threads(before)
+    units, rows = results["units"], results["rows"]
+    assert torch.equal(units[0], rows[0]) and torch.equal(units[1], rows[1])
+    for (name, a), (_, b) in zip(units[2:], rows[2:]):
+        if "bias" in name:
+            torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-6, msg=name)
+        else:
+            assert torch.equal(a, b), name

@@ -1,13 +1,13 @@
 // The bfloat16 plan, for calls whose tensors are bfloat16 (the driver runs them in float32;
 // RnnConfig::gemm_dtype says what they were): bfloat16 operands, float32 accumulation
 // (bf16_gemm.h). Each block's kernel columns are packed once; the state the GEMMs read is kept
-// in bfloat16 in two buffers (step s reads one while its tasks write the other), each block's
-// units converted by the task that computed them. Without input dropout the forward projects
+// in bfloat16 in two buffers (unit blocks: step s reads one while its tasks write the other),
+// each block's units converted by the task that computed them. Without input dropout the forward projects
 // each step's input in the loop (x converted once), never writing a [T, B, G*u] float32 array
 // and reading it back. Backward keeps the gate gradients in bfloat16 too (dxw_low), which the
 // recurrent GEMMs and, after the loop, the input and weight gradients read.
 //
-// LSTM and SimpleRNN also run the row split (time_loop.h: PlanArgs::by_rows): each row group
+// LSTM and SimpleRNN also run the row split (step_plan.h: PlanArgs::by_rows): each row group
 // converts its own rows of h_prev at its product and of the gate gradients as it finishes a step
 // (end_rows), so no thread waits for another between steps. On an AMD EPYC Zen 4 (2 threads,
 // T=50, I=H) it ran the bfloat16 LSTM 2-13 % faster forward and 3-20 % forward + backward than the
@@ -62,7 +62,7 @@ class Bf16Forward final : public ForwardPlan<float> {
       : G_(p.cfg.gates()), u_(p.cfg.units), B_(p.cfg.batch), blocks_(p.blocks), up_(bf16_depth(u_)),
         in_loop_(project_input), joint_(project_input && p.cfg.cell != CellKind::GRU), by_rows_(p.by_rows) {
     TORCH_INTERNAL_ASSERT(!by_rows_ || (blocks_.n == 1 && (joint_ || !in_loop_)),
-                          "bf16 plan: the row split takes one unit block and the joint projection");
+                          "bf16 plan: the row split takes one unit block, and the joint or the hoisted projection");
     const driver::DirectionArgs& a = p.a;
     const int64_t n = blocks_.n;
     bf_.resize(n), bias_.resize(n);
@@ -259,9 +259,9 @@ class Bf16Backward final : public BackwardPlan<float> {
   // The row split's: dh[act rows] += step s's gate gradients (in bfloat16 since end_rows) · R^T,
   // read in place where the rows follow one another, else gathered into the group's rows of Db_
   // and their product (in the group's rows of the scratch) added back.
-  bool add_grad_rows(int64_t s, const ActiveRows& act, const float* D, int64_t, float* dh) override {
+  bool add_grad_rows(int64_t s, const ActiveRows& act, const float*, int64_t, float* dh) override {
     if (!by_rows_) return false;
-    if (D == nullptr || act.n == 0) return true;
+    if (act.n == 0) return true;
     const auto grads = act.group_block(low_.row(time_of(s), 0), low_.row_stride, gup_,
                                        Db_.defined() ? Db_.data_ptr<BFloat16>() : nullptr);
     if (grads.in_place) {

@@ -32,7 +32,10 @@ struct PlanArgs {
   const UnitBlocks& blocks;
   at::Tensor step_bias;
   bool masked;  // the call has a mask (steps may have inactive rows)
-  bool by_rows = false;  // the loop runs the row split (time_loop.h): product / add_grad_rows per row group
+  // The loop runs the row split (time_loop.h): forward, product per row group and step, then
+  // end_task; backward, add_grad_rows(s + 1), the cell backward of step s, end_rows(s), then
+  // end_task. No other hook is called, so a plan keeps no per-step state there.
+  bool by_rows = false;
 };
 
 // One step of the forward loop. The loop calls, per step s: begin_step on its own thread, then
@@ -74,11 +77,13 @@ class BackwardPlan {
   virtual void end_block(int64_t k, int64_t s, const BackwardStep<T>& step) {}
   virtual void end_task() {}
   // The row split's product (a plan built on one unit block): dh[act rows] += D[act rows] · R^T,
-  // D (step s's gradients) rows ld apart, with no state kept between calls, so threads may run it
-  // on disjoint rows at once. False (and nothing done) where the plan cannot.
+  // D (step s's gradients) rows ld apart, or the plan's own copy of them (the bfloat16 plan's,
+  // made by end_rows), with no state kept between calls, so threads may run it on disjoint rows
+  // at once. False (and nothing done) where the plan cannot; called with no rows to ask.
   virtual bool add_grad_rows(int64_t s, const ActiveRows& act, const T* D, int64_t ld, T* dh) { return false; }
-  // The row split's: rows [b0, b1) of step s's gate gradients are final (the bfloat16 plan
-  // converts them), on the thread of that row group.
+  // The row split's: rows [b0, b1) of step s's gate gradients are final, every row of the group
+  // (inactive ones are zero) at every step (the bfloat16 plan converts them), on the thread of
+  // that row group.
   virtual void end_rows(int64_t s, int64_t b0, int64_t b1, const BackwardStep<T>& step) {}
 };
 
