@@ -45,6 +45,19 @@ def _load(args):
                       backend=args.backend)
 
 
+def _listed(outputs, structure) -> list:
+    """A model's outputs as a flat list, nested lists and dicts walked as structure (a converted
+    model's output_structure) nests them, in its order (a dict's keys as the model lists them);
+    without one, a list or tuple as it is, one tensor as a list of one."""
+    if isinstance(structure, dict):
+        return [x for k, s in structure.items() for x in _listed(outputs[k], s)]
+    if isinstance(structure, list):
+        return [x for i, s in enumerate(structure) for x in _listed(outputs[i], s)]
+    if structure is not None:
+        return [outputs]
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
 def _check_onnx(path: str, model, inputs) -> int:
     """The exported file run in onnxruntime against the model itself on the example inputs (float
     ones replaced by seeded values in [-1, 1): zeros would leave the kernels unread; token ids
@@ -71,8 +84,7 @@ def _check_onnx(path: str, model, inputs) -> int:
     runtime = onnxruntime.InferenceSession(path)
     got = runtime.run(None, {i.name: a.numpy() for i, a in zip(runtime.get_inputs(), inputs)})
     with torch.no_grad():
-        ref = model(*inputs)
-    ref = list(ref) if isinstance(ref, (list, tuple)) else [ref]
+        ref = _listed(model(*inputs), getattr(model, "output_structure", None))
     overflows = not all(torch.isfinite(r).all() for r in ref)
 
     def differ(g, r):
@@ -378,12 +390,20 @@ def _verify_against(args, model, keras) -> int:
             inputs.append(rng.standard_normal(dims).astype(np.float32))
     _say(args, f"running Keras and ours on random inputs (batch {args.batch}, time {args.time})")
     try:
-        expected = reference(inputs if len(inputs) > 1 else inputs[0], training=False)
+        # a model built on a dict of inputs takes them keyed (in the order of model.input_keys)
+        given = (dict(zip(model.input_keys, inputs)) if model.spec.input_keys
+                 else inputs if len(inputs) > 1 else inputs[0])
+        expected = reference(given, training=False)
     except Exception as e:  # noqa: BLE001
         first = _first_line(e)
         print(f"cudnn-rnn: Keras could not run the model it loaded ({type(e).__name__}: {first})", file=sys.stderr)
         return 3
-    expected = expected if isinstance(expected, (list, tuple)) else [expected]
+    try:
+        expected = _listed(expected, model.output_structure)
+    except (KeyError, IndexError, TypeError):
+        print(f"cudnn-rnn: Keras returned its outputs nested otherwise than the converted model "
+              f"({type(expected).__name__} against {type(model.output_structure).__name__})", file=sys.stderr)
+        return 1
     try:
         with torch.no_grad():
             ours = model(*[x if x.dtype == object else torch.as_tensor(x) for x in inputs])
@@ -392,7 +412,7 @@ def _verify_against(args, model, keras) -> int:
         print(f"cudnn-rnn: the converted model failed on the inputs Keras ran ({type(e).__name__}: {first})",
               file=sys.stderr)
         return 1
-    ours = ours if isinstance(ours, list) else [ours]
+    ours = _listed(ours, model.output_structure)
     worst = max(float(np.max(np.abs(o.numpy() - keras.ops.convert_to_numpy(e)))) for o, e in zip(ours, expected))
     print(f"max abs error against Keras {keras.__version__}: {worst:.3e} over {len(ours)} output(s)")
     return 0 if worst <= args.tolerance else 1

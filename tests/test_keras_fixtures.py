@@ -82,6 +82,8 @@ CASES = [
     ("tfk_frame_cnn_saved_model", "tfk_frame_cnn_ckpt/ckpt.index", "tfk_frame_cnn_saved_model"),
     # tf.train.CheckpointManager of Checkpoint(step=..., model=..., optimizer=...) after training
     ("tfk_step_ckpt", "tfk_step_ckpt/ckpt-1", "tfk_step_ckpt.json"),
+    ("k3_nested_dicts", "k3_nested_dicts.keras", None),
+    ("tfk_nested_dicts", "tfk_nested_dicts.h5", None),
 ]
 
 # Outputs in which Keras computes NaN on purpose: tf.keras 2's masked GlobalAveragePooling1D
@@ -99,6 +101,15 @@ def _architecture(name):
     return path
 
 
+def _flat(out) -> list:
+    """Outputs nested in dicts and lists, flat in their own order (make_fixtures.py stores them so)."""
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _flat(v)]
+    if isinstance(out, (list, tuple)):
+        return [t for v in out for t in _flat(v)]
+    return [out]
+
+
 @pytest.mark.parametrize("fixture,filename,architecture", CASES, ids=[c[1] for c in CASES])
 def test_fixture_matches_keras(fixture, filename, architecture):
     data = np.load(os.path.join(DATA, f"{fixture}.npz"))
@@ -107,7 +118,9 @@ def test_fixture_matches_keras(fixture, filename, architecture):
     model = load_keras(os.path.join(DATA, filename), architecture=_architecture(architecture))
     with torch.no_grad():
         out = model(*inputs)
-    out = out if isinstance(out, list) else [out]
+    if isinstance(out, dict):  # a model built with a dict of outputs: keyed as Keras keys them
+        assert list(out) == model.output_keys
+    out = _flat(out)
     assert len(out) == len(expected)
     for i, (a, b) in enumerate(zip(out, expected)):
         assert tuple(a.shape) == b.shape, f"output {i}"
@@ -118,6 +131,23 @@ def test_fixture_matches_keras(fixture, filename, architecture):
             assert nan.any() and (np.isnan(a) == nan).all(), f"output {i} of {filename}: NaN at other places"
             a, b = a[~nan], b[~nan]
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=f"output {i} of {filename}")
+
+
+@pytest.mark.parametrize("name", ["k3_nested_dicts.keras", "tfk_nested_dicts.h5"])
+def test_outputs_nest_as_keras_nests_them(name):
+    """A model built on dicts, holding a model built on dicts (Keras 3.15 on TensorFlow 2.21,
+    tf.keras 2.21): the outer model returns {"q": tensor, "p": [tensor, tensor]} as Keras does,
+    takes its inputs as a dict by key; the inner model, called on a dict in another key order,
+    takes them by key, and its outputs are numbered by sorted key as Keras numbers them (an outer
+    layer reading the wrong one would not run: the widths differ)."""
+    model = load_keras(os.path.join(DATA, name))
+    data = np.load(os.path.join(DATA, name.split(".")[0] + ".npz"))
+    assert model.input_keys == ["k2", "k1"] and model.output_keys == ["q", "p"]
+    with torch.no_grad():
+        out = model({"k1": data["input_1"], "k2": data["input_0"]})
+    assert set(out) == {"q", "p"} and isinstance(out["q"], torch.Tensor) and isinstance(out["p"], list)
+    for j, got in enumerate([out["q"], *out["p"]]):
+        np.testing.assert_allclose(got.numpy(), data[f"output_{j}"], rtol=1e-5, atol=1e-6, err_msg=f"output {j}")
 
 
 def test_architecture_as_a_json_file():

@@ -1110,8 +1110,9 @@ def test_a_quantized_layer_is_refused_by_name(tmp_path):
 @pytest.mark.keras
 def test_inputs_as_a_dict_or_a_list_as_keras_takes_them(tmp_path):
     """A model built on dicts (keys other than the Input names, not in sorted order) takes a dict
-    by those keys and returns its outputs in output_keys' order, each Keras's; a model built on a
-    list takes a dict by Input names, or one list; a dict without a key is refused naming it."""
+    by those keys and returns a dict of its outputs by Keras's keys (output_keys: the config's
+    order), each Keras's, also exported (.pt2) and in `cudnn-rnn verify`; a model built on a list
+    takes a dict by Input names, or one list; a dict without a key is refused naming it."""
     z = keras.Input((5, 4), name="zeta")
     a = keras.Input((3,), name="alpha")
     seq = layers.LSTM(6, name="lstm")(z)
@@ -1125,8 +1126,17 @@ def test_inputs_as_a_dict_or_a_list_as_keras_takes_them(tmp_path):
     converted = load_keras(str(tmp_path / "keyed.keras"))
     assert converted.input_keys == ["z_in", "a_in"] and converted.output_keys == ["y_head", "y_seq"]
     got = converted({"a_in": torch.from_numpy(xa), "z_in": xz, "unused": 0})
-    for key, g in zip(converted.output_keys, got):
+    assert isinstance(got, dict) and list(got) == ["y_head", "y_seq"]
+    for key, g in got.items():
         np.testing.assert_allclose(g.detach().numpy(), expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    out = _cli("convert", str(tmp_path / "keyed.keras"), str(tmp_path / "keyed.pt2"), "--no-progress")
+    assert out.returncode == 0, out.stderr
+    exported = torch.export.load(str(tmp_path / "keyed.pt2")).module()(torch.from_numpy(xz), torch.from_numpy(xa))
+    assert list(exported) == ["y_head", "y_seq"]
+    for key, g in exported.items():
+        np.testing.assert_allclose(g.detach().numpy(), expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    out = _cli("verify", str(tmp_path / "keyed.keras"), "--no-progress")
+    assert out.returncode == 0 and "over 2 output(s)" in out.stdout, out.stdout + out.stderr
     with pytest.raises(ValueError, match=r"takes a dict with the keys 'z_in', 'a_in'; the one given lacks 'a_in'"):
         converted({"z_in": xz, "alpha": xa})
 

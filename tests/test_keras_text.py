@@ -290,7 +290,7 @@ def test_inputs_of_one_value_per_example(name):
     computed them: a float reshaped to a column, strings through a StringLookup and integers
     through an IntegerLookup without out-of-vocabulary indices (the check run on load takes a
     value of their vocabularies: anything else gives -1, which the Embedding after them refuses),
-    sentences through TextVectorization; the dict of outputs in output_keys' order."""
+    sentences through TextVectorization; a dict of outputs keyed as Keras keys them."""
     ext = "keras" if name.startswith("k3") else "h5"
     model = load_keras(os.path.join(DATA, f"{name}.{ext}"))
     stored = np.load(os.path.join(DATA, f"{name}.npz"))
@@ -300,6 +300,7 @@ def test_inputs_of_one_value_per_example(name):
     given = {k: stored[f"input_{i}"] for i, k in enumerate(keys)}
     with torch.no_grad():
         for out in (model(given), model(*[given[k] for k in keys])):
-            for j, y in enumerate(out):
+            assert list(out) == model.output_keys
+            for j, y in enumerate(out.values()):
                 np.testing.assert_allclose(y.numpy(), stored[f"output_{j}"], rtol=1e-5, atol=1e-6,
                                            err_msg=f"output {model.output_keys[j]}")

@@ -28,8 +28,10 @@ def _takes_time(j: int, size, any_length: bool, dtype: str, rank: int) -> bool:
 
 
 class KerasModel(nn.Module):
-    """Runs the rebuilt graph. forward(*inputs) returns the output tensor, or a list when the
-    Keras model has several outputs; forward_with_masks also returns the output masks.
+    """Runs the rebuilt graph. forward(*inputs) returns what the Keras model returns: its output
+    tensor, or the outputs nested in lists and dicts as the model was built with them (a dict
+    model's keys: ``output_keys``); forward_with_masks returns them as a list, in the order Keras
+    flattens them (a dict's by sorted key), with the output masks.
 
     The inputs come as Keras takes them: one argument per input, one list of them, or one dict
     keyed by the model's input keys (``input_keys``: those of a model built on a dict, else its
@@ -52,6 +54,9 @@ class KerasModel(nn.Module):
         self.input_keys = list(spec.input_keys or [r.layer for r in spec.inputs])
         self.output_keys = list(spec.output_keys) if spec.output_keys else None
         self.single_output = spec.single_output and len(spec.outputs) == 1
+        # what forward returns: the config's nesting of the outputs (indices into forward_with_masks'
+        # list), or None for that list (a tensor where there is one)
+        self.output_structure = spec.output_structure
         self.input_specs = input_specs  # (Keras dtype name, batch shape with None for free dims) per input
         self.schedule = self._schedule(spec, path)
         # per scheduled call, the inputs whose Keras mask is gone when Keras 3 runs it
@@ -347,7 +352,9 @@ class KerasModel(nn.Module):
 
     def forward(self, *inputs: Tensor):
         outputs, _ = self.forward_with_masks(*inputs)
-        return outputs[0] if self.single_output else outputs
+        if self.output_structure is None:
+            return outputs[0] if self.single_output else outputs
+        return _packed(self.output_structure, outputs)
 
     def extra_repr(self) -> str:
         params = sum(p.numel() for p in self.parameters())
@@ -355,6 +362,15 @@ class KerasModel(nn.Module):
         version = getattr(self, "keras_version", None)
         return (f"'{self.name}': {len(self.layers)} layers, {params:,} parameters, inputs {inputs}"
                 + (f", from Keras {version}" if version else ""))
+
+
+def _packed(structure, outputs: List[Tensor]):
+    """The outputs nested as structure nests their indices (lists and dicts)."""
+    if isinstance(structure, dict):
+        return {k: _packed(v, outputs) for k, v in structure.items()}
+    if isinstance(structure, list):
+        return [_packed(v, outputs) for v in structure]
+    return outputs[structure]
 
 
 # Keras layers that compute an integer or bool input in their floating dtype (ops.matmul's type

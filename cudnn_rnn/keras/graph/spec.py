@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ..errors import ConversionError
 from ..errors import few
@@ -83,6 +83,9 @@ class ModelSpec:
     # config's order, one per input / output; None where the config lists them.
     input_keys: Optional[List[str]] = None
     output_keys: Optional[List[str]] = None
+    # What the model returns, as the config nests its outputs: an index into `outputs` (one
+    # tensor), or lists and dicts (in the config's key order) of such. None: `outputs` as a list.
+    output_structure: Union[int, list, dict, None] = None
 
 
 def snake_case(name: str) -> str:
@@ -139,13 +142,25 @@ def _template(value, counter):
     return value
 
 
+def _plain_dict(value) -> bool:
+    """A dict of call arguments (a Keras 3 call on a dict of tensors), not one Keras tensor."""
+    return isinstance(value, dict) and value.get("class_name") != "__keras_tensor__"
+
+
 def _parse_calls(entry: dict, path) -> List[Call]:
     calls = []
     nodes = entry.get("inbound_nodes", []) or []
     if not isinstance(nodes, list):
         raise ConversionError(path, "inbound_nodes is not a list", _layer_name(entry))
     for node in nodes:
-        if isinstance(node, dict):  # Keras 3: {"args": [...], "kwargs": {...}}
+        if isinstance(node, dict) and node and "args" not in node and "kwargs" not in node and all(
+                _is_node_item(v) for v in node.values()):  # tf.keras: a call on a dict of tensors
+            keys = [k for k in node if isinstance(k, str)]
+            if len(keys) != len(node):
+                raise ConversionError(path, f"malformed inbound node {str(node)[:200]}", _layer_name(entry))
+            calls.append(Call([_ref(node[k], path, "an inbound node") for k in keys], {}, [],
+                              [{k: TensorArg(i) for i, k in enumerate(keys)}]))
+        elif isinstance(node, dict):  # Keras 3: {"args": [...], "kwargs": {...}}
             args, kw = node.get("args", []), node.get("kwargs") or {}
             if not isinstance(args, list) or not isinstance(kw, dict):
                 raise ConversionError(path, f"malformed inbound node {str(node)[:200]}", _layer_name(entry))
@@ -157,6 +172,10 @@ def _parse_calls(entry: dict, path) -> List[Call]:
             for k, v in kw.items():
                 if k == "mask" and isinstance(v, list):  # per input, None where a position has none
                     kwargs[k] = [(_refs_in(e, path) or [None])[0] for e in v]
+                    continue
+                if (k == "mask" and len(args) == 1 and _plain_dict(v) and _plain_dict(args[0])
+                        and set(v) == set(args[0])):  # a dict of inputs' masks: in the inputs' order
+                    kwargs[k] = [(_refs_in(v[key], path) or [None])[0] for key in args[0]]
                     continue
                 refs = _refs_in(v, path)
                 kwargs[k] = refs if refs else v
@@ -248,6 +267,60 @@ def _endpoint_refs(value, path, what) -> List[Ref]:
         else:
             refs += _endpoint_refs(item, path, what)
     return refs
+
+
+def _inputs_by_key(layer: LayerSpec) -> None:
+    """A nested model called on a dict takes its inputs by key (Keras matches the dict to the
+    model's own input_layers: keras.Model({"a": x, "b": y}) called with {"b": q, "a": p}, which
+    Keras 3 writes by sorted key): such calls' inputs and masks put in the model's input order."""
+    keys = layer.model.input_keys or [r.layer for r in layer.model.inputs]
+    for call in layer.calls:
+        given = call.args[0] if len(call.args) == 1 else None
+        if not (isinstance(given, dict) and list(given) != keys and set(given) == set(keys)
+                and all(isinstance(v, TensorArg) for v in given.values())
+                and sorted(v.index for v in given.values()) == list(range(len(call.inputs)))):
+            continue
+        order = [given[k].index for k in keys]
+        call.inputs = [call.inputs[i] for i in order]
+        mask = call.kwargs.get("mask")
+        if isinstance(mask, list) and len(mask) == len(order):
+            call.kwargs["mask"] = [mask[i] for i in order]
+        call.args = [{k: TensorArg(j) for j, k in enumerate(keys)}]
+
+
+def _output_structure(value, path) -> Tuple[List[Ref], Union[int, list, dict]]:
+    """A Functional config's output_layers as (refs, structure): refs in the order Keras flattens
+    the outputs (keras.tree / tf.nest: a dict's values by sorted key, depth first), which is how
+    an outer model's nodes number a nested model's outputs; structure the config's nesting, with
+    each reference replaced by its index in refs. A list of one output is that output (Keras's
+    Functional returns the tensor)."""
+    if not value:
+        raise ConversionError(path, "the model config has no output_layers")
+    refs: List[Ref] = []
+
+    def leaf(item):
+        if isinstance(item, dict) and item.get("class_name") == "__keras_tensor__":
+            return True
+        return isinstance(item, list) and len(item) >= 3 and isinstance(item[0], str)
+
+    def walk(item, depth):
+        if depth > 64:
+            raise ConversionError(path, "the model config's output_layers nest deeper than 64 levels")
+        if leaf(item):
+            refs.append(_endpoint_refs(item, path, "output_layers")[0] if isinstance(item, list)
+                        else _refs_in(item, path)[0])
+            return len(refs) - 1
+        if isinstance(item, dict) and item and all(isinstance(k, str) for k in item):
+            indices = {k: walk(item[k], depth + 1) for k in sorted(item)}
+            return {k: indices[k] for k in item}
+        if isinstance(item, list) and item:
+            return [walk(v, depth + 1) for v in item]
+        raise ConversionError(path, f"the model config's output_layers are malformed: {str(item)[:120]}")
+
+    structure = walk(value, 0)
+    if isinstance(structure, list) and len(structure) == 1 and isinstance(structure[0], int):
+        structure = structure[0]
+    return refs, structure
 
 
 def _endpoint_keys(value, refs: List[Ref]) -> Optional[List[str]]:
@@ -349,14 +422,17 @@ def _parse_functional(body, path) -> ModelSpec:
     layers = [_layer_spec(e, path, [] if e.get("class_name") == "InputLayer" else _parse_calls(e, path))
               for e in body["layers"]]
     _unique_names(layers, path)
-    outputs_cfg = body.get("output_layers")
-    outputs = _endpoint_refs(outputs_cfg, path, "output_layers")
-    single = isinstance(outputs_cfg, list) and len(outputs_cfg) >= 3 and isinstance(outputs_cfg[0], str)
+    for layer in layers:
+        if layer.model is not None:
+            _inputs_by_key(layer)
+    outputs, structure = _output_structure(body.get("output_layers"), path)
     inputs_cfg = body.get("input_layers")
     inputs = _endpoint_refs(inputs_cfg, path, "input_layers")
     spec = ModelSpec(_name(body, "model"), "Functional", layers, inputs, outputs,
-                     single_output=single or len(outputs) == 1, input_keys=_endpoint_keys(inputs_cfg, inputs),
-                     output_keys=_endpoint_keys(outputs_cfg, outputs))
+                     single_output=isinstance(structure, int) or len(outputs) == 1,
+                     input_keys=_endpoint_keys(inputs_cfg, inputs),
+                     output_keys=list(structure) if isinstance(structure, dict) else None,
+                     output_structure=structure)
     if _keras3_nodes(body["layers"]):
         _renumber_nested_outputs(spec)
     else:
@@ -365,8 +441,9 @@ def _parse_functional(body, path) -> ModelSpec:
 
 
 def _keras3_nodes(entries: list) -> bool:
-    """Whether the layers' inbound nodes are Keras 3's ({"args": ..., "kwargs": ...} each)."""
-    return any(isinstance(node, dict) for e in entries for node in (e.get("inbound_nodes") or [])
+    """Whether the layers' inbound nodes are Keras 3's ({"args": ..., "kwargs": ...} each; a
+    tf.keras call on a dict is a dict of node items)."""
+    return any(isinstance(node, dict) and ("args" in node or "kwargs" in node) for e in entries for node in (e.get("inbound_nodes") or [])
                if isinstance(e.get("inbound_nodes"), list))
 
 
