@@ -143,6 +143,7 @@ def test_outputs_nest_as_keras_nests_them(name):
     model = load_keras(os.path.join(DATA, name))
     data = np.load(os.path.join(DATA, name.split(".")[0] + ".npz"))
     assert model.input_keys == ["k2", "k1"] and model.output_keys == ["q", "p"]
+    assert model.io_names() == (["k2", "k1"], ["q", "p/0", "p/1"])  # (what an .onnx file names them)
     with torch.no_grad():
         out = model({"k1": data["input_1"], "k2": data["input_0"]})
     assert set(out) == {"q", "p"} and isinstance(out["q"], torch.Tensor) and isinstance(out["p"], list)

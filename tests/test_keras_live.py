@@ -1111,7 +1111,8 @@ def test_a_quantized_layer_is_refused_by_name(tmp_path):
 def test_inputs_as_a_dict_or_a_list_as_keras_takes_them(tmp_path):
     """A model built on dicts (keys other than the Input names, not in sorted order) takes a dict
     by those keys and returns a dict of its outputs by Keras's keys (output_keys: the config's
-    order), each Keras's, also exported (.pt2) and in `cudnn-rnn verify`; a model built on a list
+    order), each Keras's, also exported (.pt2; .onnx with its inputs and outputs named by those
+    keys) and in `cudnn-rnn verify`; a model built on a list
     takes a dict by Input names, or one list; a dict without a key is refused naming it."""
     z = keras.Input((5, 4), name="zeta")
     a = keras.Input((3,), name="alpha")
@@ -1137,6 +1138,14 @@ def test_inputs_as_a_dict_or_a_list_as_keras_takes_them(tmp_path):
         np.testing.assert_allclose(g.detach().numpy(), expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
     out = _cli("verify", str(tmp_path / "keyed.keras"), "--no-progress")
     assert out.returncode == 0 and "over 2 output(s)" in out.stdout, out.stdout + out.stderr
+    out = _cli("convert", str(tmp_path / "keyed.keras"), str(tmp_path / "keyed.onnx"), "--no-progress")
+    assert out.returncode == 0, out.stderr
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(tmp_path / "keyed.onnx"))
+    assert [o.name for o in session.get_outputs()] == ["y_head", "y_seq"]
+    for key, g in zip(["y_head", "y_seq"], session.run(None, {"z_in": xz, "a_in": xa})):
+        np.testing.assert_allclose(g, expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
     with pytest.raises(ValueError, match=r"takes a dict with the keys 'z_in', 'a_in'; the one given lacks 'a_in'"):
         converted({"z_in": xz, "alpha": xa})
 
