@@ -314,6 +314,19 @@ def test_a_layer_that_cannot_run_on_its_input_is_named(aux_shape, message):
         model(torch.zeros(3, 6, 4), torch.zeros(aux_shape))
 
 
+@pytest.mark.parametrize("bad", [-1, 200])
+def test_ids_outside_an_embedding_are_named(bad):
+    """Token ids outside an Embedding's [0, input_dim) (Keras on TensorFlow refuses them too) fail
+    with one error naming the layer, the range and the id."""
+    model = load_keras(os.path.join(DATA, "..", "..", "..", "examples", "sentiment.h5"))
+    assert model.input_vocabularies() == [200]
+    ids = torch.ones(2, 7, dtype=torch.long)
+    ids[1, 3] = bad
+    with pytest.raises(IndexError, match=rf"^layer 'embedding' \(Embedding\) on input of shape \(2, 7\): "
+                                         rf"Embedding: ids must be in \[0, 200\) \(input_dim\); got {bad}$"):
+        model(ids)
+
+
 @pytest.mark.parametrize("name", ["k3_lookup", "k3_updates_transforms"])
 def test_layers_that_read_their_data_export(name, tmp_path):
     """Layers whose eager code read the data while torch.export traced it, through `cudnn-rnn

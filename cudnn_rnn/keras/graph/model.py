@@ -266,7 +266,7 @@ class KerasModel(nn.Module):
             if tokens:
                 return tokens[0]
             if isinstance(vocabulary, Tensor) and vocabulary.numel() and not getattr(self.layers[key], "invert", True) \
-                    and self.input_vocabularies()[k] is None:  # (IntegerLookup's values)
+                    and _vocabulary_of(self.spec, self.spec.inputs[k]) is None:  # (IntegerLookup's values)
                 return int(vocabulary[0])
         return None
 

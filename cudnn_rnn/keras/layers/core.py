@@ -54,7 +54,15 @@ class Embedding(nn.Module):
         # Keras looks up float ids truncated (a cast to int) but masks on the values as given: 0.5
         # is row 0 and a real step
         ids = inputs[0].long()
-        return [F.embedding(ids, self.embeddings)], [inputs[0] != 0 if self.mask_zero else None]
+        try:
+            out = F.embedding(ids, self.embeddings)
+        except (IndexError, RuntimeError) as e:
+            bad = ids[(ids < 0) | (ids >= self.embeddings.shape[0])] if ids.numel() else ids
+            if bad.numel() == 0:
+                raise
+            raise IndexError(f"Embedding: ids must be in [0, {self.embeddings.shape[0]}) (input_dim); got "
+                             f"{int(bad.reshape(-1)[0])}") from e
+        return [out], [inputs[0] != 0 if self.mask_zero else None]
 
 
 class ReversibleEmbedding(Embedding):
