@@ -189,6 +189,7 @@ def cmd_convert(args) -> int:
     import os
 
     from .keras.convert import save_converted
+    from .keras.graph.model import layer_name
 
     if not args.out.endswith(OUTPUT_KINDS):
         print(f"cudnn-rnn: {args.out}: the output must end in .pt (config + weights), .pt2 (torch.export program) "
@@ -242,7 +243,7 @@ def cmd_convert(args) -> int:
         shortest = model.shortest_length(any_length=args.any_length) if free else 2
         batch = torch.export.Dim("batch", min=1)
         # the Keras names of the stateful layers (module paths layers.<name>[.layer ...])
-        stateful = sorted({name.split(".")[1] if name.startswith("layers.") else name
+        stateful = sorted({layer_name(name.split(".")[1]) if name.startswith("layers.") else name
                            for name, m in model.named_modules() if getattr(m, "stateful", False)})
         if stateful:
             print(f"cudnn-rnn: {args.out}: the exported program keeps no state between calls: its stateful layers "
@@ -320,7 +321,7 @@ def cmd_inspect(args) -> int:
     model = _load(args)
     rows = [("layer", "class", "weights", "params", "on CUDA")]
     for layer in model.spec.layers:
-        module = model.layers[layer.name.replace(".", "_")]
+        module = model.layer(layer.name)
         shapes = [tuple(np.shape(a)) for take in model.keras_weights.get(layer.name, []) for g in take for a in g]
         params = sum(int(np.prod(s)) for s in shapes)
         rows.append((layer.name, layer.class_name, " ".join(str(s) for s in shapes) or "-", str(params),

@@ -293,7 +293,7 @@ def test_random_attention_models_train_as_keras(seed, tmp_path):
     for layer in model.layers:
         if not layer.trainable_weights:
             continue
-        grads = _keras_layout_grads(ours.layers[layer.name.replace(".", "_")])
+        grads = _keras_layout_grads(ours.layer(layer.name))
         assert len(grads) == len(layer.weights), layer.name
         for g, w in zip(grads, layer.weights):
             if w.trainable:

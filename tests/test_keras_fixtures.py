@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import cudnn_rnn
-from cudnn_rnn.keras import load_keras
+from cudnn_rnn.keras import load_converted, load_keras, save_converted
+from cudnn_rnn.keras.graph.model import layer_name
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "data")
 
@@ -82,6 +83,7 @@ CASES = [
     ("tfk_frame_cnn_saved_model", "tfk_frame_cnn_ckpt/ckpt.index", "tfk_frame_cnn_saved_model"),
     # tf.train.CheckpointManager of Checkpoint(step=..., model=..., optimizer=...) after training
     ("tfk_step_ckpt", "tfk_step_ckpt/ckpt-1", "tfk_step_ckpt.json"),
+    ("tfk_layer_names", "tfk_layer_names.h5", None),
     ("k3_nested_dicts", "k3_nested_dicts.keras", None),
     ("tfk_nested_dicts", "tfk_nested_dicts.h5", None),
 ]
@@ -137,18 +139,36 @@ def test_fixture_matches_keras(fixture, filename, architecture):
 def test_outputs_nest_as_keras_nests_them(name):
     """A model built on dicts, holding a model built on dicts (Keras 3.15 on TensorFlow 2.21,
     tf.keras 2.21): the outer model returns {"q": tensor, "p": [tensor, tensor]} as Keras does,
-    takes its inputs as a dict by key; the inner model, called on a dict in another key order,
+    takes its inputs as a dict by key (by position: in sorted key order, Keras's model.inputs);
+    the inner model, called on a dict in another key order,
     takes them by key, and its outputs are numbered by sorted key as Keras numbers them (an outer
     layer reading the wrong one would not run: the widths differ)."""
     model = load_keras(os.path.join(DATA, name))
     data = np.load(os.path.join(DATA, name.split(".")[0] + ".npz"))
-    assert model.input_keys == ["k2", "k1"] and model.output_keys == ["q", "p"]
-    assert model.io_names() == (["k2", "k1"], ["q", "p/0", "p/1"])  # (what an .onnx file names them)
+    assert model.input_keys == ["k1", "k2"] and model.output_keys == ["q", "p"]  # (inputs by sorted key)
+    assert model.io_names() == (["k1", "k2"], ["q", "p/0", "p/1"])  # (what an .onnx file names them)
     with torch.no_grad():
-        out = model({"k1": data["input_1"], "k2": data["input_0"]})
+        out = model({"k2": data["input_1"], "k1": data["input_0"]})
     assert set(out) == {"q", "p"} and isinstance(out["q"], torch.Tensor) and isinstance(out["p"], list)
     for j, got in enumerate([out["q"], *out["p"]]):
         np.testing.assert_allclose(got.numpy(), data[f"output_{j}"], rtol=1e-5, atol=1e-6, err_msg=f"output {j}")
+
+
+def test_layer_names_each_their_own_module(tmp_path):
+    """Keras names a ModuleDict cannot hold as they are ("a.b" beside "a_b", "d.", "a-b.c", and
+    "keys", "to", "training", its own attributes; tf.keras 2.21 allows them): each layer keeps its
+    own module, found by its Keras name (model.layer), through save_converted / load_converted."""
+    model = load_keras(os.path.join(DATA, "tfk_layer_names.h5"))
+    names = ["to", "training", "a.b", "a_b", "a-b.c", "keys", "d."]
+    modules = [model.layer(n) for n in names]
+    assert len({id(m) for m in modules}) == len(names)
+    assert model.layer("a.b").kernel.shape == (3, 2) and model.layer("a_b").kernel.shape == (3, 3)
+    assert sorted(layer_name(k) for k in model.layers) == sorted(names + ["x"])
+    save_converted(model, tmp_path / "m.pt")
+    again = load_converted(tmp_path / "m.pt")
+    x = torch.from_numpy(np.load(os.path.join(DATA, "tfk_layer_names.npz"))["input_0"])
+    for a, b in zip(model(x), again(x)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_architecture_as_a_json_file():

@@ -1110,7 +1110,8 @@ def test_a_quantized_layer_is_refused_by_name(tmp_path):
 @pytest.mark.keras
 def test_inputs_as_a_dict_or_a_list_as_keras_takes_them(tmp_path):
     """A model built on dicts (keys other than the Input names, not in sorted order) takes a dict
-    by those keys and returns a dict of its outputs by Keras's keys (output_keys: the config's
+    by those keys (by position: sorted by key, Keras's model.inputs, which the exported program
+    follows) and returns a dict of its outputs by Keras's keys (output_keys: the config's
     order), each Keras's, also exported (.pt2; .onnx with its inputs and outputs named by those
     keys) and in `cudnn-rnn verify`; a model built on a list
     takes a dict by Input names, or one list; a dict without a key is refused naming it."""
@@ -1125,14 +1126,14 @@ def test_inputs_as_a_dict_or_a_list_as_keras_takes_them(tmp_path):
     keyed.save(tmp_path / "keyed.keras")
     expected = {k: keras.ops.convert_to_numpy(v) for k, v in keyed({"z_in": xz, "a_in": xa}).items()}
     converted = load_keras(str(tmp_path / "keyed.keras"))
-    assert converted.input_keys == ["z_in", "a_in"] and converted.output_keys == ["y_head", "y_seq"]
+    assert converted.input_keys == ["a_in", "z_in"] and converted.output_keys == ["y_head", "y_seq"]
     got = converted({"a_in": torch.from_numpy(xa), "z_in": xz, "unused": 0})
     assert isinstance(got, dict) and list(got) == ["y_head", "y_seq"]
     for key, g in got.items():
         np.testing.assert_allclose(g.detach().numpy(), expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
     out = _cli("convert", str(tmp_path / "keyed.keras"), str(tmp_path / "keyed.pt2"), "--no-progress")
     assert out.returncode == 0, out.stderr
-    exported = torch.export.load(str(tmp_path / "keyed.pt2")).module()(torch.from_numpy(xz), torch.from_numpy(xa))
+    exported = torch.export.load(str(tmp_path / "keyed.pt2")).module()(torch.from_numpy(xa), torch.from_numpy(xz))
     assert list(exported) == ["y_head", "y_seq"]
     for key, g in exported.items():
         np.testing.assert_allclose(g.detach().numpy(), expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
@@ -1146,7 +1147,8 @@ def test_inputs_as_a_dict_or_a_list_as_keras_takes_them(tmp_path):
     assert [o.name for o in session.get_outputs()] == ["y_head", "y_seq"]
     for key, g in zip(["y_head", "y_seq"], session.run(None, {"z_in": xz, "a_in": xa})):
         np.testing.assert_allclose(g, expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
-    with pytest.raises(ValueError, match=r"takes a dict with the keys 'z_in', 'a_in'; the one given lacks 'a_in'"):
+    assert [t.name for t in keyed.inputs] == ["alpha", "zeta"]  # (Keras's own positional order)
+    with pytest.raises(ValueError, match=r"takes a dict with the keys 'a_in', 'z_in'; the one given lacks 'a_in'"):
         converted({"z_in": xz, "alpha": xa})
 
     listed = keras.Model([z, a], both)

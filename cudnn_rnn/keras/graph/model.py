@@ -15,9 +15,22 @@ from .spec import EVERY_OUTPUT, ModelSpec, Ref, keras_run_order, tensor_refs
 from ..errors import few
 
 
-def _module_key(name: str) -> str:
-    # ModuleDict keys may not contain "." (Keras names may)
-    return name.replace(".", "_")
+_MODULE_DICT = nn.ModuleDict()
+
+
+def module_key(name: str) -> str:
+    """The key of a Keras layer's module in ``KerasModel.layers``: its name, unless that holds "."
+    (which a ModuleDict key may not; TensorFlow's Keras names may), or "%", is empty, or names an
+    attribute of the ModuleDict ("keys", "training", "to", ...): then "%" followed by the name
+    with "%" and "." percent-encoded. One to one: only such keys begin with "%"."""
+    if name and "." not in name and "%" not in name and not hasattr(_MODULE_DICT, name):
+        return name
+    return "%" + name.replace("%", "%25").replace(".", "%2E")
+
+
+def layer_name(key: str) -> str:
+    """The Keras layer name of a ``KerasModel.layers`` key (module_key's inverse)."""
+    return key[1:].replace("%2E", ".").replace("%25", "%") if key.startswith("%") else key
 
 
 def _takes_time(j: int, size, any_length: bool, dtype: str, rank: int) -> bool:
@@ -46,7 +59,7 @@ class KerasModel(nn.Module):
         self.register_buffer("compute_dtype_anchor", torch.zeros(0, dtype=dtype), persistent=False)
         self.name = spec.name
         self.spec = spec  # the parsed graph (plain data): what save_keras walks
-        self.layers = nn.ModuleDict({_module_key(n): m for n, m in modules.items()})
+        self.layers = nn.ModuleDict({module_key(n): m for n, m in modules.items()})
         self.input_refs = [(r.layer, r.call, r.output) for r in spec.inputs]
         self.output_refs = [(r.layer, r.call, r.output) for r in spec.outputs]
         # What a dict of inputs is keyed by (the dict's keys of a model built on one, else the
@@ -109,7 +122,7 @@ class KerasModel(nn.Module):
                 for d in deps:
                     waiting.setdefault(d, []).append(len(items))
                 missing.append(len(deps))
-                items.append((layer.name, _module_key(layer.name), i, [(r.layer, r.call, r.output) for r in refs],
+                items.append((layer.name, module_key(layer.name), i, [(r.layer, r.call, r.output) for r in refs],
                               [(r.layer, r.call, r.output) if r is not None else None for r in mask_refs]
                               if mask_refs else None))
         ready = deque(k for k, n in enumerate(missing) if n == 0)
@@ -349,6 +362,11 @@ class KerasModel(nn.Module):
         (nested models followed), or None: the inputs that must be ids in [0, vocabulary), whatever
         their declared dtype."""
         return [_vocabulary_of(self.spec, r) for r in self.spec.inputs]
+
+    def layer(self, name: str) -> nn.Module:
+        """The module that runs the Keras layer called ``name`` (``layers`` holds it under
+        ``module_key(name)``)."""
+        return self.layers[module_key(name)]
 
     def forward(self, *inputs: Tensor):
         outputs, _ = self.forward_with_masks(*inputs)

@@ -79,8 +79,10 @@ class ModelSpec:
     inputs: List[Ref]
     outputs: List[Ref]
     single_output: bool = True
-    # The keys of a model built on dicts (keras.Model({"a": x, ...}, {"y": out, ...})), in the
-    # config's order, one per input / output; None where the config lists them.
+    # The keys of a model built on dicts (keras.Model({"a": x, ...}, {"y": out, ...})), one per
+    # input / output, None where the config lists them: the inputs' sorted (`inputs` follows them,
+    # the order of Keras's model.inputs, which a list given to the model follows), the outputs'
+    # in the config's order.
     input_keys: Optional[List[str]] = None
     output_keys: Optional[List[str]] = None
     # What the model returns, as the config nests its outputs: an index into `outputs` (one
@@ -428,9 +430,13 @@ def _parse_functional(body, path) -> ModelSpec:
     outputs, structure = _output_structure(body.get("output_layers"), path)
     inputs_cfg = body.get("input_layers")
     inputs = _endpoint_refs(inputs_cfg, path, "input_layers")
+    input_keys = _endpoint_keys(inputs_cfg, inputs)
+    if input_keys:  # a model built on a dict: its inputs by sorted key, as Keras lists them (model.inputs)
+        order = sorted(range(len(inputs)), key=lambda i: input_keys[i])
+        inputs, input_keys = [inputs[i] for i in order], [input_keys[i] for i in order]
     spec = ModelSpec(_name(body, "model"), "Functional", layers, inputs, outputs,
                      single_output=isinstance(structure, int) or len(outputs) == 1,
-                     input_keys=_endpoint_keys(inputs_cfg, inputs),
+                     input_keys=input_keys,
                      output_keys=list(structure) if isinstance(structure, dict) else None,
                      output_structure=structure)
     if _keras3_nodes(body["layers"]):

@@ -103,7 +103,7 @@ def _leaf_layers(model: KerasModel, spec: ModelSpec, prefix: str = ""):
         n = used.get(base, 0)
         used[base] = n + 1
         path = "/".join(p for p in (prefix, "layers", base if n == 0 else f"{base}_{n}") if p)
-        module = model.layers[layer.name.replace(".", "_")]
+        module = model.layer(layer.name)
         if isinstance(module, NestedModel):
             yield from _leaf_layers(module.model, layer.model, path)
         elif isinstance(module, TimeDistributed) and isinstance(module.layer, NestedModel):
