@@ -294,12 +294,12 @@ def test_inputs_of_one_value_per_example(name):
     ext = "keras" if name.startswith("k3") else "h5"
     model = load_keras(os.path.join(DATA, f"{name}.{ext}"))
     stored = np.load(os.path.join(DATA, f"{name}.npz"))
-    keys = ["elevation", "soil", "code", "text"]  # (as stored: the config's order)
-    assert model.input_keys == sorted(keys) and model.output_keys == ["cover", "aux"]
+    keys = ["code", "elevation", "soil", "text"]  # (sorted, as Keras's model.inputs lists them)
+    assert model.input_keys == keys and model.output_keys == ["cover", "aux"]
     assert [shape for _, shape in model.input_specs] == [(None,)] * 4
     given = {k: stored[f"input_{i}"] for i, k in enumerate(keys)}
     with torch.no_grad():
-        for out in (model(given), model(*[given[k] for k in sorted(keys)])):
+        for out in (model(given), model(*[given[k] for k in keys])):
             assert list(out) == model.output_keys
             for j, y in enumerate(out.values()):
                 np.testing.assert_allclose(y.numpy(), stored[f"output_{j}"], rtol=1e-5, atol=1e-6,
