@@ -146,9 +146,39 @@ def test_unsupported_attention_options_are_refused_by_name(tmp_path):
     model.save_weights(tmp_path / "w.weights.h5")
     config = json.loads(model.to_json())["config"]
     mha = next(l for l in config["layers"] if l["class_name"] == "MultiHeadAttention")
-    mha["config"]["attention_axes"] = [0, 1]
-    with pytest.raises(ConversionError, match=r"layer 'mha'.*attention_axes=\[0, 1\]; only attention over the time"):
+    mha["config"]["attention_axes"] = [0, 1]  # (the batch axis: Keras's call fails too)
+    with pytest.raises(ConversionError, match=r"layer 'mha'.*attention_axes=\(0, 1\) do not fit inputs of shape"):
         load_keras(tmp_path / "w.weights.h5", architecture={"class_name": "Functional", "config": config})
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("q_shape,v_shape,axes,scores", [
+    ((5, 4, 6), (5, 3, 6), None, False),        # rank 4: both middle axes at once
+    ((5, 4, 6), (5, 3, 6), (2,), True),         # the second; the first a batch axis
+    ((5, 4, 6), (7, 4, 6), (-3,), False),       # the first, counted from the input's rank
+    ((2, 3, 4, 6), (2, 5, 2, 6), (2, 3), True),  # rank 5
+])
+def test_multi_head_attention_over_other_axes(q_shape, v_shape, axes, scores, tmp_path):
+    """MultiHeadAttention over the axes attention_axes picks of rank 4 and 5 inputs (Keras's
+    einsum equations: the other axes are batch axes, one softmax over all the key's attention
+    positions), its scores in Keras's layout; a mask there is refused at the call, naming it."""
+    rng = np.random.RandomState(11)
+    q, v = keras.Input(q_shape), keras.Input(v_shape)
+    out = layers.MultiHeadAttention(2, 3, value_dim=4, attention_axes=axes, name="mha")(
+        q, v, return_attention_scores=scores)
+    model = keras.Model([q, v], list(out) if scores else out)
+    for w in model.weights:
+        w.assign(rng.uniform(-0.5, 0.5, w.shape).astype("float32"))
+    model.save(tmp_path / "m.keras")
+    xq, xv = rng.rand(2, *q_shape).astype("float32"), rng.rand(2, *v_shape).astype("float32")
+    expected = model([xq, xv])
+    converted = load_keras(tmp_path / "m.keras")
+    got = converted(torch.from_numpy(xq), torch.from_numpy(xv))
+    for g, e in zip(got if scores else [got], expected if scores else [expected]):
+        np.testing.assert_allclose(g.detach().numpy(), keras.ops.convert_to_numpy(e), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"MultiHeadAttention over the axes .*: masks \(value\) are supported over "
+                                         r"the time axis"):
+        converted.layer("mha")([torch.from_numpy(xq), torch.from_numpy(xv)], [None, torch.ones(2, *v_shape[:-1]) > 0])
 
 
 @pytest.mark.keras

@@ -84,6 +84,7 @@ CASES = [
     # tf.train.CheckpointManager of Checkpoint(step=..., model=..., optimizer=...) after training
     ("tfk_step_ckpt", "tfk_step_ckpt/ckpt-1", "tfk_step_ckpt.json"),
     ("tfk_layer_names", "tfk_layer_names.h5", None),
+    ("tfk_causal_separable", "tfk_causal_separable.h5", None),  # SeparableConv1D(padding="causal")
     ("k3_nested_dicts", "k3_nested_dicts.keras", None),
     ("tfk_nested_dicts", "tfk_nested_dicts.h5", None),
 ]

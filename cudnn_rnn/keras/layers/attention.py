@@ -20,7 +20,7 @@ keyword: query=, value=, key=, attention_mask=) are read from the layer's calls 
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -169,8 +169,9 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, weights: Dict[str, List[Tensor]], num_heads: int, key_dim: int, dropout: float,
                  binding: Dict[str, int], causal: bool, return_scores: bool, sliding_window: Optional[int],
-                 zero_masked: bool, keras3: bool = True):
+                 zero_masked: bool, keras3: bool = True, attention_axes: Optional[Tuple[int, ...]] = None):
         super().__init__()
+        self.attention_axes = attention_axes  # as configured (None: every axis between batch and features)
         self.names = list(weights)  # Keras's sub-layer order (a ParameterDict keeps its keys sorted)
         self.proj = nn.ParameterDict({name: nn.Parameter(w[0]) for name, w in weights.items()})
         self.bias = nn.ParameterDict({name: nn.Parameter(w[1]) for name, w in weights.items() if len(w) > 1})
@@ -183,17 +184,66 @@ class MultiHeadAttention(nn.Module):
         return [(_GROUPS_KERAS3[name], [self.proj[name]] + ([self.bias[name]] if name in self.bias else []))
                 for name in self.names]  # Keras's sub-layer order: query, key(, gate), value, output
 
-    def _project(self, name: str, x: Tensor) -> Tensor:  # [B, T, F] -> [B, T, H, D]
-        y = torch.einsum("btf,fhd->bthd", x, self.proj[name])
+    def _project(self, name: str, x: Tensor) -> Tensor:  # [B, ..., F] -> [B, ..., H, D]
+        y = torch.einsum("...f,fhd->...hd", x, self.proj[name])
         return y + self.bias[name] if name in self.bias else y
+
+    def _axes(self, rank: int) -> Tuple[int, ...]:
+        """The attention axes of the projected [B, ..., H, D] tensors (rank of them), as Keras's
+        _build_attention normalises them: every axis between batch and heads where none are
+        configured, a negative one counted from the input's rank."""
+        if self.attention_axes is None:
+            return tuple(range(1, rank - 2))
+        if rank == 4 and self.attention_axes in ((1,), (-3,)):  # (tf.keras also wrote -3 for the time axis)
+            return (1,)
+        return tuple(a if a >= 0 else rank - 1 + a for a in self.attention_axes)
+
+    def _over_axes(self, query: Tensor, value: Tensor, key: Tensor, axes: Tuple[int, ...]):
+        """Keras's attention over the axes `axes` of [B, ..., F] inputs (its einsum equations): the
+        other axes between batch and heads are batch axes, the scores a softmax over all the key's
+        attention positions at once. No masks (refused by the caller)."""
+        q = self._project("query", query)
+        k, v = self._project("key", key), self._project("value", value)
+        rank = q.dim()
+        if any(not 1 <= a <= rank - 3 for a in axes) or len(set(axes)) != len(axes):
+            raise ValueError(f"MultiHeadAttention: attention_axes={self.attention_axes} do not fit inputs of shape "
+                             f"{tuple(query.shape)} (axes between the batch and the features)")
+        if k.dim() != rank or v.dim() != rank:
+            raise ValueError(f"MultiHeadAttention: query, value and key must have the same rank; got "
+                             f"{tuple(query.shape)}, {tuple(value.shape)}, {tuple(key.shape)}")
+        if k.shape[-2] != self.num_heads:  # GroupedQueryAttention
+            k = k.repeat_interleave(self.num_heads // k.shape[-2], dim=-2)
+            v = v.repeat_interleave(self.num_heads // v.shape[-2], dim=-2)
+        batch = [i for i in range(rank - 1) if i not in axes]  # batch, the other axes, the heads
+        order = batch + list(axes) + [rank - 1]
+        qp, kp, vp = q.permute(order), k.permute(order), v.permute(order)
+        lead = qp.shape[:len(batch)]
+        if kp.shape[:len(batch)] != lead or vp.shape[:-1] != kp.shape[:-1]:
+            raise ValueError(f"MultiHeadAttention: the query's, value's and key's axes other than the attention axes "
+                             f"{axes} must agree; got {tuple(query.shape)}, {tuple(value.shape)}, {tuple(key.shape)}")
+        q_at, k_at = qp.shape[len(batch):-1], kp.shape[len(batch):-1]
+        n = math.prod(lead)
+        qf = qp.reshape(n, math.prod(q_at), qp.shape[-1]) * (1.0 / math.sqrt(self.key_dim))
+        scores = torch.bmm(qf, kp.reshape(n, math.prod(k_at), kp.shape[-1]).transpose(1, 2))
+        probs = torch.softmax(scores, dim=-1)
+        attended = torch.bmm(F.dropout(probs, self.dropout, self.training), vp.reshape(n, math.prod(k_at), vp.shape[-1]))
+        back = [0] * rank
+        for j, a in enumerate(order):
+            back[a] = j
+        attended = attended.reshape(*lead, *q_at, vp.shape[-1]).permute(back)  # [B, ..., H, Dv]
+        return attended, probs.reshape(*lead, *q_at, *k_at)
 
     def forward(self, inputs, masks):
         at = self.binding
         query, value = inputs[at["query"]], inputs[at["value"]]
         key = inputs[at["key"]] if "key" in at else value
+        axes = self._axes(query.dim() + 1)
+        if query.dim() != 3 or axes != (1,):
+            return self._forward_over_axes(inputs, masks, query, value, key, axes)
         for name, t in (("query", query), ("value", value), ("key", key)):
             if t.dim() != 3:
-                raise ValueError(f"MultiHeadAttention: {name} must be [batch, time, features]; got {tuple(t.shape)}")
+                raise ValueError(f"MultiHeadAttention: {name} must be [batch, time, features] as the query is; "
+                                 f"got {tuple(t.shape)}")
         # Keras 3 fills query_mask / value_mask / key_mask from the tensors' own masks
         q_mask = masks[at["query"]]
         v_mask = inputs[at["value_mask"]] if "value_mask" in at else masks[at["value"]]
@@ -249,14 +299,29 @@ class MultiHeadAttention(nn.Module):
             if mask is not None and self.zero_masked:
                 probs = torch.where(mask, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
             attended = torch.einsum("bhts,bshd->bthd", F.dropout(probs, self.dropout, self.training), v)
+        return self._output(query, attended, probs, q_mask)
+
+    def _output(self, query: Tensor, attended: Tensor, probs: Optional[Tensor], q_mask: Optional[Tensor]):
         if "gate" in self.proj:
             attended = attended * torch.sigmoid(self._project("gate", query))
-        out = torch.einsum("bthd,hdo->bto", attended, self.proj["output"])
+        out = torch.einsum("...hd,hdo->...o", attended, self.proj["output"])
         if "output" in self.bias:
             out = out + self.bias["output"]
         if self.return_scores:
             return [out, probs], [q_mask, None]
         return [out], [q_mask]
+
+    def _forward_over_axes(self, inputs, masks, query, value, key, axes):
+        at = self.binding
+        masked = [name for name in ("query", "value", "key") if name in at and masks[at[name]] is not None]
+        masked += [name for name in ("attention_mask", "value_mask", "key_mask", "query_mask") if name in at]
+        if masked or self.causal or self.sliding_window is not None:
+            what = ", ".join(masked + (["use_causal_mask"] if self.causal else []) +
+                             (["sliding_window"] if self.sliding_window is not None else []))
+            raise ValueError(f"MultiHeadAttention over the axes {axes} of inputs of shape {tuple(query.shape)}: "
+                             f"masks ({what}) are supported over the time axis of [batch, time, features] only")
+        attended, probs = self._over_axes(query, value, key, axes)
+        return self._output(query, attended, probs, None)
 
 
 _GROUPS_KERAS3 = {"query": "query_dense", "key": "key_dense", "gate": "_gate_dense", "value": "value_dense",
@@ -271,9 +336,11 @@ def build_multi_head_attention(cfg, ctx):
     use_bias, use_gate = v.bool("use_bias", True), v.bool("use_gate", False)
     dropout = min(v.float("dropout", 0.0, 0.0, 1.0), 1.0 - 1e-7)
     axes = cfg.get("attention_axes")
-    if axes not in (None, 1, [1], (1,), -3, [-3], (-3,)):
-        raise ctx.error(f"attention_axes={str(axes)[:40]}; only attention over the time axis of [batch, time, "
-                        "features] inputs is supported")
+    if isinstance(axes, int) and not isinstance(axes, bool):
+        axes = [axes]
+    if axes is not None and not (isinstance(axes, (list, tuple)) and axes and len(axes) <= 8 and all(
+            isinstance(a, int) and not isinstance(a, bool) and -9 <= a <= 9 for a in axes)):
+        raise ctx.error(f"attention_axes={str(axes)[:40]}; expected None, an axis or a list of axes")
     window = cfg.get("sliding_window")
     if window is not None:
         window = v.int("sliding_window", lo=1)
@@ -283,10 +350,12 @@ def build_multi_head_attention(cfg, ctx):
     if output_shape is not None and (isinstance(output_shape, bool) or not isinstance(output_shape, int)):
         raise ctx.error(f"output_shape={str(output_shape)[:40]}; only one output width is supported")
     d_out = "out" if output_shape is None else output_shape
-    return _attention_module(ctx, use_bias, use_gate, dropout, window, heads, heads, key_dim, value_dim, d_out)
+    return _attention_module(ctx, use_bias, use_gate, dropout, window, heads, heads, key_dim, value_dim, d_out,
+                             tuple(axes) if axes is not None else None)
 
 
-def _attention_module(ctx, use_bias, use_gate, dropout, window, heads, kv_heads, key_dim, value_dim, d_out):
+def _attention_module(ctx, use_bias, use_gate, dropout, window, heads, kv_heads, key_dim, value_dim, d_out,
+                      attention_axes=None):
     """The weights (sub-layers query, key, gate, value, output, checked against the config) and
     the call options of a MultiHeadAttention or GroupedQueryAttention."""
     what = ctx.spec.class_name
@@ -311,7 +380,8 @@ def _attention_module(ctx, use_bias, use_gate, dropout, window, heads, kv_heads,
         raise ctx.error(f"{what} call arguments {sorted(unknown)} are not supported")
     zero_masked = ctx.keras_major >= 3 and (dropout > 0 or opts["return_attention_scores"])
     return MultiHeadAttention(weights, heads, key_dim, dropout, binding, opts["use_causal_mask"],
-                              opts["return_attention_scores"], window, zero_masked, keras3=ctx.keras_major >= 3)
+                              opts["return_attention_scores"], window, zero_masked, keras3=ctx.keras_major >= 3,
+                              attention_axes=attention_axes)
 
 
 @builder("GroupedQueryAttention", "GroupQueryAttention")

@@ -183,7 +183,9 @@ def build_depthwise(cfg, ctx):
 @builder("SeparableConv1D", "SeparableConvolution1D", "SeparableConv2D", "SeparableConvolution2D")
 def build_separable(cfg, ctx):
     rank = class_rank(ctx)
-    v, k, strides, dilation, padding, activation, last = _common(cfg, ctx, rank)
+    # (tf.keras's SeparableConv1D pads causally too; Keras 3's refuses it)
+    v, k, strides, dilation, padding, activation, last = _common(cfg, ctx, rank, ("valid", "same", "causal")
+                                                                 if rank == 1 else ("valid", "same"))
     filters, multiplier, use_bias = v.int("filters", lo=1), v.int("depth_multiplier", 1, lo=1), v.bool("use_bias", True)
     (w,) = ctx.weights.take([("", 2 + int(use_bias))])
     check_shapes(ctx, ctx.spec.class_name, w[:1], [(*k, "in", multiplier)])
