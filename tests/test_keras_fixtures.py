@@ -85,6 +85,7 @@ CASES = [
     ("tfk_step_ckpt", "tfk_step_ckpt/ckpt-1", "tfk_step_ckpt.json"),
     ("tfk_layer_names", "tfk_layer_names.h5", None),
     ("tfk_causal_separable", "tfk_causal_separable.h5", None),  # SeparableConv1D(padding="causal")
+    ("tfk_attention_axes", "tfk_attention_axes.h5", None),  # MultiHeadAttention over other axes
     ("k3_nested_dicts", "k3_nested_dicts.keras", None),
     ("tfk_nested_dicts", "tfk_nested_dicts.h5", None),
 ]

@@ -190,13 +190,15 @@ class MultiHeadAttention(nn.Module):
 
     def _axes(self, rank: int) -> Tuple[int, ...]:
         """The attention axes of the projected [B, ..., H, D] tensors (rank of them), as Keras's
-        _build_attention normalises them: every axis between batch and heads where none are
-        configured, a negative one counted from the input's rank."""
+        _build_attention takes them: every axis between batch and heads where none are
+        configured; a negative one counted from the input's rank in Keras 3, from the
+        projection's in tf.keras (its einsum equations index with it as it is)."""
         if self.attention_axes is None:
             return tuple(range(1, rank - 2))
-        if rank == 4 and self.attention_axes in ((1,), (-3,)):  # (tf.keras also wrote -3 for the time axis)
+        if rank == 4 and self.attention_axes == (-3,):  # the time axis (as the converter has always read it)
             return (1,)
-        return tuple(a if a >= 0 else rank - 1 + a for a in self.attention_axes)
+        base = rank - 1 if self.keras3 else rank
+        return tuple(a if a >= 0 else base + a for a in self.attention_axes)
 
     def _over_axes(self, query: Tensor, value: Tensor, key: Tensor, axes: Tuple[int, ...]):
         """Keras's attention over the axes `axes` of [B, ..., F] inputs (its einsum equations): the
