@@ -652,10 +652,7 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
             makes dynamic must stay so, or the export is refused. Default: ``None``.
         **kwargs (Any): passed to ``torch.onnx.export`` (``verbose=True`` shows its progress;
             the weights go inside the ``.onnx`` file unless they pass 1.5 GB or
-            ``external_data=True``). A converted Keras model's inputs are named by its
-            ``input_keys`` and its outputs as Keras names them (a dict's keys, "key/0" inside a
-            nested list, else the output layers' names): ``KerasModel.io_names``, unless
-            ``input_names`` / ``output_names`` are given.
+            ``external_data=True``).
 
     Returns:
         torch.onnx.ONNXProgram: the program, also saved to ``path``.
@@ -675,11 +672,6 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
         raise OnnxExportError(f"the model takes strings (input {strings[0]}: a string layer reads it), which an "
                               "exported program cannot; export the model after those layers")
     model = model.eval()
-    if hasattr(model, "io_names"):  # a converted Keras model: its inputs' keys, its outputs' keys or layers
-        input_names, output_names = model.io_names()
-        kwargs.setdefault("input_names", input_names)
-        if output_names is not None:
-            kwargs.setdefault("output_names", output_names)
     kwargs.setdefault("verbose", False)  # torch's step-by-step progress lines
     # One self-contained file (torch writes the weights to a `.onnx.data` file beside it by
     # default) wherever protobuf's 2 GiB limit allows.
