@@ -114,15 +114,34 @@ def _check_onnx(path: str, model, inputs) -> int:
 OUTPUT_KINDS = (".pt", ".pt2", ".onnx")
 
 
-def _say_inputs(free, minimum: int, example) -> None:
-    """What the exported program takes: each input's dtype and dimensions."""
+def _program_lengths(program, free) -> dict:
+    """Per free input, the fewest steps the exported program's guards admit (torch.export may
+    raise an input's lower bound above the one it was asked for without a word)."""
+    names = list(program.graph_signature.user_inputs)
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    lowest = {}
+    for i, name in enumerate(names):
+        val = nodes[name].meta.get("val") if name in nodes else None
+        if i not in free or not isinstance(val, torch.Tensor) or val.dim() < 2 or not isinstance(val.shape[1], torch.SymInt):
+            continue
+        bounds = program.range_constraints.get(val.shape[1].node.expr)
+        if bounds is not None:
+            lowest[i] = int(bounds.lower)
+    return lowest
+
+
+def _say_inputs(free, minimum: int, example, lowest: Optional[dict] = None) -> None:
+    """What the exported program takes: each input's dtype and dimensions (an input's own fewest
+    steps from `lowest` where the program says more than `minimum`)."""
     described = []
     for i, x in enumerate(example):
         dims = ["batch"] + [str(d) for d in x.shape[1:]]
         if i in free:
-            dims[1] = f"time >= {minimum}" if minimum > 2 else "time"
+            least = max(minimum, (lowest or {}).get(i, minimum))
+            dims[1] = f"time >= {least}" if least > 2 else "time"
         described.append(f"{str(x.dtype).replace('torch.', '')} [{', '.join(dims)}]")
     print("the program takes " + "; ".join(described))
+    minimum = max([minimum] + [v for k, v in (lowest or {}).items() if k in free])
     if free and minimum > 2:
         print(f"(sequences of {minimum} steps or more: the lengths over which torch.export proves the model's "
               "shapes, which its convolutions, pooling or slices over time limit)")
@@ -300,7 +319,7 @@ def cmd_convert(args) -> int:
                 _refused_export(args, model, e, "")
             return 2
         torch.export.save(program, args.out)
-        _say_inputs(free, minimum, example(minimum))
+        _say_inputs(free, minimum, example(minimum), _program_lengths(program, free))
         print("load it with: import cudnn_rnn, torch; torch.export.load(PATH) (the program calls cudnn_rnn's ops, "
               "which `import cudnn_rnn` registers)")
     else:

@@ -348,6 +348,25 @@ def test_ids_outside_an_embedding_are_named(bad):
         model(ids)
 
 
+def test_convert_says_the_lengths_the_program_admits(capsys):
+    """What `cudnn-rnn convert` says a .pt2 takes comes from the program's own guards (torch.export
+    can admit fewer lengths than it was asked for): each free input's lower bound, read back."""
+    from cudnn_rnn.cli import _program_lengths, _say_inputs
+
+    class Two(torch.nn.Module):
+        def forward(self, x, y):
+            return x.sum(1), y.sum(1)
+
+    batch = torch.export.Dim("batch", min=1)
+    example = (torch.randn(2, 9, 3), torch.randn(2, 9, 3))
+    program = torch.export.export(Two(), example, dynamic_shapes=(
+        {0: batch, 1: torch.export.Dim("t0", min=2)}, {0: batch, 1: torch.export.Dim("t1", min=5)}))
+    lowest = _program_lengths(program, [0, 1])
+    assert lowest == {0: 2, 1: 5}
+    _say_inputs([0, 1], 2, example, lowest)
+    assert "the program takes float32 [batch, time, 3]; float32 [batch, time >= 5, 3]" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("name", ["k3_lookup", "k3_updates_transforms"])
 def test_layers_that_read_their_data_export(name, tmp_path):
     """Layers whose eager code read the data while torch.export traced it, through `cudnn-rnn
