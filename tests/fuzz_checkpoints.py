@@ -91,6 +91,8 @@ BASES = [
     ("legacy-nested-dicts", "tfk_nested_dicts.h5", None, "tfk_nested_dicts.npz", "keras"),
     # layer names a ModuleDict cannot hold as they are ("a.b" beside "a_b", "keys", "to")
     ("legacy-layer-names", "tfk_layer_names.h5", None, "tfk_layer_names.npz", "keras"),
+    # layers Keras's quantize() rewrote: int4 / int8 / float8 kernels, scales, zero points, groups
+    ("keras-quantized", "k3_quantized.keras", None, "k3_quantized.npz", "keras"),
     # Keras 3's save_weights of the text model, its vocabularies read from the .keras architecture
     ("weights-k3-text", "k3_text.weights.h5", "k3_text.keras", "k3_text.npz", "keras"),
     # the weights tree as tf.keras 2.13-2.15 wrote it on Windows (groups at the root, named with

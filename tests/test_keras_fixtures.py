@@ -88,6 +88,7 @@ CASES = [
     ("tfk_attention_axes", "tfk_attention_axes.h5", None),  # MultiHeadAttention over other axes
     ("k3_nested_dicts", "k3_nested_dicts.keras", None),
     ("tfk_nested_dicts", "tfk_nested_dicts.h5", None),
+    ("k3_quantized", "k3_quantized.keras", None),  # int8 / int4 / float8 layers Keras's quantize() rewrote
 ]
 
 # Outputs in which Keras computes NaN on purpose: tf.keras 2's masked GlobalAveragePooling1D
@@ -421,3 +422,23 @@ def test_integer_outputs_keep_keras_dtypes():
     integer = [(ours, theirs) for ours, theirs in kinds if theirs[0] in "iu"]
     assert len(integer) == 8
     assert all(ours == f"torch.{theirs}" for ours, theirs in integer), integer
+
+
+def test_quantized_layers_serve_as_keras_computes_them(tmp_path):
+    """k3_quantized (int8 / int4 / float8 layers from Keras's quantize()) exported by torch.export,
+    compiled by torch.compile (which would drop float8's bfloat16 rounding of the bias, done on the
+    bits for it) and exported to ONNX (run by onnxruntime): Keras's stored outputs within 1e-5."""
+    import onnxruntime
+
+    import cudnn_rnn.onnx
+
+    model = load_keras(os.path.join(DATA, "k3_quantized.keras")).eval()
+    stored = np.load(os.path.join(DATA, "k3_quantized.npz"))
+    x, want = torch.from_numpy(stored["input_0"]).long(), stored["output_0"]
+    with torch.no_grad():
+        got = {"export": torch.export.export(model, (x,)).module()(x), "compile": torch.compile(model)(x)}
+    cudnn_rnn.onnx.export(model, (x,), str(tmp_path / "q.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "q.onnx"))
+    got["onnx"] = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+    for how, y in got.items():
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5, err_msg=how)

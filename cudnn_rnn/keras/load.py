@@ -25,6 +25,7 @@ from .errors import ConversionError
 from .graph.spec import ModelSpec, parse_model
 from .graph.model import KerasModel, LayerFailure, NestedModel
 from .layers.ops import OP_CLASSES, build_op
+from .layers.quantized import policy_mode, unsupported
 from .layers.registry import REFUSED, BuildContext, dtype_name, holds_weights, keras_major
 from .files.weights import LegacySource, RecordingSource, ReplaySource, WeightSource, weight_source
 
@@ -360,14 +361,12 @@ def _build(spec: ModelSpec, path: str, version, source: WeightSource, dtype, whe
 
 
 def _not_quantized(layer, path) -> None:
-    """Refuses a layer that Keras 3's quantize() turned to int8 / int4 / float8 (a quantized dtype
-    policy; its weights are the quantized kernel and its scales)."""
-    policy = layer.config.get("dtype") if isinstance(layer.config, dict) else None
-    if isinstance(policy, dict) and "Quantized" in str(policy.get("class_name", "")):
-        mode = policy.get("config", {}).get("mode") if isinstance(policy.get("config"), dict) else None
-        raise ConversionError(path, f"the layer is quantized by Keras ({str(mode or policy['class_name'])[:20]}), "
-                                    "which is not supported: convert the float model (before model.quantize()); "
-                                    "cudnn_rnn.quantize_dynamic quantizes the converted one", layer.name)
+    """Refuses a layer that Keras 3's quantize() turned to int8 / int4 / float8 / gptq / awq (a
+    quantized dtype policy) where no builder computes that form (layers/quantized.py)."""
+    mode = policy_mode(layer.config.get("dtype")) if isinstance(layer.config, dict) else None
+    refused = unsupported(mode, layer.class_name) if mode is not None else None
+    if refused:
+        raise ConversionError(path, refused, layer.name)
 
 
 def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:

@@ -34,8 +34,11 @@ class LayerWeights(abc.ABC):
     """The weights of one layer, served by groups."""
 
     @abc.abstractmethod
-    def take(self, groups: Groups, shapes: Optional[Sequence[Sequence[tuple]]] = None) -> List[List[np.ndarray]]:
-        """Arrays per group, in Keras order, shapes checked against `shapes` where given."""
+    def take(self, groups: Groups, shapes: Optional[Sequence[Sequence[tuple]]] = None,
+             order: Optional[Sequence[str]] = None) -> List[List[np.ndarray]]:
+        """Arrays per group, in Keras order, shapes checked against `shapes` where given. `order`:
+        the variables' names in Keras's saving order, for a layer whose legacy .h5 list (its
+        variables in creation order) may differ from it (a quantized Dense's bias comes first)."""
 
     @abc.abstractmethod
     def child_source(self, spec: ModelSpec, sub: str = "") -> "WeightSource":
@@ -85,7 +88,7 @@ class _Keras3Layer(LayerWeights):
                     return candidate, candidate
         return None, fulls[0]
 
-    def take(self, groups, shapes=None):
+    def take(self, groups, shapes=None, order=None):
         out = []
         for k, (sub, count) in enumerate(groups):
             group, where = self._group(sub)
@@ -176,12 +179,17 @@ class _FlatLayer(LayerWeights):
     def __init__(self, kf: KerasFile, layer: str, datasets: List[Tuple[str, np.ndarray]], where: str):
         self.kf, self.layer, self.datasets, self.where = kf, layer, datasets, where
 
-    def take(self, groups, shapes=None):
+    def take(self, groups, shapes=None, order=None):
         _check_count(self.kf, self.layer, len(self.datasets), sum(c for _, c in groups), self.where)
+        datasets = self.datasets
+        if order is not None:  # by the names' last part ("sequential/dense/kernel_scale:0" is kernel_scale)
+            keys = [str(name).split("/")[-1].split(":")[0] for name, _ in datasets]
+            if len(set(keys)) == len(keys) and all(k in order for k in keys):
+                datasets = sorted(datasets, key=lambda d: order.index(str(d[0]).split("/")[-1].split(":")[0]))
         out, i = [], 0
         for k, (_, count) in enumerate(groups):
             expected = shapes[k] if shapes is not None else [None] * count
-            out.append([check_array(self.kf.path, self.datasets[i + j][0], self.datasets[i + j][1], self.layer, expected[j])
+            out.append([check_array(self.kf.path, datasets[i + j][0], datasets[i + j][1], self.layer, expected[j])
                         for j in range(count)])
             i += count
         return out
@@ -252,13 +260,13 @@ class _PoolSource(WeightSource):
         source = self
 
         class _Slice(LayerWeights):
-            def take(self, groups, shapes=None):
+            def take(self, groups, shapes=None, order=None):
                 n = sum(c for _, c in groups)
                 chunk = source.datasets[source.pos : source.pos + n]
                 if len(chunk) < n:
                     raise ConversionError(source.kf.path, f"{source.where} runs out of weights at layer '{layer.name}'", layer.name)
                 source.pos += n
-                return _FlatLayer(source.kf, layer.name, chunk, source.where).take(groups, shapes)
+                return _FlatLayer(source.kf, layer.name, chunk, source.where).take(groups, shapes, order)
 
             def child_source(self, spec, sub=""):
                 return source
@@ -308,8 +316,8 @@ class RecordingSource(WeightSource):
         records = self.records
 
         class _Recorded(LayerWeights):
-            def take(self, groups, shapes=None):
-                got = inner.take(groups, shapes)
+            def take(self, groups, shapes=None, order=None):
+                got = inner.take(groups, shapes, order)
                 records.setdefault(key, []).append([[np.asarray(a) for a in g] for g in got])
                 return got
 
@@ -357,7 +365,7 @@ class ReplaySource(WeightSource):
                                                        f"{len(got)} groups; a custom layer takes one", layer.name)
                 return [np.asarray(a) for a in got[0]]
 
-            def take(self, groups, shapes=None):
+            def take(self, groups, shapes=None, order=None):  # (recorded in Keras order)
                 takes, i = source.records.get(key, []), source.used.get(key, 0)
                 got = takes[i] if i < len(takes) else None
                 if got is None or [len(g) for g in got] != [n for _, n in groups]:

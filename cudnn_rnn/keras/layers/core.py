@@ -12,6 +12,7 @@ from torch import nn
 from .activations import _Activation, activation_name
 from .registry import builder
 from .base import Identity, _Single, without_mask_in_keras2
+from .quantized import build_float8_dense, build_quantized_dense, build_quantized_embedding, keras_quantization
 from .values import Values, check_shapes
 
 
@@ -53,16 +54,20 @@ class Embedding(nn.Module):
     def forward(self, inputs, masks):
         # Keras looks up float ids truncated (a cast to int) but masks on the values as given: 0.5
         # is row 0 and a real step
-        ids = inputs[0].long()
-        try:
-            out = F.embedding(ids, self.embeddings)
-        except (IndexError, RuntimeError) as e:
-            bad = ids[(ids < 0) | (ids >= self.embeddings.shape[0])] if ids.numel() else ids
-            if bad.numel() == 0:
-                raise
-            raise IndexError(f"Embedding: ids must be in [0, {self.embeddings.shape[0]}) (input_dim); got "
-                             f"{int(bad.reshape(-1)[0])}") from e
-        return [out], [inputs[0] != 0 if self.mask_zero else None]
+        return [lookup(inputs[0].long(), self.embeddings)], [inputs[0] != 0 if self.mask_zero else None]
+
+
+def lookup(ids, table):
+    """The rows of `table` at `ids`; an id outside the table named (checked only when the lookup
+    fails, so a traced or exported call holds no check)."""
+    try:
+        return F.embedding(ids, table)
+    except (IndexError, RuntimeError) as e:
+        bad = ids[(ids < 0) | (ids >= table.shape[0])] if ids.numel() else ids
+        if bad.numel() == 0:
+            raise
+        raise IndexError(f"Embedding: ids must be in [0, {table.shape[0]}) (input_dim); got "
+                         f"{int(bad.reshape(-1)[0])}") from e
 
 
 class ReversibleEmbedding(Embedding):
@@ -110,9 +115,17 @@ def build_dense(cfg, ctx):
     v = Values(cfg, ctx)
     units, use_bias = v.int("units", lo=1), v.bool("use_bias", True)
     activation = _Activation(activation_name(cfg.get("activation"), ctx), ctx)
+    def checked(w):  # -> the bias
+        check_shapes(ctx, "Dense", w, [("in", units), (units,)][: len(w)])
+        return ctx.tensor(w[1]) if use_bias else None
+
+    q = keras_quantization(cfg, ctx)
+    if q is not None and q.mode == "float8":
+        return build_float8_dense(ctx, None, use_bias, activation, checked)
+    if q is not None:
+        return build_quantized_dense(ctx, q, None, [units], use_bias, activation, checked)
     (w,) = ctx.weights.take([("", 2 if use_bias else 1)])
-    check_shapes(ctx, "Dense", w, [("in", units), (units,)][: len(w)])
-    return Dense(ctx.tensor(w[0]), ctx.tensor(w[1]) if use_bias else None, activation)
+    return Dense(ctx.tensor(w[0]), checked(w), activation)
 
 
 @builder("Embedding")
@@ -120,6 +133,9 @@ def build_embedding(cfg, ctx):
     v = Values(cfg, ctx)
     shape = (v.int("input_dim", lo=1), v.int("output_dim", lo=1))
     mask_zero = v.bool("mask_zero", False)
+    q = keras_quantization(cfg, ctx)
+    if q is not None:
+        return build_quantized_embedding(ctx, q, shape, mask_zero, lookup)
     (w,) = ctx.weights.take([("", 1)], [[shape]])
     return Embedding(ctx.tensor(w[0]), mask_zero)
 
@@ -170,25 +186,35 @@ def build_einsum_dense(cfg, ctx):
     match = _EINSUM.match(equation.replace(" ", ""))
     if match is None:
         raise ctx.error(f"EinsumDense equation {equation[:60]!r} is not of the form 'ab,bc->ac' (one input, one kernel)")
-    if cfg.get("quantization_mode") or cfg.get("quantization_config"):
-        raise ctx.error("a quantized EinsumDense is not supported")
     input_spec, kernel_spec, output_spec = match.groups()
     bias_axes = v.str("bias_axes", None)
     if bias_axes is not None and (not bias_axes or any(c not in output_spec for c in bias_axes)):
         raise ctx.error(f"EinsumDense bias_axes {bias_axes[:20]!r} are not all in the output {output_spec!r}")
     activation = _Activation(activation_name(cfg.get("activation"), ctx), ctx)
+    def checked(w):  # -> the bias
+        if np.ndim(w[0]) != len(kernel_spec):
+            raise ctx.error(f"EinsumDense kernel has shape {tuple(np.shape(w[0]))}; the equation names "
+                            f"{len(kernel_spec)} axes")
+        return _einsum_bias(ctx, w, bias_axes, kernel_spec, output_spec) if bias_axes is not None else None
+
+    q = keras_quantization(cfg, ctx)
+    if q is not None and q.mode == "float8":
+        return build_float8_dense(ctx, equation.replace(" ", ""), bias_axes is not None, activation, checked)
+    if q is not None:
+        return build_quantized_dense(ctx, q, equation.replace(" ", ""), cfg.get("output_shape"), bias_axes is not None,
+                                     activation, checked)
     (w,) = ctx.weights.take([("", 1 + int(bias_axes is not None))])
-    if np.ndim(w[0]) != len(kernel_spec):
-        raise ctx.error(f"EinsumDense kernel has shape {tuple(np.shape(w[0]))}; the equation names {len(kernel_spec)} axes")
-    bias = None
-    if bias_axes is not None:  # Keras: from the first bias axis on, the bias axes' sizes and 1 elsewhere
-        first = min(output_spec.index(c) for c in bias_axes)
-        expected = tuple("size" + c if c in bias_axes else 1 for c in output_spec[first:])
-        if np.ndim(w[1]) != len(expected):
-            raise ctx.error(f"EinsumDense bias has shape {tuple(np.shape(w[1]))}; bias_axes {bias_axes!r} of the output "
-                            f"{output_spec!r} imply {len(expected)} axes")
-        sizes = {c: n for c, n in zip(kernel_spec, np.shape(w[0]))}
-        check_shapes(ctx, "EinsumDense", w[1:], [tuple(sizes.get(e[4:], e) if isinstance(e, str) else e
-                                                        for e in expected)])
-        bias = ctx.tensor(w[1])
-    return EinsumDense(equation.replace(" ", ""), ctx.tensor(w[0]), bias, activation)
+    return EinsumDense(equation.replace(" ", ""), ctx.tensor(w[0]), checked(w), activation)
+
+
+def _einsum_bias(ctx, w, bias_axes: str, kernel_spec: str, output_spec: str):
+    """The bias w[1] checked against the kernel w[0] (its shape: Keras: from the first bias axis on,
+    the bias axes' sizes and 1 elsewhere)."""
+    first = min(output_spec.index(c) for c in bias_axes)
+    expected = tuple("size" + c if c in bias_axes else 1 for c in output_spec[first:])
+    if np.ndim(w[1]) != len(expected):
+        raise ctx.error(f"EinsumDense bias has shape {tuple(np.shape(w[1]))}; bias_axes {bias_axes!r} of the output "
+                        f"{output_spec!r} imply {len(expected)} axes")
+    sizes = {c: n for c, n in zip(kernel_spec, np.shape(w[0]))}
+    check_shapes(ctx, "EinsumDense", w[1:2], [tuple(sizes.get(e[4:], e) if isinstance(e, str) else e for e in expected)])
+    return ctx.tensor(w[1])

@@ -44,8 +44,8 @@ class _SubWeights:
     def __init__(self, outer: LayerWeights, sub: str):
         self.outer, self.sub = outer, sub
 
-    def take(self, groups, shapes=None):
-        return self.outer.take([("/".join(p for p in (self.sub, s) if p), n) for s, n in groups], shapes)
+    def take(self, groups, shapes=None, order=None):
+        return self.outer.take([("/".join(p for p in (self.sub, s) if p), n) for s, n in groups], shapes, order)
 
     def child_source(self, spec, sub=""):
         return self.outer.child_source(spec, "/".join(p for p in (self.sub, sub) if p))
@@ -94,11 +94,12 @@ class _WithOwn(_SubWeights):
         super().__init__(outer, sub)
         self.counts, self.own = own, None
 
-    def take(self, groups, shapes=None):
+    def take(self, groups, shapes=None, order=None):
         inner = [("/".join(p for p in (self.sub, s) if p), n) for s, n in groups]
         for i, count in enumerate(self.counts):
             try:
-                got = self.outer.take(inner + [("", count)], None if shapes is None else list(shapes) + [[None] * count])
+                got = self.outer.take(inner + [("", count)], None if shapes is None else list(shapes) + [[None] * count],
+                                      order)
             except ConversionError:
                 if i == len(self.counts) - 1:
                     raise
@@ -144,7 +145,7 @@ class _NoWeights(LayerWeights):
     def __init__(self, ctx):
         self.ctx = ctx
 
-    def take(self, groups, shapes=None):
+    def take(self, groups, shapes=None, order=None):
         if sum(n for _, n in groups):
             raise self.ctx.error("a Pipeline of layers that hold weights is not supported")
         return [[] for _ in groups]
