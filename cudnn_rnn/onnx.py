@@ -610,6 +610,47 @@ def _require_exporter() -> None:
                           "onnxruntime (cudnn_rnn's [onnx] extra)")
 
 
+def _name_io(graph, inputs: Sequence[str], outputs: Optional[Sequence[str]]) -> None:
+    """Names the graph's inputs and outputs (an ONNX IR graph: values are objects, names only
+    labels). A value inside that already has one of the names (torch names values after the ops
+    and modules computing them: a layer called "conv1d") is renamed first, so that every name stays
+    one value's; an output that is an input, or a value returned twice, keeps its name."""
+    import onnx_ir as ir
+
+    targets: Dict[object, str] = {}
+    for value, name in itertools.chain(zip(graph.inputs, inputs), zip(graph.outputs, outputs or [])):
+        if value not in targets and name not in targets.values():
+            targets[value] = name
+    values = list(graph.inputs) + list(graph.initializers.values())
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        values.extend(node.outputs)
+        for attr in node.attributes.values():  # a Loop / If / Scan body's own inputs
+            for sub in (attr.value if isinstance(attr.value, list) else [attr.value]):
+                if isinstance(sub, ir.Graph):
+                    values.extend(sub.inputs)
+    used = {v.name for v in values if v.name}
+    wanted = set(targets.values())
+    for value in values:
+        if value.name in wanted and targets.get(value) != value.name and value not in targets:
+            n, k = value.name, 0
+            while n in used or n in wanted:
+                k += 1
+                n = f"{value.name}__{k}"
+            _rename(graph, value, n)
+            used.add(n)
+    for value, name in targets.items():
+        _rename(graph, value, name)
+
+
+def _rename(graph, value, name: str) -> None:
+    if graph.initializers.get(value.name) is value:  # (the initializers are keyed by name)
+        graph.initializers.pop(value.name)
+        value.name = name
+        graph.initializers[name] = value
+    else:
+        value.name = name
+
+
 def _fixed_dimensions(program, dynamic) -> List[str]:
     """The input dimensions asked to be dynamic that the exported graph holds constant: where
     torch.export cannot prove the shapes over the range, torch.onnx falls back to a draft export,
@@ -652,7 +693,10 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
             makes dynamic must stay so, or the export is refused. Default: ``None``.
         **kwargs (Any): passed to ``torch.onnx.export`` (``verbose=True`` shows its progress;
             the weights go inside the ``.onnx`` file unless they pass 1.5 GB or
-            ``external_data=True``).
+            ``external_data=True``). A converted Keras model's inputs are named by its
+            ``input_keys`` and its outputs as Keras names them (a dict's keys, "key/0" inside a
+            nested list, else the output layers' names: ``KerasModel.io_names()``), unless
+            ``input_names`` / ``output_names`` are given.
 
     Returns:
         torch.onnx.ONNXProgram: the program, also saved to ``path``.
@@ -686,6 +730,17 @@ def export(model: torch.nn.Module, args: tuple, path: Union[str, os.PathLike], d
         if fixed:  # (worded as torch.export's own refusal: export_from_length tries a longer minimum)
             raise ValueError(f"Constraints violated: the ONNX exporter made {', '.join(fixed)} a constant")
         return program
+
+    names = model.io_names() if hasattr(model, "io_names") and not {"input_names", "output_names"} & set(kwargs) \
+        else None
+    if names is not None:  # (named after the export: torch's own value names could collide)
+        export_once = run
+
+        def run(dynamic, _minimum=None):
+            program = export_once(dynamic, _minimum)
+            _name_io(program.model.graph, *names)
+            program.save(str(path), external_data=kwargs["external_data"])
+            return program
 
     try:
         if dynamic_shapes is not None or not dynamic_batch_and_time:

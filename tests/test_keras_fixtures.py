@@ -149,6 +149,7 @@ def test_outputs_nest_as_keras_nests_them(name):
     model = load_keras(os.path.join(DATA, name))
     data = np.load(os.path.join(DATA, name.split(".")[0] + ".npz"))
     assert model.input_keys == ["k1", "k2"] and model.output_keys == ["q", "p"]  # (inputs by sorted key)
+    assert model.io_names() == (["k1", "k2"], ["q", "p/0", "p/1"])  # (what an .onnx file names them)
     with torch.no_grad():
         out = model({"k2": data["input_1"], "k1": data["input_0"]})
     assert set(out) == {"q", "p"} and isinstance(out["q"], torch.Tensor) and isinstance(out["p"], list)

@@ -1183,11 +1183,42 @@ def test_a_layer_quantized_otherwise_is_refused_by_name(tmp_path):
 
 
 @pytest.mark.keras
+def test_onnx_names_inputs_and_outputs_as_keras_names_them(tmp_path):
+    """An .onnx file of a converted model names its inputs by their keys and its outputs as Keras
+    names them, where torch named values inside the graph the same ("conv1d", "linear", "add",
+    "softmax": layers, inputs and keys named after torch's ops): those are renamed, the graph
+    passes onnx's full check and onnxruntime computes Keras's outputs fed and read by name."""
+    import onnx
+    import onnxruntime as ort
+
+    import cudnn_rnn.onnx
+
+    rng = np.random.RandomState(5)
+    a, b = keras.Input((6, 4), name="add"), keras.Input((3,), name="linear")
+    h = layers.LSTM(4, name="lstm")(layers.Conv1D(5, 3, name="conv1d")(a))
+    out = layers.Add(name="add_1")([layers.Dense(3, name="matmul")(h), layers.Dense(3, name="linear_1")(b)])
+    model = keras.Model({"x": a, "y": b}, {"softmax": layers.Softmax(name="softmax")(out), "conv1d": [h, out]})
+    xa, xb = rng.uniform(-1, 1, (2, 6, 4)).astype("float32"), rng.uniform(-1, 1, (2, 3)).astype("float32")
+    expected = model({"x": xa, "y": xb})
+    model.save(tmp_path / "m.keras")
+    converted = load_keras(str(tmp_path / "m.keras"))
+    assert converted.io_names() == (["x", "y"], ["softmax", "conv1d/0", "conv1d/1"])
+    cudnn_rnn.onnx.export(converted, (torch.as_tensor(xa), torch.as_tensor(xb)), tmp_path / "m.onnx")
+    onnx.checker.check_model(onnx.load(str(tmp_path / "m.onnx")), full_check=True)
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    assert [o.name for o in session.get_outputs()] == ["softmax", "conv1d/0", "conv1d/1"]
+    got = session.run(["conv1d/1", "softmax", "conv1d/0"], {"y": xb, "x": xa})
+    for g, e in zip(got, [expected["conv1d"][1], expected["softmax"], expected["conv1d"][0]]):
+        np.testing.assert_allclose(g, keras.ops.convert_to_numpy(e), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.keras
 def test_inputs_as_a_dict_or_a_list_as_keras_takes_them(tmp_path):
     """A model built on dicts (keys other than the Input names, not in sorted order) takes a dict
     by those keys (by position: sorted by key, Keras's model.inputs, which the exported program
     follows) and returns a dict of its outputs by Keras's keys (output_keys: the config's
-    order), each Keras's, also exported (.pt2, .onnx) and in `cudnn-rnn verify`; a model built on a list
+    order), each Keras's, also exported (.pt2; .onnx with its inputs and outputs named by those
+    keys) and in `cudnn-rnn verify`; a model built on a list
     takes a dict by Input names, or one list; a dict without a key is refused naming it."""
     z = keras.Input((5, 4), name="zeta")
     a = keras.Input((3,), name="alpha")
@@ -1218,8 +1249,9 @@ def test_inputs_as_a_dict_or_a_list_as_keras_takes_them(tmp_path):
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(tmp_path / "keyed.onnx"))  # inputs in input_keys' order, outputs in the dict's
-    got = session.run(None, {i.name: x for i, x in zip(session.get_inputs(), (xa, xz))})
-    for key, g in zip(["y_head", "y_seq"], got):
+    assert [i.name for i in session.get_inputs()] == ["a_in", "z_in"]
+    assert [o.name for o in session.get_outputs()] == ["y_head", "y_seq"]
+    for key, g in zip(["y_head", "y_seq"], session.run(None, {"z_in": xz, "a_in": xa})):
         np.testing.assert_allclose(g, expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
     assert [t.name for t in keyed.inputs] == ["alpha", "zeta"]  # (Keras's own positional order)
     with pytest.raises(ValueError, match=r"takes a dict with the keys 'a_in', 'z_in'; the one given lacks 'a_in'"):

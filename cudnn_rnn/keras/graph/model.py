@@ -374,6 +374,42 @@ class KerasModel(nn.Module):
             return outputs[0] if self.single_output else outputs
         return _packed(self.output_structure, outputs)
 
+    def io_names(self) -> Tuple[List[str], Optional[List[str]]]:
+        """Names for the inputs and for the outputs as torch flattens what forward returns (an
+        exported program's): the inputs' keys (``input_keys``); an output's dict keys and list
+        positions joined by "/" ("p/0"), or in a list of outputs its layer's name, as Keras's
+        ``output_names`` has it. Distinct across both (a repeat gets "_1", "_2", ...). The
+        outputs' are None where the file does not say how many there are (a Sequential ending in
+        a layer that returns a list)."""
+        taken: set = set()
+
+        def unique(name: str) -> str:
+            n, k = name, 0
+            while n in taken:
+                k += 1
+                n = f"{name}_{k}"
+            taken.add(n)
+            return n
+
+        inputs = [unique(k) for k in self.input_keys]
+        refs = self.spec.outputs
+
+        def leaves(structure, path):
+            if isinstance(structure, dict):
+                return [x for k, v in structure.items() for x in leaves(v, path + [str(k)])]
+            if isinstance(structure, list):
+                if not path:  # a list of outputs: named by their layers (a nested one by its position)
+                    return [x for i, v in enumerate(structure)
+                            for x in leaves(v, [refs[v].layer] if isinstance(v, int) else [str(i)])]
+                return [x for i, v in enumerate(structure) for x in leaves(v, path + [str(i)])]
+            return ["/".join(path) if path else refs[structure].layer]
+
+        if self.output_structure is not None:
+            return inputs, [unique(n) for n in leaves(self.output_structure, [])]
+        if self.single_output and refs[0].output != EVERY_OUTPUT:
+            return inputs, [unique(refs[0].layer)]
+        return inputs, None
+
     def extra_repr(self) -> str:
         params = sum(p.numel() for p in self.parameters())
         inputs = ", ".join(f"{dtype}{tuple(shape)}" for dtype, shape in self.input_specs)
