@@ -130,17 +130,20 @@ def _program_lengths(program, free) -> dict:
     return lowest
 
 
-def _say_inputs(free, minimum: int, example, lowest: Optional[dict] = None) -> None:
+def _say_inputs(free, minimum: int, example, lowest: Optional[dict] = None, names=None) -> None:
     """What the exported program takes: each input's dtype and dimensions (an input's own fewest
-    steps from `lowest` where the program says more than `minimum`)."""
+    steps from `lowest` where the program says more than `minimum`), after its name where the
+    program names it (`names`: an .onnx file's (inputs, outputs))."""
     described = []
     for i, x in enumerate(example):
         dims = ["batch"] + [str(d) for d in x.shape[1:]]
         if i in free:
             least = max(minimum, (lowest or {}).get(i, minimum))
             dims[1] = f"time >= {least}" if least > 2 else "time"
-        described.append(f"{str(x.dtype).replace('torch.', '')} [{', '.join(dims)}]")
+        described.append((f"{names[0][i]}: " if names else "") + f"{str(x.dtype).replace('torch.', '')} [{', '.join(dims)}]")
     print("the program takes " + "; ".join(described))
+    if names and names[1]:
+        print("its outputs: " + ", ".join(names[1]))
     minimum = max([minimum] + [v for k, v in (lowest or {}).items() if k in free])
     if free and minimum > 2:
         print(f"(sequences of {minimum} steps or more: the lengths over which torch.export proves the model's "
@@ -305,8 +308,8 @@ def cmd_convert(args) -> int:
         status = _check_onnx(args.out, model, example(minimum))
         if status:
             return status
-        _say_inputs(free, minimum, example(minimum))
-        print("run it with onnxruntime (onnxruntime.InferenceSession); inputs as the model takes them, any mask")
+        _say_inputs(free, minimum, example(minimum), names=model.io_names())
+        print("run it with onnxruntime (onnxruntime.InferenceSession); inputs by those names, any mask")
     elif args.out.endswith(".pt2"):
         # forward(*inputs): the varargs are one packed argument for export
         _say(args, "exporting with torch.export (dynamic batch and time)")

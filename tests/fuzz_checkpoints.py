@@ -93,6 +93,9 @@ BASES = [
     ("legacy-layer-names", "tfk_layer_names.h5", None, "tfk_layer_names.npz", "keras"),
     # layers Keras's quantize() rewrote: int4 / int8 / float8 kernels, scales, zero points, groups
     ("keras-quantized", "k3_quantized.keras", None, "k3_quantized.npz", "keras"),
+    # Keras 3.13's int4 (packed along the summed axis) and Keras 3.9's keras.ops call arguments
+    ("keras313-int4", "k3.13.2_int4_row_packed.keras", None, "k3.13.2_int4_row_packed.npz", "keras"),
+    ("keras39-ops", "k3.9.2_ops_call_args.keras", None, "k3.9.2_ops_call_args.npz", "keras"),
     # Keras 3's save_weights of the text model, its vocabularies read from the .keras architecture
     ("weights-k3-text", "k3_text.weights.h5", "k3_text.keras", "k3_text.npz", "keras"),
     # the weights tree as tf.keras 2.13-2.15 wrote it on Windows (groups at the root, named with

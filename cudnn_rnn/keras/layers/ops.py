@@ -12,7 +12,7 @@ import inspect
 import math
 import operator
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -330,17 +330,41 @@ _OPS.update(MATH_OPS)
 OP_CLASSES = frozenset(_OPS)
 
 
+# Arguments that Keras 3.0-3.10 passed to these operations' calls and Keras 3.11 and later keeps in
+# their configs: (name, its position in the older call). A file of either keeps them in one place.
+_CALL_TO_CONFIG = {"ZerosLike": ("dtype", 1), "OnesLike": ("dtype", 1), "FullLike": ("dtype", 2),
+                   "Slice": ("shape", 2), "Scatter": ("shape", 2), "SearchSorted": ("side", 2),
+                   "Isclose": ("equal_nan", 4), "DotProductAttention": ("flash_attention", 6)}
+
+
+def _older_call(spec: LayerSpec, call):
+    """(config, call) with an argument Keras <= 3.10 recorded in the call (_CALL_TO_CONFIG) moved
+    to the config, as Keras 3.11 and later records it."""
+    moved = _CALL_TO_CONFIG.get(spec.class_name)
+    if moved is None or call is None:
+        return spec.config, call
+    name, position = moved
+    args, kwargs = list(call.args), dict(call.kwargs)
+    if name in kwargs and not isinstance(kwargs[name], list):
+        value = kwargs.pop(name)
+    elif len(args) > position and not isinstance(args[position], TensorArg):
+        value = args.pop(position)
+    else:
+        return spec.config, call
+    return {name: value, **spec.config}, replace(call, args=args, kwargs=kwargs)
+
+
 def build_op(spec: LayerSpec, ctx: "BuildContext") -> nn.Module:
     build = _OPS.get(spec.class_name)
     if build is None:
         raise ctx.error(f"Keras operation {spec.module[:60]}.{spec.class_name[:60]} is not supported "
                         f"(supported: {', '.join(sorted(_OPS))})")
-    call = spec.calls[0] if spec.calls else None
+    config, call = _older_call(spec, spec.calls[0] if spec.calls else None)
     check_constants(call.args if call else [], ctx)
     constants: List[torch.Tensor] = []
     template = _hoist(call.args, constants, ctx) if call else []
     keywords = _hoist(_keywords(call, ctx), constants, ctx) if call else {}
-    fn, description = build(spec.config, ctx)
+    fn, description = build(config, ctx)
     if keywords:
         try:
             inspect.signature(fn).bind(*template, **keywords)

@@ -48,9 +48,12 @@ def unsupported(mode: str, class_name: str) -> Optional[str]:
 
 @dataclass(frozen=True)
 class Quantization:
-    mode: str                                  # "int8" or "int4"
+    mode: str                                  # "int8", "int4" or "float8"
     block_size: Optional[int]                  # int4 in groups of this many inputs; None: a scale per output
     inputs: Optional[Tuple[int, int, float]]   # the inputs quantizer's (low, high, epsilon); None: weights only
+    # int4 as Keras 3.11-3.13 packed Dense and EinsumDense kernels: along the (first) summed axis,
+    # computed as int8 (their policies say "int4"; Keras 3.14 and later's "int4/<block size>")
+    row_packed: bool = False
 
 
 def keras_quantization(cfg: dict, ctx) -> Optional[Quantization]:
@@ -71,11 +74,12 @@ def keras_quantization(cfg: dict, ctx) -> Optional[Quantization]:
     size = inner.get("block_size") if "block_size" in inner else (int(block) if re.fullmatch(r"-?\d+", block) else None)
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size == 0 or size < -1):
         raise ctx.error(f"quantization block_size {str(size)[:20]} is not a positive count or -1")
-    if not isinstance(qc, dict):  # no config: Keras's defaults (int8 quantizes its inputs, int4 does not)
-        inputs = (-127, 127, 1e-7) if base == "int8" else None
+    row_packed = base == "int4" and not block and ctx.spec.class_name != "Embedding"
+    if not isinstance(qc, dict):  # no config: Keras's defaults (int8 and 3.11-3.13's int4 quantize the inputs)
+        inputs = (-127, 127, 1e-7) if base == "int8" or row_packed else None
     else:
         inputs = _inputs_quantizer(inner.get("activation_quantizer"), ctx)
-    return Quantization(base, size if size is not None and size > 0 else None, inputs)
+    return Quantization(base, size if size is not None and size > 0 else None, inputs, row_packed)
 
 
 def _inputs_quantizer(entry, ctx) -> Optional[Tuple[int, int, float]]:
@@ -96,22 +100,23 @@ def _inputs_quantizer(entry, ctx) -> Optional[Tuple[int, int, float]]:
     return (low, high, float(eps))
 
 
-def unpack_int4(packed: np.ndarray, size: int) -> np.ndarray:
-    """Keras's int4 packing undone along the last axis: each byte holds two signed 4-bit values,
-    the first in its low nibble; `size` values are kept (an odd count was padded)."""
-    b = np.asarray(packed).astype(np.int8)
+def unpack_int4(packed: np.ndarray, size: int, axis: int = -1) -> np.ndarray:
+    """Keras's int4 packing undone along `axis`: each byte holds two signed 4-bit values, the
+    first in its low nibble; `size` values are kept (an odd count was padded)."""
+    b = np.moveaxis(np.asarray(packed).astype(np.int8), axis, -1)
     low = ((b.astype(np.int16) & 0xF) ^ 8) - 8
     high = b.astype(np.int16) >> 4
-    return np.stack([low, high], axis=-1).reshape(*b.shape[:-1], -1)[..., :size].astype(np.int8)
+    out = np.stack([low, high], axis=-1).reshape(*b.shape[:-1], -1)[..., :size].astype(np.int8)
+    return np.moveaxis(out, -1, axis)
 
 
-def pack_int4(values: torch.Tensor) -> torch.Tensor:
+def pack_int4(values: torch.Tensor, axis: int = -1) -> torch.Tensor:
     """unpack_int4's inverse (the layout Keras stores)."""
-    v = values.to(torch.int16)
+    v = values.to(torch.int16).movedim(axis, -1)
     if v.shape[-1] % 2:
         v = torch.cat([v, v.new_zeros(*v.shape[:-1], 1)], dim=-1)
     pairs = v.reshape(*v.shape[:-1], -1, 2)
-    return ((pairs[..., 0] & 0xF) | ((pairs[..., 1] & 0xF) << 4)).to(torch.uint8).view(torch.int8)
+    return ((pairs[..., 0] & 0xF) | ((pairs[..., 1] & 0xF) << 4)).to(torch.uint8).view(torch.int8).movedim(-1, axis)
 
 
 def _abs_max(x: torch.Tensor, dims: Sequence[int], q: Tuple[int, int, float]):
@@ -129,15 +134,24 @@ def _exact_product(x_q: torch.Tensor, kernel: torch.Tensor, bound: float, produc
     return product(x_q.double(), kernel.double()).to(x_q.dtype)
 
 
+# Keras's TimeDistributed runs the wrapped layer's float `call`, not its quantized one: the layer's
+# `kernel` (`embeddings`) there is the integer one (int4 unpacked), multiplied as numbers without
+# the scales (float8: the float kernel, inputs not rounded, the bias as it is). The modules below
+# compute that where `float_call` is set (TimeDistributed's builder sets it).
+
+
 class QuantizedDense(_Single):
     """Dense or EinsumDense from Keras's int8 / int4 weights. int8 and per-output int4 take the
     integer product and divide it by the scales (and the inputs' scales); int4 in groups (and
     EinsumDense's int4) takes the product with the kernel dequantized, as Keras does."""
 
     def __init__(self, q: Quantization, kernel: np.ndarray, scale: np.ndarray, bias, activation,
-                 equation: Optional[str] = None, kernel_shape=None, zero=None, groups=None):
+                 equation: Optional[str] = None, kernel_shape=None, zero=None, groups=None, pack_axis=None):
         super().__init__()
         self.q, self.equation, self.activation = q, equation, activation
+        # Keras 3.11-3.13's int4: the kernel axis packed, unpacked to an even length here and cut
+        # to the input's at the call (the stored rows do not say whether one was padding)
+        self.pack_axis = pack_axis
         self.keeps_mask = equation is None
         self.kernel_shape = tuple(kernel_shape) if kernel_shape is not None else None  # int4 EinsumDense's own
         # (the integer buffers stay out of the state_dict: a converted file rebuilds them from the
@@ -150,10 +164,13 @@ class QuantizedDense(_Single):
         self.bias = bias
         # Dense, and int8 / per-output int4 Dense: the integer product then the scales;
         # otherwise the kernel dequantized first (Keras's order for each)
-        self.dequantize_first = q.mode == "int4" and (q.block_size is not None or equation is not None)
+        self.float_call = False
+        self.dequantize_first = q.mode == "int4" and not q.row_packed and (q.block_size is not None or
+                                                                            equation is not None)
 
     def keras_groups(self):
-        kernel = pack_int4(self.kernel) if self.q.mode == "int4" else self.kernel
+        kernel = self.kernel if self.q.mode != "int4" else \
+            pack_int4(self.kernel, self.pack_axis if self.pack_axis is not None else -1)
         extra = [self.zero, self.groups] if self.zero is not None else []
         return [("", [kernel] + ([self.bias] if self.bias is not None else []) + [self.scale] + extra)]
 
@@ -207,6 +224,17 @@ class QuantizedDense(_Single):
         sizes = dict(zip(sorted(kept, key=out.index), s.shape))
         return s.reshape([sizes.get(c, 1) for c in out])
 
+    def _integer_kernel(self, x) -> torch.Tensor:
+        if self.pack_axis is None:
+            return self.kernel
+        ins, _ = self._specs(x.dim())
+        kspec = "kn" if self.equation is None else self.equation.split(",")[1].split("->")[0]
+        size = x.shape[ins.index(kspec[self.pack_axis])] if self.equation is not None else x.shape[-1]
+        if not self.kernel.shape[self.pack_axis] - 1 <= size <= self.kernel.shape[self.pack_axis]:
+            raise ValueError(f"{'EinsumDense' if self.equation else 'Dense'}: an input of shape {tuple(x.shape)} does "
+                             f"not fit the int4 kernel of {self.kernel.shape[self.pack_axis] // 2} packed rows")
+        return self.kernel.narrow(self.pack_axis, 0, size)
+
     def _kernel_scale(self, ndim: int, dtype) -> torch.Tensor:
         """int8 EinsumDense's scales (one per kept kernel position, stored in the output's axis
         order) laid out as the output."""
@@ -219,6 +247,10 @@ class QuantizedDense(_Single):
         return scale.reshape([sizes.get(c, 1) for c in out])
 
     def apply(self, x):
+        if self.float_call:  # (see above)
+            kernel = self._integer_kernel(x).to(x.dtype)
+            y = self._product(x, kernel.reshape(self._shape_at(x)) if self.kernel_shape is not None else kernel)
+            return self.activation(y + self.bias if self.bias is not None else y)
         x_s = None
         if self.q.inputs is not None:
             x, x_s = _abs_max(x, self._reduced(x), self.q.inputs)
@@ -231,10 +263,10 @@ class QuantizedDense(_Single):
             if x_s is not None:
                 reduced = int(np.prod([x.shape[i] for i in self._reduced(x)]))
                 bound = max(abs(v) for v in self.q.inputs[:2]) * (127 if self.q.mode == "int8" else 8) * reduced
-                y = _exact_product(x, self.kernel, bound, self._product)
+                y = _exact_product(x, self._integer_kernel(x), bound, self._product)
                 y = y / (self._kernel_scale(x.dim(), y.dtype) * x_s)
             else:
-                y = self._product(x, self.kernel.to(x.dtype)) / self._kernel_scale(x.dim(), x.dtype)
+                y = self._product(x, self._integer_kernel(x).to(x.dtype)) / self._kernel_scale(x.dim(), x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return self.activation(y)
@@ -262,6 +294,7 @@ class Float8Dense(_Single):
         super().__init__()
         self.equation, self.kernel, self.bias, self.activation = equation, kernel, bias, activation
         self.keeps_mask = equation is None
+        self.float_call = False
         for name, value in zip(_FLOAT8_STATE, state):
             self.register_buffer(name, torch.as_tensor(np.asarray(value, dtype=np.float32)))
 
@@ -276,6 +309,9 @@ class Float8Dense(_Single):
         return torch.clamp(x / scale, -top, top).to(torch.float8_e4m3fn).to(x.dtype) * scale
 
     def apply(self, x):
+        if self.float_call:  # (see above QuantizedDense)
+            y = torch.matmul(x, self.kernel) if self.equation is None else torch.einsum(self.equation, x, self.kernel)
+            return self.activation(y + self.bias if self.bias is not None else y)
         x, kernel = self._qdq(x, self.inputs_scale), self._qdq(self.kernel.to(x.dtype), self.kernel_scale)
         y = torch.matmul(x, kernel) if self.equation is None else torch.einsum(self.equation, x, kernel)
         if self.bias is not None:
@@ -319,6 +355,7 @@ class QuantizedEmbedding(nn.Module):
                  lookup=None):
         super().__init__()
         self.q, self.mask_zero, self.lookup = q, mask_zero, lookup
+        self.float_call = False
         self.register_buffer("embeddings", torch.as_tensor(np.asarray(table, dtype=np.int8)), persistent=False)
         self.register_buffer("scale", torch.as_tensor(np.asarray(scale, dtype=np.float32)))
         self.register_buffer("zero", None if zero is None else torch.as_tensor(np.asarray(zero, dtype=np.int8)),
@@ -333,7 +370,9 @@ class QuantizedEmbedding(nn.Module):
         ids = inputs[0].long()
         rows = self.lookup(ids, self.embeddings)
         dtype = self.scale.dtype
-        if self.zero is not None:
+        if self.float_call:  # (see above QuantizedDense)
+            out = rows.to(dtype)
+        elif self.zero is not None:
             g = self.groups.long()
             out = (rows.to(dtype) - self.zero[ids][..., g].to(dtype)) * self.scale[ids][..., g]
         else:
@@ -379,13 +418,18 @@ def build_quantized_dense(ctx, q: Quantization, equation: Optional[str], out_sha
     w = _take(ctx, q, 1 + int(use_bias))
     kernel, bias, scale, rest = w[0], (w[1] if use_bias else None), w[1 + int(use_bias)], w[2 + int(use_bias):]
     kernel = _integers(ctx, f"the {q.mode} kernel", kernel, -128, 127)
+    pack_axis = None
     if equation is None:
         (units,) = out_shape
         rows, columns, kernel_shape = (kernel.shape[0] if kernel.ndim == 2 else -1), units, None
-        want = (rows, units if q.mode == "int8" else (units + 1) // 2)
+        want = (rows, units if q.mode == "int8" or q.row_packed else (units + 1) // 2)
+        pack_axis = 0 if q.row_packed else None
     else:
         ins, kspec, out = equation.split(",")[0], equation.split(",")[1].split("->")[0], equation.split("->")[1]
-        if q.mode == "int8":
+        if q.row_packed:
+            summed = [i for i, c in enumerate(kspec) if c not in out]
+            pack_axis = summed[0] if summed else 0
+        if q.mode == "int8" or q.row_packed:
             kernel_shape, want = None, None
             if kernel.ndim != len(kspec):
                 raise ctx.error(f"EinsumDense kernel has shape {tuple(kernel.shape)}; the equation names {len(kspec)} axes")
@@ -396,7 +440,7 @@ def build_quantized_dense(ctx, q: Quantization, equation: Optional[str], out_sha
         summed = [sizes[c] for c in kspec if c not in out]
         rows = int(np.prod(summed)) if None not in summed else kernel.shape[0]
         columns = int(np.prod([sizes[c] for c in kspec if c in out]))
-        if q.mode == "int4":
+        if q.mode == "int4" and not q.row_packed:
             want = (rows, (columns + 1) // 2)
     if want is not None and tuple(kernel.shape) != want:
         raise ctx.error(f"the {q.mode} kernel has shape {tuple(kernel.shape)}; expected {want}")
@@ -413,11 +457,13 @@ def build_quantized_dense(ctx, q: Quantization, equation: Optional[str], out_sha
     elif int(np.prod(np.shape(scale))) != columns or (equation is None and np.ndim(scale) != 1):
         raise ctx.error(f"the {q.mode} kernel scale has shape {tuple(np.shape(scale))}; expected {columns} values, "
                         "one per output")
-    if q.mode == "int4":
+    if pack_axis is not None:
+        kernel = unpack_int4(kernel, 2 * kernel.shape[pack_axis], pack_axis)
+    elif q.mode == "int4":
         kernel = unpack_int4(kernel, columns)
     shape = [n or 1 for n in (kernel_shape or kernel.shape)]  # (the float layer's checks see its kernel's shape)
     bias = check([np.broadcast_to(np.int8(0), shape)] + ([bias] if use_bias else []))
-    return QuantizedDense(q, kernel, scale, bias, activation, equation, kernel_shape, zero, groups)
+    return QuantizedDense(q, kernel, scale, bias, activation, equation, kernel_shape, zero, groups, pack_axis)
 
 
 def _einsum_sizes(ctx, kspec: str, out: str, out_shape, kernel: np.ndarray) -> dict:

@@ -81,7 +81,10 @@ def build_time_distributed(cfg, ctx):
             raise ctx.error(f"TimeDistributed({cls}): a wrapped model is not supported here")
         return TimeDistributed(ctx.nested({"class_name": cls, "config": inner_cfg}, _SubWeights(ctx.weights, "layer")))
     inner_ctx = replace(ctx, spec=inner_spec, weights=_SubWeights(ctx.weights, "layer"))
-    return TimeDistributed(BUILDERS[cls](inner_cfg, inner_ctx))
+    inner = BUILDERS[cls](inner_cfg, inner_ctx)
+    if hasattr(inner, "float_call"):  # a quantized layer: Keras runs its float call (layers/quantized.py)
+        inner.float_call = True
+    return TimeDistributed(inner)
 
 
 class _WithOwn(_SubWeights):
