@@ -2,7 +2,8 @@
 computed as Keras computes them from their integer weights (int4: two to a byte), their scales and,
 for int4 in groups, their zero points and group indices; where the layer's quantization config has
 an inputs quantizer (int8's default), each input row quantized by its absolute maximum before an
-integer product."""
+integer product. float8 Dense and EinsumDense: inputs and kernel rounded through float8_e4m3fn by
+their scales."""
 from __future__ import annotations
 
 import re
@@ -58,8 +59,8 @@ class Quantization:
 
 def keras_quantization(cfg: dict, ctx) -> Optional[Quantization]:
     """How Keras quantized the layer (None: it did not), from its dtype policy and its
-    quantization_config; anything else than int8 / int4 of Dense, EinsumDense and Embedding with
-    Keras's AbsMaxQuantizer refused by name."""
+    quantization_config; anything else than int8 / int4 Dense, EinsumDense and Embedding (with
+    Keras's AbsMaxQuantizer) and float8 Dense and EinsumDense refused by name."""
     mode = policy_mode(cfg.get("dtype"))
     if mode is None:
         return None
@@ -162,8 +163,9 @@ class QuantizedDense(_Single):
                              persistent=False)
         self.register_buffer("groups", None if groups is None else torch.as_tensor(np.asarray(groups, dtype=np.float32)))
         self.bias = bias
-        # Dense, and int8 / per-output int4 Dense: the integer product then the scales;
-        # otherwise the kernel dequantized first (Keras's order for each)
+        # int8, per-output int4 Dense and Keras 3.11-3.13's int4: the integer product, then the
+        # scales; int4 in groups and EinsumDense's int4: the kernel dequantized first (Keras's
+        # order for each)
         self.float_call = False
         self.dequantize_first = q.mode == "int4" and not q.row_packed and (q.block_size is not None or
                                                                             equation is not None)
@@ -262,7 +264,7 @@ class QuantizedDense(_Single):
         else:
             if x_s is not None:
                 reduced = int(np.prod([x.shape[i] for i in self._reduced(x)]))
-                bound = max(abs(v) for v in self.q.inputs[:2]) * (127 if self.q.mode == "int8" else 8) * reduced
+                bound = max(abs(v) for v in self.q.inputs[:2]) * (128 if self.q.mode == "int8" else 8) * reduced
                 y = _exact_product(x, self._integer_kernel(x), bound, self._product)
                 y = y / (self._kernel_scale(x.dim(), y.dtype) * x_s)
             else:
