@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import cudnn_rnn
-from cudnn_rnn.keras import load_converted, load_keras, save_converted
+from cudnn_rnn.keras import ConversionError, load_converted, load_keras, save_converted
 from cudnn_rnn.keras.graph.model import layer_name
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "data")
@@ -447,3 +447,20 @@ def test_quantized_layers_serve_as_keras_computes_them(tmp_path):
     got["onnx"] = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
     for how, y in got.items():
         np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5, err_msg=how)
+
+
+def test_keras_313_int4_layers_save_as_converted_not_as_keras_315(tmp_path):
+    """A model holding Keras 3.11-3.13's int4 layers (packed along the summed axis) reloads from
+    save_converted to the same outputs; save_keras, which writes Keras 3.15's format (whose int4
+    layout differs), refuses it in one line naming the layer."""
+    import cudnn_rnn
+
+    model = load_keras(os.path.join(DATA, "k3.13.2_int4_row_packed.keras"))
+    stored = np.load(os.path.join(DATA, "k3.13.2_int4_row_packed.npz"))
+    save_converted(model, tmp_path / "m.pt")
+    with torch.no_grad():
+        got = load_converted(str(tmp_path / "m.pt"))(torch.from_numpy(stored["input_0"]))
+    for j, y in enumerate(got):
+        np.testing.assert_allclose(y.numpy(), stored[f"output_{j}"], rtol=1e-5, atol=1e-5, err_msg=f"output {j}")
+    with pytest.raises(ConversionError, match=r"layers/dense holds an int4 layer as Keras 3.11-3.13 packed it"):
+        cudnn_rnn.save_keras(model, tmp_path / "m.keras")

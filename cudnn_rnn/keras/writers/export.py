@@ -162,6 +162,11 @@ def save_keras(module: nn.Module, path: Union[str, os.PathLike]) -> None:
         if not module.keras_version or not str(module.keras_version).startswith("3"):
             raise ConversionError(path, f"the model came from Keras {module.keras_version or '?'}; only models loaded "
                                         "from Keras 3 files (or cudnn_rnn layers) can be written back")
+        for where, leaf in _leaf_layers(module, module.spec):
+            layer = leaf.layer if isinstance(leaf, TimeDistributed) else leaf
+            if getattr(getattr(layer, "q", None), "row_packed", False):
+                raise ConversionError(path, f"{where} holds an int4 layer as Keras 3.11-3.13 packed it, which the Keras "
+                                            f"written here ({KERAS_VERSION}) does not read; save_converted keeps it")
         config, groups = _with_model_modules(module.keras_config), _model_groups(module, module.spec)
         assets = _model_assets(module, module.spec)
     elif isinstance(module, (rnn_layers._RNNBase, rnn_layers.Bidirectional)):
