@@ -26,7 +26,7 @@ ConvLSTM1D/2D/3D (conv_lstm_forward_to_onnx): every step's input convolution as 
 then a Loop over time running the recurrent convolution and the cell.
 
 Not exported (an error at export time, naming it): layers not in float32, dropout in training
-mode, a Bidirectional whose forward side has go_backwards.
+mode.
 """
 from __future__ import annotations
 
@@ -131,8 +131,6 @@ def rnn_forward_to_onnx(x, weights, mask, h0, c0, dropout_masks, recurrent_dropo
     if dropout_masks or recurrent_dropout_masks:
         raise OnnxExportError("dropout masks in the exported call: export the model in eval mode (model.eval())")
     _require_float32(x, "a recurrent layer")
-    if bidirectional and go_backwards:
-        raise OnnxExportError("a Bidirectional whose forward layer has go_backwards=True cannot be exported")
     D = 2 if bidirectional else 1
     per = 3 if use_bias else 2
     names = {"lstm": [recurrent_activation, activation, activation], "gru": [recurrent_activation, activation],

@@ -464,3 +464,22 @@ def test_keras_313_int4_layers_save_as_converted_not_as_keras_315(tmp_path):
         np.testing.assert_allclose(y.numpy(), stored[f"output_{j}"], rtol=1e-5, atol=1e-5, err_msg=f"output {j}")
     with pytest.raises(ConversionError, match=r"layers/dense holds an int4 layer as Keras 3.11-3.13 packed it"):
         cudnn_rnn.save_keras(model, tmp_path / "m.keras")
+
+
+def test_bidirectional_reading_backwards_exports_to_onnx(tmp_path):
+    """tfk_unroll's outputs (tf.keras 2.21: unrolled masked layers, among them a Bidirectional whose
+    forward LSTM has go_backwards=True) from its .onnx export in onnxruntime, within 1e-5 of
+    the outputs tf.keras stored."""
+    import onnxruntime
+
+    import cudnn_rnn.onnx
+
+    model = load_keras(os.path.join(DATA, "tfk_unroll.h5")).eval()
+    stored = np.load(os.path.join(DATA, "tfk_unroll.npz"))
+    xs = (torch.from_numpy(stored["input_0"]).long(), torch.from_numpy(stored["input_1"]))
+    cudnn_rnn.onnx.export(model, xs, str(tmp_path / "m.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"))
+    got = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), xs)})
+    assert len(got) == 5
+    for j, y in enumerate(got):
+        np.testing.assert_allclose(y, stored[f"output_{j}"], rtol=1e-5, atol=1e-5, err_msg=f"output {j}")

@@ -104,6 +104,11 @@ LAYERS = {
     "bi-gru-stack-sum": lambda: cudnn_rnn.Bidirectional(cudnn_rnn.GRU(4, 5, num_layers=2, return_sequences=True),
                                                        merge_mode="sum"),
     "bi-simple-last": lambda: cudnn_rnn.Bidirectional(cudnn_rnn.SimpleRNN(4, 5), merge_mode="ave"),
+    # a forward layer that reads backwards (Keras's Bidirectional then runs its copy forwards)
+    "bi-lstm-backwards-states": lambda: cudnn_rnn.Bidirectional(cudnn_rnn.LSTM(4, 5, go_backwards=True,
+                                                                               return_sequences=True, return_state=True)),
+    "bi-gru-backwards-stack-last": lambda: cudnn_rnn.Bidirectional(cudnn_rnn.GRU(4, 5, num_layers=2, go_backwards=True),
+                                                                  merge_mode="mul"),
 }
 
 
@@ -124,6 +129,9 @@ LOOP_LAYERS = {
                                                                                return_sequences=True)),
     "loop-bi-gru-last-sum": lambda: cudnn_rnn.Bidirectional(cudnn_rnn.GRU(4, 5, activation="log_sigmoid"),
                                                             merge_mode="sum"),
+    "loop-bi-simple-backwards": lambda: cudnn_rnn.Bidirectional(cudnn_rnn.SimpleRNN(4, 5, activation="gelu",
+                                                                                    go_backwards=True,
+                                                                                    return_sequences=True)),
 }
 
 
