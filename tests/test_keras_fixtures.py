@@ -89,6 +89,7 @@ CASES = [
     ("k3_nested_dicts", "k3_nested_dicts.keras", None),
     ("tfk_nested_dicts", "tfk_nested_dicts.h5", None),
     ("k3_quantized", "k3_quantized.keras", None),  # int8 / int4 / float8 layers Keras's quantize() rewrote
+    ("tfk_locally_connected", "tfk_locally_connected.h5", None),  # LocallyConnected1D / 2D (implementations 1, 2)
     # older Keras 3 releases' files (tests/fixtures/make_older_keras_fixtures.py): keras.ops
     # arguments recorded in the call (3.0-3.10), int4 kernels packed along the summed axis (3.11-3.13)
     ("k3.9.2_ops_call_args", "k3.9.2_ops_call_args.keras", None),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -195,3 +196,112 @@ def build_separable(cfg, ctx):
     pointwise = _torch(ctx, np.array(w[1]), (rank + 1, rank, *range(rank)))
     return Convolution("separable", _depthwise(ctx, np.array(w[0]), rank), _bias(ctx, w, use_bias), strides, padding,
                        dilation, channels, activation, last, pointwise=pointwise)
+
+
+# ---------------------------------------------------------------------------------------------
+# LocallyConnected1D / 2D (tf.keras 2 and Keras 2; Keras 3 has none)
+# ---------------------------------------------------------------------------------------------
+class LocallyConnected(_Single):
+    """An unshared convolution: every output position its own kernel. `weight` is Keras's
+    implementation=1 layout, (positions, patch, filters), the patch flattened as Keras slices
+    it (channels_last: (*k, C); channels_first: (C, *k)); `pad` pads the input before (Keras's
+    "same" of implementations 2 and 3 centres each window: k // 2 before, clipped at the borders,
+    which zero padding and zero weights reproduce). The bias is Keras's (*out, filters), added
+    as Keras adds it (channels_first: reshaped, not transposed, to (filters, *out))."""
+
+    keeps_mask = False
+
+    def __init__(self, weight, bias, kernel_size, strides, pad, activation, channels_last: bool):
+        super().__init__()
+        self.weight, self.bias, self.activation, self.channels_last = weight, bias, activation, channels_last
+        self.kernel_size, self.strides, self.pad = tuple(kernel_size), tuple(strides), tuple(pad)
+
+    def keras_groups(self):
+        return [("", [self.weight] + ([self.bias] if self.bias is not None else []))]
+
+    def apply(self, x):
+        rank = len(self.kernel_size)
+        h = to_channels_first(x, self.channels_last)  # [B, C, *S]
+        if any(self.pad):
+            h = F.pad(h, [p for d in reversed(range(rank)) for p in self.pad[d]])
+        for d in range(rank):
+            h = h.unfold(2 + d, self.kernel_size[d], self.strides[d])  # -> [B, C, *O, *k]
+        out = tuple(h.shape[2:2 + rank])
+        if int(np.prod(out)) != self.weight.shape[0]:
+            raise ValueError(f"LocallyConnected{rank}D: an input of shape {tuple(x.shape)} gives {out} output "
+                             f"positions; the kernel has {self.weight.shape[0]}")
+        k_axes = list(range(2 + rank, 2 + 2 * rank))
+        order = [0, *range(2, 2 + rank)] + (k_axes + [1] if self.channels_last else [1] + k_axes)
+        patches = h.permute(order).reshape(h.shape[0], self.weight.shape[0], -1)  # [B, P, patch]
+        y = torch.einsum("bpj,pjf->bpf", patches, self.weight).reshape(h.shape[0], *out, -1)
+        if self.channels_last:
+            y = y if self.bias is None else y + self.bias
+        else:
+            y = y.permute(0, rank + 1, *range(1, rank + 1))
+            y = y if self.bias is None else y + self.bias.reshape(1, self.bias.shape[-1], *self.bias.shape[:-1])
+        return self.activation(y)
+
+
+def _from_dense_kernel(kernel: np.ndarray, rank: int, k, strides, same: bool, last: bool):
+    """Keras's implementation=2 kernel (channels_last (*S, C, *O, F); channels_first (C, *S, F,
+    *O): a dense input-by-output matrix, read where Keras's mask keeps it) in the
+    implementation=1 layout, and the padding that layout needs."""
+    if last:
+        S, C, O, Fo = kernel.shape[:rank], kernel.shape[rank], kernel.shape[rank + 1:2 * rank + 1], kernel.shape[-1]
+    else:
+        C, S, Fo, O = kernel.shape[0], kernel.shape[1:rank + 1], kernel.shape[rank + 1], kernel.shape[rank + 2:]
+    before = [kd // 2 if same else 0 for kd in k]
+    pad = [(b, max(0, (o - 1) * s + kd - n - b)) for b, o, s, kd, n in zip(before, O, strides, k, S)]
+    o_idx = np.stack(np.meshgrid(*[np.arange(n) for n in O], indexing="ij"), -1).reshape(-1, rank)  # [P, r]
+    j_idx = np.stack(np.meshgrid(*[np.arange(n) for n in k], indexing="ij"), -1).reshape(-1, rank)  # [K, r]
+    pos = o_idx[:, None, :] * np.asarray(strides) - np.asarray(before) + j_idx[None]  # [P, K, r] input positions
+    inside = np.all((pos >= 0) & (pos < np.asarray(S)), axis=-1)  # [P, K]
+    pos = np.where(inside[..., None], pos, 0)
+    flat_pos = np.ravel_multi_index(tuple(pos.reshape(-1, rank).T), S).reshape(pos.shape[:2])  # [P, K]
+    flat_out = np.arange(o_idx.shape[0])
+    n_s, n_o = int(np.prod(S)), int(np.prod(O))
+    if last:  # rows: (s, c) -> s * C + c; columns: (o, f) -> o * F + f
+        dense = kernel.reshape(n_s * C, n_o * Fo)
+        rows = flat_pos[:, :, None] * C + np.arange(C)  # [P, K, C]
+        w = dense[rows[..., None], flat_out[:, None, None, None] * Fo + np.arange(Fo)]  # [P, K, C, F]
+        w = np.where(inside[:, :, None, None], w, 0).reshape(len(flat_out), -1, Fo)
+    else:  # rows: (c, s) -> c * S + s; columns: (f, o) -> f * O + o
+        dense = kernel.reshape(C * n_s, Fo * n_o)
+        rows = np.arange(C)[None, :, None] * n_s + flat_pos[:, None, :]  # [P, C, K]
+        w = dense[rows[..., None], np.arange(Fo) * n_o + flat_out[:, None, None, None]]  # [P, C, K, F]
+        w = np.where(inside[:, None, :, None], w, 0).reshape(len(flat_out), -1, Fo)
+    return w, pad
+
+
+@builder("LocallyConnected1D", "LocallyConnected2D")
+def build_locally_connected(cfg, ctx):
+    rank = class_rank(ctx)
+    v, k, strides, _, padding, activation, last = _common(cfg, ctx, rank)
+    filters, use_bias = v.int("filters", lo=1), v.bool("use_bias", True)
+    implementation = v.int("implementation", 1, lo=1, hi=3)
+    if implementation == 3:
+        raise ctx.error(f"{ctx.spec.class_name} implementation=3 (a sparse kernel, laid out by the input's shape, "
+                        "which the layer's weights do not say) is not supported; implementations 1 and 2 are")
+    if implementation == 1 and padding != "valid":
+        raise ctx.error(f"{ctx.spec.class_name} implementation=1 takes padding='valid' only (Keras refuses "
+                        f"{padding!r})")
+    (w,) = ctx.weights.take([("", 1 + int(use_bias))])
+    kernel = np.asarray(w[0])
+    if implementation == 1:
+        if kernel.ndim != 3 or kernel.shape[2] != filters or kernel.shape[1] % int(np.prod(k)):
+            raise ctx.error(f"{ctx.spec.class_name} kernel has shape {kernel.shape}; implementation=1 implies "
+                            f"(positions, {'x'.join(map(str, k))} x channels, {filters})")
+        pad = [(0, 0)] * rank
+    else:
+        if kernel.ndim != 2 * rank + 2 or kernel.shape[-1 if last else rank + 1] != filters:
+            raise ctx.error(f"{ctx.spec.class_name} kernel has shape {kernel.shape}; implementation=2 implies "
+                            f"{2 * rank + 2} axes with {filters} filters")
+        kernel, pad = _from_dense_kernel(kernel, rank, k, strides, padding == "same", last)
+    bias = None
+    if use_bias:
+        b = np.asarray(w[1])
+        if b.ndim != rank + 1 or b.shape[-1] != filters or int(np.prod(b.shape[:-1])) != kernel.shape[0]:
+            raise ctx.error(f"{ctx.spec.class_name} bias has shape {b.shape}; the kernel implies "
+                            f"{kernel.shape[0]} positions x {filters} filters")
+        bias = ctx.tensor(b)
+    return LocallyConnected(ctx.tensor(kernel), bias, k, strides, pad, activation, last)

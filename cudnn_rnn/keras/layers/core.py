@@ -218,3 +218,30 @@ def _einsum_bias(ctx, w, bias_axes: str, kernel_spec: str, output_spec: str):
     sizes = {c: n for c, n in zip(kernel_spec, np.shape(w[0]))}
     check_shapes(ctx, "EinsumDense", w[1:2], [tuple(sizes.get(e[4:], e) if isinstance(e, str) else e for e in expected)])
     return ctx.tensor(w[1])
+
+
+class RandomFourierFeatures(_Single):
+    """tf.keras 2's layers.experimental.RandomFourierFeatures: cos(x @ (kernel / scale) + bias)."""
+
+    keeps_mask = False
+
+    def __init__(self, kernel, bias, scale):
+        super().__init__()
+        self.kernel, self.bias, self.scale = kernel, bias, scale
+
+    def keras_groups(self):
+        return [("", [self.kernel, self.bias, self.scale])]
+
+    def apply(self, x):
+        return torch.cos(torch.matmul(x, (1.0 / self.scale) * self.kernel) + self.bias)
+
+
+@builder("RandomFourierFeatures")
+def build_random_fourier_features(cfg, ctx):
+    units = Values(cfg, ctx).int("output_dim", lo=1)
+    # (kernel, bias, scale); tf.keras lists the trainable scale first (a legacy .h5 names them)
+    (w,) = ctx.weights.take([("", 3)], order=["unscaled_kernel", "bias", "kernel_scale"])
+    if np.ndim(w[0]) == 1 and np.ndim(w[1]) == 2:
+        w = w[1:] + w[:1]
+    check_shapes(ctx, "RandomFourierFeatures", w, [("in", units), (units,), (1,)])
+    return RandomFourierFeatures(*(ctx.tensor(a) for a in w))

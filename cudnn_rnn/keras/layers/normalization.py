@@ -182,7 +182,7 @@ def _scale_center(cfg, ctx, statistics: int, axes: list):
     return gamma, beta, [torch.as_tensor(a, dtype=ctx.dtype) for a in w]
 
 
-@builder("BatchNormalization")
+@builder("BatchNormalization", "SyncBatchNormalization")  # (tf.keras 2 experimental: the same at inference)
 def build_batchnorm(cfg, ctx):
     axes = Values(cfg, ctx).axes()
     if len(axes) != 1:
