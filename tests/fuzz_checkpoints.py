@@ -93,6 +93,8 @@ BASES = [
     ("legacy-layer-names", "tfk_layer_names.h5", None, "tfk_layer_names.npz", "keras"),
     # layers Keras's quantize() rewrote: int4 / int8 / float8 kernels, scales, zero points, groups
     ("keras-quantized", "k3_quantized.keras", None, "k3_quantized.npz", "keras"),
+    # tf.keras 2's LocallyConnected1D / 2D (dense masked and per-position kernels), RandomFourierFeatures
+    ("legacy-locally-connected", "tfk_locally_connected.h5", None, "tfk_locally_connected.npz", "keras"),
     # Keras 3.13's int4 (packed along the summed axis) and Keras 3.9's keras.ops call arguments
     ("keras313-int4", "k3.13.2_int4_row_packed.keras", None, "k3.13.2_int4_row_packed.npz", "keras"),
     ("keras39-ops", "k3.9.2_ops_call_args.keras", None, "k3.9.2_ops_call_args.npz", "keras"),
