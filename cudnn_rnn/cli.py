@@ -340,14 +340,17 @@ def _describe(module) -> str:
 
 
 def cmd_inspect(args) -> int:
+    from .keras.layers.quantized import policy_mode
+
     model = _load(args)
     rows = [("layer", "class", "weights", "params", "on CUDA")]
     for layer in model.spec.layers:
         module = model.layer(layer.name)
         shapes = [tuple(np.shape(a)) for take in model.keras_weights.get(layer.name, []) for g in take for a in g]
         params = sum(int(np.prod(s)) for s in shapes)
-        rows.append((layer.name, layer.class_name, " ".join(str(s) for s in shapes) or "-", str(params),
-                     _describe(module)))
+        mode = policy_mode(layer.config.get("dtype")) if isinstance(layer.config, dict) else None
+        rows.append((layer.name, layer.class_name + (f" ({mode})" if mode else ""),
+                     " ".join(str(s) for s in shapes) or "-", str(params), _describe(module)))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])

@@ -484,3 +484,14 @@ def test_bidirectional_reading_backwards_exports_to_onnx(tmp_path):
     assert len(got) == 5
     for j, y in enumerate(got):
         np.testing.assert_allclose(y, stored[f"output_{j}"], rtol=1e-5, atol=1e-5, err_msg=f"output {j}")
+
+
+def test_inspect_names_each_layers_quantization(capsys):
+    """`cudnn-rnn inspect` says how Keras quantized each layer (its dtype policy's mode)."""
+    from cudnn_rnn.cli import main
+
+    assert main(["inspect", os.path.join(DATA, "k3_quantized.keras"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    for row in ("emb  ", "Embedding (int4/4)", "EinsumDense (int8)", "Dense (float8)", "Dense (int4/3)", "lstm  "):
+        assert row in out, out
+    assert "LSTM (" not in out
