@@ -90,10 +90,14 @@ CASES = [
     ("tfk_nested_dicts", "tfk_nested_dicts.h5", None),
     ("k3_quantized", "k3_quantized.keras", None),  # int8 / int4 / float8 layers Keras's quantize() rewrote
     ("tfk_locally_connected", "tfk_locally_connected.h5", None),  # LocallyConnected1D / 2D (implementations 1, 2)
+    ("tfk_time_major", "tfk_time_major.h5", None),  # time_major=True layers; BatchNormalization(renorm=True)
     # older Keras 3 releases' files (tests/fixtures/make_older_keras_fixtures.py): keras.ops
     # arguments recorded in the call (3.0-3.10), int4 kernels packed along the summed axis (3.11-3.13)
     ("k3.9.2_ops_call_args", "k3.9.2_ops_call_args.keras", None),
     ("k3.13.2_int4_row_packed", "k3.13.2_int4_row_packed.keras", None),
+    # tf.keras 2.13's .keras / .weights.h5 numbering (a class's weighted layers counted twice)
+    ("tfk2.13.1_numbering", "tfk2.13.1_numbering.keras", None),
+    ("tfk2.13.1_numbering", "tfk2.13.1_numbering.weights.h5", "tfk2.13.1_numbering.json"),
 ]
 
 # Outputs in which Keras computes NaN on purpose: tf.keras 2's masked GlobalAveragePooling1D

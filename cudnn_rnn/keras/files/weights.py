@@ -157,17 +157,34 @@ class Keras3Source(WeightSource):
                 parent, _, name = key.rpartition("/")
                 index.setdefault(parent, {})[name] = array
         self.index = index
-        self.paths: Dict[str, str] = {}
-        used: Dict[str, int] = {}
-        layers = spec.layers[1:] if spec.class_name == "Sequential" else spec.layers
+        layers = [l for l in (spec.layers[1:] if spec.class_name == "Sequential" else spec.layers)
+                  if not l.is_op]  # (operations hold no weights and are not in model.layers)
+        self.paths = self._numbered(layers, prefix, False)
+        if any(not self._holds(p) for p in self.paths.values()):
+            # tf.keras 2.12-2.13 numbered a class's layers counting each weighted one twice (its
+            # checkpoint dependencies list it as layer_with_weights-i and as layer-k): dense,
+            # dense_2, dense_4. Taken where it finds more of the layers' weights.
+            twice = self._numbered(layers, prefix, True)
+            if sum(map(self._holds, twice.values())) > sum(map(self._holds, self.paths.values())):
+                self.paths = twice
+
+    def _holds(self, path: str) -> bool:
+        """Whether the file holds arrays below the layer path (in either Keras's spelling)."""
+        if not hasattr(self, "_prefixes"):
+            self._prefixes = {k[:i] for k in self.index for i in range(len(k) + 1) if i == len(k) or k[i] == "/"}
+        return path in self._prefixes or path.replace("layers", "_layer_checkpoint_dependencies") in self._prefixes
+
+    def _numbered(self, layers, prefix: str, twice: bool) -> Dict[str, str]:
+        """Each layer's path: layers/<snake_case class>[_N], N counting the class's earlier layers
+        (`twice`: a weighted one twice)."""
+        paths, used = {}, {}
         for layer in layers:
-            if layer.is_op:  # operations hold no weights and are not in model.layers
-                continue
             base = snake_case(_CLASS_NAMES.get(layer.class_name, layer.class_name))
             n = used.get(base, 0)
-            used[base] = n + 1
-            name = base if n == 0 else f"{base}_{n}"
-            self.paths[layer.name] = "/".join(p for p in (prefix, "layers", name) if p)
+            path = "/".join(p for p in (prefix, "layers", base if n == 0 else f"{base}_{n}") if p)
+            used[base] = n + (2 if twice and self._holds(path) else 1)
+            paths[layer.name] = path
+        return paths
 
     def for_layer(self, layer: LayerSpec) -> LayerWeights:
         return _Keras3Layer(self.kf, self.index, layer.name, self.paths.get(layer.name, ""))

@@ -188,7 +188,10 @@ def build_batchnorm(cfg, ctx):
     if len(axes) != 1:
         raise ctx.error(f"BatchNormalization over {len(axes)} axes is not supported (one axis)")
     epsilon = Values(cfg, ctx).float("epsilon", 1e-3, 0.0, 1.0)
-    gamma, beta, (mean, var) = _scale_center(cfg, ctx, 2, axes)
+    # tf.keras 2's renorm=True adds moving_stddev, renorm_mean and renorm_stddev, which serve its
+    # training: at inference it normalizes by the moving mean and variance alone
+    renorm = Values(cfg, ctx).bool("renorm", False)
+    gamma, beta, (mean, var, *_) = _scale_center(cfg, ctx, 5 if renorm else 2, axes)
     return Normalization("batch", gamma, beta, mean, var, epsilon, axes)
 
 

@@ -26,10 +26,13 @@ class Recurrent(nn.Module):
     the initial states; outputs [output, *states] as Keras; the output mask is the input mask
     when return_sequences (Keras RNN.compute_mask)."""
 
-    def __init__(self, layer: nn.Module, keras3_call: bool):
+    def __init__(self, layer: nn.Module, keras3_call: bool, time_major: bool = False):
         super().__init__()
         self.layer = layer
         self.keras3_call = keras3_call
+        # Keras 2's time_major=True: the sequence and its mask come [time, batch, ...], and so does
+        # a returned sequence (the states are [batch, units])
+        self.time_major = time_major
 
     def keras_groups(self):
         if isinstance(self.layer, rnn_layers.Bidirectional):
@@ -39,9 +42,14 @@ class Recurrent(nn.Module):
 
     def forward(self, inputs, masks):
         initial = list(inputs[1:]) or None
-        out = self.layer(inputs[0], mask=mask_run(inputs, masks, self.keras3_call), initial_state=initial)
+        x, mask = inputs[0], mask_run(inputs, masks, self.keras3_call)
+        if self.time_major:
+            x, mask = x.transpose(0, 1), mask.transpose(0, 1) if mask is not None else None
+        out = self.layer(x, mask=mask, initial_state=initial)
         outs = out if isinstance(out, list) else [out]
         n_outputs = 2 if isinstance(self.layer, rnn_layers.Bidirectional) and self.layer.merge_mode is None else 1
+        if self.time_major and self.layer.return_sequences:
+            outs = [y.transpose(0, 1) for y in outs[:n_outputs]] + outs[n_outputs:]
         return graph_outputs(outs[:n_outputs], outs[n_outputs:], masks[0] if self.layer.return_sequences else None)
 
 
@@ -187,8 +195,6 @@ def _rnn_options(class_name: str, cfg: dict, ctx: BuildContext) -> dict:
     )
     if not cudnn:
         opts["unroll"] = v.bool("unroll", False)
-    if v.bool("time_major", False):
-        raise ctx.error("time_major=True is not supported (the layers are batch-major)")
     if cudnn:  # fixed tanh / sigmoid, the cuDNN GRU form, no dropout, no masking
         opts.update(activation="tanh", use_bias=True)
         if cell != "simple_rnn":
@@ -277,7 +283,7 @@ def _build_rnn_layer(class_name: str, cfg: dict, ctx: BuildContext, weights: Lis
 def build_rnn(cfg, ctx):
     cls = ctx.spec.class_name
     (w,) = ctx.weights.take([("cell" if not cls.startswith("CuDNN") else "", _rnn_weight_count(cls, _rnn_options(cls, cfg, ctx)))])
-    return Recurrent(_build_rnn_layer(cls, cfg, ctx, w), keras3_call_of(ctx))
+    return Recurrent(_build_rnn_layer(cls, cfg, ctx, w), keras3_call_of(ctx), Values(cfg, ctx).bool("time_major", False))
 
 
 _CELL_CLASSES = {"LSTMCell": "LSTM", "GRUCell": "GRU", "SimpleRNNCell": "SimpleRNN"}
@@ -379,14 +385,15 @@ def _append_layer(stack: rnn_layers._RNNBase, layer: rnn_layers._RNNBase) -> rnn
 @builder("RNN")
 def build_generic_rnn(cfg, ctx):
     cls, cell_cfg = _cell_of(cfg, ctx)
-    if Values(cfg, ctx).bool("time_major", False):
-        raise ctx.error("time_major=True is not supported (the layers are batch-major)")
+    time_major = Values(cfg, ctx).bool("time_major", False)
     if cls == "StackedRNNCells":
+        if time_major:
+            raise ctx.error("time_major=True over StackedRNNCells is not supported")
         specs = _stack_specs(cfg, cell_cfg, ctx, "")
         return _cell_stack(cfg, specs, ctx.weights.take([(g, n) for _, _, g, n in specs]), ctx)
     kind, merged = _single_cell(cls, cell_cfg, cfg, ctx, "RNN")
     (w,) = ctx.weights.take([("cell", _rnn_weight_count(kind, _rnn_options(kind, merged, ctx)))])
-    return Recurrent(_build_rnn_layer(kind, merged, ctx, w), keras3_call_of(ctx))
+    return Recurrent(_build_rnn_layer(kind, merged, ctx, w), keras3_call_of(ctx), time_major)
 
 
 def _bidirectional_side(serialized, ctx: BuildContext):
@@ -430,7 +437,12 @@ def build_bidirectional(cfg, ctx):
     else:
         bcls, bcfg, bsub = fcls, dict(fcfg), fsub
         bcfg["go_backwards"] = not bcfg.get("go_backwards", False)
+    time_major = Values(fcfg, ctx).bool("time_major", False)
+    if time_major != Values(bcfg, ctx).bool("time_major", False):
+        raise ctx.error("Bidirectional with time_major=True on one side only is not supported")
     if "StackedRNNCells" in (fcls, bcls):
+        if time_major:
+            raise ctx.error("time_major=True over StackedRNNCells is not supported")
         if fcls != bcls:
             raise ctx.error("Bidirectional with StackedRNNCells on one side only is not supported")
         for side in (fcfg, bcfg):  # Keras's Bidirectional forces it on both sides
@@ -445,4 +457,5 @@ def build_bidirectional(cfg, ctx):
     wf, wb = ctx.weights.take([("forward_layer" + fsub, nf), ("backward_layer" + bsub, nb)])
     forward = _build_rnn_layer(fcls, fcfg, ctx, wf)
     backward = _build_rnn_layer(bcls, bcfg, ctx, wb)
-    return Recurrent(rnn_layers.Bidirectional(forward, merge_mode=merge, backward_layer=backward), keras3_call_of(ctx))
+    return Recurrent(rnn_layers.Bidirectional(forward, merge_mode=merge, backward_layer=backward), keras3_call_of(ctx),
+                     time_major)
