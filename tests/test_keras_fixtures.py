@@ -97,7 +97,7 @@ CASES = [
     ("k3.13.2_int4_row_packed", "k3.13.2_int4_row_packed.keras", None),
     # tf.keras 2.13's .keras / .weights.h5 numbering (a class's weighted layers counted twice)
     ("tfk2.13.1_numbering", "tfk2.13.1_numbering.keras", None),
-    ("tfk2.13.1_numbering", "tfk2.13.1_numbering.weights.h5", "tfk2.13.1_numbering.json"),
+    ("tfk2.13.1_numbering", "tfk2.13.1_numbering.weights.h5", "tfk2.13.1_numbering.keras"),
 ]
 
 # Outputs in which Keras computes NaN on purpose: tf.keras 2's masked GlobalAveragePooling1D

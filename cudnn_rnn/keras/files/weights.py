@@ -109,7 +109,10 @@ class _Keras3Layer(LayerWeights):
         return Keras3Source(self.kf, spec, prefix="/".join(p for p in (self.path, sub) if p), index=self.index)
 
     def vocabulary(self):
-        text = self.kf.assets.get(f"assets/{self.path}/vocabulary.txt")
+        # (tf.keras 2.13-2.14 wrote the assets under _layer_checkpoint_dependencies, as the weights)
+        text = next((self.kf.assets[k] for k in (f"assets/{self.path}/vocabulary.txt",
+                                                 f"assets/{self.path.replace('layers', '_layer_checkpoint_dependencies')}"
+                                                 "/vocabulary.txt") if k in self.kf.assets), None)
         return None if text is None else asset_lines(text)
 
     def take_all(self):
