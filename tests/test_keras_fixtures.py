@@ -91,6 +91,7 @@ CASES = [
     ("k3_quantized", "k3_quantized.keras", None),  # int8 / int4 / float8 layers Keras's quantize() rewrote
     ("tfk_locally_connected", "tfk_locally_connected.h5", None),  # LocallyConnected1D / 2D (implementations 1, 2)
     ("tfk_time_major", "tfk_time_major.h5", None),  # time_major=True layers; BatchNormalization(renorm=True)
+    ("tfk_lookup_saved_model", "tfk_lookup_saved_model", None),  # constructor vocabularies in a SavedModel
     # older Keras 3 releases' files (tests/fixtures/make_older_keras_fixtures.py): keras.ops
     # arguments recorded in the call (3.0-3.10), int4 kernels packed along the summed axis (3.11-3.13)
     ("k3.9.2_ops_call_args", "k3.9.2_ops_call_args.keras", None),
@@ -127,7 +128,8 @@ def _flat(out) -> list:
 @pytest.mark.parametrize("fixture,filename,architecture", CASES, ids=[c[1] for c in CASES])
 def test_fixture_matches_keras(fixture, filename, architecture):
     data = np.load(os.path.join(DATA, f"{fixture}.npz"))
-    inputs = [torch.as_tensor(data[k]) for k in sorted(k for k in data.files if k.startswith("input_"))]
+    inputs = [data[k] if data[k].dtype.kind in "US" else torch.as_tensor(data[k])  # (strings as numpy arrays)
+              for k in sorted(k for k in data.files if k.startswith("input_"))]
     expected = [data[k] for k in sorted((k for k in data.files if k.startswith("output_")), key=lambda s: int(s.split("_")[1]))]
     model = load_keras(os.path.join(DATA, filename), architecture=_architecture(architecture))
     with torch.no_grad():

@@ -352,6 +352,26 @@ class _Checkpoint:
             raise ConversionError(self.where, f"the checkpoint {self.what}: {e}") from None
 
 
+def _given_vocabularies(model: dict, saved: dict, depth: int = 0) -> None:
+    """A lookup layer's vocabulary given to its constructor, which the SavedModel's model_config
+    writes as null (has_input_vocabulary true) and the root's get_config ("config") keeps: put
+    back into the model config, layer by layer name (nested models too)."""
+    layers, others = model.get("layers"), saved.get("layers")
+    if depth > 16 or not isinstance(layers, list) or not isinstance(others, list):
+        return
+    by_name = {o["config"].get("name"): o for o in others
+               if isinstance(o, dict) and isinstance(o.get("config"), dict)}
+    for entry in layers:
+        cfg = entry.get("config") if isinstance(entry, dict) else None
+        other = by_name.get(cfg.get("name")) if isinstance(cfg, dict) else None
+        if other is None or other.get("class_name") != entry.get("class_name"):
+            continue
+        if "layers" in cfg:
+            _given_vocabularies(cfg, other["config"], depth + 1)
+        elif cfg.get("vocabulary") is None and isinstance(other["config"].get("vocabulary"), list):
+            cfg["vocabulary"] = other["config"]["vocabulary"]
+
+
 def saved_model_parts(path: str, load_json, config_only: bool = False):
     """(config, keras_version, backend, layer_names, layer_weights) of the SavedModel directory
     path (or a file at its top); no weights with config_only. load_json(path, text, what) parses
@@ -382,6 +402,8 @@ def saved_model_parts(path: str, load_json, config_only: bool = False):
         raise ConversionError(root, f"holds a Keras object ({str(kind)[:60]}) without a model config: a subclassed "
                                     "model has none (Keras itself needs its Python class to rebuild it)")
     config = untuple(model_config)
+    if isinstance(config.get("config"), dict) and isinstance(meta.get("config"), dict):
+        _given_vocabularies(config["config"], untuple(meta["config"]))
     version = meta.get("keras_version") if isinstance(meta.get("keras_version"), str) else None
     backend = meta.get("backend") if isinstance(meta.get("backend"), str) else None
     if config_only:

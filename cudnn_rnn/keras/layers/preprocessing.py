@@ -260,8 +260,9 @@ def _output_dtype(ctx, mode: str, integer: torch.dtype) -> torch.dtype:
 
 
 # Where an adapted lookup layer's vocabulary is missing (the .keras archive's assets hold it).
-NO_VOCABULARY = ("is neither in its config nor in the file (a legacy .h5 and a .weights.h5 keep no assets: load "
-                 "the .keras file, or pass it as architecture=)")
+NO_VOCABULARY = ("is neither in its config nor in the file (a legacy .h5 and a .weights.h5 keep no assets, and a "
+                 "TensorFlow SavedModel keeps an adapted one only inside its graph: load the .keras file, or pass it "
+                 "as architecture=)")
 
 
 def lookup_counts_dtype(ctx, mode: str) -> torch.dtype:
