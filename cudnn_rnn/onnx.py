@@ -616,7 +616,9 @@ def _name_io(graph, inputs: Sequence[str], outputs: Optional[Sequence[str]]) -> 
     import onnx_ir as ir
 
     targets: Dict[object, str] = {}
-    for value, name in itertools.chain(zip(graph.inputs, inputs), zip(graph.outputs, outputs or [])):
+    named = ([] if len(graph.inputs) != len(inputs) else list(zip(graph.inputs, inputs))) + \
+        ([] if outputs is None or len(graph.outputs) != len(outputs) else list(zip(graph.outputs, outputs)))
+    for value, name in named:  # (only where the counts agree: names are never given to the wrong values)
         if value not in targets and name not in targets.values():
             targets[value] = name
     values = list(graph.inputs) + list(graph.initializers.values())

@@ -501,3 +501,38 @@ def test_inspect_names_each_layers_quantization(capsys):
     for row in ("emb  ", "Embedding (int4/4)", "EinsumDense (int8)", "Dense (float8)", "Dense (int4/3)", "lstm  "):
         assert row in out, out
     assert "LSTM (" not in out
+
+
+def _edited_quantized(tmp_path, layer: str, edit) -> str:
+    """k3_quantized.keras with one layer's config changed by `edit` (a malformed file)."""
+    import json
+    import zipfile
+
+    src, dst = os.path.join(DATA, "k3_quantized.keras"), str(tmp_path / "edited.keras")
+    with zipfile.ZipFile(src) as z, zipfile.ZipFile(dst, "w") as out:
+        for info in z.infolist():
+            data = z.read(info.filename)
+            if info.filename == "config.json":
+                config = json.loads(data)
+                edit(next(l for l in config["config"]["layers"] if l["config"].get("name") == layer)["config"])
+                data = json.dumps(config).encode()
+            out.writestr(info, data)
+    return dst
+
+
+@pytest.mark.parametrize("layer,edit,message", [
+    ("g3", lambda c: c["quantization_config"]["config"].update(block_size=0), r"block_size 0 is not a positive"),
+    ("g3", lambda c: c["quantization_config"]["config"].update(activation_quantizer={
+        "class_name": "AbsMaxQuantizer", "config": {"value_range": [-127, 127]}}), r"int4 in groups with an inputs"),
+    ("heads", lambda c: c["quantization_config"]["config"]["activation_quantizer"]["config"].update(
+        value_range=[-300, 127]), r"is not an int8 range"),
+    ("heads", lambda c: c["quantization_config"]["config"].update(activation_quantizer={"class_name": "Mine"}),
+     r"inputs quantizer 'Mine' is not Keras's AbsMaxQuantizer"),
+    ("emb", lambda c: c["dtype"]["config"].update(mode="float8"), r"quantized by Keras \(float8\), which is not"),
+    ("out", lambda c: c["dtype"]["config"].update(mode="gptq/4/-1"), r"quantized by Keras \(gptq/4/-1\)"),
+])
+def test_a_malformed_quantized_layer_is_refused_by_name(tmp_path, layer, edit, message):
+    """Quantization configs Keras writes no such way, or that do not convert, are refused in one
+    ConversionError naming the layer."""
+    with pytest.raises(ConversionError, match=rf"layer '{layer}'.*{message}"):
+        load_keras(_edited_quantized(tmp_path, layer, edit))

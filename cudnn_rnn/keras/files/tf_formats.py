@@ -359,11 +359,11 @@ def _given_vocabularies(model: dict, saved: dict, depth: int = 0) -> None:
     layers, others = model.get("layers"), saved.get("layers")
     if depth > 16 or not isinstance(layers, list) or not isinstance(others, list):
         return
-    by_name = {o["config"].get("name"): o for o in others
-               if isinstance(o, dict) and isinstance(o.get("config"), dict)}
+    by_name = {o["config"]["name"]: o for o in others
+               if isinstance(o, dict) and isinstance(o.get("config"), dict) and isinstance(o["config"].get("name"), str)}
     for entry in layers:
         cfg = entry.get("config") if isinstance(entry, dict) else None
-        other = by_name.get(cfg.get("name")) if isinstance(cfg, dict) else None
+        other = by_name.get(cfg.get("name")) if isinstance(cfg, dict) and isinstance(cfg.get("name"), str) else None
         if other is None or other.get("class_name") != entry.get("class_name"):
             continue
         if "layers" in cfg:

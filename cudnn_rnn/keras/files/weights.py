@@ -38,7 +38,7 @@ class LayerWeights(abc.ABC):
              order: Optional[Sequence[str]] = None) -> List[List[np.ndarray]]:
         """Arrays per group, in Keras order, shapes checked against `shapes` where given. `order`:
         the variables' names in Keras's saving order, for a layer whose legacy .h5 list (its
-        variables in creation order) may differ from it (a quantized Dense's bias comes first)."""
+        trainable variables first) may differ from it (a quantized Dense's bias comes first)."""
 
     @abc.abstractmethod
     def child_source(self, spec: ModelSpec, sub: str = "") -> "WeightSource":

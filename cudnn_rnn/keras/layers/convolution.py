@@ -216,9 +216,6 @@ class LocallyConnected(_Single):
         self.weight, self.bias, self.activation, self.channels_last = weight, bias, activation, channels_last
         self.kernel_size, self.strides, self.pad = tuple(kernel_size), tuple(strides), tuple(pad)
 
-    def keras_groups(self):
-        return [("", [self.weight] + ([self.bias] if self.bias is not None else []))]
-
     def apply(self, x):
         rank = len(self.kernel_size)
         h = to_channels_first(x, self.channels_last)  # [B, C, *S]
@@ -296,6 +293,10 @@ def build_locally_connected(cfg, ctx):
         if kernel.ndim != 2 * rank + 2 or kernel.shape[-1 if last else rank + 1] != filters:
             raise ctx.error(f"{ctx.spec.class_name} kernel has shape {kernel.shape}; implementation=2 implies "
                             f"{2 * rank + 2} axes with {filters} filters")
+        spatial = kernel.shape[:rank] if last else kernel.shape[1:rank + 1]
+        if any(kd > n for kd, n in zip(k, spatial)):
+            raise ctx.error(f"{ctx.spec.class_name} kernel_size {tuple(k)} is larger than the input {tuple(spatial)} "
+                            "its implementation=2 kernel covers")
         kernel, pad = _from_dense_kernel(kernel, rank, k, strides, padding == "same", last)
     bias = None
     if use_bias:

@@ -229,9 +229,6 @@ class RandomFourierFeatures(_Single):
         super().__init__()
         self.kernel, self.bias, self.scale = kernel, bias, scale
 
-    def keras_groups(self):
-        return [("", [self.kernel, self.bias, self.scale])]
-
     def apply(self, x):
         return torch.cos(torch.matmul(x, (1.0 / self.scale) * self.kernel) + self.bias)
 

@@ -345,7 +345,7 @@ def _older_call(spec: LayerSpec, call):
         return spec.config, call
     name, position = moved
     args, kwargs = list(call.args), dict(call.kwargs)
-    if name in kwargs and not isinstance(kwargs[name], list):
+    if name in kwargs and name not in call.tensor_kwargs():
         value = kwargs.pop(name)
     elif len(args) > position and not isinstance(args[position], TensorArg):
         value = args.pop(position)

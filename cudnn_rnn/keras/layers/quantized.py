@@ -6,6 +6,7 @@ integer product. float8 Dense and EinsumDense: inputs and kernel rounded through
 their scales."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
@@ -76,10 +77,14 @@ def keras_quantization(cfg: dict, ctx) -> Optional[Quantization]:
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size == 0 or size < -1):
         raise ctx.error(f"quantization block_size {str(size)[:20]} is not a positive count or -1")
     row_packed = base == "int4" and not block and ctx.spec.class_name != "Embedding"
+    if row_packed and size is not None and size > 0:
+        raise ctx.error(f"int4 in groups of {size} with Keras 3.11-3.13's policy \"int4\" (which has no groups)")
     if not isinstance(qc, dict):  # no config: Keras's defaults (int8 and 3.11-3.13's int4 quantize the inputs)
         inputs = (-127, 127, 1e-7) if base == "int8" or row_packed else None
     else:
         inputs = _inputs_quantizer(inner.get("activation_quantizer"), ctx)
+    if base == "int4" and size is not None and size > 0 and inputs is not None:
+        raise ctx.error("int4 in groups with an inputs quantizer (Keras's Int4QuantizationConfig refuses the pair)")
     return Quantization(base, size if size is not None and size > 0 else None, inputs, row_packed)
 
 
@@ -129,10 +134,9 @@ def _abs_max(x: torch.Tensor, dims: Sequence[int], q: Tuple[int, int, float]):
 
 def _exact_product(x_q: torch.Tensor, kernel: torch.Tensor, bound: float, product) -> torch.Tensor:
     """An integer product, as Keras's int32 one, in floating point: float32 where no sum can
-    reach 2^24 (then every partial sum is exact), else float64."""
-    if bound < 2 ** 24:
-        return product(x_q, kernel.to(x_q.dtype))
-    return product(x_q.double(), kernel.double()).to(x_q.dtype)
+    reach 2^24 (then every partial sum is exact), else float64; returned in x_q's dtype."""
+    dtype = torch.float32 if bound < 2 ** 24 else torch.float64
+    return product(x_q.to(dtype), kernel.to(dtype)).to(x_q.dtype)
 
 
 # Keras's TimeDistributed runs the wrapped layer's float `call`, not its quantized one: the layer's
@@ -147,7 +151,8 @@ class QuantizedDense(_Single):
     EinsumDense's int4) takes the product with the kernel dequantized, as Keras does."""
 
     def __init__(self, q: Quantization, kernel: np.ndarray, scale: np.ndarray, bias, activation,
-                 equation: Optional[str] = None, kernel_shape=None, zero=None, groups=None, pack_axis=None):
+                 equation: Optional[str] = None, kernel_shape=None, zero=None, groups=None, pack_axis=None,
+                 dtype=torch.float32):
         super().__init__()
         self.q, self.equation, self.activation = q, equation, activation
         # Keras 3.11-3.13's int4: the kernel axis packed, unpacked to an even length here and cut
@@ -158,10 +163,13 @@ class QuantizedDense(_Single):
         # (the integer buffers stay out of the state_dict: a converted file rebuilds them from the
         # Keras arrays it keeps, and its state_dict holds float tensors only)
         self.register_buffer("kernel", torch.as_tensor(np.asarray(kernel, dtype=np.int8)), persistent=False)
-        self.register_buffer("scale", torch.as_tensor(np.asarray(scale, dtype=np.float32)))
+        self.register_buffer("scale", torch.as_tensor(np.asarray(scale), dtype=dtype))
         self.register_buffer("zero", None if zero is None else torch.as_tensor(np.asarray(zero, dtype=np.int8)),
                              persistent=False)
-        self.register_buffer("groups", None if groups is None else torch.as_tensor(np.asarray(groups, dtype=np.float32)))
+        # (group indices as integers: a float buffer would follow the model to bfloat16, which holds
+        # integers exactly only up to 256; Keras stores them as float32)
+        self.register_buffer("groups", None if groups is None else torch.as_tensor(np.asarray(groups, dtype=np.int64)),
+                             persistent=False)
         self.bias = bias
         # int8, per-output int4 Dense and Keras 3.11-3.13's int4: the integer product, then the
         # scales; int4 in groups and EinsumDense's int4: the kernel dequantized first (Keras's
@@ -173,14 +181,14 @@ class QuantizedDense(_Single):
     def keras_groups(self):
         kernel = self.kernel if self.q.mode != "int4" else \
             pack_int4(self.kernel, self.pack_axis if self.pack_axis is not None else -1)
-        extra = [self.zero, self.groups] if self.zero is not None else []
+        extra = [self.zero, self.groups.float()] if self.zero is not None else []
         return [("", [kernel] + ([self.bias] if self.bias is not None else []) + [self.scale] + extra)]
 
     def _float_kernel(self, x) -> torch.Tensor:
         dtype = x.dtype
         k = self.kernel.to(dtype)
         if self.zero is not None:  # Keras's dequantize_with_sz_map along the input axis
-            g = self.groups.long()
+            g = self.groups
             k = (k - self.zero[g].to(dtype)) * self.scale.to(dtype)[g]
         else:
             k = k / self.scale.to(dtype)
@@ -238,8 +246,8 @@ class QuantizedDense(_Single):
         return self.kernel.narrow(self.pack_axis, 0, size)
 
     def _kernel_scale(self, ndim: int, dtype) -> torch.Tensor:
-        """int8 EinsumDense's scales (one per kept kernel position, stored in the output's axis
-        order) laid out as the output."""
+        """The kernel's scales laid out as the output: Dense's as they are; EinsumDense's (one per
+        kept kernel position, stored in the output's axis order) reshaped to the output's axes."""
         scale = self.scale.to(dtype)
         if self.equation is None:
             return scale
@@ -263,7 +271,8 @@ class QuantizedDense(_Single):
                 y = y / x_s
         else:
             if x_s is not None:
-                reduced = int(np.prod([x.shape[i] for i in self._reduced(x)]))
+                kspec = "kn" if self.equation is None else self.equation.split(",")[1].split("->")[0]
+                reduced = math.prod(n for n, c in zip(self.kernel.shape, kspec) if c not in self._specs(x.dim())[1])
                 bound = max(abs(v) for v in self.q.inputs[:2]) * (128 if self.q.mode == "int8" else 8) * reduced
                 y = _exact_product(x, self._integer_kernel(x), bound, self._product)
                 y = y / (self._kernel_scale(x.dim(), y.dtype) * x_s)
@@ -353,20 +362,23 @@ class QuantizedEmbedding(nn.Module):
     """Embedding from Keras's int8 / int4 table: the rows looked up, then dequantized by their
     scales (int4 in groups: by the group's scale and zero point), as Keras computes them."""
 
-    def __init__(self, q: Quantization, table: np.ndarray, scale: np.ndarray, mask_zero: bool, zero=None, groups=None,
-                 lookup=None):
+    def __init__(self, q: Quantization, table: np.ndarray, scale: np.ndarray, mask_zero: bool, lookup, zero=None,
+                 groups=None, dtype=torch.float32):
         super().__init__()
         self.q, self.mask_zero, self.lookup = q, mask_zero, lookup
         self.float_call = False
         self.register_buffer("embeddings", torch.as_tensor(np.asarray(table, dtype=np.int8)), persistent=False)
-        self.register_buffer("scale", torch.as_tensor(np.asarray(scale, dtype=np.float32)))
+        self.register_buffer("scale", torch.as_tensor(np.asarray(scale), dtype=dtype))
         self.register_buffer("zero", None if zero is None else torch.as_tensor(np.asarray(zero, dtype=np.int8)),
                              persistent=False)
-        self.register_buffer("groups", None if groups is None else torch.as_tensor(np.asarray(groups, dtype=np.float32)))
+        # (group indices as integers: a float buffer would follow the model to bfloat16, which holds
+        # integers exactly only up to 256; Keras stores them as float32)
+        self.register_buffer("groups", None if groups is None else torch.as_tensor(np.asarray(groups, dtype=np.int64)),
+                             persistent=False)
 
     def keras_groups(self):
         table = pack_int4(self.embeddings) if self.q.mode == "int4" else self.embeddings
-        return [("", [table, self.scale] + ([self.zero, self.groups] if self.zero is not None else []))]
+        return [("", [table, self.scale] + ([self.zero, self.groups.float()] if self.zero is not None else []))]
 
     def forward(self, inputs, masks):
         ids = inputs[0].long()
@@ -375,7 +387,7 @@ class QuantizedEmbedding(nn.Module):
         if self.float_call:  # (see above QuantizedDense)
             out = rows.to(dtype)
         elif self.zero is not None:
-            g = self.groups.long()
+            g = self.groups
             out = (rows.to(dtype) - self.zero[ids][..., g].to(dtype)) * self.scale[ids][..., g]
         else:
             out = rows.to(dtype) / self.scale[ids].unsqueeze(-1)
@@ -397,8 +409,8 @@ def _groups(ctx, g: np.ndarray, size: int, count: int) -> np.ndarray:
     return g
 
 
-# Keras's saving order of each quantized class's variables (a legacy .h5 lists them in creation
-# order, the bias first)
+# Keras's saving order of each quantized class's variables (a legacy .h5 lists the trainable ones
+# first: the bias)
 _ORDER = {"Dense": ["kernel", "bias", "kernel_scale", "kernel_zero", "g_idx"],
           "Embedding": ["embeddings", "embeddings_scale", "embeddings_zero", "g_idx"]}
 _ORDER["EinsumDense"] = _ORDER["Dense"]
@@ -465,7 +477,8 @@ def build_quantized_dense(ctx, q: Quantization, equation: Optional[str], out_sha
         kernel = unpack_int4(kernel, columns)
     shape = [n or 1 for n in (kernel_shape or kernel.shape)]  # (the float layer's checks see its kernel's shape)
     bias = check([np.broadcast_to(np.int8(0), shape)] + ([bias] if use_bias else []))
-    return QuantizedDense(q, kernel, scale, bias, activation, equation, kernel_shape, zero, groups, pack_axis)
+    return QuantizedDense(q, kernel, scale, bias, activation, equation, kernel_shape, zero, groups, pack_axis,
+                          ctx.dtype)
 
 
 def _einsum_sizes(ctx, kspec: str, out: str, out_shape, kernel: np.ndarray) -> dict:
@@ -506,4 +519,4 @@ def build_quantized_embedding(ctx, q: Quantization, shape: Tuple[int, int], mask
         raise ctx.error(f"the {q.mode} embeddings scale has shape {tuple(np.shape(scale))}; expected ({rows},)")
     if q.mode == "int4":
         table = unpack_int4(table, columns)
-    return QuantizedEmbedding(q, table, scale, mask_zero, zero, groups, lookup)
+    return QuantizedEmbedding(q, table, scale, mask_zero, lookup, zero, groups, ctx.dtype)

@@ -66,10 +66,11 @@ def holds_weights(class_name: str, config: dict) -> bool:
 
 
 def dtype_name(value) -> Optional[str]:
-    """A config's dtype as a name: a string as it is, a DTypePolicy dict's config name, else None."""
+    """A config's dtype as a name: a string as it is, a DTypePolicy dict's config name (a
+    quantized policy's: the float dtype it computes in, source_name), else None."""
     if isinstance(value, dict):  # a DTypePolicy
         inner = value.get("config")
-        value = inner.get("name") if isinstance(inner, dict) else None
+        value = (inner.get("name") or inner.get("source_name")) if isinstance(inner, dict) else None
     return value if isinstance(value, str) else None
 
 
