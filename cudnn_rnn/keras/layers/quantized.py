@@ -145,6 +145,20 @@ def _exact_product(x_q: torch.Tensor, kernel: torch.Tensor, bound: float, produc
 # compute that where `float_call` is set (TimeDistributed's builder sets it).
 
 
+def _integer_buffers(module: nn.Module, name: str, values, scale, zero, groups, dtype) -> None:
+    """A quantized layer's buffers: its integer values (`name`), scales in the model's dtype, and
+    int4 groups' zero points and indices. The integer ones stay out of the state_dict (a converted
+    file rebuilds them from the Keras arrays it keeps; its state_dict holds float tensors only);
+    the group indices are integers (a float buffer would follow the model to bfloat16, exact only
+    up to 256; Keras stores them as float32)."""
+    module.register_buffer(name, torch.as_tensor(np.asarray(values, dtype=np.int8)), persistent=False)
+    module.register_buffer("scale", torch.as_tensor(np.asarray(scale), dtype=dtype))
+    module.register_buffer("zero", None if zero is None else torch.as_tensor(np.asarray(zero, dtype=np.int8)),
+                           persistent=False)
+    module.register_buffer("groups", None if groups is None else torch.as_tensor(np.asarray(groups, dtype=np.int64)),
+                           persistent=False)
+
+
 class QuantizedDense(_Single):
     """Dense or EinsumDense from Keras's int8 / int4 weights. int8 and per-output int4 take the
     integer product and divide it by the scales (and the inputs' scales); int4 in groups (and
@@ -160,16 +174,7 @@ class QuantizedDense(_Single):
         self.pack_axis = pack_axis
         self.keeps_mask = equation is None
         self.kernel_shape = tuple(kernel_shape) if kernel_shape is not None else None  # int4 EinsumDense's own
-        # (the integer buffers stay out of the state_dict: a converted file rebuilds them from the
-        # Keras arrays it keeps, and its state_dict holds float tensors only)
-        self.register_buffer("kernel", torch.as_tensor(np.asarray(kernel, dtype=np.int8)), persistent=False)
-        self.register_buffer("scale", torch.as_tensor(np.asarray(scale), dtype=dtype))
-        self.register_buffer("zero", None if zero is None else torch.as_tensor(np.asarray(zero, dtype=np.int8)),
-                             persistent=False)
-        # (group indices as integers: a float buffer would follow the model to bfloat16, which holds
-        # integers exactly only up to 256; Keras stores them as float32)
-        self.register_buffer("groups", None if groups is None else torch.as_tensor(np.asarray(groups, dtype=np.int64)),
-                             persistent=False)
+        _integer_buffers(self, "kernel", kernel, scale, zero, groups, dtype)
         self.bias = bias
         # int8, per-output int4 Dense and Keras 3.11-3.13's int4: the integer product, then the
         # scales; int4 in groups and EinsumDense's int4: the kernel dequantized first (Keras's
@@ -367,14 +372,7 @@ class QuantizedEmbedding(nn.Module):
         super().__init__()
         self.q, self.mask_zero, self.lookup = q, mask_zero, lookup
         self.float_call = False
-        self.register_buffer("embeddings", torch.as_tensor(np.asarray(table, dtype=np.int8)), persistent=False)
-        self.register_buffer("scale", torch.as_tensor(np.asarray(scale), dtype=dtype))
-        self.register_buffer("zero", None if zero is None else torch.as_tensor(np.asarray(zero, dtype=np.int8)),
-                             persistent=False)
-        # (group indices as integers: a float buffer would follow the model to bfloat16, which holds
-        # integers exactly only up to 256; Keras stores them as float32)
-        self.register_buffer("groups", None if groups is None else torch.as_tensor(np.asarray(groups, dtype=np.int64)),
-                             persistent=False)
+        _integer_buffers(self, "embeddings", table, scale, zero, groups, dtype)
 
     def keras_groups(self):
         table = pack_int4(self.embeddings) if self.q.mode == "int4" else self.embeddings
