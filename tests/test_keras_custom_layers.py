@@ -164,3 +164,26 @@ def test_registered_names_and_configs_without_trainable(tmp_path):
     ours = load_keras(tmp_path / "m.h5", custom_layers=BUILDERS)
     with torch.no_grad():
         np.testing.assert_allclose(ours(torch.as_tensor(x)).numpy(), expected, atol=1e-5, rtol=1e-5)
+
+
+class TorchDense(nn.Module):
+    def __init__(self, config, weights):
+        super().__init__()
+        self.kernel, self.bias = (nn.Parameter(torch.as_tensor(w)) for w in weights)
+        assert config["activation"] == "tanh"
+
+    def forward(self, x):
+        return torch.tanh(x @ self.kernel + self.bias)
+
+
+def test_custom_class_named_like_the_layers_group_in_tf_keras_213():
+    """tf.keras 2.13 wrote a .keras file's weights under _layer_checkpoint_dependencies/<snake-case
+    class>: a class whose name holds "layers" (HiddenLayers, group hidden_layers) keeps that part of
+    its path (fixture from tests/fixtures/make_older_keras_fixtures.py, section
+    tf_keras_213_custom_class; its outputs are tf.keras 2.13.1's)."""
+    data = os.path.join(ROOT, "tests", "fixtures", "data")
+    stored = np.load(os.path.join(data, "tfk2.13.1_custom_class.npz"))
+    ours = load_keras(os.path.join(data, "tfk2.13.1_custom_class.keras"), custom_layers={"HiddenLayers": TorchDense})
+    with torch.no_grad():
+        out = ours(torch.as_tensor(stored["input_0"])).numpy()
+    np.testing.assert_allclose(out, stored["output_0"], atol=1e-6, rtol=1e-5)

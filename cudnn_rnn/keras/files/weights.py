@@ -74,6 +74,12 @@ def _check_count(kf: KerasFile, layer: str, found: int, expected: int, where: st
         raise ConversionError(kf.path, f"{where} holds {found} weight(s); the config implies {expected}", layer)
 
 
+def _older_spelling(path: str) -> str:
+    """A weights path as tf.keras 2.13-2.15 wrote it: each `layers` component
+    `_layer_checkpoint_dependencies` (a layer whose name holds "layers" keeps it)."""
+    return "/".join("_layer_checkpoint_dependencies" if part == "layers" else part for part in path.split("/"))
+
+
 class _Keras3Layer(LayerWeights):
     def __init__(self, kf: KerasFile, index: Dict[str, Dict[str, np.ndarray]], layer: str, path: str):
         self.kf, self.index, self.layer, self.path = kf, index, layer, path
@@ -83,7 +89,7 @@ class _Keras3Layer(LayerWeights):
         alternative sub-paths (Keras 3 and tf.keras name some sub-objects differently)."""
         fulls = ["/".join(p for p in (self.path, alt) if p) for alt in (sub if isinstance(sub, tuple) else (sub,))]
         for full in fulls:
-            for candidate in (full, full.replace("layers", "_layer_checkpoint_dependencies")):
+            for candidate in (full, _older_spelling(full)):
                 if candidate in self.kf.groups:
                     return candidate, candidate
         return None, fulls[0]
@@ -111,8 +117,8 @@ class _Keras3Layer(LayerWeights):
     def vocabulary(self):
         # (tf.keras 2.13-2.14 wrote the assets under _layer_checkpoint_dependencies, as the weights)
         text = next((self.kf.assets[k] for k in (f"assets/{self.path}/vocabulary.txt",
-                                                 f"assets/{self.path.replace('layers', '_layer_checkpoint_dependencies')}"
-                                                 "/vocabulary.txt") if k in self.kf.assets), None)
+                                                 f"assets/{_older_spelling(self.path)}/vocabulary.txt")
+                     if k in self.kf.assets), None)
         return None if text is None else asset_lines(text)
 
     def take_all(self):
@@ -175,7 +181,7 @@ class Keras3Source(WeightSource):
         """Whether the file holds arrays below the layer path (in either Keras's spelling)."""
         if not hasattr(self, "_prefixes"):
             self._prefixes = {k[:i] for k in self.index for i in range(len(k) + 1) if i == len(k) or k[i] == "/"}
-        return path in self._prefixes or path.replace("layers", "_layer_checkpoint_dependencies") in self._prefixes
+        return path in self._prefixes or _older_spelling(path) in self._prefixes
 
     def _numbered(self, layers, prefix: str, twice: bool) -> Dict[str, str]:
         """Each layer's path: layers/<snake_case class>[_N], N counting the class's earlier layers

@@ -169,6 +169,8 @@ class QuantizedDense(_Single):
                  dtype=torch.float32):
         super().__init__()
         self.q, self.equation, self.activation = q, equation, activation
+        # the kernel's axis labels (Dense's: inputs k, outputs n)
+        self.kernel_labels = "kn" if equation is None else equation.split(",")[1].split("->")[0]
         # Keras 3.11-3.13's int4: the kernel axis packed, unpacked to an even length here and cut
         # to the input's at the call (the stored rows do not say whether one was padding)
         self.pack_axis = pack_axis
@@ -205,8 +207,7 @@ class QuantizedDense(_Single):
         if None not in self.kernel_shape:
             return list(self.kernel_shape)
         ins, _ = self._specs(x.dim())
-        kspec = self.equation.split(",")[1].split("->")[0]
-        shape = [n if n is not None else x.shape[ins.index(c)] for n, c in zip(self.kernel_shape, kspec)]
+        shape = [n if n is not None else x.shape[ins.index(c)] for n, c in zip(self.kernel_shape, self.kernel_labels)]
         if int(np.prod(shape)) != self.kernel.numel():
             raise ValueError(f"EinsumDense: an input of shape {tuple(x.shape)} does not fit the int4 kernel of "
                              f"{self.kernel.shape[0]} rows ({self.equation})")
@@ -243,8 +244,7 @@ class QuantizedDense(_Single):
         if self.pack_axis is None:
             return self.kernel
         ins, _ = self._specs(x.dim())
-        kspec = "kn" if self.equation is None else self.equation.split(",")[1].split("->")[0]
-        size = x.shape[ins.index(kspec[self.pack_axis])] if self.equation is not None else x.shape[-1]
+        size = x.shape[ins.index(self.kernel_labels[self.pack_axis])] if self.equation is not None else x.shape[-1]
         if not self.kernel.shape[self.pack_axis] - 1 <= size <= self.kernel.shape[self.pack_axis]:
             raise ValueError(f"{'EinsumDense' if self.equation else 'Dense'}: an input of shape {tuple(x.shape)} does "
                              f"not fit the int4 kernel of {self.kernel.shape[self.pack_axis] // 2} packed rows")
@@ -257,8 +257,7 @@ class QuantizedDense(_Single):
         if self.equation is None:
             return scale
         _, out = self._specs(ndim)
-        kspec = self.equation.split(",")[1].split("->")[0]
-        sizes = {c: n for c, n in zip(kspec, self.kernel.shape) if c in out}
+        sizes = {c: n for c, n in zip(self.kernel_labels, self.kernel.shape) if c in out}
         return scale.reshape([sizes.get(c, 1) for c in out])
 
     def apply(self, x):
@@ -276,8 +275,8 @@ class QuantizedDense(_Single):
                 y = y / x_s
         else:
             if x_s is not None:
-                kspec = "kn" if self.equation is None else self.equation.split(",")[1].split("->")[0]
-                reduced = math.prod(n for n, c in zip(self.kernel.shape, kspec) if c not in self._specs(x.dim())[1])
+                out_labels = self._specs(x.dim())[1]
+                reduced = math.prod(n for n, c in zip(self.kernel.shape, self.kernel_labels) if c not in out_labels)
                 bound = max(abs(v) for v in self.q.inputs[:2]) * (128 if self.q.mode == "int8" else 8) * reduced
                 y = _exact_product(x, self._integer_kernel(x), bound, self._product)
                 y = y / (self._kernel_scale(x.dim(), y.dtype) * x_s)
