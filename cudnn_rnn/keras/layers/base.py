@@ -1,11 +1,12 @@
-"""What the layer families share: the one-input module base (_Single), the identity, and the
-data-format helpers (Keras's channels_last / channels_first against the channels-first layout
-torch.nn.functional computes in)."""
+"""What the layer families share: the one-input module base (_Single), the identity, the
+embedding lookup, and the data-format helpers (Keras's channels_last / channels_first against the
+channels-first layout torch.nn.functional computes in)."""
 from __future__ import annotations
 
 import re
 from typing import List, Optional
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .values import Values
@@ -23,6 +24,19 @@ class _Single(nn.Module):
 class Identity(_Single):
     def apply(self, x):
         return x
+
+
+def lookup(ids, table):
+    """The rows of `table` at `ids`; an id outside the table named (checked only when the lookup
+    fails, so a traced or exported call holds no check)."""
+    try:
+        return F.embedding(ids, table)
+    except (IndexError, RuntimeError) as e:
+        bad = ids[(ids < 0) | (ids >= table.shape[0])] if ids.numel() else ids
+        if bad.numel() == 0:
+            raise
+        raise IndexError(f"Embedding: ids must be in [0, {table.shape[0]}) (input_dim); got "
+                         f"{int(bad.reshape(-1)[0])}") from e
 
 
 def without_mask_in_keras2(module: _Single, ctx) -> _Single:

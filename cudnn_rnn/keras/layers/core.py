@@ -6,12 +6,11 @@ import re
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .activations import _Activation, activation_name
 from .registry import builder
-from .base import Identity, _Single, without_mask_in_keras2
+from .base import Identity, _Single, lookup, without_mask_in_keras2
 from .quantized import build_float8_dense, build_quantized_dense, build_quantized_embedding, keras_quantization
 from .values import Values, check_shapes
 
@@ -55,19 +54,6 @@ class Embedding(nn.Module):
         # Keras looks up float ids truncated (a cast to int) but masks on the values as given: 0.5
         # is row 0 and a real step
         return [lookup(inputs[0].long(), self.embeddings)], [inputs[0] != 0 if self.mask_zero else None]
-
-
-def lookup(ids, table):
-    """The rows of `table` at `ids`; an id outside the table named (checked only when the lookup
-    fails, so a traced or exported call holds no check)."""
-    try:
-        return F.embedding(ids, table)
-    except (IndexError, RuntimeError) as e:
-        bad = ids[(ids < 0) | (ids >= table.shape[0])] if ids.numel() else ids
-        if bad.numel() == 0:
-            raise
-        raise IndexError(f"Embedding: ids must be in [0, {table.shape[0]}) (input_dim); got "
-                         f"{int(bad.reshape(-1)[0])}") from e
 
 
 class ReversibleEmbedding(Embedding):
@@ -135,7 +121,7 @@ def build_embedding(cfg, ctx):
     mask_zero = v.bool("mask_zero", False)
     q = keras_quantization(cfg, ctx)
     if q is not None:
-        return build_quantized_embedding(ctx, q, shape, mask_zero, lookup)
+        return build_quantized_embedding(ctx, q, shape, mask_zero)
     (w,) = ctx.weights.take([("", 1)], [[shape]])
     return Embedding(ctx.tensor(w[0]), mask_zero)
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .base import _Single
+from .base import _Single, lookup
 
 # The classes whose quantized form converts, and the modes (Keras 3's QUANTIZATION_MODES are
 # int8, int4, float8, gptq and awq).
@@ -366,10 +366,10 @@ class QuantizedEmbedding(nn.Module):
     """Embedding from Keras's int8 / int4 table: the rows looked up, then dequantized by their
     scales (int4 in groups: by the group's scale and zero point), as Keras computes them."""
 
-    def __init__(self, q: Quantization, table: np.ndarray, scale: np.ndarray, mask_zero: bool, lookup, zero=None,
+    def __init__(self, q: Quantization, table: np.ndarray, scale: np.ndarray, mask_zero: bool, zero=None,
                  groups=None, dtype=torch.float32):
         super().__init__()
-        self.q, self.mask_zero, self.lookup = q, mask_zero, lookup
+        self.q, self.mask_zero = q, mask_zero
         self.float_call = False
         _integer_buffers(self, "embeddings", table, scale, zero, groups, dtype)
 
@@ -379,7 +379,7 @@ class QuantizedEmbedding(nn.Module):
 
     def forward(self, inputs, masks):
         ids = inputs[0].long()
-        rows = self.lookup(ids, self.embeddings)
+        rows = lookup(ids, self.embeddings)
         dtype = self.scale.dtype
         if self.float_call:  # (see above QuantizedDense)
             out = rows.to(dtype)
@@ -495,7 +495,7 @@ def _einsum_sizes(ctx, kspec: str, out: str, out_shape, kernel: np.ndarray) -> d
     return sizes
 
 
-def build_quantized_embedding(ctx, q: Quantization, shape: Tuple[int, int], mask_zero: bool, lookup) -> QuantizedEmbedding:
+def build_quantized_embedding(ctx, q: Quantization, shape: Tuple[int, int], mask_zero: bool) -> QuantizedEmbedding:
     """Embedding as Keras stored it quantized: table, scale (int4 in groups: zero points, group
     indices)."""
     rows, columns = shape
@@ -516,4 +516,4 @@ def build_quantized_embedding(ctx, q: Quantization, shape: Tuple[int, int], mask
         raise ctx.error(f"the {q.mode} embeddings scale has shape {tuple(np.shape(scale))}; expected ({rows},)")
     if q.mode == "int4":
         table = unpack_int4(table, columns)
-    return QuantizedEmbedding(q, table, scale, mask_zero, lookup, zero, groups, ctx.dtype)
+    return QuantizedEmbedding(q, table, scale, mask_zero, zero, groups, ctx.dtype)
