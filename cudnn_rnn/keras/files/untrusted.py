@@ -314,7 +314,7 @@ class _H5:
                 raise ParseError("is an HDF5 file but holds no Keras weights (no layer_names, model_weights or layers)")
             if header["keras_version"] is None:
                 # A .weights.h5 carries no version: this tree is Keras 3's, or tf.keras
-                # 2.13-2.15's (which named it _layer_checkpoint_dependencies).
+                # 2.13-2.14's (which named it _layer_checkpoint_dependencies).
                 tree_names = tops + [n.split("\\", 1)[0] for n in flat]
                 header["keras_version"] = "2.13" if "_layer_checkpoint_dependencies" in tree_names else "3"
             groups: List[str] = []

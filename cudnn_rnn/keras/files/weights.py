@@ -2,7 +2,7 @@
 
 Two layouts:
 - "keras3" (.keras, .weights.h5): `layers/<snake_case class>[_N]/<sub-object>/vars/<i>`, keyed by
-  class occurrence order in the model's layer list, never by layer name (tf.keras 2.13-2.15
+  class occurrence order in the model's layer list, never by layer name (tf.keras 2.13-2.14
   wrote `_layer_checkpoint_dependencies` for `layers`);
 - "legacy" (.h5): a group per layer named by the layer, its datasets listed in order by the
   `weight_names` attribute (names vary by producer: `lstm_1/kernel:0`,
@@ -75,7 +75,7 @@ def _check_count(kf: KerasFile, layer: str, found: int, expected: int, where: st
 
 
 def _older_spelling(path: str) -> str:
-    """A weights path as tf.keras 2.13-2.15 wrote it: each `layers` component
+    """A weights path as tf.keras 2.13-2.14 wrote it: each `layers` component
     `_layer_checkpoint_dependencies` (a layer whose name holds "layers" keeps it)."""
     return "/".join("_layer_checkpoint_dependencies" if part == "layers" else part for part in path.split("/"))
 
