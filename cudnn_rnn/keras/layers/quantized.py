@@ -177,6 +177,10 @@ class QuantizedDense(_Single):
         self.keeps_mask = equation is None
         self.kernel_shape = tuple(kernel_shape) if kernel_shape is not None else None  # int4 EinsumDense's own
         _integer_buffers(self, "kernel", kernel, scale, zero, groups, dtype)
+        # how many products each output sums (the kernel's axes the output lacks): the exact
+        # integer product's bound
+        out_labels = "n" if equation is None else equation.split("->")[1]
+        self.summed = math.prod(n for n, c in zip(self.kernel.shape, self.kernel_labels) if c not in out_labels)
         self.bias = bias
         # int8, per-output int4 Dense and Keras 3.11-3.13's int4: the integer product, then the
         # scales; int4 in groups and EinsumDense's int4: the kernel dequantized first (Keras's
@@ -275,9 +279,7 @@ class QuantizedDense(_Single):
                 y = y / x_s
         else:
             if x_s is not None:
-                out_labels = self._specs(x.dim())[1]
-                reduced = math.prod(n for n, c in zip(self.kernel.shape, self.kernel_labels) if c not in out_labels)
-                bound = max(abs(v) for v in self.q.inputs[:2]) * (128 if self.q.mode == "int8" else 8) * reduced
+                bound = max(abs(v) for v in self.q.inputs[:2]) * (128 if self.q.mode == "int8" else 8) * self.summed
                 y = _exact_product(x, self._integer_kernel(x), bound, self._product)
                 y = y / (self._kernel_scale(x.dim(), y.dtype) * x_s)
             else:
