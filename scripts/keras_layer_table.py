@@ -59,6 +59,9 @@ _OPS_REFUSED = {
     **{n: "its output's shape depends on the values" for n in ("Nonzero", "Unique")},
     **{n: "it draws random numbers" for n in ("ElasticTransform",)},
     "ConvTranspose": "Keras 3.15 cannot run it (its call fails on every backend)",
+    "Arange": "Keras cannot record it on a Keras tensor (its shape needs the values)",
+    "ScaleAndTranslate": "Keras cannot save it (its spatial_dims are not serializable)",
+    "SegmentReduction": "the base class of the segment reductions (SegmentSum, SegmentMax, ...)",
 }
 _OPS_MODULES = ("numpy", "core", "nn", "math", "linalg", "image")
 

@@ -69,6 +69,8 @@ CASES = [
     ("k3_operations", "k3_operations.h5", None),
     ("k3_updates_transforms", "k3_updates_transforms.keras", None),
     ("k3_updates_transforms", "k3_updates_transforms.h5", None),
+    ("k3_resampling", "k3_resampling.keras", None),
+    ("tfk_pinned_batch", "tfk_pinned_batch.h5", None),
     ("tfk_tf_calls", "tfk_tf_calls.h5", None),
     ("tfk_tf_calls", "tfk_tf_calls.keras", None),
     ("tfk_tf_gathers_losses", "tfk_tf_gathers_losses.h5", None),

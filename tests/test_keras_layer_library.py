@@ -9,6 +9,7 @@ are the identity at inference as in Keras, and refuse training mode.
 Average pooling with "same" padding is drawn only where the padding is even on both sides: where
 it is not, Keras 3.15's torch backend pads by repeating the edge element and so disagrees with its
 TensorFlow and JAX backends, whose definition (real elements only) cudnn_rnn follows."""
+import itertools
 import os
 
 import numpy as np
@@ -749,6 +750,91 @@ def test_recorded_colour_spaces_and_patches(tmp_path):
     images[0, :2] = 0.5  # grey pixels: hue and saturation 0
     images[1, 0, 0] = [0.2, 0.9, 0.9]  # two channels at the maximum
     check_model(model, images, tmp_path, dtypes=True)
+
+
+@pytest.mark.keras
+def test_recorded_counts_sequences_ctc_and_resampling(tmp_path):
+    """keras.ops's argpartition, bincount, full, linspace / logspace / geomspace, histogram,
+    array, empty_like, ndim, CTC loss and greedy decoding, map_coordinates, affine and perspective
+    transforms (every border mode) and ssim, against Keras."""
+    rng = np.random.RandomState(8)
+    x, n = keras.Input((5, 4)), keras.Input((6,), dtype="int32")
+    s = keras.ops.sum(x[0])
+    model = keras.Model([x, n], [
+        keras.ops.argpartition(x * 3, 1), keras.ops.argpartition(n, 2), keras.ops.argpartition(x[0] * 4, 5, axis=None), keras.ops.argpartition(x * 2, 3, axis=1),
+        keras.ops.bincount(n, minlength=9), keras.ops.bincount(n[0], minlength=7),
+        keras.ops.full((2, 5, 4), x[0]), keras.ops.full((3, 2), s, dtype="float64"),
+        keras.ops.linspace(s, s + 3.0, 5), keras.ops.linspace(x[:, 0], x[:, 1] * 2, 4, endpoint=False),
+        keras.ops.logspace(s, keras.ops.max(x), 4, base=2), keras.ops.logspace(x[:, 0], x[:, 1], 3, endpoint=False),
+        keras.ops.geomspace(keras.ops.abs(x[:, 0]) + 0.5, x[:, 1] + 2.0, 6),
+        keras.ops.array(x, dtype="float64"), x + keras.ops.zeros_like(keras.ops.empty_like(x, dtype="int32")),
+        keras.ops.ndim(x) * n[:, :3]])  # (Keras declares ndim a [rank] tensor; it computes the number)
+    check_model(model, [rng.uniform(-1.5, 1.5, (B, 5, 4)).astype("float32"), rng.randint(0, 8, (B, 6)).astype("int32")],
+                tmp_path, dtypes=True)
+    # (Keras 3.15's recorded histogram cannot run: its call asks the backend's math module, which has
+    # none; what it stands for, keras.ops.histogram, is the oracle)
+    keras.Model(x, [*keras.ops.histogram(keras.ops.reshape(x[0], (-1,)), bins=6),
+                    *keras.ops.histogram(x[1, 0], 3, range=(-0.5, 0.5))]).save(tmp_path / "histogram.keras")
+    values = rng.uniform(-1.5, 1.5, (B, 5, 4)).astype("float32")
+    expected = [*keras.ops.histogram(values[0].reshape(-1), bins=6), *keras.ops.histogram(values[1, 0], 3, range=(-0.5, 0.5))]
+    with torch.no_grad():
+        got = load_keras(tmp_path / "histogram.keras")(torch.as_tensor(values))
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a.numpy(), keras.ops.convert_to_numpy(b), rtol=RTOL, atol=RTOL)
+    # CTC over [B, T=7, C=5] logits, labels of 3 in 1..4, lengths per sample
+    logits, labels = keras.Input((7, 5)), keras.Input((3,), dtype="int32")
+    lengths = keras.Input((2,), dtype="int32")
+    out_len, lab_len = lengths[:, 0], lengths[:, 1]
+    model = keras.Model([logits, labels, lengths], [
+        keras.ops.ctc_loss(labels, logits, lab_len, out_len), keras.ops.ctc_loss(labels - 1, logits, lab_len, out_len,
+                                                                                mask_index=4),
+        *keras.ops.ctc_decode(logits, out_len), *keras.ops.ctc_decode(logits, out_len, merge_repeated=False, mask_index=2),
+        *keras.ops.ctc_decode(keras.ops.softmax(logits), out_len, mask_index=None)])
+    scores = rng.normal(0, 2, (B, 7, 5)).astype("float32")
+    scores[0, 1:4] = scores[0, 0]  # a label repeated over steps
+    check_model(model, [scores, rng.randint(1, 5, (B, 3)).astype("int32"), np.array([[7, 3], [5, 2], [6, 1]][:B], "int32")],
+                tmp_path, dtypes=True)
+    # resampling: every border mode, both orders, a batch of transforms and one for all
+    img = keras.Input((6, 7, 2))
+    turn = np.array([[0.9, -0.3, 1.2, 0.25, 1.1, -0.8, 0.0, 0.0]], "float32")
+    outs = [keras.ops.image.map_coordinates(img[0, :, :, 0], np.array([[[-1.3, 0.5, 2.5], [5.7, 6.5, 3.2]],
+                                                                        [[0.2, -2.6, 7.9], [1.5, 3.0, 9.4]]], "float32"),
+                                            order, fill_mode=mode, fill_value=0.5)
+            for order in (0, 1) for mode in ("constant", "nearest", "wrap", "mirror", "reflect")]
+    outs += [keras.ops.image.affine_transform(img, np.repeat(turn, B, axis=0) * np.float32(1 + 0.1 * i), interpolation,
+                                              mode, fill_value=-1.0)
+             for i, (interpolation, mode) in enumerate(itertools.product(("nearest", "bilinear"),
+                                                                          ("constant", "nearest", "wrap", "mirror", "reflect")))]
+    outs += [keras.ops.image.affine_transform(keras.ops.transpose(img, (0, 3, 1, 2)), np.repeat(turn, B, axis=0),
+                                              data_format="channels_first"),
+             keras.ops.image.perspective_transform(img, np.array([[0, 0], [6, 0], [0, 5], [6, 5]], "float32"),
+                                                   np.array([[1, 0.5], [6, 1], [0.5, 5], [5, 4.5]], "float32")),
+             keras.ops.image.perspective_transform(img, np.array([[0, 0], [6, 0], [0, 5], [6, 5]], "float32"),
+                                                   np.array([[0, 1], [5, 0], [1, 5], [6, 4]], "float32"), "nearest", 0.25)]
+    model = keras.Model(img, outs)
+    check_model(model, rng.uniform(0, 1, (B, 6, 7, 2)).astype("float32"), tmp_path, dtypes=True)
+    big = keras.Input((16, 14, 3))
+    model = keras.Model(big, [keras.ops.image.ssim(big, big * 0.8 + 0.1), keras.ops.image.ssim(
+        big, keras.ops.flip(big, axis=1), max_val=2.0, filter_size=5, filter_sigma=0.8, k1=0.02, k2=0.05),
+        keras.ops.image.ssim(keras.ops.transpose(big, (0, 3, 1, 2)), keras.ops.transpose(big, (0, 3, 1, 2)) ** 2,
+                             data_format="channels_first")])
+    check_model(model, rng.uniform(0, 1, (B, 16, 14, 3)).astype("float32"), tmp_path, dtypes=True)
+
+
+@pytest.mark.keras
+def test_recorded_ctc_beam_search(tmp_path):
+    """keras.ops.ctc_decode's beam search (beam widths from 1 to above the paths there are, several
+    paths, each blank index, lengths per sample) against Keras: the same paths and scores."""
+    rng = np.random.RandomState(9)
+    logits, lengths = keras.Input((9, 5)), keras.Input((1,), dtype="int32")
+    n = lengths[:, 0]
+    model = keras.Model([logits, lengths], [
+        *keras.ops.ctc_decode(logits, n, strategy="beam_search", beam_width=4),
+        *keras.ops.ctc_decode(logits, n, strategy="beam_search", beam_width=1, mask_index=2),
+        *keras.ops.ctc_decode(logits, n, strategy="beam_search", beam_width=6, top_paths=3, mask_index=None),
+        *keras.ops.ctc_decode(logits * 0.3, n, strategy="beam_search", beam_width=40, top_paths=2, mask_index=4)])
+    scores = rng.normal(0, 1.5, (B, 9, 5)).astype("float32")
+    check_model(model, [scores, np.array([[9], [6]], "int32")[:B]], tmp_path, dtypes=True)
 
 
 @pytest.mark.keras

@@ -97,6 +97,33 @@ def test_random_keras3_models(seed, tmp_path):
         np.testing.assert_allclose(y, expected, atol=1e-5, rtol=1e-5, err_msg=f"{path.name} (architecture {arch})")
 
 
+@pytest.mark.keras
+@pytest.mark.parametrize("case", ["batch_shape", "reshape", "constant", "transforms"])
+def test_models_that_run_at_one_batch_size(case, tmp_path):
+    """A model that runs at one batch size only (its inputs declare it, or an operation's shape or
+    constant array holds it) loads, computes what Keras computes at that batch, and traces at it."""
+    rng = np.random.RandomState(7)
+    n = 4
+    x = keras.Input(batch_shape=(n, T, 4)) if case == "batch_shape" else keras.Input((T, 4))
+    h = layers.LSTM(3, return_sequences=True)(x)
+    if case in ("batch_shape", "reshape"):
+        out = keras.ops.reshape(h, (n, -1))
+    elif case == "constant":
+        out = layers.GRU(2)(h) + rng.uniform(-1, 1, (n, 2)).astype("float32")
+    else:
+        image = keras.ops.reshape(layers.Dense(12)(h[:, -1]), (-1, 3, 4, 1))
+        shear = np.array([[1.0, 0.1 * i, 0.0, 0.0, 1.0, 0.2, 0.0, 0.0] for i in range(n)], "float32")
+        out = keras.ops.image.affine_transform(image, shear)
+    model = keras.Model(x, out)
+    data = rng.uniform(-1, 1, (n, T, 4)).astype("float32")
+    model.save(tmp_path / "m.keras")
+    ours = load_keras(tmp_path / "m.keras")
+    assert ours.batch_size == n and ours.example_inputs()[0].shape[0] == n  # what an export traces with
+    with torch.no_grad():
+        got = ours(torch.as_tensor(data)).numpy()
+    np.testing.assert_allclose(got, keras.ops.convert_to_numpy(model(data)), atol=1e-5, rtol=1e-5)
+
+
 def test_converted_file_round_trip(tmp_path):
     fixture = os.path.join(ROOT, "tests", "fixtures", "data", "k3_functional.keras")
     model = load_keras(fixture)

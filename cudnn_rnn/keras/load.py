@@ -229,15 +229,56 @@ def _trial(model: KerasModel, inputs, path) -> None:
                                             f"{large} (limit {TRIAL_TENSOR_BYTES >> 20} MiB)") from None
 
 
+_MAX_PINNED = 4  # batch sizes tried beyond the usual one
+
+
+def _pinned_batches(model: KerasModel) -> list:
+    """The batch sizes a model may run at only, tried when it does not run at the usual one: the
+    batch its inputs declare (batch_shape), the leading size of a constant array an operation
+    reads (x + np.ones((4, 3)), a batch of affine transforms) and the first size of a shape an
+    operation writes (ops.reshape(x, (4, -1)), ops.full((4, 3), v); tf.keras's tf.reshape and
+    constant arguments alike). Keras runs such a model at that batch; at most _MAX_PINNED of them,
+    in that order."""
+    from .layers.ops import Op
+
+    sizes = [shape[0] for _, shape in model.input_specs if shape and shape[0] is not None]
+    for module in model.modules():
+        if isinstance(module, Op):
+            sizes += [b.shape[0] for name, b in module.named_buffers(recurse=False)
+                      if name.startswith("constant_") and b.dim() >= 2]
+
+    def leading(value):
+        if isinstance(value, list) and value:  # a shape's first size, a nested constant's length
+            sizes.append(len(value) if isinstance(value[0], list) else value[0])
+
+    def walk(spec: ModelSpec):
+        for layer in spec.layers:
+            if layer.model is not None:
+                walk(layer.model)
+            elif layer.is_op:
+                leading(layer.config.get("newshape"))
+                leading(layer.config.get("shape"))
+            elif layer.class_name == "TFOpLambda" and layer.calls:  # tf.keras: tf.reshape(x, (4, -1)), x + array
+                for value in [*layer.calls[0].constants, *layer.calls[0].kwargs.values()]:
+                    leading(value)
+    walk(model.spec)
+    out = []
+    for size in sizes:
+        if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= 4096 and size not in out:
+            out.append(size)
+    return out[:_MAX_PINNED]
+
+
 def check_runs(model: KerasModel, path) -> KerasModel:
     """Runs the model once on inputs of its declared shapes; a model that cannot is refused.
     An input without a declared shape gets the one its first layer implies.
     Free time dimensions get 8 steps, then 128 and 1024 (convolutions and pooling need a
     minimum length) before the model is declared broken (_trial: how a run that would make a
-    tensor above TRIAL_TENSOR_BYTES is checked instead)."""
+    tensor above TRIAL_TENSOR_BYTES is checked instead); at each, a batch of 2 (1 for large
+    samples), then the batch sizes the model may hold to (_pinned_batches)."""
     model.input_specs = [declared if declared[1] else _implied_input(model, ref, declared, path)
                          for ref, declared in zip(model.spec.inputs, model.input_specs)]
-    error = None
+    error, pinned = None, None
     for time in (8, 128, 1024):
         sizes = [int(np.prod([time if d is None else d for d in shape[1:]], dtype=np.int64))
                  for _, shape in model.input_specs]
@@ -245,16 +286,23 @@ def check_runs(model: KerasModel, path) -> KerasModel:
             if time == 8:
                 raise ConversionError(path, f"declares inputs of {max(sizes)} values per sample (limit {MAX_CHECK_VALUES})")
             break
-        inputs = model.example_inputs(batch=2 if max(sizes, default=0) <= ONE_SAMPLE_VALUES else 1, time=time)
-        try:
-            _trial(model, inputs, path)
-            return model
-        except ConversionError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any failure means the config and weights disagree
-            error = error or e
-        finally:  # the trial run leaves nothing behind in stateful layers
-            model.reset_states()
+        usual = 2 if max(sizes, default=0) <= ONE_SAMPLE_VALUES else 1
+        batches = [usual]
+        while batches:
+            batch = batches.pop(0)
+            try:
+                _trial(model, model.example_inputs(batch=batch, time=time), path)
+                model.batch_size = None if batch == usual else batch
+                return model
+            except ConversionError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure means the config and weights disagree
+                error = error or e
+            finally:  # the trial run leaves nothing behind in stateful layers
+                model.reset_states()
+            if batch == usual:  # then the batch sizes the model may hold to
+                pinned = _pinned_batches(model) if pinned is None else pinned
+                batches = [b for b in pinned if b != usual]
         if not model.has_free_length():
             break  # no free dimension: a longer trial would fail the same way
     shapes = [tuple(shape) for _, shape in model.input_specs]

@@ -71,6 +71,9 @@ class KerasModel(nn.Module):
         # list), or None for that list (a tensor where there is one)
         self.output_structure = spec.output_structure
         self.input_specs = input_specs  # (Keras dtype name, batch shape with None for free dims) per input
+        # the batch size the model runs at where it runs at one only (a declared batch, a reshape or
+        # a constant array that holds it: load.check_runs finds it), else None
+        self.batch_size: Optional[int] = None
         self.schedule = self._schedule(spec, path)
         # per scheduled call, the inputs whose Keras mask is gone when Keras 3 runs it
         self.masks_dropped = self._masks_dropped(spec, self.schedule) if keras3 else [()] * len(self.schedule)
@@ -244,13 +247,14 @@ class KerasModel(nn.Module):
             return tuple(only)
         return inputs
 
-    def example_inputs(self, batch: int = 2, time: int = 5, any_length: bool = False) -> List[Tensor]:
-        """Inputs of the declared shapes (free dimensions: batch, then time) for tracing,
-        exporting and checking: bool masks, int64 ids for every integer input (torch's and numpy's
+    def example_inputs(self, batch: Optional[int] = None, time: int = 5, any_length: bool = False) -> List[Tensor]:
+        """Inputs of the declared shapes (free dimensions: batch (by default the one the model
+        runs at only, else 2), then time) for tracing, exporting and checking: bool masks, int64 ids for every integer input (torch's and numpy's
         default integer, what an exported program then takes), floats in the parameters' dtype.
         any_length: the second dimension of a sequence is ``time`` where the file declares a fixed
         length too (length_inputs)."""
         float_dtype = self._floating
+        batch = batch if batch is not None else self.batch_size or 2
         out = []
         for k, (dtype, shape) in enumerate(self.input_specs):
             dims = [batch] + [time if _takes_time(j, d, any_length, dtype, len(shape)) else int(d)
@@ -296,7 +300,7 @@ class KerasModel(nn.Module):
         def runs(time: int) -> bool:
             try:
                 with torch.no_grad():
-                    self(*self.example_inputs(batch=1, time=time, any_length=any_length))
+                    self(*self.example_inputs(batch=self.batch_size or 1, time=time, any_length=any_length))
                 return True
             except Exception:  # noqa: BLE001 - too short: torch's own size checks
                 return False

@@ -23,6 +23,7 @@ from ..graph.spec import LayerSpec, TensorArg
 from .activations import keras_relu
 from .op_args import (arg_reduction, as_tensor_like, axes_arg, dtype_arg, fixed, floating, in_summable_dtype, one_axis, pair,
                       reduction, summable, whole_reduction)
+from .ops_image import IMAGE_OPS
 from .ops_math import MATH_OPS
 from .ops_nn import NN_OPS
 from .ops_numpy import NUMPY_OPS
@@ -321,12 +322,13 @@ _OPS: Dict[str, Callable] = {
 
 # which file's table builds each operation class (docs/keras-layers.md says it)
 OP_FILES = {**dict.fromkeys(_OPS, "ops"), **dict.fromkeys(NUMPY_OPS, "ops_numpy"), **dict.fromkeys(NN_OPS, "ops_nn"),
-            **dict.fromkeys(MATH_OPS, "ops_math")}
-if len(OP_FILES) != len(_OPS) + len(NUMPY_OPS) + len(NN_OPS) + len(MATH_OPS):
+            **dict.fromkeys(MATH_OPS, "ops_math"), **dict.fromkeys(IMAGE_OPS, "ops_image")}
+if len(OP_FILES) != len(_OPS) + len(NUMPY_OPS) + len(NN_OPS) + len(MATH_OPS) + len(IMAGE_OPS):
     raise ImportError("an operation class is in two tables")
 _OPS.update(NUMPY_OPS)
 _OPS.update(NN_OPS)
 _OPS.update(MATH_OPS)
+_OPS.update(IMAGE_OPS)
 OP_CLASSES = frozenset(_OPS)
 
 

@@ -637,6 +637,129 @@ def _blocks(fold: bool):
     return build
 
 
+def _ctc_loss(cfg, ctx):
+    """Per-sample CTC loss of [B, T, C] logits against [B, S] labels: the negative log-likelihood
+    under a softmax over the classes, blank = mask_index (tf.nn.ctc_loss's, torch's ctc_loss)."""
+    blank = Values(cfg, ctx).int("mask_index", 0, lo=0, hi=MAX_SIZE)
+
+    def ctc_loss(target, output, target_length, output_length):
+        output = output if output.dtype in (torch.float32, torch.float64) else output.float()
+        if output.dim() != 3 or blank >= output.shape[-1]:
+            raise ValueError(f"ctc_loss of output of shape {tuple(output.shape)}, blank {blank}; expected "
+                             "[batch, time, classes] with the blank among the classes")
+        logp = F.log_softmax(output.transpose(0, 1), dim=-1)
+        return F.ctc_loss(logp, torch.as_tensor(target).long(), torch.as_tensor(output_length).long(),
+                          torch.as_tensor(target_length).long(), blank=blank, reduction="none")
+    return ctc_loss, f"mask_index={blank}"
+
+
+def _ctc_greedy(x, lengths, merge: bool, blank: int):
+    """Each step's best class, steps past a sample's length blank, repeats merged (merge), blanks
+    dropped and the labels moved to the front, -1 after them: [1, B, T] int32 labels and [B, 1]
+    scores (minus the sum of each step's best score)."""
+    T = x.shape[1]
+    scores, labels = x.max(dim=-1)
+    past = torch.arange(T, device=x.device)[None, :] >= lengths[:, None]
+    labels = torch.where(past, blank, labels)
+    scores = torch.where(past, torch.zeros_like(scores), scores)
+    if merge:
+        repeat = F.pad(labels[:, 1:] == labels[:, :-1], (1, 0))
+        labels = torch.where(repeat, blank, labels)
+    dropped = labels == blank
+    order = torch.argsort(torch.where(dropped, T, torch.arange(T, device=x.device)[None, :]), dim=-1, stable=True)
+    labels = torch.gather(torch.where(dropped, -1, labels), 1, order).to(torch.int32)
+    return [labels.unsqueeze(0), -scores.sum(dim=1, keepdim=True)]
+
+
+def _merged(paths, scores, size: int):
+    """Rows of paths [B, N, T] made unique per sample, padded with rows of -1 to `size`: [B, size,
+    T] and, for each score vector, the log of the sum of exp(score) of the rows each unique row
+    gathers (relative to the vector's maximum, as Keras sums them; -inf for a pad row)."""
+    B, N, T = paths.shape
+    rows = torch.cat([torch.arange(B, device=paths.device).repeat_interleave(N)[:, None], paths.reshape(-1, T)], dim=1)
+    unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    first = torch.searchsorted(unique[:, 0].contiguous(), torch.arange(B, device=paths.device))
+    slot = (inverse - first[rows[:, 0]]).reshape(B, N)
+    out = torch.full((B, size, T), -1, dtype=paths.dtype, device=paths.device)
+    out[unique[:, 0], torch.arange(unique.shape[0], device=paths.device) - first[unique[:, 0]]] = unique[:, 1:]
+    merged = []
+    for s in scores:
+        top = s.max(dim=1, keepdim=True).values
+        total = torch.zeros(B, size, dtype=s.dtype, device=s.device).scatter_add_(1, slot, torch.exp(s - top))
+        merged.append(torch.log(total) + top)
+    return out, merged
+
+
+def _ctc_beam_search(x, lengths, width: int, top_paths: int, blank: int):
+    """Beam search over the log-softmax of the scores, Keras's: prefixes (blanks dropped, repeats
+    not after a blank merged) kept `width` at a time by the log-sum of their blank-ending and
+    label-ending alignments, equal prefixes merged each step; the classes taken in reverse order
+    where scores tie (as Keras does). [top_paths, B, T] int32 labels, -1 after each path, and [B,
+    top_paths] log-probabilities, best first."""
+    B, T, C = x.shape
+    x = torch.flip(F.log_softmax(x, dim=-1), dims=[2])
+    blank = C - 1 - blank
+    slots, size = 2 * width, 2 * C * width
+    first = min(C, width)
+    dev = x.device
+    classes = torch.argsort(x[:, 0], dim=-1, stable=True)[:, -first:]
+    paths = torch.full((B, slots, T), -1, dtype=torch.long, device=dev)
+    paths[:, :first, 0] = torch.where(classes == blank, -1, classes)
+    scores = torch.full((B, slots), -math.inf, dtype=x.dtype, device=dev)
+    scores[:, :first] = torch.gather(x[:, 0], 1, classes)
+    ended = paths[:, :, 0] == -1  # the alignment's last step was a blank
+    step_class = torch.arange(C, device=dev).masked_fill(torch.arange(C, device=dev) == blank, -1).repeat(slots)
+    blank_step = (step_class == -1)[None, :].expand(B, -1)
+    batch = torch.arange(B, device=dev)[:, None]
+    for t in range(1, T):
+        grow = paths.repeat_interleave(C, dim=1)  # [B, slots * C, T]
+        grown = scores.repeat_interleave(C, dim=1) + x[:, t].repeat(1, slots)
+        tail_at = (grow == -1).to(torch.int8).argmax(dim=2)
+        tail = torch.where(tail_at == 0, -1, torch.gather(grow, 2, (tail_at - 1).clamp(min=0)[..., None])[..., 0])
+        was_ended = ended.repeat_interleave(C, dim=1)
+        grow[batch, torch.arange(grow.shape[1], device=dev)[None, :], tail_at] = torch.where(
+            ~was_ended & (tail == step_class), -1, step_class)
+        unique, (label_end, blank_end) = _merged(grow, [torch.where(blank_step, -math.inf, grown),
+                                                        torch.where(blank_step, grown, -math.inf)], size)
+        keep = torch.argsort(torch.logaddexp(label_end, blank_end), dim=1, stable=True)[:, -width:]
+        kept = torch.gather(unique, 1, keep[..., None].expand(-1, -1, T)).repeat(1, 2, 1)
+        kept_scores = torch.cat([torch.gather(label_end, 1, keep), torch.gather(blank_end, 1, keep)], dim=1)
+        live = (t < lengths)[:, None]
+        paths = torch.where(live[..., None], kept, paths)
+        scores = torch.where(live, kept_scores, scores)
+        ended = torch.where(live, torch.arange(slots, device=dev)[None, :] >= width, ended)
+    unique, (total,) = _merged(paths, [scores], size)
+    best = torch.argsort(total, dim=1, stable=True)[:, -top_paths:].flip(1)
+    labels = torch.gather(unique, 1, best[..., None].expand(-1, -1, T))
+    labels = torch.where(labels == -1, -1, C - 1 - labels).to(torch.int32)
+    return [labels.permute(1, 0, 2), torch.gather(total, 1, best)]
+
+
+def _ctc_decode(cfg, ctx):
+    """CTC decoding of [B, T, C] scores as Keras computes it: greedy (_ctc_greedy) or beam search
+    (_ctc_beam_search); the blank is mask_index, or the last class where that is null."""
+    v = Values(cfg, ctx)
+    strategy = v.str("strategy", "greedy", choices=("greedy", "beam_search"))
+    merge = v.bool("merge_repeated", True)
+    width = v.int("beam_width", 100, lo=1, hi=4096)
+    top_paths = v.int("top_paths", 1, lo=1, hi=4096)
+    blank = v.int("mask_index", None, lo=0, hi=MAX_SIZE)
+    if strategy == "beam_search" and top_paths > width:
+        raise ctx.error(f"config top_paths={top_paths} above beam_width={width}")
+
+    def ctc_decode(inputs, sequence_lengths):
+        x = inputs if inputs.dtype in (torch.float32, torch.float64) else inputs.float()
+        if x.dim() != 3:
+            raise ValueError(f"ctc_decode of inputs of shape {tuple(x.shape)}; expected [batch, time, classes]")
+        mask = x.shape[2] - 1 if blank is None else blank
+        if mask >= x.shape[2]:
+            raise ValueError(f"ctc_decode with mask_index {mask} of {x.shape[2]} classes")
+        lengths = torch.as_tensor(sequence_lengths, device=x.device).long()
+        if strategy == "greedy":
+            return _ctc_greedy(x, lengths, merge, mask)
+        return _ctc_beam_search(x, lengths, width, top_paths, mask)
+    return ctc_decode, f"{strategy} mask_index={blank}"
+
 NN_OPS: Dict[str, Callable] = {
     # activations
     "Celu": _number("alpha", 1.0, lambda x, a: F.celu(x, alpha=a)),
@@ -655,6 +778,7 @@ NN_OPS: Dict[str, Callable] = {
     "Conv": _conv("conv"), "DepthwiseConv": _conv("depthwise"), "SeparableConv": _conv("separable"),
     "BinaryCrossentropy": _crossentropy("binary"), "CategoricalCrossentropy": _crossentropy("categorical"),
     "SparseCategoricalCrossentropy": _crossentropy("sparse"),
+    "CTCLoss": _ctc_loss, "CTCDecode": _ctc_decode,
     # keras.ops.math
     "Logsumexp": _logsumexp, "TopK": _top_k, "ExtractSequences": _extract_sequences, "PSNR": _psnr,
     "Unfold": _blocks(False), "Fold": _blocks(True),

@@ -600,6 +600,123 @@ def _view(cfg, ctx):
     return (lambda x: x if dtype is None else x.view(dtype)), f"dtype={dtype}"
 
 
+# -- sequences, counts and arrays ----------------------------------------------------------------
+
+def _argpartition(cfg, ctx):
+    """The indices of the kth+1 smallest entries (smallest first), then those of the rest: as
+    Keras computes it on every backend, of the values cast to int32 (a float's fraction dropped),
+    the first part by topk of the negated values, the rest by topk of a 0 / 1 marker (torch's order
+    of equal entries, as Keras on torch gets it)."""
+    v = Values(cfg, ctx)
+    kth = v.int("kth", lo=0, hi=MAX_SIZE)
+    axis = axis_or_none(cfg, ctx, default=-1)
+
+    def argpartition(x):
+        x = torch.as_tensor(x).to(torch.int32)
+        x, a = along(x, axis)
+        x = x.transpose(a, -1)
+        n = x.shape[-1]
+        if kth >= n:
+            raise ValueError(f"argpartition: kth={kth} of an axis of {n}")
+        bottom = torch.topk(-x, kth + 1).indices
+        rest = torch.ones_like(x).scatter(-1, bottom, 0)
+        out = torch.cat([bottom, torch.topk(rest, n - kth - 1).indices], dim=-1)
+        return out.transpose(-1, a).to(torch.int32)
+    return argpartition, f"kth={kth} axis={axis}"
+
+
+def _bincount(cfg, ctx):
+    """Counts of each value of a 1-D or 2-D (row by row) tensor of non-negative integers, at least
+    minlength of them: int32 (Keras writes no weights; a file that holds some is refused)."""
+    v = Values(cfg, ctx)
+    if cfg.get("weights") is not None:
+        raise ctx.error("config weights= is not supported (Keras does not save them)")
+    if v.bool("sparse", False):
+        raise ctx.error("config sparse=true is not supported (a sparse result)")
+    minlength = v.int("minlength", 0, lo=0, hi=MAX_SIZE)
+
+    def bincount(x):
+        x = torch.as_tensor(x)
+        if x.is_floating_point() or x.dim() not in (1, 2):
+            raise ValueError(f"bincount of {x.dtype} of shape {tuple(x.shape)}; expected integers of rank 1 or 2")
+        if x.numel() and bool((x < 0).any()):
+            raise ValueError("bincount of negative values")
+        n = max(minlength, int(x.max()) + 1 if x.numel() else 0)
+        rows = x.reshape(-1, x.shape[-1]).long()
+        counts = torch.zeros(rows.shape[0], n, dtype=torch.int32, device=x.device)
+        counts.scatter_add_(1, rows, torch.ones_like(rows, dtype=torch.int32))
+        return counts if x.dim() == 2 else counts[0]
+    return bincount, f"minlength={minlength}"
+
+
+def _full(cfg, ctx):
+    """An array of the config's shape filled with the call's value (an array: repeated over the
+    leading axes), in the config's dtype or the value's."""
+    shape = _shape_list(cfg, ctx, "shape")
+    if any(s < 0 for s in shape) or math.prod(shape) > MAX_SIZE:
+        raise ctx.error(f"config shape={shape}; expected sizes of at most {MAX_SIZE} values")
+    dtype = dtype_arg(cfg, ctx)
+
+    def full(fill_value):
+        fill = torch.as_tensor(fill_value)
+        return fill.to(dtype or fill.dtype).expand(*shape).clone()
+    return full, f"shape={shape}"
+
+
+def _spaced(kind: str):
+    """Linspace / Logspace / Geomspace: num samples from start to stop (broadcast arrays: the
+    samples along a new axis), endpoint included or not; NumPy's definitions, in the float dtype
+    of the arguments (float32 for integers) or the config's."""
+    def build(cfg, ctx):
+        v = Values(cfg, ctx)
+        num = v.int("num", 50, lo=0, hi=MAX_SIZE)
+        endpoint = v.bool("endpoint", True)
+        if v.bool("retstep", False):
+            raise ctx.error("config retstep=true is not supported (Keras cannot record it)")
+        base = v.float("base", 10.0) if kind == "log" else 10.0
+        axis = v.int("axis", 0, lo=-8, hi=8)
+        dtype = dtype_arg(cfg, ctx)
+
+        def spaced(start, stop):
+            a, b = torch.as_tensor(start), torch.as_tensor(stop)
+            work = torch.promote_types(floating(a).dtype, floating(b).dtype)
+            a, b = a.to(work), b.to(work)
+            if kind == "geom":
+                sign, a, b = torch.sign(a), torch.log10(torch.abs(a)), torch.log10(torch.abs(b))
+            a, b = torch.broadcast_tensors(a, b)
+            div = (num - 1 if endpoint else num) or 1
+            steps = (torch.arange(num, dtype=work, device=a.device) / div).reshape(num, *([1] * a.dim()))
+            out = a.unsqueeze(0) + steps * (b - a).unsqueeze(0)
+            if kind == "lin" and endpoint and num > 1:
+                out = torch.cat([out[:-1], b.unsqueeze(0)])
+            if kind != "lin":
+                out = torch.pow(base if kind == "log" else 10.0, out)
+            if kind == "geom":
+                out = out * sign.unsqueeze(0)
+            return out.movedim(0, axis % out.dim()).to(dtype or work)
+        return spaced, f"num={num} endpoint={endpoint}"
+    return build
+
+
+def _histogram(cfg, ctx):
+    """[counts, bin edges] of a 1-D float tensor in `bins` equal bins over its range or the
+    config's (the last bin closed), as torch.histogram computes them."""
+    v = Values(cfg, ctx)
+    bins = v.int("bins", 10, lo=1, hi=MAX_SIZE)
+    span = cfg.get("range")
+    if span is not None:
+        span = [Values({"r": e}, ctx).float("r") for e in (span if isinstance(span, list) else [None])]
+        if len(span) != 2 or span[0] > span[1]:
+            raise ctx.error(f"config range={str(cfg.get('range'))[:40]!r}; expected [low, high]")
+
+    def histogram(x):
+        if x.dim() != 1 or not x.is_floating_point():
+            raise ValueError(f"histogram of {x.dtype} of shape {tuple(x.shape)}; expected a 1-D float tensor")
+        out = torch.histogram(x, bins=bins, range=None if span is None else tuple(span))
+        return [out.hist, out.bin_edges]
+    return histogram, f"bins={bins} range={span}"
+
+
 NUMPY_OPS: Dict[str, Callable] = {
     # elementwise
     "Arcsinh": fixed(lambda x: torch.asinh(floating(x))), "Arccosh": fixed(lambda x: torch.acosh(floating(x))),
@@ -672,4 +789,13 @@ NUMPY_OPS: Dict[str, Callable] = {
     "Corrcoef": fixed(_corrcoef), "Correlate": _correlate, "UnravelIndex": _unravel_index, "View": _view,
     "Size": fixed(lambda x: torch.scalar_tensor(x.numel(), dtype=torch.int32, device=x.device)),
     "Diff": _diff, "Append": _append, "FullLike": _full_like, "Slice": _slice, "Select": fixed(_select),
+    # sequences, counts and arrays
+    "Argpartition": _argpartition, "Bincount": _bincount, "Full": _full, "Histogram": _histogram,
+    "Linspace": _spaced("lin"), "Logspace": _spaced("log"), "Geomspace": _spaced("geom"),
+    "Array": lambda cfg, ctx: ((lambda x, d=dtype_arg(cfg, ctx): torch.as_tensor(x) if d is None else
+                                torch.as_tensor(x).to(d)), "array"),
+    # (the values of an empty array are whatever memory held: zeros here)
+    "EmptyLike": lambda cfg, ctx: ((lambda x, d=dtype_arg(cfg, ctx): torch.zeros_like(x, dtype=d or x.dtype)),
+                                   "empty_like"),
+    "Ndim": fixed(lambda x: torch.scalar_tensor(x.dim(), dtype=torch.int32, device=x.device)),
 }
