@@ -578,3 +578,38 @@ def test_lookup_hashing_and_bucketing_layers_run_in_onnxruntime_as_keras(tmp_pat
     expected = [keras.ops.convert_to_numpy(y) for y in model(values)]
     for j, (g, e) in enumerate(zip(got, expected)):
         np.testing.assert_array_equal(g, e, err_msg=f"output {j}")
+
+
+@pytest.mark.keras
+def test_ctc_decoding_and_resampling_run_in_onnxruntime_as_keras(tmp_path):
+    """Greedy CTC decoding of an LSTM's per-step scores (lengths per sample), and affine_transform
+    (reflected borders; a transform per image: the export keeps that batch), map_coordinates
+    (wrapped) and ssim, exported by cudnn_rnn.onnx.export: onnxruntime against Keras 3 itself.
+    The decoding moves its labels to the front by a cumulative count and a scatter (ONNX has no
+    sort for it)."""
+    from keras_oracle import keras
+
+    rng = np.random.RandomState(3)
+    x = keras.Input((6, 5))
+    logits = keras.layers.Dense(4)(keras.layers.LSTM(7, return_sequences=True)(x))
+    lengths = keras.ops.cast(keras.ops.sum(keras.ops.cast(keras.ops.abs(x[:, :, 0]) < 0.8, "int32"), axis=1), "int32")
+    image = keras.ops.reshape(keras.layers.Dense(12 * 13 * 2)(x[:, -1]), (-1, 12, 13, 2))
+    model = keras.Model(x, [*keras.ops.ctc_decode(logits, lengths),
+                            keras.ops.image.affine_transform(image, np.array([[1.0, 0.1, 0.5, 0.0, 0.9, 0.2, 0, 0]] * 3, "float32"),
+                                                             fill_mode="reflect"),
+                            keras.ops.image.map_coordinates(image[0, :, :, 0], np.array([[[1.5, -2.2]], [[0.5, 14.7]]], "float32"),
+                                                            1, "wrap"),
+                            keras.ops.image.ssim(image, image * 0.5 + 0.2)])
+    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
+    model.save(tmp_path / "m.keras")
+    values = rng.uniform(-1, 1, (3, 6, 5)).astype("float32")
+    ours = cudnn_rnn.load_keras(tmp_path / "m.keras").eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cudnn_rnn.onnx.export(ours, (torch.as_tensor(values),), tmp_path / "m.onnx")
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    got = session.run(None, {session.get_inputs()[0].name: values})
+    expected = [keras.ops.convert_to_numpy(y) for y in model(values)]
+    assert len(got) == len(expected) == 5
+    for j, (g, e) in enumerate(zip(got, expected)):
+        np.testing.assert_allclose(g, e, atol=ATOL, rtol=RTOL, err_msg=f"output {j}")

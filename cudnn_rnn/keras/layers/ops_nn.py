@@ -665,9 +665,12 @@ def _ctc_greedy(x, lengths, merge: bool, blank: int):
     if merge:
         repeat = F.pad(labels[:, 1:] == labels[:, :-1], (1, 0))
         labels = torch.where(repeat, blank, labels)
-    dropped = labels == blank
-    order = torch.argsort(torch.where(dropped, T, torch.arange(T, device=x.device)[None, :]), dim=-1, stable=True)
-    labels = torch.gather(torch.where(dropped, -1, labels), 1, order).to(torch.int32)
+    # the kept labels to the front in order (each to the count of kept ones before it; a dropped
+    # one to a column past the end), -1 after them: no sort, which ONNX exports
+    kept = labels != blank
+    to = torch.where(kept, torch.cumsum(kept.long(), dim=1) - 1, T)
+    front = torch.full((labels.shape[0], T + 1), -1, dtype=labels.dtype, device=x.device)
+    labels = front.scatter(1, to, torch.where(kept, labels, -1))[:, :T].to(torch.int32)
     return [labels.unsqueeze(0), -scores.sum(dim=1, keepdim=True)]
 
 
