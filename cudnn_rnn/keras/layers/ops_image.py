@@ -110,16 +110,23 @@ def _batched_nhwc(images: torch.Tensor, channels_last: bool, fn) -> torch.Tensor
     return out if batched else out.squeeze(0)
 
 
-def _resample(x: torch.Tensor, x_in: torch.Tensor, y_in: torch.Tensor, order: int, mode: str, fill: float):
-    """[N, H, W, C] images sampled at input coordinates [N, H, W] (x_in: columns, y_in: rows)."""
-    rows = torch.arange(x.shape[0], device=x.device).reshape(-1, 1, 1)
-    return sample(x, [y_in, x_in], x.shape[1:3], order, mode, fill, lead=(rows,))
+def _projective(x: torch.Tensor, t: torch.Tensor, order: int, mode: str, fill: float) -> torch.Tensor:
+    """[N, H, W, C] images through projective transforms t ([N or 1, 8] rows [a0, a1, a2, b0, b1,
+    b2, c0, c1]): output pixel (x, y) samples the input at ((a0 x + a1 y + a2) / k, (b0 x + b1 y +
+    b2) / k), k = c0 x + c1 y + 1."""
+    N, H, W = x.shape[0], x.shape[1], x.shape[2]
+    cols = torch.arange(W, dtype=t.dtype, device=x.device).reshape(1, 1, W)
+    rows = torch.arange(H, dtype=t.dtype, device=x.device).reshape(1, H, 1)
+    a0, a1, a2, b0, b1, b2, c0, c1 = (t[:, i].reshape(-1, 1, 1) for i in range(8))
+    k = c0 * cols + c1 * rows + 1
+    x_in = ((a0 * cols + a1 * rows + a2) / k).expand(N, H, W)
+    y_in = ((b0 * cols + b1 * rows + b2) / k).expand(N, H, W)
+    images = torch.arange(N, device=x.device).reshape(-1, 1, 1)
+    return sample(x, [y_in, x_in], (H, W), order, mode, fill, lead=(images,))
 
 
 def _affine_transform(cfg, ctx):
-    """Output pixel (x, y) reads input ((a0 x + a1 y + a2) / k, (b0 x + b1 y + b2) / k), k = c0 x
-    + c1 y + 1, for each image's row [a0, a1, a2, b0, b1, b2, c0, c1] of the transforms (one row:
-    every image)."""
+    """Each image through its row of the transforms (_projective; one row: every image)."""
     v = Values(cfg, ctx)
     order = _ORDERS[v.str("interpolation", "bilinear", choices=tuple(_ORDERS))]
     mode = v.str("fill_mode", "constant", choices=_MODES)
@@ -131,14 +138,7 @@ def _affine_transform(cfg, ctx):
         t = (t if t.is_floating_point() else t.float()).reshape(-1, 8)
         if t.shape[0] not in (1, x.shape[0]):
             raise ValueError(f"affine_transform of {x.shape[0]} images with {t.shape[0]} transforms")
-        H, W = x.shape[1], x.shape[2]
-        cols = torch.arange(W, dtype=t.dtype, device=x.device).reshape(1, 1, W)
-        rows = torch.arange(H, dtype=t.dtype, device=x.device).reshape(1, H, 1)
-        a0, a1, a2, b0, b1, b2, c0, c1 = (t[:, i].reshape(-1, 1, 1) for i in range(8))
-        k = c0 * cols + c1 * rows + 1
-        x_in = ((a0 * cols + a1 * rows + a2) / k).expand(x.shape[0], H, W)
-        y_in = ((b0 * cols + b1 * rows + b2) / k).expand(x.shape[0], H, W)
-        return _resample(x, x_in, y_in, order, mode, fill)
+        return _projective(x, t, order, mode, fill)
     return ((lambda images, transform: _batched_nhwc(images, channels_last, lambda x: transform_images(x, transform))),
             f"order={order} fill_mode={mode}")
 
@@ -158,8 +158,8 @@ def homography(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
 
 
 def _perspective_transform(cfg, ctx):
-    """The projective transform that takes the 4 end points to the 4 start points, as
-    affine_transform samples (border mode "constant")."""
+    """Each image through the projective transform that takes the 4 end points to the 4 start
+    points (_projective, border mode "constant")."""
     v = Values(cfg, ctx)
     order = _ORDERS[v.str("interpolation", "bilinear", choices=tuple(_ORDERS))]
     fill = _fill(cfg, ctx)
@@ -175,14 +175,7 @@ def _perspective_transform(cfg, ctx):
                                                                           torch.float32)
         if t.shape[0] not in (1, x.shape[0]):
             raise ValueError(f"perspective_transform of {x.shape[0]} images with {t.shape[0]} sets of points")
-        H, W = x.shape[1], x.shape[2]
-        cols = torch.arange(W, dtype=t.dtype, device=x.device).reshape(1, 1, W)
-        rows = torch.arange(H, dtype=t.dtype, device=x.device).reshape(1, H, 1)
-        a0, a1, a2, b0, b1, b2, c0, c1 = (t[:, i].reshape(-1, 1, 1) for i in range(8))
-        k = c0 * cols + c1 * rows + 1.0
-        x_in = ((a0 * cols + a1 * rows + a2) / k).expand(x.shape[0], H, W)
-        y_in = ((b0 * cols + b1 * rows + b2) / k).expand(x.shape[0], H, W)
-        return _resample(x, x_in, y_in, order, "constant", fill)
+        return _projective(x, t, order, "constant", fill)
     return ((lambda images, start_points, end_points: _batched_nhwc(
         images, channels_last, lambda x: transform_images(x, start_points, end_points))), f"order={order}")
 
