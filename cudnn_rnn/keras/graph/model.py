@@ -249,8 +249,9 @@ class KerasModel(nn.Module):
 
     def example_inputs(self, batch: Optional[int] = None, time: int = 5, any_length: bool = False) -> List[Tensor]:
         """Inputs of the declared shapes (free dimensions: batch (by default the one the model
-        runs at only, else 2), then time) for tracing, exporting and checking: bool masks, int64 ids for every integer input (torch's and numpy's
-        default integer, what an exported program then takes), floats in the parameters' dtype.
+        runs at only, else 2), then time) for tracing, exporting and checking: bool masks, int64
+        ids for every integer input (torch's and numpy's default integer, what an exported program
+        then takes), floats in the parameters' dtype.
         any_length: the second dimension of a sequence is ``time`` where the file declares a fixed
         length too (length_inputs)."""
         float_dtype = self._floating
