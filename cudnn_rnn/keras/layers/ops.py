@@ -317,7 +317,9 @@ _OPS: Dict[str, Callable] = {
     "Swapaxes": lambda cfg, ctx: ((lambda x, a=Values(cfg, ctx).int("axis1", lo=-8, hi=8),
                                    b=Values(cfg, ctx).int("axis2", lo=-8, hi=8): x.transpose(a, b)), "swapaxes"),
     # dtypes and constants
-    "Cast": _cast, "ConvertToTensor": _cast, "ZerosLike": _like(torch.zeros_like), "OnesLike": _like(torch.ones_like),
+    "Cast": _cast, "ConvertToTensor": _cast, "Array": _cast, "ZerosLike": _like(torch.zeros_like),
+    "OnesLike": _like(torch.ones_like),
+    "EmptyLike": _like(torch.zeros_like),  # (an empty array holds whatever memory held: zeros here)
 }
 
 # which file's table builds each operation class (docs/keras-layers.md says it)

@@ -714,13 +714,15 @@ def _ctc_beam_search(x, lengths, width: int, top_paths: int, blank: int):
     step_class = torch.arange(C, device=dev).masked_fill(torch.arange(C, device=dev) == blank, -1).repeat(slots)
     blank_step = (step_class == -1)[None, :].expand(B, -1)
     batch = torch.arange(B, device=dev)[:, None]
+    grown_rows = torch.arange(slots * C, device=dev)[None, :]
+    blank_half = torch.arange(slots, device=dev)[None, :] >= width  # the kept paths' blank-ending copies
     for t in range(1, T):
         grow = paths.repeat_interleave(C, dim=1)  # [B, slots * C, T]
         grown = scores.repeat_interleave(C, dim=1) + x[:, t].repeat(1, slots)
         tail_at = (grow == -1).to(torch.int8).argmax(dim=2)
         tail = torch.where(tail_at == 0, -1, torch.gather(grow, 2, (tail_at - 1).clamp(min=0)[..., None])[..., 0])
         was_ended = ended.repeat_interleave(C, dim=1)
-        grow[batch, torch.arange(grow.shape[1], device=dev)[None, :], tail_at] = torch.where(
+        grow[batch, grown_rows, tail_at] = torch.where(
             ~was_ended & (tail == step_class), -1, step_class)
         unique, (label_end, blank_end) = _merged(grow, [torch.where(blank_step, -math.inf, grown),
                                                         torch.where(blank_step, grown, -math.inf)], size)
@@ -730,7 +732,7 @@ def _ctc_beam_search(x, lengths, width: int, top_paths: int, blank: int):
         live = (t < lengths)[:, None]
         paths = torch.where(live[..., None], kept, paths)
         scores = torch.where(live, kept_scores, scores)
-        ended = torch.where(live, torch.arange(slots, device=dev)[None, :] >= width, ended)
+        ended = torch.where(live, blank_half, ended)
     unique, (total,) = _merged(paths, [scores], size)
     best = torch.argsort(total, dim=1, stable=True)[:, -top_paths:].flip(1)
     labels = torch.gather(unique, 1, best[..., None].expand(-1, -1, T))

@@ -792,10 +792,5 @@ NUMPY_OPS: Dict[str, Callable] = {
     # sequences, counts and arrays
     "Argpartition": _argpartition, "Bincount": _bincount, "Full": _full, "Histogram": _histogram,
     "Linspace": _spaced("lin"), "Logspace": _spaced("log"), "Geomspace": _spaced("geom"),
-    "Array": lambda cfg, ctx: ((lambda x, d=dtype_arg(cfg, ctx): torch.as_tensor(x) if d is None else
-                                torch.as_tensor(x).to(d)), "array"),
-    # (the values of an empty array are whatever memory held: zeros here)
-    "EmptyLike": lambda cfg, ctx: ((lambda x, d=dtype_arg(cfg, ctx): torch.zeros_like(x, dtype=d or x.dtype)),
-                                   "empty_like"),
     "Ndim": fixed(lambda x: torch.scalar_tensor(x.dim(), dtype=torch.int32, device=x.device)),
 }
