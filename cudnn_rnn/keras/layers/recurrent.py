@@ -84,14 +84,18 @@ class CellStack(nn.Module):
     order, as Keras returns them), return_sequences / zero_output_for_mask concern the last cell,
     and an unrolled stack running backwards with zero_output_for_mask zeroes its outputs where the
     mask in time order is False, as Keras's unrolled loop does (_RNNBase.unrolled_zeros).
+    tf.keras 2's time_major=True reads the sequence and its mask [time, batch, ...] and returns a
+    sequence so (Recurrent.time_major).
     Outputs [output, *states of cell 0, *states of cell 1, ...] as Keras flattens them; a
     Bidirectional's are [merged output (or both), *forward states, *backward states]."""
 
     def __init__(self, parts: List[rnn_layers._RNNBase], return_sequences: bool, return_state: bool,
                  go_backwards: bool, groups: List[str], backward: Optional["CellStack"] = None,
-                 merge_mode: Optional[str] = "concat", *, keras3_call: bool, unrolled_zeros: bool = False):
+                 merge_mode: Optional[str] = "concat", *, keras3_call: bool, unrolled_zeros: bool = False,
+                 time_major: bool = False):
         super().__init__()
         self.keras3_call = keras3_call
+        self.time_major = time_major
         self.unrolled_zeros = unrolled_zeros and go_backwards and return_sequences
         if self.unrolled_zeros:
             parts[-1].zero_output_for_mask = False  # the previous outputs, zeroed in run()
@@ -133,20 +137,23 @@ class CellStack(nn.Module):
         if initial and len(initial) != self.state_count + (self.backward.state_count if self.backward else 0):
             raise ValueError(f"initial_state must be a list of {self.state_count} tensors (every cell's states, "
                              f"in order); got {len(initial)}")
-        y, states = self.run(inputs[0], mask, initial[: self.state_count])
+        x = inputs[0]
+        if self.time_major:
+            x, mask = x.transpose(0, 1), mask.transpose(0, 1) if mask is not None else None
+        y, states = self.run(x, mask, initial[: self.state_count])
         if self.backward is None:
-            output = y if self.return_sequences else y[:, -1]
-            return graph_outputs([output], states if self.return_state else [],
-                                 masks[0] if self.return_sequences else None)
-        y_b, states_b = self.backward.run(inputs[0], mask, initial[self.state_count:])
-        if self.return_sequences:
-            y_b = y_b.flip(1)  # Keras's Bidirectional puts the backward outputs back in time order
+            outputs = [y if self.return_sequences else y[:, -1]]
         else:
-            y, y_b = y[:, -1], y_b[:, -1]
-        merged = rnn_layers.merge_directions(y, y_b, self.merge_mode)
-        merged = merged if isinstance(merged, list) else [merged]
-        return graph_outputs(merged, states + states_b if self.return_state else [],
-                             masks[0] if self.return_sequences else None)
+            y_b, states_b = self.backward.run(x, mask, initial[self.state_count:])
+            if self.return_sequences:
+                y_b = y_b.flip(1)  # Keras's Bidirectional puts the backward outputs back in time order
+            else:
+                y, y_b = y[:, -1], y_b[:, -1]
+            merged = rnn_layers.merge_directions(y, y_b, self.merge_mode)
+            outputs, states = (merged if isinstance(merged, list) else [merged]), states + states_b
+        if self.time_major and self.return_sequences:
+            outputs = [o.transpose(0, 1) for o in outputs]
+        return graph_outputs(outputs, states if self.return_state else [], masks[0] if self.return_sequences else None)
 
 
 def recurrent_layer(module: nn.Module) -> Optional[nn.Module]:
@@ -387,10 +394,8 @@ def build_generic_rnn(cfg, ctx):
     cls, cell_cfg = _cell_of(cfg, ctx)
     time_major = Values(cfg, ctx).bool("time_major", False)
     if cls == "StackedRNNCells":
-        if time_major:
-            raise ctx.error("time_major=True over StackedRNNCells is not supported")
         specs = _stack_specs(cfg, cell_cfg, ctx, "")
-        return _cell_stack(cfg, specs, ctx.weights.take([(g, n) for _, _, g, n in specs]), ctx)
+        return _cell_stack(cfg, specs, ctx.weights.take([(g, n) for _, _, g, n in specs]), ctx, time_major=time_major)
     kind, merged = _single_cell(cls, cell_cfg, cfg, ctx, "RNN")
     (w,) = ctx.weights.take([("cell", _rnn_weight_count(kind, _rnn_options(kind, merged, ctx)))])
     return Recurrent(_build_rnn_layer(kind, merged, ctx, w), keras3_call_of(ctx), time_major)
@@ -441,8 +446,6 @@ def build_bidirectional(cfg, ctx):
     if time_major != Values(bcfg, ctx).bool("time_major", False):
         raise ctx.error("Bidirectional with time_major=True on one side only is not supported")
     if "StackedRNNCells" in (fcls, bcls):
-        if time_major:
-            raise ctx.error("time_major=True over StackedRNNCells is not supported")
         if fcls != bcls:
             raise ctx.error("Bidirectional with StackedRNNCells on one side only is not supported")
         for side in (fcfg, bcfg):  # Keras's Bidirectional forces it on both sides
@@ -451,7 +454,8 @@ def build_bidirectional(cfg, ctx):
         bspecs = _stack_specs(bcfg, bsub, ctx, "backward_layer/")
         weights = ctx.weights.take([(g, n) for _, _, g, n in fspecs + bspecs])  # one take: legacy files split it
         backward = _cell_stack(bcfg, bspecs, weights[len(fspecs):], ctx)
-        return _cell_stack(fcfg, fspecs, weights[: len(fspecs)], ctx, backward=backward, merge_mode=merge)
+        return _cell_stack(fcfg, fspecs, weights[: len(fspecs)], ctx, backward=backward, merge_mode=merge,
+                           time_major=time_major)
     nf = _rnn_weight_count(fcls, _rnn_options(fcls, fcfg, ctx))
     nb = _rnn_weight_count(bcls, _rnn_options(bcls, bcfg, ctx))
     wf, wb = ctx.weights.take([("forward_layer" + fsub, nf), ("backward_layer" + bsub, nb)])
