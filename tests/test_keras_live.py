@@ -124,6 +124,36 @@ def test_models_that_run_at_one_batch_size(case, tmp_path):
     np.testing.assert_allclose(got, keras.ops.convert_to_numpy(model(data)), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.keras
+@pytest.mark.parametrize("case", ["layer", "regrouped", "op", "nested"])
+def test_models_whose_graph_holds_the_free_length(case, tmp_path):
+    """Inputs that leave the time free where a reshape holds it to one length (Keras runs such a
+    model at that length only): the model loads, declares that length, computes what Keras
+    computes, and exports there."""
+    rng = np.random.RandomState(11)
+    x = keras.Input((None, 4))
+    if case == "layer":
+        h = layers.Reshape((10, 4))(x)
+    elif case == "regrouped":  # 10 steps of 4 as 5 of 8
+        h = layers.Reshape((5, 8))(x)
+    elif case == "op":
+        h = keras.ops.reshape(x, (-1, 10, 4))
+    else:
+        inner = keras.Input((None, 4))
+        h = keras.Model(inner, layers.Reshape((10, 4))(inner))(x)
+    out = layers.Dense(2)(layers.Flatten()(layers.LSTM(3, return_sequences=True)(h)))
+    model = keras.Model(x, out)
+    data = rng.uniform(-1, 1, (3, 10, 4)).astype("float32")
+    model.save(tmp_path / "m.keras")
+    ours = load_keras(tmp_path / "m.keras")
+    assert ours.input_specs[0][1][1] == 10 and ours.example_inputs()[0].shape[1] == 10
+    with torch.no_grad():
+        got = ours(torch.as_tensor(data)).numpy()
+    np.testing.assert_allclose(got, keras.ops.convert_to_numpy(model(data)), atol=1e-5, rtol=1e-5)
+    program = torch.export.export(ours, tuple(ours.example_inputs()))
+    np.testing.assert_allclose(program.module()(torch.as_tensor(data[:2])).detach().numpy(), got[:2], atol=1e-6)
+
+
 def test_converted_file_round_trip(tmp_path):
     fixture = os.path.join(ROOT, "tests", "fixtures", "data", "k3_functional.keras")
     model = load_keras(fixture)

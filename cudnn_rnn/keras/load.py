@@ -229,7 +229,35 @@ def _trial(model: KerasModel, inputs, path) -> None:
                                             f"{large} (limit {TRIAL_TENSOR_BYTES >> 20} MiB)") from None
 
 
-_MAX_PINNED = 4  # batch sizes tried beyond the usual one
+_MAX_PINNED = 4  # batch sizes (and lengths) tried beyond the usual ones
+
+
+def _written_shapes(spec: ModelSpec) -> list:
+    """(value, whether it is a reshape's target) for every shape-like list an operation of the
+    graph writes with the batch first: an operation's newshape / shape, a tf.keras TFOpLambda's
+    list arguments (tf.reshape(x, (4, -1)), a constant array)."""
+    found = []
+
+    def walk(s: ModelSpec):
+        for layer in s.layers:
+            if layer.model is not None:
+                walk(layer.model)
+            elif layer.is_op:
+                found.extend((layer.config.get(key), layer.class_name == "Reshape") for key in ("newshape", "shape"))
+            elif layer.class_name == "TFOpLambda" and layer.calls:
+                reshape = "reshape" in str(layer.config.get("function"))
+                found.extend((value, reshape) for value in [*layer.calls[0].constants, *layer.calls[0].kwargs.values()])
+    walk(spec)
+    return [(value, reshape) for value, reshape in found if isinstance(value, list) and value]
+
+
+def _sizes(values, limit: int) -> list:
+    """The distinct ints of values in 1..4096, at most limit of them, in order."""
+    out = []
+    for size in values:
+        if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= 4096 and size not in out:
+            out.append(size)
+    return out[:limit]
 
 
 def _pinned_batches(model: KerasModel) -> list:
@@ -246,46 +274,58 @@ def _pinned_batches(model: KerasModel) -> list:
         if isinstance(module, Op):
             sizes += [b.shape[0] for name, b in module.named_buffers(recurse=False)
                       if name.startswith("constant_") and b.dim() >= 2]
+    for value, _ in _written_shapes(model.spec):  # a shape's first size, a nested constant's length
+        sizes.append(len(value) if isinstance(value[0], list) else value[0])
+    return _sizes(sizes, _MAX_PINNED)
 
-    def leading(value):
-        if isinstance(value, list) and value:  # a shape's first size, a nested constant's length
-            sizes.append(len(value) if isinstance(value[0], list) else value[0])
 
-    def walk(spec: ModelSpec):
-        for layer in spec.layers:
-            if layer.model is not None:
-                walk(layer.model)
-            elif layer.is_op:
-                leading(layer.config.get("newshape"))
-                leading(layer.config.get("shape"))
-            elif layer.class_name == "TFOpLambda" and layer.calls:  # tf.keras: tf.reshape(x, (4, -1)), x + array
-                for value in [*layer.calls[0].constants, *layer.calls[0].kwargs.values()]:
-                    leading(value)
-    walk(model.spec)
-    out = []
-    for size in sizes:
-        if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= 4096 and size not in out:
-            out.append(size)
-    return out[:_MAX_PINNED]
+def _pinned_lengths(model: KerasModel) -> list:
+    """The lengths a model whose inputs leave the time free may run at only (Input((None, 4))
+    then Reshape((10, 4)) or Reshape((5, 8)), ops.reshape(x, (-1, 10, 4))): the sizes of a
+    reshape's target past the batch, and the length that gives an input with one free dimension
+    the target's count of values. Keras runs such a model at that length; at most _MAX_PINNED."""
+    targets = [list(layer.config.get("target_shape") or []) for layer in _all_layers(model.spec)
+               if layer.class_name == "Reshape" and not layer.is_op]
+    targets += [value[1:] for value, reshape in _written_shapes(model.spec) if reshape]
+    sizes = []
+    for dims in targets:
+        if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+            continue  # a -1 (or None) takes any length
+        sizes += dims
+        total = int(np.prod(dims, dtype=np.int64))
+        for _, shape in model.input_specs:
+            fixed = int(np.prod([d for d in shape[1:] if d is not None], dtype=np.int64))
+            if list(shape[1:]).count(None) == 1 and total % fixed == 0:
+                sizes.append(total // fixed)
+    return _sizes(sizes, _MAX_PINNED)
+
+
+def _all_layers(spec: ModelSpec) -> list:
+    """The layers of spec and of the models nested in it."""
+    return [inner for layer in spec.layers
+            for inner in (_all_layers(layer.model) if layer.model is not None else [layer])]
 
 
 def check_runs(model: KerasModel, path) -> KerasModel:
     """Runs the model once on inputs of its declared shapes; a model that cannot is refused.
     An input without a declared shape gets the one its first layer implies.
     Free time dimensions get 8 steps, then 128 and 1024 (convolutions and pooling need a
-    minimum length) before the model is declared broken (_trial: how a run that would make a
-    tensor above TRIAL_TENSOR_BYTES is checked instead); at each, a batch of 2 (1 for large
+    minimum length), then the lengths the graph may hold them to (_pinned_lengths: the model
+    then declares that length) before the model is declared broken (_trial: how a run that would
+    make a tensor above TRIAL_TENSOR_BYTES is checked instead); at each, a batch of 2 (1 for large
     samples), then the batch sizes the model may hold to (_pinned_batches)."""
     model.input_specs = [declared if declared[1] else _implied_input(model, ref, declared, path)
                          for ref, declared in zip(model.spec.inputs, model.input_specs)]
     error, pinned = None, None
-    for time in (8, 128, 1024):
+    free = model.has_free_length()
+    lengths = [8, 128, 1024] if free else [8]
+    for index, time in enumerate(lengths):
         sizes = [int(np.prod([time if d is None else d for d in shape[1:]], dtype=np.int64))
                  for _, shape in model.input_specs]
         if max(sizes, default=0) > MAX_CHECK_VALUES:
-            if time == 8:
+            if index == 0:
                 raise ConversionError(path, f"declares inputs of {max(sizes)} values per sample (limit {MAX_CHECK_VALUES})")
-            break
+            continue
         usual = 2 if max(sizes, default=0) <= ONE_SAMPLE_VALUES else 1
         batches = [usual]
         while batches:
@@ -293,6 +333,9 @@ def check_runs(model: KerasModel, path) -> KerasModel:
             try:
                 _trial(model, model.example_inputs(batch=batch, time=time), path)
                 model.batch_size = None if batch == usual else batch
+                if index >= 3:  # the graph holds the time to this length: the inputs declare it
+                    model.input_specs = [(dtype, [shape[0]] + [time if d is None else d for d in shape[1:]])
+                                         for dtype, shape in model.input_specs]
                 return model
             except ConversionError:
                 raise
@@ -303,8 +346,8 @@ def check_runs(model: KerasModel, path) -> KerasModel:
             if batch == usual:  # then the batch sizes the model may hold to
                 pinned = _pinned_batches(model) if pinned is None else pinned
                 batches = [b for b in pinned if b != usual]
-        if not model.has_free_length():
-            break  # no free dimension: a longer trial would fail the same way
+        if index == 2:  # then the lengths the graph may hold the free dimensions to
+            lengths += [t for t in _pinned_lengths(model) if t not in lengths]
     shapes = [tuple(shape) for _, shape in model.input_specs]
     if isinstance(error, LayerFailure):
         raise ConversionError(path, f"the converted model does not run on inputs of its declared shape {shapes}: "
