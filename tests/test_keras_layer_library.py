@@ -921,7 +921,7 @@ def test_pipeline_center_crop_smart_resize_and_reversible_embedding(tmp_path):
     check_against_keras(pipeline, [(6, 7, 3)], rng, tmp_path)  # (7 < 9: Keras's smart_resize)
     tokens = keras.Input((5,), dtype="int32")
     for tie, cap in ((True, None), (False, 3.0)):
-        # (one layer both embedding and projecting back is refused: a second one takes the reverse call)
+        # (a second layer takes the reverse call; test_keras_live runs one layer called both ways)
         h = layers.LSTM(4, return_sequences=True)(layers.ReversibleEmbedding(11, 4, mask_zero=True)(tokens))
         head = layers.ReversibleEmbedding(11, 4, tie_weights=tie, logit_soft_cap=cap)
         model = keras.Model(tokens, head(h, reverse=True))

@@ -1235,15 +1235,72 @@ def test_a_quantized_layer_in_time_distributed_computes_as_keras(mode, tmp_path)
                                rtol=1e-5, atol=1e-5)
 
 
+REVERSIBLE = [(True, None, None, None), (False, None, None, "bfloat16"), (True, "int8", {}, None),
+              (False, "int8", {"activation_quantizer": None}, None), (False, "int4", {}, None),
+              (True, "int4", {"block_size": 3}, None), (False, "int4", {"block_size": -1, "activation_quantizer": "default"},
+                                                       None), (True, "int4", {"block_size": -1}, None)]
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("tie,mode,options,reverse_dtype", REVERSIBLE,
+                         ids=[f"tie{t}-{m}-{o}-{r}" for t, m, o, r in REVERSIBLE])
+def test_one_reversible_embedding_embeds_and_projects_back(tie, mode, options, reverse_dtype, tmp_path):
+    """One ReversibleEmbedding called twice, looking ids up and (reverse=True) projecting an LSTM's
+    outputs back to logits, as language models use it: float (its reverse product in reverse_dtype
+    where given), and quantized by Keras 3 in int8 / int4 (per output or in groups, its inputs
+    quantized or not; tied or with its own reverse kernel), from the .keras file and a legacy .h5;
+    within 1e-6 of Keras (reverse_dtype: exactly its bfloat16 logits), and back through
+    save_converted and save_keras. The quantized layer's lookups carry no mask, as in Keras."""
+    from keras.quantizers import AbsMaxQuantizer, Int4QuantizationConfig, Int8QuantizationConfig
+
+    rng = np.random.RandomState(17)
+    ids = keras.Input((T,), dtype="int32")
+    emb = layers.ReversibleEmbedding(20, 6, tie_weights=tie, mask_zero=True, logit_soft_cap=None if tie else 2.0,
+                                     reverse_dtype=reverse_dtype)
+    model = keras.Model(ids, emb(layers.LSTM(6, return_sequences=True)(emb(ids)), reverse=True))
+    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
+    if mode is not None:
+        floats_model = keras.ops.convert_to_numpy(model(np.ones((1, T), "int32")))
+        options = {k: AbsMaxQuantizer() if v == "default" else v for k, v in options.items()}
+        model.quantize(mode, config=(Int8QuantizationConfig if mode == "int8" else Int4QuantizationConfig)(**options))
+        assert np.abs(keras.ops.convert_to_numpy(model(np.ones((1, T), "int32"))) - floats_model).max() > 1e-3
+    x = rng.randint(1, 20, size=(B, T)).astype("int32")
+    x[1, 5:] = 0
+    expected = keras.ops.convert_to_numpy(model(x))
+    model.save(tmp_path / "r.keras")
+    model.save(tmp_path / "r.h5")
+    for ext in ("keras", "h5"):
+        converted = load_keras(str(tmp_path / f"r.{ext}"))
+        got = converted(torch.as_tensor(x)).detach()
+        assert str(got.dtype) == f"torch.{expected.dtype}", ext
+        np.testing.assert_allclose(got.float().numpy(), expected.astype("float32"), rtol=1e-6, atol=1e-6, err_msg=ext)
+    save_converted(converted, tmp_path / "r.pt")
+    again = load_converted(str(tmp_path / "r.pt"))(torch.as_tensor(x)).detach().float().numpy()
+    np.testing.assert_allclose(again, expected.astype("float32"), rtol=1e-6, atol=1e-6)
+    cudnn_rnn.save_keras(converted, tmp_path / "back.keras")
+    back = keras.ops.convert_to_numpy(keras.models.load_model(tmp_path / "back.keras")(x))
+    np.testing.assert_allclose(back.astype("float32"), expected.astype("float32"), rtol=1e-6, atol=1e-6)
+
+
 def test_a_layer_quantized_otherwise_is_refused_by_name(tmp_path):
-    """A quantized layer of a class whose quantized form does not convert (ReversibleEmbedding's
-    int8) is refused in one line naming the layer, its mode and what converts."""
-    model = keras.Sequential([keras.Input((4,), dtype="int32"), layers.ReversibleEmbedding(10, 3, name="tied")])
+    """A layer quantized in a mode nothing here computes (a mode name of a later Keras, written
+    into an int8 Dense's policy) is refused in one line naming the layer, its mode and what
+    converts."""
+    model = keras.Sequential([keras.Input((4,)), layers.Dense(3, name="dense")])
     model.quantize("int8")
     model.save(tmp_path / "q.keras")
-    with pytest.raises(ConversionError, match=r"layer 'tied': the layer is quantized by Keras \(int8\).*int8 and int4 "
+    with zipfile.ZipFile(tmp_path / "q.keras") as z:
+        members = {name: z.read(name) for name in z.namelist()}
+    config = json.loads(members["config.json"])
+    (dense,) = [layer for layer in config["config"]["layers"] if layer["config"]["name"] == "dense"]
+    dense["config"]["dtype"]["config"]["mode"] = "nf4"
+    members["config.json"] = json.dumps(config).encode()
+    with zipfile.ZipFile(tmp_path / "later.keras", "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    with pytest.raises(ConversionError, match=r"layer 'dense': the layer is quantized by Keras \(nf4\).*int8 and int4 "
                                               r"Dense, EinsumDense, Embedding.*before model.quantize\(\)"):
-        load_keras(str(tmp_path / "q.keras"))
+        load_keras(str(tmp_path / "later.keras"))
 
 
 @pytest.mark.keras

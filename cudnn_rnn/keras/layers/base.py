@@ -1,11 +1,12 @@
 """What the layer families share: the one-input module base (_Single), the identity, the
-embedding lookup, and the data-format helpers (Keras's channels_last / channels_first against the
+embedding lookup, a ReversibleEmbedding's choice of direction per call (Reversible), and the data-format helpers (Keras's channels_last / channels_first against the
 channels-first layout torch.nn.functional computes in)."""
 from __future__ import annotations
 
 import re
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -37,6 +38,27 @@ def lookup(ids, table):
             raise
         raise IndexError(f"Embedding: ids must be in [0, {table.shape[0]}) (input_dim); got "
                          f"{int(bad.reshape(-1)[0])}") from e
+
+
+class Reversible:
+    """keras.layers.ReversibleEmbedding's calls, for a class whose own forward is the embedding
+    lookup and whose `logits(x)` is the reverse product: each call of the layer in the graph
+    (the graph passes its index: takes_call) is a lookup, or with reverse=True logits soft-capped
+    by logit_soft_cap * tanh(logits / cap). A call from a wrapper (no index) is the first call's
+    kind."""
+
+    takes_call = True
+
+    def directions_and_cap(self, directions: Sequence[bool], soft_cap: Optional[float]) -> None:
+        self.directions, self.soft_cap = list(directions), soft_cap
+
+    def forward(self, inputs, masks, call: Optional[int] = None):
+        if not self.directions[call or 0]:
+            return super().forward(inputs, masks)
+        logits = self.logits(inputs[0])
+        if self.soft_cap is not None:
+            logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
+        return [logits], [None]
 
 
 def without_mask_in_keras2(module: _Single, ctx) -> _Single:

@@ -10,8 +10,9 @@ from torch import nn
 
 from .activations import _Activation, activation_name
 from .registry import builder
-from .base import Identity, _Single, lookup, without_mask_in_keras2
-from .quantized import build_float8_dense, build_quantized_dense, build_quantized_embedding, keras_quantization
+from .base import Identity, Reversible, _Single, lookup, without_mask_in_keras2
+from .quantized import (build_float8_dense, build_quantized_dense, build_quantized_embedding,
+                        build_quantized_reversible, keras_quantization)
 from .values import Values, check_shapes
 
 
@@ -56,25 +57,23 @@ class Embedding(nn.Module):
         return [lookup(inputs[0].long(), self.embeddings)], [inputs[0] != 0 if self.mask_zero else None]
 
 
-class ReversibleEmbedding(Embedding):
+class ReversibleEmbedding(Reversible, Embedding):
     """keras.layers.ReversibleEmbedding: the embedding lookup, or with reverse=True logits against
-    the (tied or own) reverse embeddings, soft-capped by logit_soft_cap * tanh(logits / cap)."""
+    the (tied or own) reverse embeddings, computed in reverse_dtype where the config names one."""
 
-    def __init__(self, weight, mask_zero: bool, reverse_weight, reverse: bool, soft_cap):
+    def __init__(self, weight, mask_zero: bool, reverse_weight, directions, soft_cap, reverse_dtype=None):
         super().__init__(weight, mask_zero)
-        self.reverse_embeddings, self.reverse, self.soft_cap = reverse_weight, reverse, soft_cap
+        self.reverse_embeddings, self.reverse_dtype = reverse_weight, reverse_dtype
+        self.directions_and_cap(directions, soft_cap)
 
     def keras_groups(self):
         return [("", [self.embeddings] + ([self.reverse_embeddings] if self.reverse_embeddings is not None else []))]
 
-    def forward(self, inputs, masks):
-        if not self.reverse:
-            return super().forward(inputs, masks)
+    def logits(self, x):
         kernel = self.embeddings.t() if self.reverse_embeddings is None else self.reverse_embeddings
-        logits = torch.matmul(inputs[0], kernel)
-        if self.soft_cap is not None:
-            logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
-        return [logits], [None]
+        if self.reverse_dtype is not None:
+            x, kernel = x.to(self.reverse_dtype), kernel.to(self.reverse_dtype)
+        return torch.matmul(x, kernel)
 
 
 class Masking(nn.Module):
@@ -130,16 +129,20 @@ def build_embedding(cfg, ctx):
 def build_reversible_embedding(cfg, ctx):
     v = Values(cfg, ctx)
     shape = (v.int("input_dim", lo=1), v.int("output_dim", lo=1))
-    tie = v.bool("tie_weights", True)
+    tie, mask_zero = v.bool("tie_weights", True), v.bool("mask_zero", False)
     soft_cap = v.float("logit_soft_cap", None, 1e-12)
-    if cfg.get("quantization_mode") or cfg.get("reverse_dtype") not in (None, "float32"):
-        raise ctx.error("a quantized ReversibleEmbedding, or one with a reverse_dtype, is not supported")
-    reverse = {bool(c.kwargs.get("reverse", False)) for c in ctx.spec.calls} or {False}
-    if len(reverse) > 1:
-        raise ctx.error("ReversibleEmbedding called both forward and in reverse: not supported")
+    reverse_dtype = v.str("reverse_dtype", None, tuple(_REVERSE_DTYPES))
+    directions = [bool(c.kwargs.get("reverse", False)) for c in ctx.spec.calls] or [False]
+    q = keras_quantization(cfg, ctx)
+    if q is not None:  # (Keras's quantized reverse call computes in the layer's dtype, whatever reverse_dtype says)
+        return build_quantized_reversible(ctx, q, shape, tie, cfg.get("quantization_config"), directions, soft_cap)
     (w,) = ctx.weights.take([("", 1 if tie else 2)], [[shape] + ([shape[::-1]] if not tie else [])])
-    return ReversibleEmbedding(ctx.tensor(w[0]), v.bool("mask_zero", False), None if tie else ctx.tensor(w[1]),
-                               reverse.pop(), soft_cap)
+    return ReversibleEmbedding(ctx.tensor(w[0]), mask_zero, None if tie else ctx.tensor(w[1]), directions, soft_cap,
+                               _REVERSE_DTYPES[reverse_dtype] if reverse_dtype is not None else None)
+
+
+_REVERSE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+                   "float64": torch.float64}
 
 
 @builder("Masking", weights=False)

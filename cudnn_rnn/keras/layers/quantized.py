@@ -1,5 +1,5 @@
-"""Layers that Keras 3's model.quantize() rewrote: int8 and int4 Dense, EinsumDense and Embedding,
-computed as Keras computes them from their integer weights (int4: two to a byte), their scales and,
+"""Layers that Keras 3's model.quantize() rewrote: int8 and int4 Dense, EinsumDense, Embedding and
+ReversibleEmbedding, computed as Keras computes them from their integer weights (int4: two to a byte), their scales and,
 for int4 in groups, their zero points and group indices; where the layer's quantization config has
 an inputs quantizer (int8's default), each input row quantized by its absolute maximum before an
 integer product. float8 Dense and EinsumDense: inputs and kernel rounded through float8_e4m3fn by
@@ -15,11 +15,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .base import _Single, lookup
+from .base import Reversible, _Single, lookup
 
 # The classes whose quantized form converts, and the modes (Keras 3's QUANTIZATION_MODES are
 # int8, int4, float8, gptq and awq).
-QUANTIZED_CLASSES = ("Dense", "EinsumDense", "Embedding")
+QUANTIZED_CLASSES = ("Dense", "EinsumDense", "Embedding", "ReversibleEmbedding")
 QUANTIZED_MODES = ("int8", "int4")
 _MODES = ("int8", "int4", "float8", "gptq", "awq")
 
@@ -41,7 +41,7 @@ def policy_mode(dtype) -> Optional[str]:
 def unsupported(mode: str, class_name: str) -> Optional[str]:
     """Why a layer of this class quantized in this mode does not convert; None where it does."""
     base = mode.partition("/")[0]
-    if class_name in QUANTIZED_CLASSES and (base in QUANTIZED_MODES or base == "float8" and class_name != "Embedding"):
+    if class_name in QUANTIZED_CLASSES and (base in QUANTIZED_MODES or base == "float8" and "Embedding" not in class_name):
         return None
     return (f"the layer is quantized by Keras ({mode[:20]}), which is not supported: int8 and int4 "
             f"{', '.join(QUANTIZED_CLASSES)} and float8 Dense and EinsumDense convert; convert the float model "
@@ -76,7 +76,7 @@ def keras_quantization(cfg: dict, ctx) -> Optional[Quantization]:
     size = inner.get("block_size") if "block_size" in inner else (int(block) if re.fullmatch(r"-?\d+", block) else None)
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size == 0 or size < -1):
         raise ctx.error(f"quantization block_size {str(size)[:20]} is not a positive count or -1")
-    row_packed = base == "int4" and not block and ctx.spec.class_name != "Embedding"
+    row_packed = base == "int4" and not block and "Embedding" not in ctx.spec.class_name
     if row_packed and size is not None and size > 0:
         raise ctx.error(f"int4 in groups of {size} with Keras 3.11-3.13's policy \"int4\" (which has no groups)")
     if not isinstance(qc, dict):  # no config: Keras's defaults (int8 and 3.11-3.13's int4 quantize the inputs)
@@ -413,12 +413,14 @@ def _groups(ctx, g: np.ndarray, size: int, count: int) -> np.ndarray:
 _ORDER = {"Dense": ["kernel", "bias", "kernel_scale", "kernel_zero", "g_idx"],
           "Embedding": ["embeddings", "embeddings_scale", "embeddings_zero", "g_idx"]}
 _ORDER["EinsumDense"] = _ORDER["Dense"]
+_ORDER["ReversibleEmbedding"] = _ORDER["Embedding"] + ["reverse_embeddings", "reverse_embeddings_scale",
+                                                       "reverse_embeddings_zero"]
 
 
-def _take(ctx, q: Quantization, n: int) -> list:
+def _take(ctx, q: Quantization, n: int, more: int = 0) -> list:
     """The layer's weights: n of the float layer's plus the scale (and int4 groups' zero points and
-    indices)."""
-    count = n + 1 + (2 if q.mode == "int4" and q.block_size is not None else 0)
+    indices), and `more` after them."""
+    count = n + 1 + (2 if q.mode == "int4" and q.block_size is not None else 0) + more
     (w,) = ctx.weights.take([("", count)], order=_ORDER[ctx.spec.class_name])
     return w
 
@@ -497,11 +499,12 @@ def _einsum_sizes(ctx, kspec: str, out: str, out_shape, kernel: np.ndarray) -> d
     return sizes
 
 
-def build_quantized_embedding(ctx, q: Quantization, shape: Tuple[int, int], mask_zero: bool) -> QuantizedEmbedding:
+def build_quantized_embedding(ctx, q: Quantization, shape: Tuple[int, int], mask_zero: bool,
+                              weights: Optional[list] = None, cls=QuantizedEmbedding) -> QuantizedEmbedding:
     """Embedding as Keras stored it quantized: table, scale (int4 in groups: zero points, group
-    indices)."""
+    indices); `weights`: those arrays where the caller took them."""
     rows, columns = shape
-    table, scale, *rest = _take(ctx, q, 1)
+    table, scale, *rest = _take(ctx, q, 1) if weights is None else weights
     table = _integers(ctx, f"the {q.mode} embeddings", table, -128, 127)
     want = (rows, columns if q.mode == "int8" else (columns + 1) // 2)
     if tuple(table.shape) != want:
@@ -518,4 +521,62 @@ def build_quantized_embedding(ctx, q: Quantization, shape: Tuple[int, int], mask
         raise ctx.error(f"the {q.mode} embeddings scale has shape {tuple(np.shape(scale))}; expected ({rows},)")
     if q.mode == "int4":
         table = unpack_int4(table, columns)
-    return QuantizedEmbedding(q, table, scale, mask_zero, zero, groups, ctx.dtype)
+    return cls(q, table, scale, mask_zero, zero, groups, ctx.dtype)
+
+
+class QuantizedReversibleEmbedding(Reversible, QuantizedEmbedding):
+    """ReversibleEmbedding from Keras's int8 / int4 weights: the lookup as QuantizedEmbedding's,
+    the reverse call as Keras's (`head`: a QuantizedDense over output_dim, its kernel the table's
+    transpose where the weights are tied, else the layer's own reverse kernel)."""
+
+    def keras_groups(self):
+        (_, own), = super().keras_groups()
+        if not self.tied:  # the reverse kernel packed along output_dim, its scales, its zero points (floats)
+            head = self.head
+            kernel = pack_int4(head.kernel, 0) if self.q.mode == "int4" else head.kernel
+            own = own + [kernel, head.scale] + ([head.zero.float()] if head.zero is not None else [])
+        return [("", own)]
+
+    def logits(self, x):
+        return self.head.apply(x)
+
+
+def build_quantized_reversible(ctx, q: Quantization, shape: Tuple[int, int], tie: bool, config, directions,
+                               soft_cap) -> QuantizedReversibleEmbedding:
+    """ReversibleEmbedding as Keras stored it quantized: the embedding's arrays
+    (build_quantized_embedding), then where the weights are not tied the reverse kernel
+    [output_dim, input_dim] (int4: two to a byte along output_dim), its scales (one per input_dim;
+    in groups of output_dim: [groups, input_dim]) and zero points, grouped by the table's group
+    indices. Keras's reverse call quantizes its inputs per row unless the quantization config
+    names no activation quantizer (the default quantizer for int4 too). Its lookups carry no mask:
+    Keras's quantized call skips the float call, which alone sets the mask_zero mask (the layer's
+    compute_mask gives none), so the layers after it run unmasked."""
+    grouped = q.mode == "int4" and q.block_size is not None
+    rows, columns = shape
+    w = _take(ctx, q, 1, 0 if tie else 2 + int(grouped))
+    n = 4 if grouped else 2
+    layer = build_quantized_embedding(ctx, q, shape, False, w[:n], QuantizedReversibleEmbedding)
+    inner = config.get("config") if isinstance(config, dict) and isinstance(config.get("config"), dict) else None
+    inputs = (-127, 127, 1e-7) if inner is None else _inputs_quantizer(inner.get("activation_quantizer"), ctx)
+    if tie:
+        kernel, scale = layer.embeddings.numpy().T, layer.scale.numpy().T
+        zero = layer.zero.numpy().T if grouped else None
+    else:
+        kernel, scale, *rest = w[n:]
+        kernel = _integers(ctx, f"the {q.mode} reverse embeddings", kernel, -128, 127)
+        want = (columns if q.mode == "int8" else (columns + 1) // 2, rows)
+        if tuple(kernel.shape) != want:
+            raise ctx.error(f"the {q.mode} reverse embeddings have shape {tuple(kernel.shape)}; expected {want}")
+        groups_of = (-(-columns // q.block_size), rows) if grouped else (rows,)
+        zero = _integers(ctx, "the int4 reverse zero point", rest[0], -128, 127) if grouped else None
+        if tuple(np.shape(scale)) != groups_of or (zero is not None and zero.shape != groups_of):
+            raise ctx.error(f"the {q.mode} reverse embeddings scale / zero point have shapes "
+                            f"{tuple(np.shape(scale))} / {None if zero is None else zero.shape}; expected {groups_of}")
+        if q.mode == "int4":
+            kernel = unpack_int4(kernel, columns, 0)
+    groups = layer.groups.numpy() if grouped else None
+    layer.head = QuantizedDense(Quantization(q.mode, q.block_size, inputs), kernel, scale, None, nn.Identity(),
+                                zero=zero, groups=groups, dtype=ctx.dtype)
+    layer.tied = tie
+    layer.directions_and_cap(directions, soft_cap)
+    return layer

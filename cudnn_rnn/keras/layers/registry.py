@@ -7,7 +7,10 @@ Every built module has the same call protocol, which the graph executor (model.p
     forward(inputs: List[Tensor], masks: List[Optional[Tensor]]) -> (outputs, output_masks)
 
 masks follow Keras's propagation rules (Embedding mask_zero, Masking, RNN compute_mask, merge
-layers AND their masks, most other layers pass the mask through or drop it). A module that holds
+layers AND their masks, most other layers pass the mask through or drop it). A module whose
+layer's calls differ by their keyword arguments (ReversibleEmbedding's reverse=) sets
+`takes_call = True` and is also given `call=`, the index of the layer's call it runs (None from a
+wrapper). A module that holds
 weights also has keras_groups(): its weights as Keras stores them (export.py writes them back).
 
 Adding a layer is one function decorated with @builder("ClassName") that reads the config, takes
