@@ -15,6 +15,9 @@ loaded, called once on inputs of its declared shape and on the fixture's own inp
   refused    cudnn_rnn.ConversionError
   escape     any other exception from the loader          (a failure)
   first-call loaded, then failed on its first call        (a failure)
+  domain     ran on inputs of its declared shape; the fixture's own inputs then fall outside
+             what the mutated config accepts (a vocabulary lost a token: ids out of an
+             Embedding's range), refused by that layer's own check with its message
   outside    loaded although it reads data outside the file (a failure)
   memory     the worker or the parser helper grew by more than MEMORY_LIMIT (a failure)
   hang       no answer within the time limit              (a failure)
@@ -644,9 +647,11 @@ def _worker() -> None:
         except BaseException as e:  # noqa: BLE001
             result = {"outcome": "escape", "detail": f"{type(e).__name__}: {str(e)[:300]}"}
         else:
+            declared = False
             try:
                 with torch.no_grad():
                     model(*model.example_inputs())
+                    declared = True
                     for module in model.modules():  # a stateful layer (a config may make one) starts over:
                         if hasattr(module, "reset_states"):  # the next inputs' batch may differ
                             module.reset_states()
@@ -659,7 +664,9 @@ def _worker() -> None:
                                 for x, (_, s) in zip(inputs, model.input_specs)):
                             model(*inputs)
             except BaseException as e:  # noqa: BLE001
-                result = {"outcome": "first-call", "detail": f"{type(e).__name__}: {str(e)[:300]}"}
+                outside = declared and isinstance(e, IndexError) and "ids must be in [" in str(e) and "layer '" in str(e)
+                result = {"outcome": "domain" if outside else "first-call",
+                          "detail": f"{type(e).__name__}: {str(e)[:300]}"}
             else:
                 if job["must_refuse"]:
                     result = {"outcome": "outside", "detail": "loaded although it points outside the file"}
@@ -670,7 +677,7 @@ def _worker() -> None:
             if isolation._HELPER.pid == helper:
                 grew = max(grew, _vm(helper) - helper_base)
         result["grew_mb"] = grew >> 20
-        if grew > MEMORY_LIMIT and result["outcome"] in ("clean", "refused"):
+        if grew > MEMORY_LIMIT and result["outcome"] in ("clean", "refused", "domain"):
             result = {"outcome": "memory", "detail": f"grew by {grew >> 20} MiB ({result['detail'][:200]})",
                       "grew_mb": grew >> 20}
         out.write(json.dumps(result) + "\n")

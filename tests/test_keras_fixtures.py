@@ -94,6 +94,7 @@ CASES = [
     ("tfk_locally_connected", "tfk_locally_connected.h5", None),  # LocallyConnected1D / 2D (implementations 1, 2)
     ("tfk_time_major", "tfk_time_major.h5", None),  # time_major=True layers; BatchNormalization(renorm=True)
     ("tfk_lookup_saved_model", "tfk_lookup_saved_model", None),  # constructor vocabularies in a SavedModel
+    ("tfk_stateful_saved_model", "tfk_stateful_saved_model", None),  # from the states it kept (its first call)
     # older Keras 3 releases' files (tests/fixtures/make_older_keras_fixtures.py): keras.ops
     # arguments recorded in the call (3.0-3.10), int4 kernels packed along the summed axis (3.11-3.13)
     ("k3.9.2_ops_call_args", "k3.9.2_ops_call_args.keras", None),
@@ -149,6 +150,45 @@ def test_fixture_matches_keras(fixture, filename, architecture):
             assert nan.any() and (np.isnan(a) == nan).all(), f"output {i} of {filename}: NaN at other places"
             a, b = a[~nan], b[~nan]
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=f"output {i} of {filename}")
+
+
+def test_stateful_layers_continue_from_the_states_a_saved_model_kept():
+    """A tf.keras 2.21 SavedModel of stateful layers (LSTM, Bidirectional GRU, RNN over stacked
+    LSTM / LSTM / GRU cells, ConvLSTM2D) keeps the states they had when saved: tf.keras's loaded
+    model starts from them, and so does the converted one (its first call, the fixture test),
+    carries them on (its second call), and reset_states() starts it over as Keras's does."""
+    path = os.path.join(DATA, "tfk_stateful_saved_model")
+    data = np.load(path + ".npz")
+    inputs = [torch.as_tensor(data["input_0"]), torch.as_tensor(data["input_1"])]
+    model = load_keras(path)
+    with torch.no_grad():
+        for tag in ("output", "second"):
+            for j, got in enumerate(model(*inputs)):
+                np.testing.assert_allclose(got.numpy(), data[f"{tag}_{j}"], rtol=1e-5, atol=1e-6, err_msg=f"{tag} {j}")
+        model.reset_states()
+        for j, got in enumerate(model(*inputs)):
+            np.testing.assert_allclose(got.numpy(), data[f"fresh_{j}"], rtol=1e-5, atol=1e-6, err_msg=f"fresh {j}")
+
+
+def test_saved_states_that_do_not_fit_the_layer_are_refused():
+    """Kept states that do not fit their layer (an LSTM's c state of 5 units where it has 4; a
+    state missing from a stack of cells) are refused naming the layer and what was expected."""
+    from cudnn_rnn.keras.files.containers import open_keras_file
+    from cudnn_rnn.keras.load import _saved_states
+
+    path = os.path.join(DATA, "tfk_stateful_saved_model")
+    kf = open_keras_file(path)
+    assert [p for p, _ in kf.layer_states["lstm"]] == ["states/0", "states/1"]
+    model = load_keras(path)
+    kf.layer_states["lstm"] = [(p, a if p == "states/0" else np.zeros((2, 5), np.float32)) for p, a in kf.layer_states["lstm"]]
+    with pytest.raises(ConversionError, match=r"layer 'lstm'.*saved states do not fit the layer: its saved states have "
+                                              r"shapes \[\(2, 4\), \(2, 5\)\]; expected \[batch, units\]"):
+        _saved_states(model, kf)
+    kf = open_keras_file(path)
+    (stack,) = [n for n in kf.layer_states if n.startswith("rnn")]
+    kf.layer_states[stack] = [(p, a) for p, a in kf.layer_states[stack] if p != "states/1/1"]
+    with pytest.raises(ConversionError, match=rf"layer '{stack}'.*cells 0-1 are stateful; the SavedModel keeps"):
+        _saved_states(model, kf)
 
 
 @pytest.mark.parametrize("name", ["k3_nested_dicts.keras", "tfk_nested_dicts.h5"])

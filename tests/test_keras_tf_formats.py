@@ -218,13 +218,22 @@ def test_a_graph_that_is_not_a_string_and_a_cycle(tmp_path):
     # each object also lists itself and the root as children: the walk still ends, each variable
     # once per layer; the self-references change nothing
     graph = tf_formats._Checkpoint(str(saved / "variables" / "variables"), "x", "x", str(saved)).graph()
-    names, keys = tf_formats._layers(graph)
+    names, keys, _ = tf_formats._layers(graph)
     assert sum(len(v) for v in keys.values()) == 21
     looped = [([(i, "self")] + children, attributes) for i, (children, attributes) in enumerate(graph)]
-    assert tf_formats._layers(looped) == (names, keys)
+    assert tf_formats._layers(looped)[:2] == (names, keys)
     cyclic = [([(0, "back")] + children, attributes) for children, attributes in graph]
     for weights in tf_formats._layers(cyclic)[1].values():
         assert len(weights) == len(set(weights)) <= 21
+    # a stateful model's kept states, found the same through such loops, each once
+    stateful = os.path.join(DATA, "tfk_stateful_saved_model")
+    graph = tf_formats._Checkpoint(os.path.join(stateful, "variables", "variables"), "x", "x", stateful).graph()
+    states = tf_formats._layers(graph)[2]
+    assert sum(len(v) for v in states.values()) == 2 + 2 + 5 + 2  # LSTM, Bidirectional GRU, 3 cells, ConvLSTM
+    lists = {c for children, _ in graph for c, n in children if n == "variables"}  # (layer.weights, kept in order)
+    looped = [(children if i in lists else [(i, "self"), (0, "back")] + children, attributes)
+              for i, (children, attributes) in enumerate(graph)]
+    assert tf_formats._layers(looped)[2] == states
 
 
 def test_sizes_past_the_limits_are_refused(tmp_path, monkeypatch):
@@ -271,7 +280,7 @@ def test_repeated_objects_are_refused():
     another layer, and an index whose keys repeat (one block listed twice) are refused."""
     graph = tf_formats._Checkpoint(os.path.join(DATA, SAVED, "variables", "variables"), "x", "x",
                                    os.path.join(DATA, SAVED)).graph()
-    names, keys = tf_formats._layers(graph)
+    names, keys, _ = tf_formats._layers(graph)
     layer = next(c for c, n in graph[0][0] if n.startswith("layer-") and any(
         m == "variables" and graph[v][0] for v, m in graph[c][0]))
     listed = next(v for v, m in graph[layer][0] if m == "variables")
@@ -350,7 +359,7 @@ def test_a_checkpoint_root_with_a_counter_or_two_models():
     graph = tf_formats._Checkpoint(prefix, "x", "x", os.path.join(DATA, "tfk_step_ckpt")).graph()
     roots = [n for _, n in graph[0][0]]
     assert {"step", "model", "optimizer"} <= set(roots)
-    names, _ = tf_formats._layers(graph)
+    names, _, _ = tf_formats._layers(graph)
     assert len(names) == 3  # the Input, the Bidirectional, the Dense
     model = next(c for c, n in graph[0][0] if n == "model")
     two = [list(x) for x in graph]

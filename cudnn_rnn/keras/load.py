@@ -8,6 +8,7 @@ naming the file and the layer.
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Callable, Mapping, Optional, Union
 
@@ -23,7 +24,7 @@ from .files.containers import load_json, open_keras_file
 from .layers.custom import custom_builders, find_builder, short_name
 from .errors import ConversionError
 from .graph.spec import ModelSpec, parse_model
-from .graph.model import KerasModel, LayerFailure, NestedModel
+from .graph.model import KerasModel, LayerFailure, NestedModel, module_key
 from .layers.ops import OP_CLASSES, build_op
 from .layers.quantized import policy_mode, unsupported
 from .layers.registry import REFUSED, BuildContext, dtype_name, holds_weights, keras_major
@@ -124,7 +125,23 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
                        backend)
         model.keras_config, model.keras_version, model.keras_weights = config, version, records
         model.keras_backend = backend
-        return check_runs(model.eval(), kf.path)
+        return _saved_states(check_runs(model.eval(), kf.path), kf)
+
+
+def _saved_states(model: KerasModel, kf) -> KerasModel:
+    """A tf.keras SavedModel's stateful recurrent layers start from the states they had when it
+    was saved, as tf.keras's loaded model does on its first call (other files keep no states);
+    model.reset_states() zeroes them, as Keras's reset_states does."""
+    for name, pairs in kf.layer_states.items():
+        module = model.layers[module_key(name)] if module_key(name) in model.layers else None
+        restore = getattr(module, "load_keras_states", None)
+        if restore is None:
+            continue  # (a layer that keeps no states here: nothing to restore)
+        try:
+            restore({path: torch.as_tensor(np.asarray(array)) for path, array in pairs})
+        except ValueError as e:
+            raise ConversionError(kf.path, f"its saved states do not fit the layer: {str(e)[:300]}", name) from None
+    return model
 
 
 def rebuild(config: dict, keras_version: Optional[str], keras_weights: dict, dtype: torch.dtype = torch.float32,
@@ -289,12 +306,13 @@ def _pinned_lengths(model: KerasModel) -> list:
     targets += [value[1:] for value, reshape in _written_shapes(model.spec) if reshape]
     sizes = []
     for dims in targets:
-        if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+        if not 0 < len(dims) <= 8 or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1 << 24
+                                             for d in dims):
             continue  # a -1 (or None) takes any length
         sizes += dims
-        total = int(np.prod(dims, dtype=np.int64))
+        total = math.prod(dims)
         for _, shape in model.input_specs:
-            fixed = int(np.prod([d for d in shape[1:] if d is not None], dtype=np.int64))
+            fixed = math.prod(d for d in shape[1:] if d is not None)
             if list(shape[1:]).count(None) == 1 and total % fixed == 0:
                 sizes.append(total // fixed)
     return _sizes(sizes, _MAX_PINNED)

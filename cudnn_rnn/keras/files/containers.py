@@ -51,6 +51,9 @@ class KerasFile:
     layer_names: List[str] = field(default_factory=list)
     layer_weights: Dict[str, List[Tuple[str, np.ndarray]]] = field(default_factory=dict)
     assets: Dict[str, str] = field(default_factory=dict)  # .keras: assets/<layer path>/vocabulary.txt
+    # a tf.keras SavedModel's stateful recurrent layers: their states when saved, by layer name
+    # ((path below the layer: "states/0", "forward_layer/states/1", ..., array) pairs)
+    layer_states: Dict[str, List[Tuple[str, np.ndarray]]] = field(default_factory=dict)
 
 
 def load_json(path, text: str, what: str):
@@ -133,8 +136,9 @@ def open_keras_file(path, config_only: bool = False) -> KerasFile:
     weights are read (a .keras archive's vocabularies are)."""
     path = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
     if is_saved_model(path):
-        config, version, backend, names, weights = saved_model_parts(path, load_json, config_only)
-        return KerasFile(path, config, version, "legacy", backend, layer_names=names, layer_weights=weights)
+        config, version, backend, names, weights, states = saved_model_parts(path, load_json, config_only)
+        return KerasFile(path, config, version, "legacy", backend, layer_names=names, layer_weights=weights,
+                         layer_states=states)
     prefix = checkpoint_prefix(path)
     if prefix is not None:  # weights only, layers matched by order
         names, weights = ([], {}) if config_only else checkpoint_parts(prefix, path)

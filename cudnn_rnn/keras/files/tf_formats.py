@@ -341,13 +341,15 @@ class _Checkpoint:
         return array
 
     def layers(self, names_of=None):
-        """(layer names, {name: [(weight name, array)]}) of the model at the graph's root (or
-        under its one child, as tf.train.Checkpoint(model=...) writes it); names_of(node id) gives
-        a layer's name, else the layers are named layer-K."""
+        """(layer names, {name: [(weight name, array)]}, {name: [(state path, array)]}) of the
+        model at the graph's root (or under its one child, as tf.train.Checkpoint(model=...)
+        writes it); names_of(node id) gives a layer's name, else the layers are named layer-K.
+        The states are a stateful recurrent layer's, where the graph records them (_states)."""
         try:
             graph = self.graph()
-            names, keys = _layers(graph, names_of)
-            return names, {name: [(w, self.tensor(key)) for w, key in keys[name]] for name in names}
+            names, keys, states = _layers(graph, names_of)
+            return (names, {name: [(w, self.tensor(key)) for w, key in keys[name]] for name in names},
+                    {name: [(path, self.tensor(key)) for path, key in states[name]] for name in states})
         except _Bad as e:
             raise ConversionError(self.where, f"the checkpoint {self.what}: {e}") from None
 
@@ -373,8 +375,8 @@ def _given_vocabularies(model: dict, saved: dict, depth: int = 0) -> None:
 
 
 def saved_model_parts(path: str, load_json, config_only: bool = False):
-    """(config, keras_version, backend, layer_names, layer_weights) of the SavedModel directory
-    path (or a file at its top); no weights with config_only. load_json(path, text, what) parses
+    """(config, keras_version, backend, layer_names, layer_weights, layer_states) of the
+    SavedModel directory path (or a file at its top); no weights with config_only. load_json(path, text, what) parses
     the metadata's JSON texts (containers.load_json, with its limits)."""
     root = path if os.path.isdir(path) else (os.path.dirname(path) or ".")
     source = "keras_metadata.pb"
@@ -407,16 +409,16 @@ def saved_model_parts(path: str, load_json, config_only: bool = False):
     version = meta.get("keras_version") if isinstance(meta.get("keras_version"), str) else None
     backend = meta.get("backend") if isinstance(meta.get("backend"), str) else None
     if config_only:
-        return config, version, backend, [], {}
+        return config, version, backend, [], {}, {}
 
     def names_of(node: int) -> Optional[str]:
         layer = load_json(root, nodes[node], "a layer's metadata") if node in nodes else None
         name = layer.get("name") if isinstance(layer, dict) else None
         return name if isinstance(name, str) else None
 
-    names, weights = _Checkpoint(os.path.join(root, "variables", "variables"), root, "variables/variables",
-                                 root).layers(names_of)
-    return config, version, backend, names, weights
+    names, weights, states = _Checkpoint(os.path.join(root, "variables", "variables"), root, "variables/variables",
+                                         root).layers(names_of)
+    return config, version, backend, names, weights, states
 
 
 def checkpoint_prefix(path: str) -> Optional[str]:
@@ -432,7 +434,7 @@ def checkpoint_prefix(path: str) -> Optional[str]:
 def checkpoint_parts(prefix: str, where: str):
     """(layer names, layer weights) of a TensorFlow weights checkpoint (tf.keras 2's
     model.save_weights("ckpt")): the layers are named layer-K, matched by order."""
-    return _Checkpoint(prefix, where, os.path.basename(prefix), os.path.dirname(prefix) or ".").layers()
+    return _Checkpoint(prefix, where, os.path.basename(prefix), os.path.dirname(prefix) or ".").layers()[:2]
 
 
 def _metadata_nodes(buf) -> Dict[int, str]:
@@ -574,12 +576,52 @@ def _created(graph, node: int, budget: List[int]) -> List[int]:
 
 
 _LAYER_CHILD = re.compile(r"layer-(\d{1,9})")
+_STATE_SIDES = ("forward_layer", "backward_layer")  # Bidirectional's layers keep their own
+
+
+def _states(graph, node: int, budget: List[int]) -> List[Tuple[str, str]]:
+    """(path, checkpoint key) of each state variable a stateful recurrent layer's object
+    records under keras_api/states, as tf.keras 2's SavedModel saves them: "states/0" (h),
+    "states/1" (c); a stack of cells' "states/<cell>" or "states/<cell>/<k>"; a Bidirectional's
+    "forward_layer/states/0", ...; at most 64 of them. Every child looked at is taken from
+    budget[0]."""
+    out: List[Tuple[str, str]] = []
+
+    def spend(children):
+        budget[0] -= len(children)
+        if budget[0] < 0:
+            raise _Bad(f"takes more than {MAX_REFERENCES} steps to walk")
+        return children
+
+    def walk(n: int, path: str, depth: int):
+        for c, name in spend(graph[n][0]):
+            if not 0 <= c < len(graph) or len(out) >= 64:
+                continue
+            if depth == 0 and name in _STATE_SIDES:
+                walk(c, f"{name}/", 1)
+            elif name == "keras_api" and depth < 2:
+                for s, sub in spend(graph[c][0]):
+                    if sub == "states" and 0 <= s < len(graph):
+                        collect(s, f"{path}states", 0)
+
+    def collect(n: int, path: str, depth: int):
+        for c, name in spend(graph[n][0]):
+            if not 0 <= c < len(graph) or not name.isdigit() or len(name) > 3 or len(out) >= 64:
+                continue
+            if "VARIABLE_VALUE" in graph[c][1]:
+                out.append((f"{path}/{name}", graph[c][1]["VARIABLE_VALUE"]))
+            elif depth < 1:
+                collect(c, f"{path}/{name}", depth + 1)
+
+    walk(node, "", 0)
+    return out
 
 
 def _layers(graph, names_of=None):
     """The model's layers in order (the root's `layer-K` children), each with its (weight name,
     checkpoint key) list: from its `variables` child (layer.weights, as a SavedModel with traces
-    records it), else from its sub-objects."""
+    records it), else from its sub-objects; and the recorded states of those that have them
+    (_states)."""
     if not graph:
         raise _Bad("has an empty object graph")
 
@@ -603,6 +645,7 @@ def _layers(graph, names_of=None):
                       if m)
     names: List[str] = []
     weights: Dict[str, List[Tuple[str, str]]] = {}
+    states: Dict[str, List[Tuple[str, str]]] = {}
     layers, budget = {model}, [MAX_REFERENCES]  # (the objects walked, over all layers)
     for k, node in numbered:
         if node in layers:
@@ -632,7 +675,10 @@ def _layers(graph, names_of=None):
             pairs.append((attributes["name:VARIABLE_VALUE"] + ":0", attributes["VARIABLE_VALUE"]))
         names.append(name)
         weights[name] = pairs
-    return names, weights
+        held = _states(graph, node, budget)
+        if held:
+            states[name] = held
+    return names, weights, states
 
 
 __all__ = ["is_saved_model", "saved_model_parts", "checkpoint_prefix", "checkpoint_parts", "read_index", "untuple",

@@ -10,7 +10,7 @@ from ... import conv_lstm
 from .activations import activation_name
 from ..errors import ConversionError
 from ... import layers as rnn_layers
-from .recurrent import BIDIRECTIONAL_LAYERS, graph_outputs, keras3_call_of, mask_run
+from .recurrent import BIDIRECTIONAL_LAYERS, graph_outputs, keras3_call_of, mask_run, restore_states
 from .registry import builder, layer_config_of
 from .values import Values, check_shapes, int_tuple
 
@@ -27,6 +27,10 @@ class ConvRecurrent(nn.Module):
 
     def keras_groups(self):
         return [("cell", self.layer.layer_weights())]
+
+    def load_keras_states(self, states: dict) -> None:
+        """The states a tf.keras SavedModel kept for a stateful layer (recurrent.restore_states)."""
+        restore_states(states, [("", self.layer)])
 
     def forward(self, inputs, masks):
         initial = list(inputs[1:]) or None
@@ -111,6 +115,9 @@ class ConvBidirectional(nn.Module):
     def keras_groups(self):
         return [("forward_layer/cell", self.forward_layer.layer_weights()),
                 ("backward_layer/cell", self.backward_layer.layer_weights())]
+
+    def load_keras_states(self, states: dict) -> None:
+        restore_states(states, [("forward_layer/", self.forward_layer), ("backward_layer/", self.backward_layer)])
 
     def forward(self, inputs, masks):
         initial = list(inputs[1:])

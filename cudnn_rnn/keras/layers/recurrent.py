@@ -40,6 +40,15 @@ class Recurrent(nn.Module):
                     ("backward_layer/cell", self.layer.backward_layer.layer_weights(0))]
         return [("cell", self.layer.layer_weights(0))]
 
+    def load_keras_states(self, states: dict) -> None:
+        """The states a tf.keras SavedModel kept for the layer ("states/0", ...; a Bidirectional's
+        "forward_layer/states/0", ...) as its stateful layers' next initial states."""
+        if isinstance(self.layer, rnn_layers.Bidirectional):
+            restore_states(states, [("forward_layer/", self.layer.forward_layer),
+                                    ("backward_layer/", self.layer.backward_layer)])
+        else:
+            restore_states(states, [("", self.layer)])
+
     def forward(self, inputs, masks):
         initial = list(inputs[1:]) or None
         x, mask = inputs[0], mask_run(inputs, masks, self.keras3_call)
@@ -51,6 +60,37 @@ class Recurrent(nn.Module):
         if self.time_major and self.layer.return_sequences:
             outs = [y.transpose(0, 1) for y in outs[:n_outputs]] + outs[n_outputs:]
         return graph_outputs(outs[:n_outputs], outs[n_outputs:], masks[0] if self.layer.return_sequences else None)
+
+
+def restore_states(states: dict, sides) -> None:
+    """Sets stateful layers' states from those a tf.keras SavedModel kept (path -> tensor):
+    sides [(path prefix, layer)], each layer's f"{prefix}states/{k}" for k below its state count
+    (h, then an LSTM's c: [batch, units], a ConvLSTM's [batch, *spatial, filters] in its
+    data_format). A layer that is not stateful keeps none; a missing or misshapen state raises
+    ValueError."""
+    from ... import conv_lstm
+
+    for prefix, layer in sides:
+        if not getattr(layer, "stateful", False):
+            continue
+        convolutional = isinstance(layer, conv_lstm._ConvLSTM)
+        count = 2 if convolutional else layer.state_count
+        arrays = [states.get(f"{prefix}states/{k}") for k in range(count)]
+        if any(a is None for a in arrays):
+            raise ValueError(f"the layer is stateful with {count} state(s) ({prefix}states/0..{count - 1}); the "
+                             f"SavedModel keeps {', '.join(sorted(states)[:6]) or 'none'}")
+        shape = tuple(arrays[0].shape)
+        if convolutional:
+            channel = 1 if layer.data_format == "channels_first" else -1
+            fits = len(shape) == len(layer.kernel_size) + 2 and shape[channel] == layer.filters
+        else:  # (a num_layers stack's: [num_layers, batch, units])
+            fits = shape[-1:] == (layer.units,) and (len(shape) == 2 and layer.num_layers == 1 or
+                                                     len(shape) == 3 and shape[0] == layer.num_layers)
+        if not fits or 0 in shape or any(tuple(a.shape) != shape for a in arrays):
+            raise ValueError(f"its saved states have shapes {[tuple(a.shape) for a in arrays]}; expected [batch, "
+                             f"{'*spatial, filters' if convolutional else 'units'}] each")
+        dtype = next(p.dtype for p in layer.parameters())
+        layer.reset_states([a.to(dtype) for a in arrays])
 
 
 def keras3_call_of(ctx) -> bool:
@@ -113,6 +153,28 @@ class CellStack(nn.Module):
         cells = [w for p in self.parts for l in range(p.num_layers) for w in [p.layer_weights(l)]]
         own = list(zip(self.groups, cells))
         return own + (self.backward.keras_groups() if self.backward is not None else [])
+
+    def load_keras_states(self, states: dict, prefix: str = "") -> None:
+        """The states a tf.keras SavedModel kept for the stack (cell k's "states/k", or an LSTM
+        cell's "states/k/0" and "states/k/1"; a Bidirectional's under "forward_layer/" and
+        "backward_layer/") as its stateful layers' next initial states, stacked per part."""
+        if self.backward is not None and not prefix:
+            self.load_keras_states(states, "forward_layer/")
+            self.backward.load_keras_states(states, "backward_layer/")
+            return
+        cell = 0
+        for part in self.parts:
+            cells = range(cell, cell + part.num_layers)
+            cell += part.num_layers
+            held = [[states.get(f"{prefix}states/{c}/{k}", states.get(f"{prefix}states/{c}") if part.state_count == 1
+                                else None) for c in cells] for k in range(part.state_count)]
+            if not part.stateful:
+                continue
+            if any(a is None or tuple(a.shape) != tuple(row[0].shape) for row in held for a in row):
+                raise ValueError(f"the stack's cells {cells.start}-{cells.stop - 1} are stateful; the SavedModel keeps "
+                                 f"{', '.join(sorted(states)[:6]) or 'no states'} under {prefix}states/, not their states "
+                                 "of one shape each")
+            restore_states({f"states/{k}": torch.stack(row) for k, row in enumerate(held)}, [("", part)])
 
     def run(self, x, mask, initial):
         """(output sequence in processing order, flat final states) of the stack."""
