@@ -338,6 +338,8 @@ def check_runs(model: KerasModel, path) -> KerasModel:
     free = model.has_free_length()
     lengths = [8, 128, 1024] if free else [8]
     for index, time in enumerate(lengths):
+        if index == 2:  # after 1024 steps, the lengths the graph may hold the free dimensions to
+            lengths += [t for t in _pinned_lengths(model) if t not in lengths]
         sizes = [int(np.prod([time if d is None else d for d in shape[1:]], dtype=np.int64))
                  for _, shape in model.input_specs]
         if max(sizes, default=0) > MAX_CHECK_VALUES:
@@ -364,8 +366,6 @@ def check_runs(model: KerasModel, path) -> KerasModel:
             if batch == usual:  # then the batch sizes the model may hold to
                 pinned = _pinned_batches(model) if pinned is None else pinned
                 batches = [b for b in pinned if b != usual]
-        if index == 2:  # then the lengths the graph may hold the free dimensions to
-            lengths += [t for t in _pinned_lengths(model) if t not in lengths]
     shapes = [tuple(shape) for _, shape in model.input_specs]
     if isinstance(error, LayerFailure):
         raise ConversionError(path, f"the converted model does not run on inputs of its declared shape {shapes}: "

@@ -1,6 +1,7 @@
 """What the layer families share: the one-input module base (_Single), the identity, the
-embedding lookup, a ReversibleEmbedding's choice of direction per call (Reversible), and the data-format helpers (Keras's channels_last / channels_first against the
-channels-first layout torch.nn.functional computes in)."""
+embedding lookup, a ReversibleEmbedding's choice of direction per call (Reversible), and the
+data-format helpers (Keras's channels_last / channels_first against the channels-first layout
+torch.nn.functional computes in)."""
 from __future__ import annotations
 
 import re

@@ -1,8 +1,8 @@
 """Layers that Keras 3's model.quantize() rewrote: int8 and int4 Dense, EinsumDense, Embedding and
-ReversibleEmbedding, computed as Keras computes them from their integer weights (int4: two to a byte), their scales and,
-for int4 in groups, their zero points and group indices; where the layer's quantization config has
-an inputs quantizer (int8's default), each input row quantized by its absolute maximum before an
-integer product. float8 Dense and EinsumDense: inputs and kernel rounded through float8_e4m3fn by
+ReversibleEmbedding, computed as Keras computes them from their integer weights (int4: two to a
+byte), their scales and, for int4 in groups, their zero points and group indices; where the
+layer's quantization config has an inputs quantizer (int8's default), each input row quantized by
+its absolute maximum before an integer product. float8 Dense and EinsumDense: inputs and kernel rounded through float8_e4m3fn by
 their scales."""
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def policy_mode(dtype) -> Optional[str]:
 def unsupported(mode: str, class_name: str) -> Optional[str]:
     """Why a layer of this class quantized in this mode does not convert; None where it does."""
     base = mode.partition("/")[0]
-    if class_name in QUANTIZED_CLASSES and (base in QUANTIZED_MODES or base == "float8" and "Embedding" not in class_name):
+    if class_name in QUANTIZED_CLASSES and (base in QUANTIZED_MODES or
+                                            base == "float8" and "Embedding" not in class_name):
         return None
     return (f"the layer is quantized by Keras ({mode[:20]}), which is not supported: int8 and int4 "
             f"{', '.join(QUANTIZED_CLASSES)} and float8 Dense and EinsumDense convert; convert the float model "

@@ -171,9 +171,9 @@ class CellStack(nn.Module):
             if not part.stateful:
                 continue
             if any(a is None or tuple(a.shape) != tuple(row[0].shape) for row in held for a in row):
+                kept = ", ".join(sorted(states)[:6]) or "no states"
                 raise ValueError(f"the stack's cells {cells.start}-{cells.stop - 1} are stateful; the SavedModel keeps "
-                                 f"{', '.join(sorted(states)[:6]) or 'no states'} under {prefix}states/, not their states "
-                                 "of one shape each")
+                                 f"{kept} under {prefix}states/, not their states of one shape each")
             restore_states({f"states/{k}": torch.stack(row) for k, row in enumerate(held)}, [("", part)])
 
     def run(self, x, mask, initial):
