@@ -58,6 +58,16 @@ def _listed(outputs, structure) -> list:
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
 
+def _onnx_names(path: str):
+    """(input names, output names) as the .onnx file holds them: what onnxruntime is fed and
+    returns by (its weights, listed as inputs by some exporters, left out)."""
+    import onnx
+
+    graph = onnx.load(path, load_external_data=False).graph
+    weights = {w.name for w in graph.initializer}
+    return [i.name for i in graph.input if i.name not in weights], [o.name for o in graph.output]
+
+
 def _check_onnx(path: str, model, inputs) -> int:
     """The exported file run in onnxruntime against the model itself on the example inputs (float
     ones replaced by seeded values in [-1, 1): zeros would leave the kernels unread; token ids
@@ -308,7 +318,7 @@ def cmd_convert(args) -> int:
         status = _check_onnx(args.out, model, example(minimum))
         if status:
             return status
-        _say_inputs(free, minimum, example(minimum), names=model.io_names())
+        _say_inputs(free, minimum, example(minimum), names=_onnx_names(args.out))
         print("run it with onnxruntime (onnxruntime.InferenceSession); inputs by those names, any mask")
     elif args.out.endswith(".pt2"):
         # forward(*inputs): the varargs are one packed argument for export
