@@ -141,10 +141,10 @@ def build_reversible_embedding(cfg, ctx):
                                _REVERSE_DTYPES[reverse_dtype] if reverse_dtype is not None else None)
 
 
-# (Keras's matmul computes in its result_type, which maps 64-bit types to 32 bits: a float64
-# reverse_dtype gives float32 logits)
+# (float64 as Keras on TensorFlow computes it: Keras on torch and JAX type a matmul by a
+# result_type that maps 64-bit types to 32 bits, and return float32 logits; docs/limits.md)
 _REVERSE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-                   "float64": torch.float32}
+                   "float64": torch.float64}
 
 
 @builder("Masking", weights=False)
