@@ -274,6 +274,12 @@ class _ConvLSTM(nn.Module):
         """Forget (or set, as [h, c] in the layer's data_format) the states a stateful layer keeps."""
         self._states = None if states is None else [self._to_op(s.detach(), 1).contiguous() for s in states]
 
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        if self._states is not None:  # the kept states follow .to(), .double(), .cuda() as the parameters do
+            self._states = [fn(s) for s in self._states]
+        return out
+
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, initial_state=None, training: Optional[bool] = None):
         x, initial_state = autocast_input(x, self.kernel), autocast_input(initial_state, self.kernel)
         self._check_input(x)

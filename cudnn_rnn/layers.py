@@ -363,6 +363,12 @@ class _RNNBase(nn.Module):
         else:
             self._states = [s.detach().unsqueeze(0) if s.dim() == 2 else s.detach() for s in states]
 
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        if self._states is not None:  # the kept states follow .to(), .double(), .cuda() as the parameters do
+            self._states = [fn(s) for s in self._states]
+        return out
+
     # -- forward ------------------------------------------------------------------------------
     def run(self, x: Tensor, mask=None, initial_state=None, training: Optional[bool] = None):
         """Checks the inputs and runs the stack: (y [B, T, u] in processing order, h_n, c_n)."""

@@ -546,6 +546,28 @@ def test_converted_file_with_an_expanded_tensor(tmp_path):
         load_converted(p)
 
 
+def test_converted_file_with_malformed_kept_states(tmp_path):
+    """A converted file's kept states (keras_states) that are not [path, float tensor] pairs, or
+    that do not fit their layer, are refused naming what is wrong."""
+    import torch
+
+    from cudnn_rnn.keras import load_converted, save_converted
+
+    stateful = os.path.join(os.path.dirname(KERAS), "tfk_stateful_saved_model")
+    p = tmp_path / "m.pt"
+    save_converted(load_keras(stateful), p)
+    data = torch.load(p, weights_only=True)
+    assert [pair[0] for pair in data["keras_states"]["lstm"]] == ["states/0", "states/1"]
+    for bad, message in ((["states/0", torch.zeros(2, 4)], "not a list of \\[path, tensor\\] pairs"),
+                         ([["states/0", torch.zeros(2, 4, dtype=torch.int64)]], "is not a float tensor"),
+                         ([["states/0", torch.zeros(2, 4)], ["states/1", torch.zeros(2, 7)]],
+                          "layer 'lstm'.*saved states do not fit the layer")):
+        changed = dict(data, keras_states=dict(data["keras_states"], lstm=bad))
+        torch.save(changed, p)
+        with pytest.raises(ConversionError, match=message):
+            load_converted(p)
+
+
 def test_not_a_regular_file(tmp_path):
     fifo = tmp_path / "pipe.keras"
     os.mkfifo(fifo)

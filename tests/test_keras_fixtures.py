@@ -152,15 +152,18 @@ def test_fixture_matches_keras(fixture, filename, architecture):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=f"output {i} of {filename}")
 
 
-def test_stateful_layers_continue_from_the_states_a_saved_model_kept():
+def test_stateful_layers_continue_from_the_states_a_saved_model_kept(tmp_path):
     """A tf.keras 2.21 SavedModel of stateful layers (LSTM, Bidirectional GRU, RNN over stacked
-    LSTM / LSTM / GRU cells, ConvLSTM2D) keeps the states they had when saved: tf.keras's loaded
-    model starts from them, and so does the converted one (its first call, the fixture test),
-    carries them on (its second call), and reset_states() starts it over as Keras's does."""
+    LSTM / LSTM / GRU cells, ConvLSTM2D, a GRU in a nested Sequential) keeps the states they had
+    when saved: tf.keras's loaded model starts from them, and so does the converted one (its
+    first call, the fixture test), carries them on (its second call), and reset_states() starts
+    it over as Keras's does. The kept states follow .double(), and a model save_converted wrote
+    reloads starting from them."""
     path = os.path.join(DATA, "tfk_stateful_saved_model")
     data = np.load(path + ".npz")
     inputs = [torch.as_tensor(data["input_0"]), torch.as_tensor(data["input_1"])]
     model = load_keras(path)
+    assert sorted(model.keras_states) == ["bidirectional", "conv_lstm2d", "inner/gru_1", "lstm", "rnn"]
     with torch.no_grad():
         for tag in ("output", "second"):
             for j, got in enumerate(model(*inputs)):
@@ -168,27 +171,36 @@ def test_stateful_layers_continue_from_the_states_a_saved_model_kept():
         model.reset_states()
         for j, got in enumerate(model(*inputs)):
             np.testing.assert_allclose(got.numpy(), data[f"fresh_{j}"], rtol=1e-5, atol=1e-6, err_msg=f"fresh {j}")
+        double = load_keras(path).double()
+        for j, got in enumerate(double(*[x.double() for x in inputs])):
+            assert got.dtype == torch.float64
+            np.testing.assert_allclose(got.numpy(), data[f"output_{j}"], rtol=1e-5, atol=1e-6, err_msg=f"double {j}")
+        save_converted(load_keras(path), tmp_path / "m.pt")
+        for j, got in enumerate(load_converted(str(tmp_path / "m.pt"))(*inputs)):
+            np.testing.assert_allclose(got.numpy(), data[f"output_{j}"], rtol=1e-5, atol=1e-6, err_msg=f"reloaded {j}")
 
 
 def test_saved_states_that_do_not_fit_the_layer_are_refused():
-    """Kept states that do not fit their layer (an LSTM's c state of 5 units where it has 4; a
-    state missing from a stack of cells) are refused naming the layer and what was expected."""
+    """Kept states that do not fit their layer (an LSTM's c state of 5 units where it has 4; both
+    for a batch of 3 where the inputs declare 2; a state missing from a stack of cells) are
+    refused naming the layer and what was expected."""
     from cudnn_rnn.keras.files.containers import open_keras_file
     from cudnn_rnn.keras.load import _saved_states
 
     path = os.path.join(DATA, "tfk_stateful_saved_model")
-    kf = open_keras_file(path)
-    assert [p for p, _ in kf.layer_states["lstm"]] == ["states/0", "states/1"]
     model = load_keras(path)
-    kf.layer_states["lstm"] = [(p, a if p == "states/0" else np.zeros((2, 5), np.float32)) for p, a in kf.layer_states["lstm"]]
+    kept = open_keras_file(path).layer_states
+    assert [p for p, _ in kept["lstm"]] == ["states/0", "states/1"]
+    wider = dict(kept, lstm=[(p, a if p == "states/0" else np.zeros((2, 5), np.float32)) for p, a in kept["lstm"]])
     with pytest.raises(ConversionError, match=r"layer 'lstm'.*saved states do not fit the layer: its saved states have "
-                                              r"shapes \[\(2, 4\), \(2, 5\)\]; expected \[batch, units\]"):
-        _saved_states(model, kf)
-    kf = open_keras_file(path)
-    (stack,) = [n for n in kf.layer_states if n.startswith("rnn")]
-    kf.layer_states[stack] = [(p, a) for p, a in kf.layer_states[stack] if p != "states/1/1"]
-    with pytest.raises(ConversionError, match=rf"layer '{stack}'.*cells 0-1 are stateful; the SavedModel keeps"):
-        _saved_states(model, kf)
+                                              r"shapes \[\(2, 4\), \(2, 5\)\]; expected \[2, units\]"):
+        _saved_states(model, wider, path)
+    other_batch = dict(kept, lstm=[(p, np.zeros((3, 4), np.float32)) for p, _ in kept["lstm"]])
+    with pytest.raises(ConversionError, match=r"layer 'lstm'.*\[\(3, 4\), \(3, 4\)\]; expected \[2, units\]"):
+        _saved_states(model, other_batch, path)
+    cut = dict(kept, rnn=[(p, a) for p, a in kept["rnn"] if p != "states/1/1"])
+    with pytest.raises(ConversionError, match=r"layer 'rnn'.*cells 0-1 are stateful; the SavedModel keeps"):
+        _saved_states(model, cut, path)
 
 
 @pytest.mark.parametrize("name", ["k3_nested_dicts.keras", "tfk_nested_dicts.h5"])

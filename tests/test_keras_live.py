@@ -125,7 +125,7 @@ def test_models_that_run_at_one_batch_size(case, tmp_path):
 
 
 @pytest.mark.keras
-@pytest.mark.parametrize("case", ["layer", "regrouped", "op", "nested"])
+@pytest.mark.parametrize("case", ["layer", "regrouped", "op", "op_regrouped", "nested"])
 def test_models_whose_graph_holds_the_free_length(case, tmp_path):
     """Inputs that leave the time free where a reshape holds it to one length (Keras runs such a
     model at that length only): the model loads, declares that length, computes what Keras
@@ -138,6 +138,8 @@ def test_models_whose_graph_holds_the_free_length(case, tmp_path):
         h = layers.Reshape((5, 8))(x)
     elif case == "op":
         h = keras.ops.reshape(x, (-1, 10, 4))
+    elif case == "op_regrouped":  # (Keras runs it wherever 4 x batch x length is a multiple of 40; at 10 steps
+        h = keras.ops.reshape(x, (-1, 5, 8))  # the batch stays)
     else:
         inner = keras.Input((None, 4))
         h = keras.Model(inner, layers.Reshape((10, 4))(inner))(x)
@@ -1280,6 +1282,24 @@ def test_one_reversible_embedding_embeds_and_projects_back(tie, mode, options, r
     cudnn_rnn.save_keras(converted, tmp_path / "back.keras")
     back = keras.ops.convert_to_numpy(keras.models.load_model(tmp_path / "back.keras")(x))
     np.testing.assert_allclose(back.astype("float32"), expected.astype("float32"), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_reversible_embedding_projects_another_float_type_as_keras(dtype, tmp_path):
+    """A reverse call on a bfloat16 / float16 tensor against the float32 table: Keras's matmul
+    computes it in float32 (the types' common one); so does the converted layer, within 1e-6."""
+    rng = np.random.RandomState(23)
+    ids = keras.Input((T,), dtype="int32")
+    emb = layers.ReversibleEmbedding(9, 4)
+    model = keras.Model(ids, emb(keras.ops.cast(emb(ids), dtype), reverse=True))
+    model.set_weights([rng.uniform(-0.6, 0.6, w.shape).astype("float32") for w in model.get_weights()])
+    x = rng.randint(0, 9, size=(B, T)).astype("int32")
+    expected = keras.ops.convert_to_numpy(model(x))
+    model.save(tmp_path / "m.keras")
+    got = load_keras(str(tmp_path / "m.keras"))(torch.as_tensor(x)).detach()
+    assert got.dtype == torch.float32 and expected.dtype == np.float32
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_a_layer_quantized_otherwise_is_refused_by_name(tmp_path):

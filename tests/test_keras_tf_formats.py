@@ -230,6 +230,9 @@ def test_a_graph_that_is_not_a_string_and_a_cycle(tmp_path):
     graph = tf_formats._Checkpoint(os.path.join(stateful, "variables", "variables"), "x", "x", stateful).graph()
     states = tf_formats._layers(graph)[2]
     assert sum(len(v) for v in states.values()) == 2 + 2 + 5 + 2  # LSTM, Bidirectional GRU, 3 cells, ConvLSTM
+    # (a nested model's layers, by their paths, where the metadata names them)
+    from cudnn_rnn.keras.files.containers import load_json
+    assert "inner/gru_1" in tf_formats.saved_model_parts(stateful, load_json)[5]
     lists = {c for children, _ in graph for c, n in children if n == "variables"}  # (layer.weights, kept in order)
     looped = [(children if i in lists else [(i, "self"), (0, "back")] + children, attributes)
               for i, (children, attributes) in enumerate(graph)]

@@ -28,13 +28,15 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def save_converted(model: KerasModel, path: Union[str, os.PathLike]) -> None:
     """Writes a model load_keras returned as one file that reloads without the Keras checkpoint
-    (load_converted): its config, the arrays it was built from and its state_dict (fine-tuned
-    weights included), in torch.save's zip format, read back with weights_only=True."""
+    (load_converted): its config, the arrays it was built from, the states a tf.keras SavedModel
+    kept for its stateful layers, and its state_dict (fine-tuned weights included), in
+    torch.save's zip format, read back with weights_only=True."""
     weights = {name: [[[torch.as_tensor(a) for a in group] for group in take] for take in takes]
                for name, takes in model.keras_weights.items()}
+    states = {name: [[p, torch.as_tensor(a)] for p, a in pairs] for name, pairs in getattr(model, "keras_states", {}).items()}
     torch.save({"format": FORMAT, "keras_config": json.dumps(model.keras_config),
                 "keras_version": model.keras_version or "", "keras_backend": getattr(model, "keras_backend", None) or "",
-                "keras_weights": weights,
+                "keras_weights": weights, "keras_states": states,
                 "state_dict": model.state_dict()}, path)
 
 
@@ -128,13 +130,22 @@ def load_converted(path: Union[str, os.PathLike], dtype: Optional[torch.dtype] =
         if not isinstance(key, str):
             raise ConversionError(path, "the state_dict has a key that is not a string")
         state[key] = _tensor(path, value, f"state_dict[{key[:80]!r}]")
+    states = {}
+    kept = data.get("keras_states", {})  # (absent in files written before states were kept)
+    if not isinstance(kept, dict):
+        raise ConversionError(path, "is not a cudnn_rnn converted model (keras_states is not a dict)")
+    for name, pairs in kept.items():
+        if not isinstance(name, str) or not isinstance(pairs, list) or not all(
+                isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) for pair in pairs):
+            raise ConversionError(path, "keras_states is not a list of [path, tensor] pairs per layer name")
+        states[name] = [(p, _nested(path, t, 0, f"keras_states[{name[:80]!r}]")) for p, t in pairs]
     config = load_json(path, data["keras_config"], "keras_config")
     if dtype is None:
         saved = {t.dtype for t in state.values() if t.is_floating_point()}
         dtype = torch.float64 if saved == {torch.float64} else torch.float32
     backend = data.get("keras_backend")  # (absent in files written before it was kept)
     model = rebuild(config, data["keras_version"] or None, weights, dtype, path, custom_layers,
-                    backend if isinstance(backend, str) and backend else None)
+                    backend if isinstance(backend, str) and backend else None, states)
     own = model.state_dict()
     if set(own) != set(state):
         extra, missing = sorted(set(state) - set(own)), sorted(set(own) - set(state))

@@ -125,30 +125,43 @@ def load_keras(path: Union[str, os.PathLike], architecture: Optional[Union[str, 
                        backend)
         model.keras_config, model.keras_version, model.keras_weights = config, version, records
         model.keras_backend = backend
-        return _saved_states(check_runs(model.eval(), kf.path), kf)
+        return _saved_states(check_runs(model.eval(), kf.path), kf.layer_states, kf.path)
 
 
-def _saved_states(model: KerasModel, kf) -> KerasModel:
+def _saved_states(model: KerasModel, states: dict, where) -> KerasModel:
     """A tf.keras SavedModel's stateful recurrent layers start from the states they had when it
     was saved, as tf.keras's loaded model does on its first call (other files keep no states);
-    model.reset_states() zeroes them, as Keras's reset_states does."""
-    for name, pairs in kf.layer_states.items():
-        module = model.layers[module_key(name)] if module_key(name) in model.layers else None
+    model.reset_states() zeroes them, as Keras's reset_states does. `states`: by layer path
+    ("lstm", or "inner_model/lstm" in a nested model), the (state path, array) pairs; kept as
+    model.keras_states (save_converted writes them)."""
+    model.keras_states = states
+    for name, pairs in states.items():
+        module, inner = model, name.split("/")
+        for part in inner:  # (through nested models)
+            owner = module.model if isinstance(module, NestedModel) else module
+            layers = getattr(owner, "layers", None)
+            module = layers[module_key(part)] if isinstance(layers, torch.nn.ModuleDict) and \
+                module_key(part) in layers else None
         restore = getattr(module, "load_keras_states", None)
         if restore is None:
             continue  # (a layer that keeps no states here: nothing to restore)
         try:
-            restore({path: torch.as_tensor(np.asarray(array)) for path, array in pairs})
+            restore({path: torch.as_tensor(np.asarray(array)) for path, array in pairs}, _declared_batch(model))
         except ValueError as e:
-            raise ConversionError(kf.path, f"its saved states do not fit the layer: {str(e)[:300]}", name) from None
+            raise ConversionError(where, f"its saved states do not fit the layer: {str(e)[:300]}", name) from None
     return model
+
+
+def _declared_batch(model: KerasModel) -> Optional[int]:
+    """The batch size the model's inputs declare (a stateful model declares one), else None."""
+    return next((shape[0] for _, shape in model.input_specs if shape and shape[0] is not None), None)
 
 
 def rebuild(config: dict, keras_version: Optional[str], keras_weights: dict, dtype: torch.dtype = torch.float32,
             where: str = "<converted>", custom_layers: Optional[Mapping[str, Callable]] = None,
-            keras_backend: Optional[str] = None) -> KerasModel:
-    """The model load_keras built, from what it recorded (config, version, backend, weights); the
-    same custom_layers builders as load_keras was given, if any."""
+            keras_backend: Optional[str] = None, keras_states: Optional[dict] = None) -> KerasModel:
+    """The model load_keras built, from what it recorded (config, version, backend, weights, kept
+    states); the same custom_layers builders as load_keras was given, if any."""
     custom = custom_builders(custom_layers)
     with _boundary(where):
         spec = parse_model(config, where)
@@ -157,7 +170,7 @@ def rebuild(config: dict, keras_version: Optional[str], keras_weights: dict, dty
                        keras_backend)
         model.keras_config, model.keras_version, model.keras_weights = config, keras_version, keras_weights
         model.keras_backend = keras_backend
-        return check_runs(model.eval(), where)
+        return _saved_states(check_runs(model.eval(), where), keras_states or {}, where)
 
 
 class _boundary:
@@ -298,24 +311,24 @@ def _pinned_batches(model: KerasModel) -> list:
 
 def _pinned_lengths(model: KerasModel) -> list:
     """The lengths a model whose inputs leave the time free may run at only (Input((None, 4))
-    then Reshape((10, 4)) or Reshape((5, 8)), ops.reshape(x, (-1, 10, 4))): the sizes of a
-    reshape's target past the batch, and the length that gives an input with one free dimension
-    the target's count of values. Keras runs such a model at that length; at most _MAX_PINNED."""
+    then Reshape((10, 4)) or Reshape((5, 8)), ops.reshape(x, (-1, 10, 4))): the length that gives
+    an input with one free dimension the count of values of a reshape's target past the batch,
+    then the target's sizes. Keras runs such a model at that length; at most _MAX_PINNED."""
     targets = [list(layer.config.get("target_shape") or []) for layer in _all_layers(model.spec)
                if layer.class_name == "Reshape" and not layer.is_op]
     targets += [value[1:] for value, reshape in _written_shapes(model.spec) if reshape]
-    sizes = []
+    whole, each = [], []  # (the lengths that keep the batch first: a -1 batch takes the others too)
     for dims in targets:
         if not 0 < len(dims) <= 8 or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1 << 24
                                              for d in dims):
             continue  # a -1 (or None) takes any length
-        sizes += dims
+        each += dims
         total = math.prod(dims)
         for _, shape in model.input_specs:
             fixed = math.prod(d for d in shape[1:] if d is not None)
             if list(shape[1:]).count(None) == 1 and total % fixed == 0:
-                sizes.append(total // fixed)
-    return _sizes(sizes, _MAX_PINNED)
+                whole.append(total // fixed)
+    return _sizes(whole + each, _MAX_PINNED)
 
 
 def _all_layers(spec: ModelSpec) -> list:

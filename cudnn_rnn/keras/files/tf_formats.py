@@ -675,10 +675,23 @@ def _layers(graph, names_of=None):
             pairs.append((attributes["name:VARIABLE_VALUE"] + ":0", attributes["VARIABLE_VALUE"]))
         names.append(name)
         weights[name] = pairs
-        held = _states(graph, node, budget)
-        if held:
-            states[name] = held
+        _layer_states(graph, node, name, names_of, budget, states, 0)
     return names, weights, states
+
+
+def _layer_states(graph, node: int, name: str, names_of, budget: List[int], states: dict, depth: int) -> None:
+    """The kept states of the layer at node (_states), and those of the layers of a model nested
+    there (its layer-K children, named "<model>/<layer>" by their metadata), into states."""
+    held = _states(graph, node, budget)
+    if held:
+        states[name] = held
+    if depth >= 4 or names_of is None:
+        return
+    for c, n in graph[node][0]:
+        if _LAYER_CHILD.fullmatch(n) and 0 <= c < len(graph) and c != node:
+            inner = names_of(c)
+            if inner is not None:
+                _layer_states(graph, c, f"{name}/{inner}", names_of, budget, states, depth + 1)
 
 
 __all__ = ["is_saved_model", "saved_model_parts", "checkpoint_prefix", "checkpoint_parts", "read_index", "untuple",

@@ -3,6 +3,8 @@ layers wrapped in ConvRecurrent: the options read from the config with the produ
 the weights (kernel [*k, C, 4F], recurrent_kernel [*k, F, 4F], bias [4F]) taken as stored."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -28,9 +30,9 @@ class ConvRecurrent(nn.Module):
     def keras_groups(self):
         return [("cell", self.layer.layer_weights())]
 
-    def load_keras_states(self, states: dict) -> None:
+    def load_keras_states(self, states: dict, batch: Optional[int] = None) -> None:
         """The states a tf.keras SavedModel kept for a stateful layer (recurrent.restore_states)."""
-        restore_states(states, [("", self.layer)])
+        restore_states(states, [("", self.layer)], batch)
 
     def forward(self, inputs, masks):
         initial = list(inputs[1:]) or None
@@ -116,8 +118,9 @@ class ConvBidirectional(nn.Module):
         return [("forward_layer/cell", self.forward_layer.layer_weights()),
                 ("backward_layer/cell", self.backward_layer.layer_weights())]
 
-    def load_keras_states(self, states: dict) -> None:
-        restore_states(states, [("forward_layer/", self.forward_layer), ("backward_layer/", self.backward_layer)])
+    def load_keras_states(self, states: dict, batch: Optional[int] = None) -> None:
+        restore_states(states, [("forward_layer/", self.forward_layer), ("backward_layer/", self.backward_layer)],
+                       batch)
 
     def forward(self, inputs, masks):
         initial = list(inputs[1:])

@@ -71,9 +71,10 @@ class ReversibleEmbedding(Reversible, Embedding):
 
     def logits(self, x):
         kernel = self.embeddings.t() if self.reverse_embeddings is None else self.reverse_embeddings
-        if self.reverse_dtype is not None:
-            x, kernel = x.to(self.reverse_dtype), kernel.to(self.reverse_dtype)
-        return torch.matmul(x, kernel)
+        # in reverse_dtype, else in the inputs' and the table's common type (Keras's matmul
+        # promotes a bfloat16 input and a float32 table to float32)
+        dtype = self.reverse_dtype or torch.promote_types(x.dtype, kernel.dtype)
+        return torch.matmul(x.to(dtype), kernel.to(dtype))
 
 
 class Masking(nn.Module):

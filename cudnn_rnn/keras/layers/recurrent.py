@@ -40,14 +40,14 @@ class Recurrent(nn.Module):
                     ("backward_layer/cell", self.layer.backward_layer.layer_weights(0))]
         return [("cell", self.layer.layer_weights(0))]
 
-    def load_keras_states(self, states: dict) -> None:
+    def load_keras_states(self, states: dict, batch: Optional[int] = None) -> None:
         """The states a tf.keras SavedModel kept for the layer ("states/0", ...; a Bidirectional's
         "forward_layer/states/0", ...) as its stateful layers' next initial states."""
         if isinstance(self.layer, rnn_layers.Bidirectional):
             restore_states(states, [("forward_layer/", self.layer.forward_layer),
-                                    ("backward_layer/", self.layer.backward_layer)])
+                                    ("backward_layer/", self.layer.backward_layer)], batch)
         else:
-            restore_states(states, [("", self.layer)])
+            restore_states(states, [("", self.layer)], batch)
 
     def forward(self, inputs, masks):
         initial = list(inputs[1:]) or None
@@ -62,12 +62,12 @@ class Recurrent(nn.Module):
         return graph_outputs(outs[:n_outputs], outs[n_outputs:], masks[0] if self.layer.return_sequences else None)
 
 
-def restore_states(states: dict, sides) -> None:
+def restore_states(states: dict, sides, batch: Optional[int] = None) -> None:
     """Sets stateful layers' states from those a tf.keras SavedModel kept (path -> tensor):
     sides [(path prefix, layer)], each layer's f"{prefix}states/{k}" for k below its state count
     (h, then an LSTM's c: [batch, units], a ConvLSTM's [batch, *spatial, filters] in its
-    data_format). A layer that is not stateful keeps none; a missing or misshapen state raises
-    ValueError."""
+    data_format; `batch`: the one the model's inputs declare, where they do). A layer that is
+    not stateful keeps none; a missing or misshapen state raises ValueError."""
     from ... import conv_lstm
 
     for prefix, layer in sides:
@@ -86,9 +86,10 @@ def restore_states(states: dict, sides) -> None:
         else:  # (a num_layers stack's: [num_layers, batch, units])
             fits = shape[-1:] == (layer.units,) and (len(shape) == 2 and layer.num_layers == 1 or
                                                      len(shape) == 3 and shape[0] == layer.num_layers)
-        if not fits or 0 in shape or any(tuple(a.shape) != shape for a in arrays):
-            raise ValueError(f"its saved states have shapes {[tuple(a.shape) for a in arrays]}; expected [batch, "
-                             f"{'*spatial, filters' if convolutional else 'units'}] each")
+        held = shape[1] if len(shape) == 3 and not convolutional else shape[0]
+        if not fits or 0 in shape or any(tuple(a.shape) != shape for a in arrays) or batch not in (None, held):
+            raise ValueError(f"its saved states have shapes {[tuple(a.shape) for a in arrays]}; expected "
+                             f"[{batch or 'batch'}, {'*spatial, filters' if convolutional else 'units'}] each")
         dtype = next(p.dtype for p in layer.parameters())
         layer.reset_states([a.to(dtype) for a in arrays])
 
@@ -154,13 +155,13 @@ class CellStack(nn.Module):
         own = list(zip(self.groups, cells))
         return own + (self.backward.keras_groups() if self.backward is not None else [])
 
-    def load_keras_states(self, states: dict, prefix: str = "") -> None:
+    def load_keras_states(self, states: dict, batch: Optional[int] = None, prefix: str = "") -> None:
         """The states a tf.keras SavedModel kept for the stack (cell k's "states/k", or an LSTM
         cell's "states/k/0" and "states/k/1"; a Bidirectional's under "forward_layer/" and
         "backward_layer/") as its stateful layers' next initial states, stacked per part."""
         if self.backward is not None and not prefix:
-            self.load_keras_states(states, "forward_layer/")
-            self.backward.load_keras_states(states, "backward_layer/")
+            self.load_keras_states(states, batch, "forward_layer/")
+            self.backward.load_keras_states(states, batch, "backward_layer/")
             return
         cell = 0
         for part in self.parts:
@@ -174,7 +175,7 @@ class CellStack(nn.Module):
                 kept = ", ".join(sorted(states)[:6]) or "no states"
                 raise ValueError(f"the stack's cells {cells.start}-{cells.stop - 1} are stateful; the SavedModel keeps "
                                  f"{kept} under {prefix}states/, not their states of one shape each")
-            restore_states({f"states/{k}": torch.stack(row) for k, row in enumerate(held)}, [("", part)])
+            restore_states({f"states/{k}": torch.stack(row) for k, row in enumerate(held)}, [("", part)], batch)
 
     def run(self, x, mask, initial):
         """(output sequence in processing order, flat final states) of the stack."""
