@@ -282,6 +282,7 @@ def cmd_convert(args) -> int:
                   f"({', '.join(stateful[:4])}{', ...' if len(stateful) > 4 else ''}) start "
                   "every call from zero states, as after reset_states(); to carry the states, export a module that "
                   "takes them and returns them (docs/guides/serving.md)", file=sys.stderr)
+            model.reset_states()  # (states a SavedModel kept would be traced in as constants)
 
         def shapes_from(minimum):
             return (tuple({0: batch, 1: torch.export.Dim(f"time_{i}", min=minimum)} if i in free else {0: batch}

@@ -180,6 +180,21 @@ def test_stateful_layers_continue_from_the_states_a_saved_model_kept(tmp_path):
             np.testing.assert_allclose(got.numpy(), data[f"output_{j}"], rtol=1e-5, atol=1e-6, err_msg=f"reloaded {j}")
 
 
+def test_convert_exports_a_stateful_saved_model_from_zero_states(tmp_path, capsys):
+    """`cudnn-rnn convert` of a SavedModel whose stateful layers kept states says the program
+    starts every call from zero states, and it does (the kept states are not traced in): the
+    program computes tf.keras's outputs after reset_states(), within 1e-6."""
+    from cudnn_rnn.cli import main
+
+    path = os.path.join(DATA, "tfk_stateful_saved_model")
+    data = np.load(path + ".npz")
+    assert main(["convert", "--no-progress", path, str(tmp_path / "m.pt2")]) == 0
+    assert "start every call from zero states" in capsys.readouterr().err
+    program = torch.export.load(str(tmp_path / "m.pt2")).module()
+    for j, got in enumerate(program(torch.as_tensor(data["input_0"]), torch.as_tensor(data["input_1"]))):
+        np.testing.assert_allclose(got.detach().numpy(), data[f"fresh_{j}"], rtol=1e-5, atol=1e-6, err_msg=f"{j}")
+
+
 def test_saved_states_that_do_not_fit_the_layer_are_refused():
     """Kept states that do not fit their layer (an LSTM's c state of 5 units where it has 4; both
     for a batch of 3 where the inputs declare 2; a state missing from a stack of cells) are
