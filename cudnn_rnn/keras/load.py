@@ -267,17 +267,12 @@ def _written_shapes(spec: ModelSpec) -> list:
     graph writes with the batch first: an operation's newshape / shape, a tf.keras TFOpLambda's
     list arguments (tf.reshape(x, (4, -1)), a constant array)."""
     found = []
-
-    def walk(s: ModelSpec):
-        for layer in s.layers:
-            if layer.model is not None:
-                walk(layer.model)
-            elif layer.is_op:
-                found.extend((layer.config.get(key), layer.class_name == "Reshape") for key in ("newshape", "shape"))
-            elif layer.class_name == "TFOpLambda" and layer.calls:
-                reshape = "reshape" in str(layer.config.get("function"))
-                found.extend((value, reshape) for value in [*layer.calls[0].constants, *layer.calls[0].kwargs.values()])
-    walk(spec)
+    for layer in _all_layers(spec):
+        if layer.is_op:
+            found.extend((layer.config.get(key), layer.class_name == "Reshape") for key in ("newshape", "shape"))
+        elif layer.class_name == "TFOpLambda" and layer.calls:
+            reshape = "reshape" in str(layer.config.get("function"))
+            found.extend((value, reshape) for value in [*layer.calls[0].constants, *layer.calls[0].kwargs.values()])
     return [(value, reshape) for value, reshape in found if isinstance(value, list) and value]
 
 

@@ -92,9 +92,11 @@ class KerasModel(nn.Module):
         # features gives float32)
         promotes = {layer.name: _promotes_integers(layer, keras3) for layer in spec.layers if not layer.is_op}
         self._promote = [promotes.get(name, _NO_PROMOTION) for name, *_ in self.schedule]
-        # per scheduled call, whether the module is told which of its layer's calls it runs (a
-        # ReversibleEmbedding looks up on one call and projects back on another)
-        self._takes_call = [getattr(self.layers[key], "takes_call", False) for _, key, *_ in self.schedule]
+        # per scheduled call, the keywords its module takes beyond inputs and masks: which of its
+        # layer's calls it runs, for a module that asks (a ReversibleEmbedding looks up on one call
+        # and projects back on another)
+        self._call_kwargs = [{"call": call} if getattr(self.layers[key], "takes_call", False) else {}
+                             for _, key, call, *_ in self.schedule]
 
     @staticmethod
     def _schedule(spec: ModelSpec, path) -> List[Tuple[str, str, int, list, Optional[list]]]:
@@ -204,8 +206,8 @@ class KerasModel(nn.Module):
 
         name, xs = "", []
         try:
-            for (name, key, call, refs, mask_refs), dropped, autocast, promote, takes_call in zip(
-                    self.schedule, self.masks_dropped, self._autocast, self._promote, self._takes_call):
+            for (name, key, call, refs, mask_refs), dropped, autocast, promote, kwargs in zip(
+                    self.schedule, self.masks_dropped, self._autocast, self._promote, self._call_kwargs):
                 got = [g for r in refs for g in fetch(r)]
                 xs = [t for t, _ in got]
                 if autocast:  # (a tensor an operation cast to another float dtype)
@@ -217,11 +219,10 @@ class KerasModel(nn.Module):
                 if mask_refs is not None:  # an explicit mask=, or a list of them (Attention: [query, value])
                     for j, r in enumerate(mask_refs[: len(ms)]):
                         ms[j] = fetch(r)[0][0] if r is not None else None
-                index = {"call": call} if takes_call else {}
                 if not name_failures:
-                    outs, out_masks = self.layers[key](xs, ms, **index)
+                    outs, out_masks = self.layers[key](xs, ms, **kwargs)
                 else:
-                    outs, out_masks = _named_call(self.layers[key], name, xs, ms, index)
+                    outs, out_masks = _named_call(self.layers[key], name, xs, ms, kwargs)
                 env[(name, call)] = (outs, out_masks)
         except Exception as e:  # noqa: BLE001 - re-raised, naming the layer
             if name_failures or _tracing():
@@ -518,11 +519,11 @@ def _in_layer(error: Exception, name: str, kind: str, xs) -> Exception:
     return named
 
 
-def _named_call(module: nn.Module, name: str, xs, ms, index: dict):
+def _named_call(module: nn.Module, name: str, xs, ms, kwargs: dict):
     try:
         if isinstance(module, NestedModel):
             return module.model.forward_with_masks(*xs, masks=ms, name_failures=True)
-        return module(xs, ms, **index)
+        return module(xs, ms, **kwargs)
     except LayerFailure as inner:  # from inside a nested model: its path
         raise LayerFailure(f"{name}/{inner.layer}", inner.error) from None
     except Exception as e:  # noqa: BLE001 - named, then re-raised

@@ -62,6 +62,12 @@ class Recurrent(nn.Module):
         return graph_outputs(outs[:n_outputs], outs[n_outputs:], masks[0] if self.layer.return_sequences else None)
 
 
+def _cell_state(states: dict, path: str, k: int, count: int):
+    """A stacked cell's state k from those a SavedModel kept: f"{path}/{k}", or the cell's one
+    state kept at f"{path}" itself (a cell of one state); None where neither is."""
+    return states.get(f"{path}/{k}", states.get(path) if count == 1 else None)
+
+
 def restore_states(states: dict, sides, batch: Optional[int] = None) -> None:
     """Sets stateful layers' states from those a tf.keras SavedModel kept (path -> tensor):
     sides [(path prefix, layer)], each layer's f"{prefix}states/{k}" for k below its state count
@@ -167,8 +173,8 @@ class CellStack(nn.Module):
         for part in self.parts:
             cells = range(cell, cell + part.num_layers)
             cell += part.num_layers
-            held = [[states.get(f"{prefix}states/{c}/{k}", states.get(f"{prefix}states/{c}") if part.state_count == 1
-                                else None) for c in cells] for k in range(part.state_count)]
+            held = [[_cell_state(states, f"{prefix}states/{c}", k, part.state_count) for c in cells]
+                    for k in range(part.state_count)]
             if not part.stateful:
                 continue
             if any(a is None or tuple(a.shape) != tuple(row[0].shape) for row in held for a in row):
