@@ -304,3 +304,45 @@ def test_inputs_of_one_value_per_example(name):
             for j, y in enumerate(out.values()):
                 np.testing.assert_allclose(y.numpy(), stored[f"output_{j}"], rtol=1e-5, atol=1e-6,
                                            err_msg=f"output {model.output_keys[j]}")
+
+
+@pytest.mark.parametrize("name", ["k3_feature_space", "k3_feature_space_dict"])
+def test_feature_space_models_match_keras(name, tmp_path):
+    """Models built on keras.utils.FeatureSpace (Keras 3.15 on TensorFlow 2.21; .keras), whose
+    graphs hold Keras's own TFDConcat and TFDIdentity beside the preprocessing layers: normalized,
+    rescaled and discretized floats, integer and string categoricals, integer and string hashing
+    and a cross into Dense layers; and output_mode="dict" (a float as it is, a rescaled float,
+    string ids, one-hot integers); on rows holding values the adaptation never saw, as Keras
+    computed them (float outputs within 1e-5, ids exactly); and after save_converted."""
+    path = os.path.join(DATA, f"{name}.keras")
+    stored = np.load(os.path.join(DATA, f"{name}.npz"))
+    given = {k[len("input_"):]: stored[k] for k in stored.files if k.startswith("input_")}
+    model = load_keras(path)
+    assert model.input_keys == sorted(given)
+    save_converted(model, tmp_path / "fs.pt")
+    for m in (model, load_converted(tmp_path / "fs.pt")):
+        with torch.no_grad():
+            out = m(given)
+        out = list(out) if isinstance(out, (list, tuple)) else [out]
+        assert len(out) == len([k for k in stored.files if k.startswith("output_")])
+        for j, y in enumerate(out):
+            expected = stored[f"output_{j}"]
+            assert y.dtype == torch.from_numpy(expected).dtype, (j, y.dtype, expected.dtype)
+            np.testing.assert_allclose(y.numpy(), expected, rtol=1e-5, atol=1e-6, err_msg=f"output {j}")
+
+
+def test_feature_space_class_names_from_another_module_are_refused(tmp_path):
+    """TFDConcat is converted as FeatureSpace's where the file records FeatureSpace's module; a
+    class of that name from another module is the model's own, refused with a builder offered."""
+    src = os.path.join(DATA, "k3_feature_space.keras")
+    config = json.loads(zipfile.ZipFile(src).read("config.json"))
+    for layer in config["config"]["layers"]:
+        if layer["class_name"] == "TFDConcat":
+            layer["module"] = "my_project.layers"
+    bad = tmp_path / "own_concat.keras"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bad, "w") as zout:
+        for item in zin.namelist():
+            zout.writestr(item, json.dumps(config) if item == "config.json" else zin.read(item))
+    with pytest.raises(ConversionError, match=r"TFDConcat of module 'my_project.layers' is not supported .*"
+                                              r"custom_layers=\{'TFDConcat': builder\}"):
+        load_keras(bad)

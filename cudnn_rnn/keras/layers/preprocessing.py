@@ -1,19 +1,22 @@
 """Preprocessing saved inside models: Rescaling, Normalization (adapted or given mean and
 variance, invert), CenterCrop, Resizing, Discretization, CategoryEncoding, IntegerLookup (its
 vocabulary from the config or the .keras file's asset), Hashing, HashedCrossing, AutoContrast,
-ContrastLimitedAdaptiveHistogramEqualization; and the image augmentation layers (RandomFlip, RandomRotation,
-RandomZoom, ...), which Keras runs only in training: here they are exactly the identity at
-inference, and a model in training mode refuses them with one error (their random transforms are
-Keras's own and are not reproduced); their modules and their builders."""
+ContrastLimitedAdaptiveHistogramEqualization; Keras 3's FeatureSpace layers (TFDConcat, TFDIdentity);
+and the image augmentation layers (RandomFlip, RandomRotation, RandomZoom, ...), which Keras runs
+only in training: here they are exactly the identity at inference, and a model in training mode
+refuses them with one error (their random transforms are Keras's own and are not reproduced);
+their modules and their builders."""
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 import numpy as np
 import torch
 from torch import nn
 
-from .base import _Single, channels_last_format, from_channels_first, to_channels_first, without_mask_in_keras2
+from .base import Identity, _Single, channels_last_format, from_channels_first, to_channels_first, without_mask_in_keras2
+from .custom import short_name
 from .farmhash import string_fingerprints, strings_of
 from .shape import cubic_of, resize_image
 from .registry import builder, dtype_name
@@ -801,3 +804,42 @@ def build_histogram_equalization(cfg, ctx):
     grid = [Values({"tile_grid_size": g}, ctx).int("tile_grid_size", lo=1, hi=256) for g in grid]
     return HistogramEqualization([float(e) for e in value_range], v.float("clip_limit", 4.0), grid,
                                  channels_last_format(cfg, ctx), ctx.backend)
+
+
+# ---------------------------------------------------------------------------------------------
+# FeatureSpace (keras.utils.FeatureSpace): the layers its encoded-features graph holds beside the
+# stock preprocessing layers, which Keras 3 records by their module
+# ---------------------------------------------------------------------------------------------
+_FEATURE_SPACE_MODULE = re.compile(r"keras(\.src)?\.layers\.preprocessing\.feature_space")
+
+
+class FeatureConcat(nn.Module):
+    """FeatureSpace's TFDConcat (output_mode="concat"): its inputs concatenated along `axis`, as
+    keras.ops.concatenate (dtypes promoted); a DataLayer, so no mask passes."""
+
+    def __init__(self, axis: int):
+        super().__init__()
+        self.axis = axis
+
+    def forward(self, inputs, masks):
+        return [torch.cat(list(inputs), dim=self.axis)], [None]
+
+    def extra_repr(self):
+        return f"axis={self.axis}"
+
+
+@builder("TFDConcat", "TFDIdentity", weights=False)
+def build_feature_space_layer(cfg, ctx):
+    """Keras 3's FeatureSpace layers, where the file records their module (legacy .h5 files record
+    none, and Keras cannot load them back); a class of one of these names from another module is
+    the model's own, and needs a builder."""
+    module, name = ctx.spec.module, short_name(ctx.spec.class_name)
+    if module and not _FEATURE_SPACE_MODULE.fullmatch(module):
+        raise ctx.error(f"layer class {name} of module {module[:80]!r} is not supported (the class of that name "
+                        "converted here is keras.utils.FeatureSpace's); a model's own classes can be given builders: "
+                        f"load_keras(..., custom_layers={{{name!r}: builder}})")
+    if ctx.spec.class_name == "TFDConcat":
+        return FeatureConcat(Values(cfg, ctx).int("axis", -1, lo=-8, hi=8))
+    module = Identity()
+    module.keeps_mask = False
+    return module
