@@ -156,6 +156,64 @@ def test_models_whose_graph_holds_the_free_length(case, tmp_path):
     np.testing.assert_allclose(program.module()(torch.as_tensor(data[:2])).detach().numpy(), got[:2], atol=1e-6)
 
 
+@pytest.mark.keras
+@pytest.mark.parametrize("case", ["frames", "regrouped", "position_table"])
+def test_models_that_run_at_particular_lengths(case, tmp_path):
+    """A free time axis a reshape splits into fixed pieces at lengths other than 8, 128 or 1024
+    (raw samples framed by Reshape((-1, 20)); 3 features a step regrouped by Reshape((-1, 5, 6)):
+    multiples of 10 steps; any multiple runs, so the model keeps its free length), or that a
+    constant table fixes (a position embedding of ops.arange(12) added to the tokens': that length
+    is declared): the model loads and computes what Keras computes."""
+    rng = np.random.RandomState(12)
+    if case == "position_table":
+        x = keras.Input((None,), dtype="int32")
+        h = layers.Embedding(30, 4)(x) + layers.Embedding(12, 4)(keras.ops.arange(0, 12))
+        data = rng.randint(0, 30, (3, 12)).astype("int32")
+    elif case == "frames":
+        x = keras.Input((None,))
+        h = layers.Reshape((-1, 20))(x)
+        data = rng.uniform(-1, 1, (3, 180)).astype("float32")
+    else:
+        x = keras.Input((None, 3))
+        h = layers.Reshape((-1, 30))(layers.Reshape((-1, 5, 6))(x))
+        data = rng.uniform(-1, 1, (3, 30, 3)).astype("float32")
+    model = keras.Model(x, layers.Dense(2)(layers.LSTM(3)(h)))
+    model.save(tmp_path / "m.keras")
+    ours = load_keras(tmp_path / "m.keras")
+    assert ours.input_specs[0][1][1] == (12 if case == "position_table" else None)
+    with torch.no_grad():
+        got = ours(torch.as_tensor(data)).numpy()
+    np.testing.assert_allclose(got, keras.ops.convert_to_numpy(model(data)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.keras
+@pytest.mark.parametrize("case", ["mel_spectrogram", "stft_convolutions"])
+def test_models_that_need_long_inputs(case, tmp_path):
+    """Audio models on a free number of samples that run only on more than 1024 of them
+    (MelSpectrogram's defaults pad by 1024 on each side, reflecting; an STFT's frames through a
+    stack of valid convolutions and a pooling): the model loads, keeps its free length and
+    computes what Keras computes on 3000 samples."""
+    rng = np.random.RandomState(13)
+    if case == "mel_spectrogram":
+        x = keras.Input((None,))
+        h = layers.Permute((2, 1))(layers.MelSpectrogram(num_mel_bins=16)(x))
+        out = layers.Dense(2)(layers.LSTM(3)(h))
+        data = rng.normal(0, 0.2, (2, 3000)).astype("float32")
+    else:
+        x = keras.Input((None, 1))
+        h = layers.STFTSpectrogram(mode="log", frame_length=64, frame_step=16, fft_length=64)(x)
+        h = layers.MaxPooling1D(4)(layers.Conv1D(4, 40, activation="relu")(h))
+        out = layers.Dense(2)(layers.GlobalMaxPooling1D()(layers.Conv1D(3, 8)(h)))
+        data = rng.normal(0, 0.2, (2, 3000, 1)).astype("float32")
+    model = keras.Model(x, out)
+    model.save(tmp_path / "m.keras")
+    ours = load_keras(tmp_path / "m.keras")
+    assert ours.input_specs[0][1][1] is None
+    with torch.no_grad():
+        got = ours(torch.as_tensor(data)).numpy()
+    np.testing.assert_allclose(got, keras.ops.convert_to_numpy(model(data)), atol=1e-5, rtol=1e-5)
+
+
 def test_converted_file_round_trip(tmp_path):
     fixture = os.path.join(ROOT, "tests", "fixtures", "data", "k3_functional.keras")
     model = load_keras(fixture)

@@ -323,7 +323,60 @@ def _pinned_lengths(model: KerasModel) -> list:
             fixed = math.prod(d for d in shape[1:] if d is not None)
             if list(shape[1:]).count(None) == 1 and total % fixed == 0:
                 whole.append(total // fixed)
-    return _sizes(whole + each, _MAX_PINNED)
+    from .layers.ops import Op
+
+    held = []  # the sizes of constant arrays an operation reads (x + an Embedding of ops.arange(20))
+    for module in model.modules():
+        if isinstance(module, Op):
+            held += [size for name, b in module.named_buffers(recurse=False) if name.startswith("constant_")
+                     for size in b.shape[:-1]]
+    return _sizes(whole + each, _MAX_PINNED) + [t for t in _sizes(held, _MAX_PINNED) if t not in whole + each]
+
+
+def _multiple_lengths(model: KerasModel) -> list:
+    """Lengths for a model whose free time axis a reshape splits into fixed pieces (raw samples
+    framed by Reshape((-1, 160)), ops.reshape(x, (2, -1, 3))): a reshape target with one -1 and
+    sizes of n values in all takes an input with one free dimension at the lengths that give a
+    multiple of n values; the smallest such length from 8, 128 and 1024 on. The model keeps its
+    free length (any multiple runs)."""
+    targets = [list(layer.config.get("target_shape") or []) for layer in _all_layers(model.spec)
+               if layer.class_name == "Reshape" and not layer.is_op]
+    targets += [value[1:] for value, reshape in _written_shapes(model.spec) if reshape]
+    out = []
+    for dims in targets:
+        known = [d for d in dims if d != -1]
+        if dims.count(-1) != 1 or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1 << 24
+                                          for d in known):
+            continue
+        total = math.prod(known)
+        for _, shape in model.input_specs:
+            if list(shape[1:]).count(None) != 1:
+                continue
+            step = total // math.gcd(total, math.prod(d for d in shape[1:] if d is not None))
+            out += [-(-start // step) * step for start in (8, 128, 1024)]
+    return [t for t in _sizes(out, 3 * _MAX_PINNED) if t <= MAX_CHECK_VALUES]
+
+
+# Lengths tried, beyond 1024 steps, for a model whose failing layer needs a minimum length (a
+# valid convolution or pooling over raw samples, a spectrogram's window): the model keeps its free
+# length.
+_LONG_LENGTHS = (4096, 16384, 65536)
+_NEEDS_LENGTH = ("Conv", "Pool", "Spectrogram", "Stft", "Cropping", "LocallyConnected", "Pad", "Sequences")
+
+
+def _needs_length(spec: ModelSpec, error) -> bool:
+    """Whether the layer a trial failed in is one that needs a minimum length (its class name:
+    a convolution, a pooling, a spectrogram, a crop, a padding; nested models by their path)."""
+    if not isinstance(error, LayerFailure):
+        return False
+    *outer, name = error.layer.split("/")
+    for part in outer:
+        nested = next((layer.model for layer in spec.layers if layer.name == part and layer.model is not None), None)
+        if nested is None:
+            return False
+        spec = nested
+    kind = next((layer.class_name for layer in spec.layers if layer.name == name), "")
+    return any(word in kind for word in _NEEDS_LENGTH)
 
 
 def _all_layers(spec: ModelSpec) -> list:
@@ -337,23 +390,25 @@ def check_runs(model: KerasModel, path) -> KerasModel:
     An input without a declared shape gets the one its first layer implies.
     Free time dimensions get 8 steps, then 128 and 1024 (convolutions and pooling need a
     minimum length), then the lengths the graph may hold them to (_pinned_lengths: the model
-    then declares that length) before the model is declared broken (_trial: how a run that would
+    then declares that length), the multiples a reshape splits them into (_multiple_lengths) and,
+    where the layer that failed at 1024 steps needs a minimum length, 4096 to 65536 steps (both:
+    the length stays free), before the model is declared broken (_trial: how a run that would
     make a tensor above TRIAL_TENSOR_BYTES is checked instead); at each, a batch of 2 (1 for large
     samples), then the batch sizes the model may hold to (_pinned_batches)."""
     model.input_specs = [declared if declared[1] else _implied_input(model, ref, declared, path)
                          for ref, declared in zip(model.spec.inputs, model.input_specs)]
-    error, pinned = None, None
-    free = model.has_free_length()
-    lengths = [8, 128, 1024] if free else [8]
-    for index, time in enumerate(lengths):
-        if index == 2:  # after 1024 steps, the lengths the graph may hold the free dimensions to
-            lengths += [t for t in _pinned_lengths(model) if t not in lengths]
+    failures, pinned = [], None
+
+    def runs_at(time: int, declare: bool) -> bool:
+        """Whether the model runs with free dimensions of `time` steps (and then keeps the batch it
+        ran at; with `declare`, its inputs declare that length)."""
+        nonlocal pinned
         sizes = [int(np.prod([time if d is None else d for d in shape[1:]], dtype=np.int64))
                  for _, shape in model.input_specs]
         if max(sizes, default=0) > MAX_CHECK_VALUES:
-            if index == 0:
+            if not failures and time == 8:
                 raise ConversionError(path, f"declares inputs of {max(sizes)} values per sample (limit {MAX_CHECK_VALUES})")
-            continue
+            return False
         usual = 2 if max(sizes, default=0) <= ONE_SAMPLE_VALUES else 1
         batches = [usual]
         while batches:
@@ -361,20 +416,41 @@ def check_runs(model: KerasModel, path) -> KerasModel:
             try:
                 _trial(model, model.example_inputs(batch=batch, time=time), path)
                 model.batch_size = None if batch == usual else batch
-                if index >= 3:  # the graph holds the time to this length: the inputs declare it
+                if declare:  # the graph holds the time to this length: the inputs declare it
                     model.input_specs = [(dtype, [shape[0]] + [time if d is None else d for d in shape[1:]])
                                          for dtype, shape in model.input_specs]
-                return model
+                return True
             except ConversionError:
                 raise
             except Exception as e:  # noqa: BLE001 - any failure means the config and weights disagree
-                error = error or e
+                failures.append((time, e))
             finally:  # the trial run leaves nothing behind in stateful layers
                 model.reset_states()
             if batch == usual:  # then the batch sizes the model may hold to
                 pinned = _pinned_batches(model) if pinned is None else pinned
                 batches = [b for b in pinned if b != usual]
+        return False
+
+    if not model.has_free_length():
+        if runs_at(8, False):
+            return model
+    else:
+        for time in (8, 128, 1024):
+            if runs_at(time, False):
+                return model
+        held = _pinned_lengths(model)
+        if any(runs_at(time, True) for time in held if time not in (8, 128, 1024)):
+            return model
+        longer = [t for t in _multiple_lengths(model) if t not in held]
+        if _needs_length(model.spec, next((e for t, e in failures if t == 1024), None)):
+            longer += [t for t in _LONG_LENGTHS if t not in longer]
+        if any(runs_at(time, False) for time in longer):
+            return model
+    error = failures[0][1]
     shapes = [tuple(shape) for _, shape in model.input_specs]
+    if model.has_free_length():
+        tried = list(dict.fromkeys(t for t, _ in failures))
+        shapes = f"{shapes} at {', '.join(map(str, tried[:-1]))} or {tried[-1]} steps" if len(tried) > 1 else shapes
     if isinstance(error, LayerFailure):
         raise ConversionError(path, f"the converted model does not run on inputs of its declared shape {shapes}: "
                                     f"the layer raised {str(error)[:300]} (its config and weights disagree, or it is "

@@ -293,11 +293,12 @@ class KerasModel(nn.Module):
                 return int(vocabulary[0])
         return None
 
-    def shortest_length(self, at_least: int = 2, limit: int = 4096, any_length: bool = False) -> int:
+    def shortest_length(self, at_least: int = 2, limit: int = 65536, any_length: bool = False) -> int:
         """The fewest steps from ``at_least`` on that the model runs on, given to every free
         dimension as example_inputs does (with any_length, to every sequence's second too): a
         valid convolution or a pooling over time needs a minimum length (Keras's CNN-LSTM:
-        Conv1D(kernel 5), MaxPooling1D(4) runs from 8 steps). ``at_least`` where the model declares
+        Conv1D(kernel 5), MaxPooling1D(4) runs from 8 steps; an STFT's frames through a stack of
+        convolutions, tens of thousands of samples). ``at_least`` where the model declares
         no free dimension, or runs at no length up to ``limit`` (its own run then says why).
         Stateful layers keep no state from the trials."""
         if not self.has_free_length(any_length):
