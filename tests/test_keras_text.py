@@ -127,7 +127,7 @@ def _mutated(tmp_path, layer: str, change, drop_asset: bool = False) -> str:
 
 
 @pytest.mark.parametrize("layer,change,message", [
-    ("hashed", lambda c: c.update(salt=[1, 2]), "with a salt .* is not supported"),
+    ("hashed", lambda c: c.update(salt=[1, 2, 3]), r"config salt=\[1, 2, 3\]; expected a 64-bit integer or two"),
     ("ids", lambda c: c.update(standardize="my_standardize"), "standardize='my_standardize' is not supported .*Python code"),
     ("ids", lambda c: c.update(split={"class_name": "function"}), "split=.* is not supported"),
     ("whole", lambda c: c.update(ngrams=2), "with ngrams and no split is not supported"),
@@ -345,4 +345,44 @@ def test_feature_space_class_names_from_another_module_are_refused(tmp_path):
             zout.writestr(item, json.dumps(config) if item == "config.json" else zin.read(item))
     with pytest.raises(ConversionError, match=r"TFDConcat of module 'my_project.layers' is not supported .*"
                                               r"custom_layers=\{'TFDConcat': builder\}"):
+        load_keras(bad)
+
+
+@pytest.mark.parametrize("name", ["k3_salted_hashing", "tk_salted_hashing"])
+def test_salted_hashing_matches_keras(name, tmp_path):
+    """Hashing with a salt (TensorFlow's to_hash_bucket_strong: SipHash-2-4 keyed by the salt),
+    as Keras 3.15 on TensorFlow 2.21 (.keras) and tf.keras 2.21 (.h5) computed it: strings of 0 to
+    300 bytes and non-ASCII, one salt word or two (one negative), int64 values at both extremes,
+    string and integer mask values, one-hot rows exactly; an Embedding of the bins into an LSTM
+    within 1e-5; Keras 3's StringLookup and IntegerLookup (oov_method="farmhash") whose several OOV
+    indices take the salted hash, exactly; and after save_converted."""
+    ext = "keras" if name.startswith("k3") else "h5"
+    model = load_keras(os.path.join(DATA, f"{name}.{ext}"))
+    stored = np.load(os.path.join(DATA, f"{name}.npz"))
+    save_converted(model, tmp_path / "salted.pt")
+    for m in (model, load_converted(tmp_path / "salted.pt")):
+        with torch.no_grad():
+            out = m(stored["input_0"], torch.from_numpy(stored["input_1"]), stored["input_2"])
+        assert len(out) == (8 if ext == "keras" else 6)
+        for j, y in enumerate(out):
+            expected = stored[f"output_{j}"]
+            if j != 5:
+                assert torch.equal(y, torch.from_numpy(expected)), j
+            else:
+                np.testing.assert_allclose(y.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("salt", ["[1, 2, 3]", "1.5", "[1, true]", "9223372036854775808"])
+def test_hashing_salt_out_of_range_is_refused(salt, tmp_path):
+    """A salt that is not one or two 64-bit integers (TensorFlow's key words) is refused naming it."""
+    src = os.path.join(DATA, "k3_salted_hashing.keras")
+    config = json.loads(zipfile.ZipFile(src).read("config.json"))
+    for layer in config["config"]["layers"]:
+        if layer["config"].get("name") == "one":
+            layer["config"]["salt"] = json.loads(salt)
+    bad = tmp_path / "salt.keras"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bad, "w") as zout:
+        for item in zin.namelist():
+            zout.writestr(item, json.dumps(config) if item == "config.json" else zin.read(item))
+    with pytest.raises(ConversionError, match=r"layer 'one'.*config salt=.*expected a 64-bit integer or two of them"):
         load_keras(bad)

@@ -350,7 +350,7 @@ class IntegerLookup(_Single):
     """keras.layers.IntegerLookup: a value's index in the vocabulary after the special tokens (in
     output_mode "int" the mask token, if any, at 0; then num_oov_indices out-of-vocabulary indices,
     a value outside the vocabulary taking the one at its value modulo their count, or at its
-    FarmHash with oov_method="farmhash"), then encoded as output_mode says (one_hot, multi_hot,
+    FarmHash with oov_method="farmhash", its SipHash keyed by a salt), then encoded as output_mode says (one_hot, multi_hot,
     count over the vocabulary size, or max_tokens with pad_to_max_tokens); with invert=True, an
     index's value (the OOV token for OOV and unknown indices). A value outside the vocabulary with
     num_oov_indices=0, where Keras asserts, gives TensorFlow's table default, -1."""
@@ -359,7 +359,7 @@ class IntegerLookup(_Single):
 
     def __init__(self, vocabulary: torch.Tensor, num_oov: int, mask_token, oov_token: int, invert: bool,
                  farmhash: bool = False, mode: str = "int", depth: Optional[int] = None,
-                 counts_dtype: torch.dtype = torch.float32):
+                 counts_dtype: torch.dtype = torch.float32, salt: Optional[tuple] = None):
         super().__init__()
         order = torch.argsort(vocabulary)
         # (not in the state_dict: the vocabulary is the file's, like a config value, not a weight)
@@ -367,7 +367,7 @@ class IntegerLookup(_Single):
         self.register_buffer("sorted_values", vocabulary[order], persistent=False)
         self.register_buffer("sorted_index", order, persistent=False)
         self.num_oov, self.mask_token, self.oov_token, self.invert = num_oov, mask_token, oov_token, invert
-        self.farmhash, self.mode, self.counts_dtype = farmhash, mode, counts_dtype
+        self.farmhash, self.mode, self.counts_dtype, self.salt = farmhash, mode, counts_dtype, salt
         self.masked = 1 if mask_token is not None and mode == "int" else 0
         self.first = self.masked + num_oov
         self.depth = depth if depth is not None else self.first + vocabulary.numel()
@@ -398,7 +398,7 @@ class IntegerLookup(_Single):
         elif self.num_oov == 1:
             oov = torch.zeros_like(x)
         elif self.farmhash:
-            oov = _unsigned_mod(fingerprint64(x), self.num_oov)
+            oov = _unsigned_mod(fingerprint64(x) if self.salt is None else integer_siphash(x, self.salt), self.num_oov)
         else:
             oov = torch.remainder(x, self.num_oov)
         y = torch.where(found, index + self.first, oov + self.masked)
@@ -422,8 +422,9 @@ def build_integer_lookup(cfg, ctx):
     if mode != "int" and (invert or mask_token is not None):
         raise ctx.error("IntegerLookup with invert or a mask_token is supported in output_mode 'int' only")
     oov_method = v.str("oov_method", "floormod", ("floormod", "farmhash"))
-    if cfg.get("salt") is not None:
-        raise ctx.error("IntegerLookup with a salt (TensorFlow's keyed SipHash) is not supported")
+    salt = salt_key(cfg, ctx)
+    if salt is not None and oov_method != "farmhash":
+        raise ctx.error(f"IntegerLookup salt={cfg.get('salt')}; Keras takes a salt with oov_method='farmhash' only")
     depth = v.int("max_tokens", lo=1) if v.bool("pad_to_max_tokens", False) and mode != "int" else None
     vocabulary = cfg.get("vocabulary")
     if vocabulary is None:  # adapted: the .keras file's asset, the special tokens first
@@ -453,7 +454,7 @@ def build_integer_lookup(cfg, ctx):
         raise ctx.error("IntegerLookup vocabulary holds a value twice")
     return IntegerLookup(torch.tensor(values, dtype=torch.int64), num_oov, mask_token, oov_token, invert,
                          farmhash=oov_method == "farmhash", mode=mode, depth=depth,
-                         counts_dtype=lookup_counts_dtype(ctx, mode))
+                         counts_dtype=lookup_counts_dtype(ctx, mode), salt=salt)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -545,6 +546,78 @@ def fingerprint64(x: torch.Tensor) -> torch.Tensor:
     return h.reshape(x.shape)
 
 
+# SipHash-2-4 (TensorFlow's to_hash_bucket_strong, which a salted Hashing runs: the salt is the
+# 128-bit key, two unsigned 64-bit words) of byte rows, vectorised over the rows.
+_SIP = tuple(_u64(c) for c in (0x736f6d6570736575, 0x646f72616e646f6d, 0x6c7967656e657261, 0x7465646279746573))
+
+
+def _rotl(x, s: int):
+    return (x << s) | _shr(x, 64 - s)
+
+
+def _sip_rounds(v0, v1, v2, v3, count: int):
+    for _ in range(count):
+        v0 = v0 + v1
+        v1 = _rotl(v1, 13) ^ v0
+        v0 = _rotl(v0, 32)
+        v2 = v2 + v3
+        v3 = _rotl(v3, 16) ^ v2
+        v0 = v0 + v3
+        v3 = _rotl(v3, 21) ^ v0
+        v2 = v2 + v1
+        v1 = _rotl(v1, 17) ^ v2
+        v2 = _rotl(v2, 32)
+    return v0, v1, v2, v3
+
+
+def siphash24(byte: torch.Tensor, n: torch.Tensor, key) -> torch.Tensor:
+    """SipHash-2-4 under key (k0, k1) of each row's first n bytes ([N, L] byte values, zero past
+    n; [N] lengths), as int64 bits."""
+    byte = torch.nn.functional.pad(byte, (0, 8))  # (the last block's tail reads zeros past n)
+    k0, k1 = (_u64(k) for k in key)
+    v0, v1, v2, v3 = (torch.full_like(n, _u64((k ^ c) & ((1 << 64) - 1)))
+                      for k, c in zip((k0, k1, k0, k1), _SIP))
+    for j in range(byte.shape[1] // 8 - 1):  # the whole 8-byte words
+        m = _fetch(byte, torch.full_like(n, 8 * j), 8)
+        u0, u1, u2, u3 = _sip_rounds(v0, v1, v2, v3 ^ m, 2)
+        whole = j < torch.div(n, 8, rounding_mode="floor")
+        v0, v1, v2, v3 = (torch.where(whole, a, b) for a, b in ((u0 ^ m, v0), (u1, v1), (u2, v2), (u3, v3)))
+    tail = _fetch(byte, torch.div(n, 8, rounding_mode="floor") * 8, 8) | ((n & 255) << 56)
+    v0, v1, v2, v3 = _sip_rounds(v0, v1, v2, v3 ^ tail, 2)
+    v0, v1, v2, v3 = _sip_rounds(v0 ^ tail, v1, v2 ^ 0xFF, v3, 4)
+    return v0 ^ v1 ^ v2 ^ v3
+
+
+def string_siphash(strings: np.ndarray, key) -> torch.Tensor:
+    """siphash24 of each string's UTF-8 bytes, as an int64 tensor of the strings' shape."""
+    encoded = [s.encode("utf-8") for s in strings.reshape(-1)]
+    width = max([len(e) for e in encoded] + [1])
+    byte = np.zeros((len(encoded), width), dtype=np.int64)
+    for i, e in enumerate(encoded):
+        byte[i, :len(e)] = np.frombuffer(e, dtype=np.uint8)
+    n = torch.tensor([len(e) for e in encoded], dtype=torch.int64)
+    return siphash24(torch.from_numpy(byte), n, key).reshape(strings.shape)
+
+
+def integer_siphash(x: torch.Tensor, key) -> torch.Tensor:
+    """siphash24 of each int64 value's decimal string (TensorFlow's as_string), as int64 bits."""
+    byte, n = _decimal_bytes(x.reshape(-1).long())
+    return siphash24(byte, n, key).reshape(x.shape)
+
+
+def salt_key(cfg: dict, ctx) -> Optional[tuple]:
+    """The config's salt as SipHash's key (k0, k1): one word for both, or two, as Keras's
+    constructors read it; None without one."""
+    salt = cfg.get("salt")
+    if salt is None:
+        return None
+    words = salt if isinstance(salt, list) else [salt, salt]
+    if len(words) != 2 or not all(isinstance(w, int) and not isinstance(w, bool) and -(1 << 63) <= w < 1 << 63
+                                  for w in words):  # (TensorFlow takes the key's words as int64)
+        raise ctx.error(f"config salt={str(salt)[:60]}; expected a 64-bit integer or two of them")
+    return tuple(words)
+
+
 def _unsigned_mod(h: torch.Tensor, bins: int) -> torch.Tensor:
     """h's 64 bits read as an unsigned number, modulo bins (< 2^63): h + 2^64 where h < 0."""
     r, wrap = torch.remainder(h, bins), (1 << 64) % bins
@@ -553,15 +626,17 @@ def _unsigned_mod(h: torch.Tensor, bins: int) -> torch.Tensor:
 
 class Hashing(_Single):
     """keras.layers.Hashing: TensorFlow's to_hash_bucket_fast of each value (integers and floats
-    cast to int64 as their decimal strings, strings as their UTF-8 bytes) modulo the bins; with a
+    cast to int64 as their decimal strings, strings as their UTF-8 bytes) modulo the bins, or with
+    a salt its to_hash_bucket_strong (SipHash-2-4 keyed by the salt's two words); with a
     mask_value, that value's bin is 0 and the others' are one on. String inputs are numpy arrays
     of str or bytes, or nested lists of them; the output is made on the module's device."""
 
     keeps_mask = False
 
-    def __init__(self, num_bins: int, mask_value, mode: str, dtype: torch.dtype = torch.int64):
+    def __init__(self, num_bins: int, mask_value, mode: str, dtype: torch.dtype = torch.int64, salt=None):
         super().__init__()
         self.num_bins, self.mask_value, self.mode, self.dtype = num_bins, mask_value, mode, dtype
+        self.salt = salt  # (k0, k1), or None
         self.register_buffer("anchor", torch.zeros(0), persistent=False)  # (the device of a string input's output)
 
     def apply(self, x):
@@ -571,14 +646,15 @@ class Hashing(_Single):
             if bins != self.num_bins and not isinstance(self.mask_value, str):
                 raise TypeError(f"Hashing with the integer mask_value {self.mask_value} takes integers; got strings")
             masked = torch.from_numpy(np.asarray(strings == self.mask_value, dtype=bool)) if bins != self.num_bins else None
-            y = _unsigned_mod(string_fingerprints(strings), bins)
+            hashed = string_fingerprints(strings) if self.salt is None else string_siphash(strings, self.salt)
+            y = _unsigned_mod(hashed, bins)
         else:
             if bins != self.num_bins and isinstance(self.mask_value, str):
                 raise TypeError(f"Hashing with the string mask_value {self.mask_value!r} takes strings; got a tensor")
             masked = x == self.mask_value if bins != self.num_bins else None  # (before the cast, as Keras)
             if x.is_floating_point():
                 x = x.long()  # TensorFlow casts floats to int64 before hashing
-            y = _unsigned_mod(fingerprint64(x), bins)
+            y = _unsigned_mod(fingerprint64(x) if self.salt is None else integer_siphash(x, self.salt), bins)
         if masked is not None:
             y = torch.where(masked.to(y.device), torch.zeros_like(y), y + 1)
         if not isinstance(x, torch.Tensor):
@@ -590,15 +666,14 @@ class Hashing(_Single):
 def build_hashing(cfg, ctx):
     _not_sparse(cfg, ctx)
     v = Values(cfg, ctx)
-    if cfg.get("salt") is not None:
-        raise ctx.error("Hashing with a salt (TensorFlow's keyed SipHash) is not supported")
+    salt = salt_key(cfg, ctx)
     mask_value = cfg.get("mask_value")
     if mask_value is not None and not isinstance(mask_value, str):
         mask_value = v.int("mask_value", lo=-(1 << 62), hi=1 << 62)
     mode = v.str("output_mode", "int", _MODES)
     # (bin indices up to 2^62; an encoded output has one column per bin)
     return Hashing(v.int("num_bins", lo=1, hi=1 << 62 if mode == "int" else MAX_SIZE), mask_value, mode,
-                   _output_dtype(ctx, mode, _hash_int_dtype(cfg)))
+                   _output_dtype(ctx, mode, _hash_int_dtype(cfg)), salt)
 
 
 # HashedCrossing: tf.sparse.cross_hashed of scalar features, i.e. TensorFlow's HashCrosser: from

@@ -11,9 +11,10 @@ not a tensor operation).
 
 The vocabulary is the layer's config or its .keras asset (a legacy .h5 keeps none); tf_idf
 multiplies the counts by the file's idf_weights. Not converted, each with an error naming it:
-ragged or sparse outputs, a salted OOV hash (SipHash), StringLookup's invert (strings out), and
-a custom standardize or split function (Python code). Several OOV indices take a token's FarmHash
-Fingerprint64 (farmhash.py) modulo their count, as TensorFlow's to_hash_bucket_fast."""
+ragged or sparse outputs, StringLookup's invert (strings out), and a custom standardize or split
+function (Python code). Several OOV indices take a token's FarmHash Fingerprint64 (farmhash.py)
+modulo their count, as TensorFlow's to_hash_bucket_fast; with a salt, its SipHash-2-4 keyed by the
+salt (preprocessing.py), as to_hash_bucket_strong."""
 from __future__ import annotations
 
 import re
@@ -24,7 +25,7 @@ import torch
 
 from .base import _Single
 from .farmhash import fingerprint64, strings_of
-from .preprocessing import NO_VOCABULARY, encode_categorical, lookup_counts_dtype
+from .preprocessing import NO_VOCABULARY, encode_categorical, lookup_counts_dtype, salt_key, string_siphash
 from .registry import builder
 from .values import MAX_SIZE, Values
 
@@ -40,8 +41,9 @@ class _Vocabulary:
     other modes the mask token is no index (it counts nowhere) and the OOV index is the first."""
 
     def __init__(self, tokens: Sequence[str], mask_token: Optional[str], num_oov: int, int_mode: bool,
-                 oov_token: str = "[UNK]"):
+                 oov_token: str = "[UNK]", salt: Optional[tuple] = None):
         self.mask_token, self.num_oov, self.oov_token, self.tokens = mask_token, num_oov, oov_token, list(tokens)
+        self.salt = salt
         self.masked = 1 if mask_token is not None and int_mode else 0
         self.first = self.masked + num_oov
         self.index = {t: self.first + i for i, t in enumerate(tokens)}
@@ -57,10 +59,13 @@ class _Vocabulary:
         got = self.index.get(token)
         if got is not None:
             return got
-        # one OOV index: it; several: the token's FarmHash modulo their count; none: TensorFlow's
-        # table default, -1 (where Keras asserts)
+        # one OOV index: it; several: the token's FarmHash (with a salt, its SipHash) modulo their
+        # count; none: TensorFlow's table default, -1 (where Keras asserts)
         if self.num_oov > 1:
-            return self.masked + fingerprint64(token.encode("utf-8")) % self.num_oov
+            if self.salt is None:
+                return self.masked + fingerprint64(token.encode("utf-8")) % self.num_oov
+            hashed = int(string_siphash(np.array([token], dtype=object), self.salt)[0]) & ((1 << 64) - 1)
+            return self.masked + hashed % self.num_oov
         return self.masked if self.num_oov else -1
 
 
@@ -197,8 +202,7 @@ def _lookup_args(cfg, ctx, v: Values, mode: str, mask_default: Optional[str]):
     if v.bool("sparse", False) or v.bool("ragged", False):
         raise ctx.error(f"{name} with sparse or ragged outputs is not supported (dense outputs only)")
     num_oov = v.int("num_oov_indices", 1, lo=0, hi=1 << 16)
-    if cfg.get("salt") is not None:
-        raise ctx.error(f"{name} with a salt (TensorFlow's keyed SipHash) is not supported")
+    salt = salt_key(cfg, ctx)
     if v.str("encoding", "utf-8").lower().replace("_", "-") not in ("utf-8", "utf8"):
         raise ctx.error(f"{name} encoding={cfg.get('encoding')!r} is not supported (utf-8)")
     mask_token = cfg["mask_token"] if "mask_token" in cfg else mask_default
@@ -206,7 +210,7 @@ def _lookup_args(cfg, ctx, v: Values, mode: str, mask_default: Optional[str]):
         raise ctx.error(f"{name} mask_token={str(mask_token)[:30]!r}; expected a string or null")
     oov_token = v.str("oov_token", "[UNK]")
     tokens = _vocabulary(cfg, ctx, mask_token if mode == "int" else None, num_oov, oov_token)
-    table = _Vocabulary(tokens, mask_token, num_oov, mode == "int", oov_token)
+    table = _Vocabulary(tokens, mask_token, num_oov, mode == "int", oov_token, salt)
     depth = v.int("max_tokens", lo=1) if v.bool("pad_to_max_tokens", False) and mode != "int" else table.size
     if depth < table.size:
         raise ctx.error(f"{name} max_tokens={depth} is below its {table.size} indices")
