@@ -82,6 +82,10 @@ BASES = [
     ("keras-text", "k3_text.keras", None, "k3_text.npz", "keras"),
     # string and integer features hashed and crossed (HashedCrossing, Hashing), tf.keras 2's .h5
     ("legacy-crossing", "tk_crossing.h5", None, "tk_crossing.npz", "keras"),
+    # salted hashes (SipHash keyed by a config's salt) in Hashing and the lookups' OOV indices
+    ("keras-salted-hashing", "k3_salted_hashing.keras", None, "k3_salted_hashing.npz", "keras"),
+    # a FeatureSpace's graph: dict inputs, its own TFDConcat beside the preprocessing layers
+    ("keras-feature-space", "k3_feature_space.keras", None, "k3_feature_space.npz", "keras"),
     # integer and uint8 / int8 inputs into float layers and TensorFlow reductions, an explicit
     # mask list with a None (tf.keras 2's Attention)
     ("legacy-int-inputs", "tfk_int_inputs.h5", None, "tfk_int_inputs.npz", "keras"),
