@@ -11,7 +11,8 @@ from here, never from registry.py.
     regularization  Dropout, SpatialDropout, GaussianNoise, GaussianDropout, AlphaDropout, ...
     pooling         Max / Average, Global and Adaptive pooling, 1-D to 3-D
     convolution     Conv, ConvTranspose, DepthwiseConv, SeparableConv
-    preprocessing   numeric preprocessing saved inside models, and the image augmentation layers
+    preprocessing   numeric preprocessing saved inside models (FeatureSpace's layers among them), and
+                    the image augmentation layers
     text            TextVectorization and StringLookup (the strings a model takes)
     recurrent       LSTM, GRU, SimpleRNN, RNN(cell), Bidirectional (recurrent.py)
     conv_recurrent  ConvLSTM1D/2D/3D and their Bidirectional
