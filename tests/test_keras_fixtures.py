@@ -27,6 +27,7 @@ CASES = [
     ("tfk_functional", "tfk_functional.h5", None),
     ("tfk_cudnn", "tfk_cudnn.h5", None),
     ("tfk_nested", "tfk_nested.h5", None),
+    ("tfk_sequential_of_models", "tfk_sequential_of_models.h5", None),  # Keras 2.2's form: the first model declares
     ("tfk_bicubic", "tfk_bicubic.h5", None),
     ("tfk_bicubic", "tfk_bicubic.keras", None),
     ("k3_bicubic", "k3_bicubic.h5", None),

@@ -563,8 +563,9 @@ def _not_quantized(layer, path) -> None:
 
 
 def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:
-    """The input shape a config leaves out (a Sequential built by fit), from the first layer that
-    reads the input: its weights say how wide the input is."""
+    """The input shape a config leaves out (a Sequential built by fit; Keras 2.2's Sequential
+    whose first layer is a model), from the first layer that reads the input: its weights say how
+    wide the input is, or a nested model declares its input."""
     from .layers.activations import ActivationLayer
     from .layers.base import Identity
     from .layers.convolution import Convolution
@@ -584,6 +585,8 @@ def _implied_input(model: KerasModel, ref, declared: tuple, path) -> tuple:
             return (declared[0], (None, None, layer.input_size))
         if isinstance(module, Embedding):
             return ("int32", (None, None))
+        if isinstance(module, NestedModel) and len(module.model.input_specs) == 1 and module.model.input_specs[0][1]:
+            return module.model.input_specs[0]
         if isinstance(module, Dense):
             return (declared[0], (None, module.kernel.shape[0]))
         if isinstance(module, Convolution) and module.kind == "conv" and module.rank == 1 and module.channels_last:
