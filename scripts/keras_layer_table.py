@@ -118,6 +118,13 @@ def page() -> str:
         "tf.keras's ResNet-RS), DenseNet, Inception v3, Inception-ResNet v2, Xception, MobileNet v1-v3, NASNet, "
         "EfficientNet (v1, v2), ConvNeXt and tf.keras's RegNet. A class of one of those names from another module "
         "is the model's own, and needs a builder.",
+        "",
+        "Models built on `keras.utils.FeatureSpace` convert whole (`layers/preprocessing.py`): besides the stock "
+        "preprocessing layers (Normalization, Rescaling, Discretization, StringLookup / IntegerLookup, Hashing, "
+        "HashedCrossing, CategoryEncoding) their graphs hold two classes of Keras 3's own, `TFDConcat` "
+        "(`output_mode=\"concat\"`) and `TFDIdentity` (`FeatureSpace.float()`), recorded under FeatureSpace's "
+        "module; as with the applications' classes, one of those names from another module is the model's own. "
+        "(tf.keras 2's FeatureSpace uses `Concatenate`.)",
     ]
     ops = operation_rows()
     lines += [
@@ -133,7 +140,7 @@ def page() -> str:
         "|---|---|---|---|",
     ]
     lines += [f"| `{name}` | {module} | {status} | {note} |" for name, module, status, note in ops]
-    from cudnn_rnn.keras.layers.ops_tf import TF_FUNCTIONS
+    from cudnn_rnn.keras.layers.ops_tf import RAW_OPS, TF_FUNCTIONS
 
     lines += [
         "",
@@ -144,6 +151,10 @@ def page() -> str:
         "TensorFlow's semantics (`layers/ops_tf.py`); any other is refused by name:",
         "",
         ", ".join(f"`tf.{name}`" for name in sorted(TF_FUNCTIONS)) + ".",
+        "",
+        "tf.keras 2.0-2.3 recorded the same calls as a `TensorFlowOpLayer`: the raw graph node (its op, inputs and "
+        f"attributes) and its constant inputs. These {len(RAW_OPS)} ops convert, built on the functions above "
+        "(`layers/ops_tf.py`); any other is refused by name: " + ", ".join(f"`{o}`" for o in sorted(RAW_OPS)) + ".",
     ]
     return "\n".join(lines) + "\n"
 

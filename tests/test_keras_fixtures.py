@@ -3,6 +3,7 @@
 layers (made by
 tests/fixtures/make_fixtures.py) load without TensorFlow or Keras and reproduce the outputs those
 frameworks computed, within 1e-5."""
+import json
 import os
 
 import numpy as np
@@ -28,6 +29,7 @@ CASES = [
     ("tfk_cudnn", "tfk_cudnn.h5", None),
     ("tfk_nested", "tfk_nested.h5", None),
     ("tfk_sequential_of_models", "tfk_sequential_of_models.h5", None),  # Keras 2.2's form: the first model declares
+    ("tfk_tf_op_layer", "tfk_tf_op_layer.h5", None),  # tf.keras 2.0-2.3's TensorFlowOpLayer (raw graph nodes)
     ("tfk_bicubic", "tfk_bicubic.h5", None),
     ("tfk_bicubic", "tfk_bicubic.keras", None),
     ("k3_bicubic", "k3_bicubic.h5", None),
@@ -606,3 +608,27 @@ def test_a_malformed_quantized_layer_is_refused_by_name(tmp_path, layer, edit, m
     ConversionError naming the layer."""
     with pytest.raises(ConversionError, match=rf"layer '{layer}'.*{message}"):
         load_keras(_edited_quantized(tmp_path, layer, edit))
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda node, layer: node.update(op="Unique"), r"the TensorFlow op Unique \(a TensorFlowOpLayer\) is not supported"),
+    (lambda node, layer: layer["config"].update(constants={"7": 1}), "constants are not numbered among its node's inputs"),
+    (lambda node, layer: node["attr"].update(DstT={"type": "DT_STRING"}), "TensorFlowOpLayer Cast: Cast to .* is not "
+                                                                         "supported"),
+])
+def test_tf_op_layer_refusals_name_the_op(edit, message, tmp_path):
+    """A TensorFlowOpLayer whose op is not one converted here, whose constants are not among its
+    node's inputs, or whose Cast goes to a dtype not converted, is refused naming it."""
+    import shutil
+
+    import h5py
+
+    path = tmp_path / "edited.h5"
+    shutil.copy(os.path.join(DATA, "tfk_tf_op_layer.h5"), path)
+    with h5py.File(path, "r+") as f:
+        config = json.loads(f.attrs["model_config"])
+        layer = next(l for l in config["config"]["layers"] if l["config"].get("name") == "Cast")
+        edit(layer["config"]["node_def"], layer)
+        f.attrs["model_config"] = json.dumps(config)
+    with pytest.raises(ConversionError, match=message):
+        load_keras(path)

@@ -557,3 +557,162 @@ def build_tf_call(cfg, ctx):
 
 
 builder("TFOpLambda", "SlicingOpLambda", weights=False)(build_tf_call)
+
+
+# ---------------------------------------------------------------------------------------------
+# tf.keras 2.0-2.3's TensorFlowOpLayer: a TensorFlow call on Keras tensors recorded as the raw
+# graph node (node_def: the op's name, its inputs, its attributes) and the constant inputs by
+# position; TensorFlow 2.4 on records the same calls as TFOpLambda. The ops below are built on the
+# TFOpLambda functions with TensorFlow's semantics; every other op is refused by name.
+# ---------------------------------------------------------------------------------------------
+_DT = {"DT_FLOAT": "float32", "DT_DOUBLE": "float64", "DT_HALF": "float16", "DT_BFLOAT16": "bfloat16",
+       "DT_INT32": "int32", "DT_INT64": "int64", "DT_INT16": "int16", "DT_INT8": "int8", "DT_UINT8": "uint8",
+       "DT_BOOL": "bool"}
+_RAW_BINARY = {"AddV2": "math.add", "Add": "math.add", "Sub": "math.subtract", "Mul": "math.multiply",
+               "RealDiv": "math.truediv", "Maximum": "math.maximum", "Minimum": "math.minimum", "Pow": "math.pow",
+               "SquaredDifference": "math.squared_difference", "FloorDiv": "math.floordiv",
+               "FloorMod": "math.floormod", "Equal": "math.equal", "NotEqual": "math.not_equal",
+               "Greater": "math.greater", "GreaterEqual": "math.greater_equal", "Less": "math.less",
+               "LessEqual": "math.less_equal", "LogicalAnd": "math.logical_and", "LogicalOr": "math.logical_or"}
+_RAW_UNARY = {"Neg": "math.negative", "Abs": "math.abs", "Exp": "math.exp", "Log": "math.log", "Sqrt": "math.sqrt",
+              "Rsqrt": "math.rsqrt", "Square": "math.square", "Tanh": "math.tanh", "Sigmoid": "math.sigmoid",
+              "Relu": "nn.relu", "Relu6": "nn.relu6", "Elu": "nn.elu", "Selu": "nn.selu", "Softplus": "math.softplus",
+              "Softsign": "math.softsign", "Erf": "math.erf", "Floor": "math.floor", "Ceil": "math.ceil",
+              "Round": "math.round", "Sign": "math.sign", "Log1p": "math.log1p", "Expm1": "math.expm1",
+              "Reciprocal": "math.reciprocal", "Sin": "math.sin", "Cos": "math.cos", "LogicalNot": "math.logical_not",
+              "Softmax": "nn.softmax", "LogSoftmax": "nn.log_softmax", "Identity": "identity"}
+_RAW_REDUCE = {"Mean": "reduce_mean", "Sum": "reduce_sum", "Max": "reduce_max", "Min": "reduce_min",
+               "Prod": "reduce_prod", "All": "reduce_all", "Any": "reduce_any"}
+
+
+def _attr(attrs: dict, key: str, kind: str, default):
+    """A node_def attribute's value of one kind: "b" (bool), "i" (int; JSON writes int64 as a
+    string), "f" (float), "type" (a dtype name) or "list" (its ints)."""
+    value = attrs.get(key)
+    if not isinstance(value, dict) or (kind not in value and kind != "list"):
+        return default
+    if kind == "b":
+        return bool(value["b"])
+    if kind == "i":
+        return int(value["i"])
+    if kind == "f":
+        return float(value["f"])
+    if kind == "type":
+        return _DT.get(value["type"])
+    return [int(i) for i in (value.get("list") or {}).get("i", [])]
+
+
+def _strided_slice(x, begin, end, strides, masks):
+    """StridedSlice as TensorFlow reads its bit masks (begin, end, ellipsis, new axis, shrink)."""
+    begin_mask, end_mask, ellipsis_mask, new_axis_mask, shrink_mask = masks
+    index = []
+    for i, (b, e, s) in enumerate(zip(begin, end, strides)):
+        if ellipsis_mask >> i & 1:
+            index.append(Ellipsis)
+        elif new_axis_mask >> i & 1:
+            index.append(None)
+        elif shrink_mask >> i & 1:
+            index.append(b)
+        else:
+            index.append(slice(None if begin_mask >> i & 1 else b, None if end_mask >> i & 1 else e, s))
+    return get_item(x, index)
+
+
+def _raw_op(op: str, attrs: dict) -> Callable:
+    """The op's computation on its full list of inputs (the tensors and constants in node order)."""
+    if op in _RAW_BINARY:
+        fn = _TF_FUNCTIONS[_RAW_BINARY[op]]
+        return lambda a: fn(a[0], a[1])
+    if op in _RAW_UNARY:
+        fn = _TF_FUNCTIONS[_RAW_UNARY[op]]
+        return lambda a: fn(a[0])
+    if op in _RAW_REDUCE:
+        fn, keep = _TF_FUNCTIONS[_RAW_REDUCE[op]], _attr(attrs, "keep_dims", "b", False)
+        return lambda a: fn(a[0], a[1], keep)
+    if op == "LeakyRelu":
+        alpha = _attr(attrs, "alpha", "f", 0.2)
+        return lambda a: F.leaky_relu(a[0], alpha)
+    if op in ("MatMul", "BatchMatMul", "BatchMatMulV2"):
+        ta, tb = ("transpose_a", "transpose_b") if op == "MatMul" else ("adj_x", "adj_y")
+        ta, tb = _attr(attrs, ta, "b", False), _attr(attrs, tb, "b", False)
+        return lambda a: _tf_matmul(as_tensor_like(a[0], a[1]), as_tensor_like(a[1], a[0]), transpose_a=ta,
+                                    transpose_b=tb)
+    if op == "Cast":
+        dtype = _attr(attrs, "DstT", "type", None)
+        if dtype is None:
+            raise ValueError(f"Cast to {str(attrs.get('DstT'))[:40]} is not supported")
+        return lambda a: _tf_cast(a[0], dtype)
+    if op == "StridedSlice":
+        masks = tuple(_attr(attrs, f"{k}_mask", "i", 0) for k in ("begin", "end", "ellipsis", "new_axis", "shrink_axis"))
+        return lambda a: _strided_slice(a[0], a[1], a[2], a[3], masks)
+    if op == "ConcatV2":
+        return lambda a: torch.cat(list(a[:-1]), dim=a[-1])
+    if op == "Pack":
+        axis = _attr(attrs, "axis", "i", 0)
+        return lambda a: torch.stack(list(a), dim=axis)
+    if op == "Squeeze":
+        dims = _attr(attrs, "squeeze_dims", "list", [])
+        return lambda a: _tf_squeeze(a[0], axis=dims or None)
+    simple = {"Reshape": "reshape", "Transpose": "transpose", "ExpandDims": "expand_dims", "Tile": "tile",
+              "Pad": "pad", "PadV2": "pad"}
+    if op in simple:
+        fn = _TF_FUNCTIONS[simple[op]]
+        if op == "PadV2":
+            return lambda a: fn(a[0], a[1], "CONSTANT", a[2])
+        return lambda a: fn(a[0], a[1])
+    raise KeyError(op)
+
+
+RAW_OPS = frozenset(["LeakyRelu", "MatMul", "BatchMatMul", "BatchMatMulV2", "Cast", "StridedSlice", "ConcatV2", "Pack",
+                     "Squeeze", "Reshape", "Transpose", "ExpandDims", "Tile", "Pad", "PadV2", *_RAW_BINARY,
+                     *_RAW_UNARY, *_RAW_REDUCE])
+
+
+class TFOpNode(nn.Module):
+    """A TensorFlowOpLayer: its op on the node's inputs in order, each a constant the layer keeps
+    or the next of the layer's tensor inputs; one output, no mask."""
+
+    def __init__(self, op: str, fn: Callable, slots: list):
+        super().__init__()
+        self.op, self.fn, self.slots = op, fn, slots  # slots: a constant, or None for the next tensor
+
+    def forward(self, inputs, masks):
+        tensors = iter(inputs)
+        try:
+            args = [next(tensors) if slot is None else slot for slot in self.slots]
+        except StopIteration:
+            raise ValueError(f"TensorFlow op {self.op} takes {self.slots.count(None)} tensors; got {len(inputs)}") \
+                from None
+        return [self.fn(args)], [None]
+
+    def extra_repr(self):
+        return f"op={self.op}"
+
+
+def build_tf_op_layer(cfg, ctx):
+    node = cfg.get("node_def")
+    if not isinstance(node, dict) or not isinstance(node.get("op"), str) or not isinstance(node.get("input", []), list):
+        raise ctx.error("TensorFlowOpLayer config has no node_def with an op and its inputs")
+    op, attrs = node["op"], node.get("attr") or {}
+    if not isinstance(attrs, dict):
+        raise ctx.error("TensorFlowOpLayer node_def attr is not a mapping")
+    if op not in RAW_OPS:
+        raise ctx.error(f"the TensorFlow op {op[:60]} (a TensorFlowOpLayer) is not supported; supported: "
+                        f"{', '.join(sorted(RAW_OPS))}")
+    constants = cfg.get("constants") or {}
+    count = len(node.get("input", []))
+    if not isinstance(constants, dict) or count > MAX_ARGUMENTS or not all(
+            isinstance(k, str) and k.isdigit() and int(k) < count for k in constants):
+        raise ctx.error("TensorFlowOpLayer constants are not numbered among its node's inputs")
+    for value in constants.values():
+        _check_tf_value(value, ctx)
+    if len(ctx.spec.calls) != 1:
+        raise ctx.error(f"a TensorFlowOpLayer called {len(ctx.spec.calls)} times is not supported")
+    try:
+        fn = _raw_op(op, attrs)
+    except (ValueError, TypeError) as e:
+        raise ctx.error(f"TensorFlowOpLayer {op}: {str(e)[:120]}") from None
+    return TFOpNode(op, fn, [constants.get(str(i)) for i in range(count)])
+
+
+builder("TensorFlowOpLayer", weights=False)(build_tf_op_layer)
