@@ -663,8 +663,11 @@ def _worker() -> None:
                         stored = np.load(job["npz"])
                         inputs = [stored[f"input_{i}"] for i in range(len(model.input_specs)) if f"input_{i}" in stored.files]
                         inputs = [x if x.dtype.kind in "USO" else torch.as_tensor(x) for x in inputs]  # (strings)
+                        # (the fixture's inputs where they fit the mutated model's declared shapes, and the
+                        # batch it runs at only, where its trial found one)
                         if len(inputs) == len(model.input_specs) and all(
                                 len(x.shape) == len(s) and all(d is None or d == n for d, n in zip(s[1:], x.shape[1:]))
+                                and model.batch_size in (None, x.shape[0])
                                 for x, (_, s) in zip(inputs, model.input_specs)):
                             model(*inputs)
             except BaseException as e:  # noqa: BLE001
