@@ -661,7 +661,11 @@ def _worker() -> None:
                             module.reset_states()
                     if job["npz"]:
                         stored = np.load(job["npz"])
-                        inputs = [stored[f"input_{i}"] for i in range(len(model.input_specs)) if f"input_{i}" in stored.files]
+                        # (by position, or by the model's input names: a dict model's fixture)
+                        names = [f"input_{k}" for k in (model.input_keys or [])]
+                        keys = [f"input_{i}" for i in range(len(model.input_specs))]
+                        keys = keys if all(k in stored.files for k in keys) or not names else names
+                        inputs = [stored[k] for k in keys if k in stored.files]
                         inputs = [x if x.dtype.kind in "USO" else torch.as_tensor(x) for x in inputs]  # (strings)
                         # (the fixture's inputs where they fit the mutated model's declared shapes, and the
                         # batch it runs at only, where its trial found one)

@@ -30,6 +30,7 @@ CASES = [
     ("tfk_nested", "tfk_nested.h5", None),
     ("tfk_sequential_of_models", "tfk_sequential_of_models.h5", None),  # Keras 2.2's form: the first model declares
     ("tfk_tf_op_layer", "tfk_tf_op_layer.h5", None),  # tf.keras 2.0-2.3's TensorFlowOpLayer (raw graph nodes)
+    ("tfk_tf_op_layer_free", "tfk_tf_op_layer_free.h5", None),  # its Reshape holding a free time axis to 10 steps
     ("tfk_bicubic", "tfk_bicubic.h5", None),
     ("tfk_bicubic", "tfk_bicubic.keras", None),
     ("k3_bicubic", "k3_bicubic.h5", None),
@@ -615,6 +616,7 @@ def test_a_malformed_quantized_layer_is_refused_by_name(tmp_path, layer, edit, m
     (lambda node, layer: layer["config"].update(constants={"7": 1}), "constants are not numbered among its node's inputs"),
     (lambda node, layer: node["attr"].update(DstT={"type": "DT_STRING"}), "TensorFlowOpLayer Cast: Cast to .* is not "
                                                                          "supported"),
+    (lambda node, layer: node["attr"].update(DstT={"i": 3}), r"attribute DstT is \{'i': 3\}; expected a 'type' value"),
 ])
 def test_tf_op_layer_refusals_name_the_op(edit, message, tmp_path):
     """A TensorFlowOpLayer whose op is not one converted here, whose constants are not among its

@@ -157,21 +157,24 @@ def test_models_whose_graph_holds_the_free_length(case, tmp_path):
 
 
 @pytest.mark.keras
-@pytest.mark.parametrize("case", ["frames", "regrouped", "position_table"])
+@pytest.mark.parametrize("case", ["frames", "regrouped", "framed_projection", "position_table"])
 def test_models_that_run_at_particular_lengths(case, tmp_path):
     """A free time axis a reshape splits into fixed pieces at lengths other than 8, 128 or 1024
-    (raw samples framed by Reshape((-1, 20)); 3 features a step regrouped by Reshape((-1, 5, 6)):
-    multiples of 10 steps; any multiple runs, so the model keeps its free length), or that a
-    constant table fixes (a position embedding of ops.arange(12) added to the tokens': that length
-    is declared): the model loads and computes what Keras computes."""
+    (raw samples framed by Reshape((-1, 20)), then maybe a product with a constant (20, 4) matrix;
+    3 features a step regrouped by Reshape((-1, 5, 6)): multiples of 10 steps; any multiple runs,
+    so the model keeps its free length, and the search for the shortest length it runs at finds
+    one), or that a constant table fixes (a position embedding of ops.arange(12) added to the
+    tokens': that length is declared): the model loads and computes what Keras computes."""
     rng = np.random.RandomState(12)
     if case == "position_table":
         x = keras.Input((None,), dtype="int32")
         h = layers.Embedding(30, 4)(x) + layers.Embedding(12, 4)(keras.ops.arange(0, 12))
         data = rng.randint(0, 30, (3, 12)).astype("int32")
-    elif case == "frames":
+    elif case in ("frames", "framed_projection"):
         x = keras.Input((None,))
         h = layers.Reshape((-1, 20))(x)
+        if case == "framed_projection":
+            h = keras.ops.matmul(h, rng.uniform(-1, 1, (20, 4)).astype("float32"))
         data = rng.uniform(-1, 1, (3, 180)).astype("float32")
     else:
         x = keras.Input((None, 3))
@@ -181,9 +184,30 @@ def test_models_that_run_at_particular_lengths(case, tmp_path):
     model.save(tmp_path / "m.keras")
     ours = load_keras(tmp_path / "m.keras")
     assert ours.input_specs[0][1][1] == (12 if case == "position_table" else None)
+    if case != "position_table":
+        assert ours.shortest_length(at_least=7) % (10 if case == "regrouped" else 20) == 0
     with torch.no_grad():
         got = ours(torch.as_tensor(data)).numpy()
     np.testing.assert_allclose(got, keras.ops.convert_to_numpy(model(data)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.keras
+def test_a_model_too_short_at_every_length_is_refused_without_long_runs(tmp_path, monkeypatch):
+    """A recurrent layer before a convolution no length up to 65536 steps satisfies: the trials
+    past 1024 steps check the shapes alone (nothing computed) and the refusal names every length
+    tried."""
+    import cudnn_rnn.keras.load as loader
+
+    x = keras.Input((None, 2))
+    h = layers.Conv1D(1, 40000, dilation_rate=2)(layers.LSTM(3, return_sequences=True)(x))  # (80,000 steps)
+    keras.Model(x, h).save(tmp_path / "m.keras")
+    real = []
+    trial = loader._trial
+    monkeypatch.setattr(loader, "_trial", lambda model, inputs, path: (real.append(inputs[0].shape[1]),
+                                                                        trial(model, inputs, path)))
+    with pytest.raises(ConversionError, match=r"at 8, 128, 1024, 4096, 16384 or 65536 steps: the layer raised"):
+        load_keras(tmp_path / "m.keras")
+    assert max(real) == 1024
 
 
 @pytest.mark.keras

@@ -265,7 +265,7 @@ _MAX_PINNED = 4  # batch sizes (and lengths) tried beyond the usual ones
 def _written_shapes(spec: ModelSpec) -> list:
     """(value, whether it is a reshape's target) for every shape-like list an operation of the
     graph writes with the batch first: an operation's newshape / shape, a tf.keras TFOpLambda's
-    list arguments (tf.reshape(x, (4, -1)), a constant array)."""
+    list arguments (tf.reshape(x, (4, -1)), a constant array), a TensorFlowOpLayer's constants."""
     found = []
     for layer in _all_layers(spec):
         if layer.is_op:
@@ -273,6 +273,10 @@ def _written_shapes(spec: ModelSpec) -> list:
         elif layer.class_name == "TFOpLambda" and layer.calls:
             reshape = "reshape" in str(layer.config.get("function"))
             found.extend((value, reshape) for value in [*layer.calls[0].constants, *layer.calls[0].kwargs.values()])
+        elif layer.class_name == "TensorFlowOpLayer" and isinstance(layer.config.get("constants"), dict):
+            node = layer.config.get("node_def")
+            reshape = isinstance(node, dict) and node.get("op") == "Reshape"
+            found.extend((value, reshape) for value in layer.config["constants"].values())
     return [(value, reshape) for value, reshape in found if isinstance(value, list) and value]
 
 
@@ -323,14 +327,20 @@ def _pinned_lengths(model: KerasModel) -> list:
             fixed = math.prod(d for d in shape[1:] if d is not None)
             if list(shape[1:]).count(None) == 1 and total % fixed == 0:
                 whole.append(total // fixed)
+    return _sizes(whole + each, _MAX_PINNED)
+
+
+def _constant_lengths(model: KerasModel) -> list:
+    """The lengths a constant array an operation reads may hold a free time axis to (the token
+    embeddings plus an Embedding of ops.arange(20)): its sizes but the last; at most _MAX_PINNED."""
     from .layers.ops import Op
 
-    held = []  # the sizes of constant arrays an operation reads (x + an Embedding of ops.arange(20))
+    held = []
     for module in model.modules():
         if isinstance(module, Op):
             held += [size for name, b in module.named_buffers(recurse=False) if name.startswith("constant_")
                      for size in b.shape[:-1]]
-    return _sizes(whole + each, _MAX_PINNED) + [t for t in _sizes(held, _MAX_PINNED) if t not in whole + each]
+    return _sizes(held, _MAX_PINNED)
 
 
 def _multiple_lengths(model: KerasModel) -> list:
@@ -354,7 +364,7 @@ def _multiple_lengths(model: KerasModel) -> list:
                 continue
             step = total // math.gcd(total, math.prod(d for d in shape[1:] if d is not None))
             out += [-(-start // step) * step for start in (8, 128, 1024)]
-    return [t for t in _sizes(out, 3 * _MAX_PINNED) if t <= MAX_CHECK_VALUES]
+    return list(dict.fromkeys(t for t in out if t <= 1 << 20))[:3 * _MAX_PINNED]
 
 
 # Lengths tried, beyond 1024 steps, for a model whose failing layer needs a minimum length (a
@@ -364,12 +374,13 @@ _LONG_LENGTHS = (4096, 16384, 65536)
 _NEEDS_LENGTH = ("Conv", "Pool", "Spectrogram", "Stft", "Cropping", "LocallyConnected", "Pad", "Sequences")
 
 
-def _needs_length(spec: ModelSpec, error) -> bool:
-    """Whether the layer a trial failed in is one that needs a minimum length (its class name:
-    a convolution, a pooling, a spectrogram, a crop, a padding; nested models by their path)."""
-    if not isinstance(error, LayerFailure):
+def _needs_length(spec: ModelSpec, layer: Optional[str]) -> bool:
+    """Whether the layer a trial failed in (its path: nested models' names first) is one that
+    needs a minimum length (its class name: a convolution, a pooling, a spectrogram, a crop, a
+    padding)."""
+    if layer is None:
         return False
-    *outer, name = error.layer.split("/")
+    *outer, name = layer.split("/")
     for part in outer:
         nested = next((layer.model for layer in spec.layers if layer.name == part and layer.model is not None), None)
         if nested is None:
@@ -397,7 +408,7 @@ def check_runs(model: KerasModel, path) -> KerasModel:
     samples), then the batch sizes the model may hold to (_pinned_batches)."""
     model.input_specs = [declared if declared[1] else _implied_input(model, ref, declared, path)
                          for ref, declared in zip(model.spec.inputs, model.input_specs)]
-    failures, pinned = [], None
+    failures, pinned = [], None  # failures: (steps, error type, message, failing layer or None); no tensors kept
 
     def runs_at(time: int, declare: bool) -> bool:
         """Whether the model runs with free dimensions of `time` steps (and then keeps the batch it
@@ -414,16 +425,21 @@ def check_runs(model: KerasModel, path) -> KerasModel:
         while batches:
             batch = batches.pop(0)
             try:
-                _trial(model, model.example_inputs(batch=batch, time=time), path)
+                inputs = model.example_inputs(batch=batch, time=time)
+                if time > 1024:  # a long run: first its shapes alone, where a layer that needs length refuses
+                    _shapes_fit(model, inputs)
+                _trial(model, inputs, path)
                 model.batch_size = None if batch == usual else batch
                 if declare:  # the graph holds the time to this length: the inputs declare it
                     model.input_specs = [(dtype, [shape[0]] + [time if d is None else d for d in shape[1:]])
                                          for dtype, shape in model.input_specs]
+                if model.has_free_length():
+                    model.trial_length = time
                 return True
             except ConversionError:
                 raise
             except Exception as e:  # noqa: BLE001 - any failure means the config and weights disagree
-                failures.append((time, e))
+                failures.append((time, type(e).__name__, str(e), e.layer if isinstance(e, LayerFailure) else None))
             finally:  # the trial run leaves nothing behind in stateful layers
                 model.reset_states()
             if batch == usual:  # then the batch sizes the model may hold to
@@ -431,32 +447,56 @@ def check_runs(model: KerasModel, path) -> KerasModel:
                 batches = [b for b in pinned if b != usual]
         return False
 
+    def failed_in(time: int) -> Optional[str]:
+        return next((layer for t, _, _, layer in failures if t == time), None)
+
     if not model.has_free_length():
         if runs_at(8, False):
             return model
     else:
-        for time in (8, 128, 1024):
-            if runs_at(time, False):
-                return model
-        held = _pinned_lengths(model)
-        if any(runs_at(time, True) for time in held if time not in (8, 128, 1024)):
+        first = [8, 128, 1024]
+        if any(runs_at(time, False) for time in first):
             return model
-        longer = [t for t in _multiple_lengths(model) if t not in held]
-        if _needs_length(model.spec, next((e for t, e in failures if t == 1024), None)):
-            longer += [t for t in _LONG_LENGTHS if t not in longer]
-        if any(runs_at(time, False) for time in longer):
+        # the lengths a reshape holds the time to (declared), the multiples a reshape splits it
+        # into, the lengths constant arrays hold (declared), then long ones where the layer that
+        # failed at 1024 steps needs a minimum length
+        held = [t for t in _pinned_lengths(model) if t not in first]
+        multiples = [t for t in _multiple_lengths(model) if t not in first + held]
+        constants = [t for t in _constant_lengths(model) if t not in first + held + multiples]
+        longer = [t for t in _LONG_LENGTHS if t not in held + multiples + constants] \
+            if _needs_length(model.spec, failed_in(1024)) else []
+        if any(runs_at(time, True) for time in held) or any(runs_at(time, False) for time in multiples) or \
+                any(runs_at(time, True) for time in constants) or any(runs_at(time, False) for time in longer):
             return model
-    error = failures[0][1]
+    _, kind, message, layer = failures[0]
     shapes = [tuple(shape) for _, shape in model.input_specs]
     if model.has_free_length():
-        tried = list(dict.fromkeys(t for t, _ in failures))
+        tried = list(dict.fromkeys(t for t, *_ in failures))
         shapes = f"{shapes} at {', '.join(map(str, tried[:-1]))} or {tried[-1]} steps" if len(tried) > 1 else shapes
-    if isinstance(error, LayerFailure):
+    if layer is not None:
         raise ConversionError(path, f"the converted model does not run on inputs of its declared shape {shapes}: "
-                                    f"the layer raised {str(error)[:300]} (its config and weights disagree, or it is "
-                                    "called in a way this converter does not run)", error.layer)
+                                    f"the layer raised {message[:300]} (its config and weights disagree, or it is "
+                                    "called in a way this converter does not run)", layer)
     raise ConversionError(path, f"the converted model does not run on inputs of its declared shape {shapes} "
-                                f"({type(error).__name__}: {str(error)[:300]}); the config and the weights disagree")
+                                f"({kind}: {message[:300]}); the config and the weights disagree")
+
+
+def _shapes_fit(model: KerasModel, inputs) -> None:
+    """Raises where a run on fake tensors (shapes only: nothing is computed) fails in a layer that
+    needs a minimum length (_needs_length): a long trial of a model too short anyway stops before
+    its recurrent layers run for real. Any other outcome leaves the decision to the real run."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with torch.no_grad(), mode:
+            model.forward_with_masks(*[mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in inputs],
+                                     name_failures=True)
+    except LayerFailure as failure:
+        if _needs_length(model.spec, failure.layer):
+            raise LayerFailure(failure.layer, failure.error.with_traceback(None)) from None
+    except Exception:  # noqa: BLE001 - the real run decides
+        pass
+    finally:
+        model.reset_states()
 
 
 def _is_op(layer, custom: Mapping[str, Callable]) -> bool:

@@ -74,6 +74,8 @@ class KerasModel(nn.Module):
         # the batch size the model runs at where it runs at one only (a declared batch, a reshape or
         # a constant array that holds it: load.check_runs finds it), else None
         self.batch_size: Optional[int] = None
+        # the steps the load's trial ran a free time axis at (it may run at particular lengths only)
+        self.trial_length: Optional[int] = None
         self.schedule = self._schedule(spec, path)
         # per scheduled call, the inputs whose Keras mask is gone when Keras 3 runs it
         self.masks_dropped = self._masks_dropped(spec, self.schedule) if keras3 else [()] * len(self.schedule)
@@ -316,8 +318,8 @@ class KerasModel(nn.Module):
 
         fails, time = at_least - 1, at_least
         while not runs(time):
-            if time >= limit:
-                return at_least
+            if time >= limit:  # (no length from at_least on, doubling, runs: the trial's, where it does)
+                return self.trial_length if self.trial_length and runs(self.trial_length) else at_least
             fails, time = time, min(2 * time, limit)
         while time - fails > 1:  # the first that runs, between one that does not and one that does
             middle = (fails + time) // 2

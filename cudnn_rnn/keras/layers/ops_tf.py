@@ -4,7 +4,9 @@ TensorFlow's semantics (build_tf_call, the layer builder); every other is refuse
 from __future__ import annotations
 
 import inspect
+import math
 import operator
+import re
 from typing import Callable, Dict
 
 import torch
@@ -589,17 +591,30 @@ def _attr(attrs: dict, key: str, kind: str, default):
     """A node_def attribute's value of one kind: "b" (bool), "i" (int; JSON writes int64 as a
     string), "f" (float), "type" (a dtype name) or "list" (its ints)."""
     value = attrs.get(key)
-    if not isinstance(value, dict) or (kind not in value and kind != "list"):
+    if value is None:
         return default
-    if kind == "b":
-        return bool(value["b"])
-    if kind == "i":
-        return int(value["i"])
-    if kind == "f":
-        return float(value["f"])
-    if kind == "type":
-        return _DT.get(value["type"])
-    return [int(i) for i in (value.get("list") or {}).get("i", [])]
+    if not isinstance(value, dict) or kind not in value:
+        raise ValueError(f"attribute {key} is {str(value)[:40]}; expected a {kind!r} value")
+    got = value[kind]
+    if kind == "b" and isinstance(got, bool):
+        return got
+    if kind == "i" and _is_int64(got):
+        return int(got)
+    if kind == "f" and isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got):
+        return float(got)
+    if kind == "type" and isinstance(got, str):
+        return _DT.get(got)
+    if kind == "list" and isinstance(got, dict) and isinstance(got.get("i", []), list) and len(got.get("i", [])) <= 8 \
+            and all(_is_int64(i) for i in got.get("i", [])):
+        return [int(i) for i in got.get("i", [])]
+    raise ValueError(f"attribute {key} is {str(value)[:40]}; expected a {kind!r} value")
+
+
+def _is_int64(value) -> bool:
+    """An int64 as TensorFlow's JSON writes it: a number, or a string of decimal digits."""
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,19}", value):
+        value = int(value)
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63
 
 
 def _strided_slice(x, begin, end, strides, masks):
@@ -677,13 +692,10 @@ class TFOpNode(nn.Module):
         self.op, self.fn, self.slots = op, fn, slots  # slots: a constant, or None for the next tensor
 
     def forward(self, inputs, masks):
+        if len(inputs) != self.slots.count(None):
+            raise ValueError(f"TensorFlow op {self.op} takes {self.slots.count(None)} tensors; got {len(inputs)}")
         tensors = iter(inputs)
-        try:
-            args = [next(tensors) if slot is None else slot for slot in self.slots]
-        except StopIteration:
-            raise ValueError(f"TensorFlow op {self.op} takes {self.slots.count(None)} tensors; got {len(inputs)}") \
-                from None
-        return [self.fn(args)], [None]
+        return [self.fn([next(tensors) if slot is None else slot for slot in self.slots])], [None]
 
     def extra_repr(self):
         return f"op={self.op}"
@@ -702,7 +714,7 @@ def build_tf_op_layer(cfg, ctx):
     constants = cfg.get("constants") or {}
     count = len(node.get("input", []))
     if not isinstance(constants, dict) or count > MAX_ARGUMENTS or not all(
-            isinstance(k, str) and k.isdigit() and int(k) < count for k in constants):
+            isinstance(k, str) and re.fullmatch(r"[0-9]{1,4}", k) and int(k) < count for k in constants):
         raise ctx.error("TensorFlowOpLayer constants are not numbered among its node's inputs")
     for value in constants.values():
         _check_tf_value(value, ctx)
