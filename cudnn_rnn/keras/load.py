@@ -491,7 +491,8 @@ def _shapes_fit(model: KerasModel, inputs) -> None:
             model.forward_with_masks(*[mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in inputs],
                                      name_failures=True)
     except LayerFailure as failure:
-        if _needs_length(model.spec, failure.layer):
+        shapeless = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
+        if _needs_length(model.spec, failure.layer) and not isinstance(failure.error, shapeless):
             raise LayerFailure(failure.layer, failure.error.with_traceback(None)) from None
     except Exception:  # noqa: BLE001 - the real run decides
         pass
