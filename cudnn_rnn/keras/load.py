@@ -400,10 +400,12 @@ def check_runs(model: KerasModel, path) -> KerasModel:
     """Runs the model once on inputs of its declared shapes; a model that cannot is refused.
     An input without a declared shape gets the one its first layer implies.
     Free time dimensions get 8 steps, then 128 and 1024 (convolutions and pooling need a
-    minimum length), then the lengths the graph may hold them to (_pinned_lengths: the model
-    then declares that length), the multiples a reshape splits them into (_multiple_lengths) and,
-    where the layer that failed at 1024 steps needs a minimum length, 4096 to 65536 steps (both:
-    the length stays free), before the model is declared broken (_trial: how a run that would
+    minimum length), then the lengths a reshape's target holds them to (_pinned_lengths: the
+    model then declares that length), the multiples a reshape splits them into
+    (_multiple_lengths: the length stays free), the lengths a constant array holds them to
+    (_constant_lengths: declared) and, where the layer that failed at 1024 steps needs a minimum
+    length, 4096 to 65536 steps (free; each checked on shapes alone first: _shapes_fit), before
+    the model is declared broken (_trial: how a run that would
     make a tensor above TRIAL_TENSOR_BYTES is checked instead); at each, a batch of 2 (1 for large
     samples), then the batch sizes the model may hold to (_pinned_batches)."""
     model.input_specs = [declared if declared[1] else _implied_input(model, ref, declared, path)
