@@ -386,3 +386,15 @@ def test_hashing_salt_out_of_range_is_refused(salt, tmp_path):
             zout.writestr(item, json.dumps(config) if item == "config.json" else zin.read(item))
     with pytest.raises(ConversionError, match=r"layer 'one'.*config salt=.*expected a 64-bit integer or two of them"):
         load_keras(bad)
+
+
+def test_salted_string_hashes_of_mixed_lengths_keep_their_rows():
+    """Strings of very different lengths are hashed in groups of like length (no group padded to
+    the longest string of the call): each row's hash is the one it has alone, in its place."""
+    from cudnn_rnn.keras.layers.preprocessing import string_siphash
+
+    words = np.array([["a" * n] for n in (0, 300, 7, 5000, 8, 17, 64, 1, 129, 16)], dtype=object)
+    together = string_siphash(words, (3, -9))
+    alone = torch.stack([string_siphash(np.array([w], dtype=object), (3, -9))[0] for w in words[:, 0]])
+    assert together.shape == (10, 1) and torch.equal(together[:, 0], alone)
+    assert len(set(together[:, 0].tolist())) == 10

@@ -589,14 +589,21 @@ def siphash24(byte: torch.Tensor, n: torch.Tensor, key) -> torch.Tensor:
 
 
 def string_siphash(strings: np.ndarray, key) -> torch.Tensor:
-    """siphash24 of each string's UTF-8 bytes, as an int64 tensor of the strings' shape."""
+    """siphash24 of each string's UTF-8 bytes, as an int64 tensor of the strings' shape: the
+    strings hashed together in groups of like length (their 8-byte word counts within a power of
+    two), so that no group is padded to more than about twice its own bytes."""
     encoded = [s.encode("utf-8") for s in strings.reshape(-1)]
-    width = max([len(e) for e in encoded] + [1])
-    byte = np.zeros((len(encoded), width), dtype=np.int64)
+    groups: dict = {}
     for i, e in enumerate(encoded):
-        byte[i, :len(e)] = np.frombuffer(e, dtype=np.uint8)
-    n = torch.tensor([len(e) for e in encoded], dtype=torch.int64)
-    return siphash24(torch.from_numpy(byte), n, key).reshape(strings.shape)
+        groups.setdefault((len(e) // 8).bit_length(), []).append(i)
+    out = torch.empty(len(encoded), dtype=torch.int64)
+    for rows in groups.values():
+        lengths = [len(encoded[i]) for i in rows]
+        byte = np.zeros((len(rows), max(max(lengths), 1)), dtype=np.int64)
+        for k, i in enumerate(rows):
+            byte[k, :lengths[k]] = np.frombuffer(encoded[i], dtype=np.uint8)
+        out[torch.tensor(rows)] = siphash24(torch.from_numpy(byte), torch.tensor(lengths, dtype=torch.int64), key)
+    return out.reshape(strings.shape)
 
 
 def integer_siphash(x: torch.Tensor, key) -> torch.Tensor:
