@@ -296,16 +296,27 @@ def _pinned_batches(model: KerasModel) -> list:
     operation writes (ops.reshape(x, (4, -1)), ops.full((4, 3), v); tf.keras's tf.reshape and
     constant arguments alike). Keras runs such a model at that batch; at most _MAX_PINNED of them,
     in that order."""
-    from .layers.ops import Op
-
     sizes = [shape[0] for _, shape in model.input_specs if shape and shape[0] is not None]
-    for module in model.modules():
-        if isinstance(module, Op):
-            sizes += [b.shape[0] for name, b in module.named_buffers(recurse=False)
-                      if name.startswith("constant_") and b.dim() >= 2]
+    sizes += [b.shape[0] for b in _constant_arrays(model) if b.dim() >= 2]
     for value, _ in _written_shapes(model.spec):  # a shape's first size, a nested constant's length
         sizes.append(len(value) if isinstance(value[0], list) else value[0])
     return _sizes(sizes, _MAX_PINNED)
+
+
+def _reshape_targets(spec: ModelSpec) -> list:
+    """The shapes past the batch that the graph's reshapes write: Reshape layers' target_shape,
+    reshape operations' and recorded TensorFlow reshapes' shapes."""
+    return [list(layer.config.get("target_shape") or []) for layer in _all_layers(spec)
+            if layer.class_name == "Reshape" and not layer.is_op] + \
+        [value[1:] for value, reshape in _written_shapes(spec) if reshape]
+
+
+def _constant_arrays(model: KerasModel) -> list:
+    """The constant arrays the graph's operations read (their buffers)."""
+    from .layers.ops import Op
+
+    return [b for module in model.modules() if isinstance(module, Op)
+            for name, b in module.named_buffers(recurse=False) if name.startswith("constant_")]
 
 
 def _pinned_lengths(model: KerasModel) -> list:
@@ -313,9 +324,7 @@ def _pinned_lengths(model: KerasModel) -> list:
     then Reshape((10, 4)) or Reshape((5, 8)), ops.reshape(x, (-1, 10, 4))): the length that gives
     an input with one free dimension the count of values of a reshape's target past the batch,
     then the target's sizes. Keras runs such a model at that length; at most _MAX_PINNED."""
-    targets = [list(layer.config.get("target_shape") or []) for layer in _all_layers(model.spec)
-               if layer.class_name == "Reshape" and not layer.is_op]
-    targets += [value[1:] for value, reshape in _written_shapes(model.spec) if reshape]
+    targets = _reshape_targets(model.spec)
     whole, each = [], []  # (the lengths that keep the batch first: a -1 batch takes the others too)
     for dims in targets:
         if not 0 < len(dims) <= 8 or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1 << 24
@@ -333,14 +342,7 @@ def _pinned_lengths(model: KerasModel) -> list:
 def _constant_lengths(model: KerasModel) -> list:
     """The lengths a constant array an operation reads may hold a free time axis to (the token
     embeddings plus an Embedding of ops.arange(20)): its sizes but the last; at most _MAX_PINNED."""
-    from .layers.ops import Op
-
-    held = []
-    for module in model.modules():
-        if isinstance(module, Op):
-            held += [size for name, b in module.named_buffers(recurse=False) if name.startswith("constant_")
-                     for size in b.shape[:-1]]
-    return _sizes(held, _MAX_PINNED)
+    return _sizes([size for b in _constant_arrays(model) for size in b.shape[:-1]], _MAX_PINNED)
 
 
 def _multiple_lengths(model: KerasModel) -> list:
@@ -349,9 +351,7 @@ def _multiple_lengths(model: KerasModel) -> list:
     sizes of n values in all takes an input with one free dimension at the lengths that give a
     multiple of n values; the smallest such length from 8, 128 and 1024 on. The model keeps its
     free length (any multiple runs)."""
-    targets = [list(layer.config.get("target_shape") or []) for layer in _all_layers(model.spec)
-               if layer.class_name == "Reshape" and not layer.is_op]
-    targets += [value[1:] for value, reshape in _written_shapes(model.spec) if reshape]
+    targets = _reshape_targets(model.spec)
     out = []
     for dims in targets:
         known = [d for d in dims if d != -1]
